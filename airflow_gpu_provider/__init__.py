@@ -1,0 +1,50 @@
+"""airflow-gpu-provider: run Airflow tasks on GPUs from one resource declaration.
+
+Public API::
+
+    from airflow_gpu_provider import GpuStepOperator, ImageSettings, ResourceSettings, gpu_task
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# name -> module; imported on first use so that ``import airflow_gpu_provider`` stays cheap.
+_EXPORTS = {
+    "ResourceSettings": "airflow_gpu_provider.settings",
+    "ImageSettings": "airflow_gpu_provider.settings",
+    "GpuVendor": "airflow_gpu_provider.settings",
+    "Accelerator": "airflow_gpu_provider.settings",
+    "MigProfile": "airflow_gpu_provider.settings",
+    "GpuStepOperator": "airflow_gpu_provider.operators.gpu_step",
+    "gpu_task": "airflow_gpu_provider.decorators.gpu",
+    "CudaHook": "airflow_gpu_provider.hooks.cuda",
+}
+__all__ = [
+    "Accelerator",
+    "CudaHook",
+    "GpuStepOperator",
+    "GpuVendor",
+    "ImageSettings",
+    "MigProfile",
+    "ResourceSettings",
+    "__version__",
+    "gpu_task",
+]
+
+if TYPE_CHECKING:
+    from airflow_gpu_provider.decorators.gpu import gpu_task
+    from airflow_gpu_provider.hooks.cuda import CudaHook
+    from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
+    from airflow_gpu_provider.settings import Accelerator, GpuVendor, ImageSettings, MigProfile, ResourceSettings
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'airflow_gpu_provider' has no attribute {name!r}")

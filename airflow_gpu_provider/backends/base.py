@@ -1,0 +1,116 @@
+"""The backend interface: a pure ``plan(request)`` and an I/O ``run(plan)``.
+
+Operators build a :class:`TaskRequest` and never look inside a backend; a backend only translates the request.
+Backends are found by name in :data:`BACKENDS` and imported lazily, so DAG parsing never loads docker-py or the
+kubernetes client.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
+
+from airflow_gpu_provider.config import OnMissingGpu
+from airflow_gpu_provider.exceptions import MissingDependencyError, RemoteTaskError, UnknownSettingError
+from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+
+# name -> (class path, pip extra that provides its dependencies)
+BACKENDS: dict[str, tuple[str, str | None]] = {
+    "local": ("airflow_gpu_provider.backends.local.LocalBackend", None),
+}
+
+
+@dataclass(frozen=True)
+class TaskRequest:
+    """Everything a backend needs to run one task try, independent of the backend.
+
+    :param envelope: the runtime envelope from :mod:`airflow_gpu_provider.payload` (the backend adds ``summary``)
+    :param labels: identity of the task try (dag_id, task_id, run_id, try_number, map_index) for names and logs
+    """
+
+    resources: ResourceSettings
+    image: ImageSettings
+    envelope: Mapping[str, Any]
+    on_missing_gpu: OnMissingGpu = "fail"
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def display_name(self) -> str:
+        """``dag.task`` (plus map index and try), for log lines and lock holders."""
+        name = f"{self.labels.get('dag_id', '?')}.{self.labels.get('task_id', '?')}"
+        if self.labels.get("map_index", "-1") not in ("-1", ""):
+            name += f"[{self.labels['map_index']}]"
+        return name
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """What a finished run produced."""
+
+    return_value: Any = None
+    exit_code: int = 0
+
+
+PlanT = TypeVar("PlanT")
+
+
+class Backend(ABC, Generic[PlanT]):
+    """Runs task requests somewhere. Subclasses set :attr:`name` and :attr:`option_names`."""
+
+    name: ClassVar[str]
+    option_names: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, options: Mapping[str, Any] | None = None, log: logging.Logger | None = None) -> None:
+        self.validate_options(options or {})
+        self.options = dict(options or {})
+        self.log = log or logging.getLogger(f"airflow_gpu_provider.backends.{self.name}")
+
+    @classmethod
+    def validate_options(cls, options: Mapping[str, Any]) -> None:
+        """Check ``backend_options`` at DAG parse time; unknown names are errors that list the known ones."""
+        unknown = set(options) - cls.option_names
+        if unknown:
+            raise UnknownSettingError(f"backend {cls.name!r}", unknown, cls.option_names or ["(none)"])
+
+    @abstractmethod
+    def plan(self, request: TaskRequest) -> PlanT:
+        """Translate the request into this backend's spec. Pure: no I/O, no clients."""
+
+    @abstractmethod
+    def run(self, plan: PlanT) -> TaskResult:
+        """Run the plan to completion, streaming logs; clean up whatever it started, on every path."""
+
+    def kill(self) -> None:
+        """Stop a running plan (called from the operator's ``on_kill``)."""
+
+
+def get_backend_class(name: str) -> type[Backend[Any]]:
+    """Import a backend by name, naming the pip extra when its dependencies are missing."""
+    path, extra = BACKENDS[name]
+    module_name, class_name = path.rsplit(".", 1)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        if extra is None:
+            raise
+        raise MissingDependencyError(f"The {name!r} backend ({err.name})", extra) from err
+    return getattr(module, class_name)
+
+
+def result_value(result: Mapping[str, Any] | None, exit_code: int, *, where: str) -> Any:
+    """Turn the runtime's result envelope and exit status into a return value or a :class:`RemoteTaskError`."""
+    if result is not None and not result.get("ok", False):
+        error = result.get("error") or {}
+        raise RemoteTaskError(
+            f"The task raised {error.get('type', 'an error')} in {where}: {error.get('message', '')}".rstrip(": ")
+            + ". The traceback is in the log above.",
+            error_type=error.get("type", ""),
+            remote_traceback=error.get("traceback", ""),
+        )
+    if exit_code != 0:
+        raise RemoteTaskError(f"The task process in {where} exited with status {exit_code}.")
+    return None if result is None else result.get("return_value")

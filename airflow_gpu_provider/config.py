@@ -1,0 +1,138 @@
+"""The ``[gpu]`` configuration section: one table drives the provider info, the defaults and the typed getters.
+
+Every option can be set in ``airflow.cfg`` or as ``AIRFLOW__GPU__<NAME>``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+SECTION = "gpu"
+BACKENDS: tuple[str, ...] = ("local", "docker", "kubernetes")
+MISSING_GPU_POLICIES: tuple[str, ...] = ("fail", "wait", "cpu")
+OnMissingGpu = Literal["fail", "wait", "cpu"]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One ``[gpu]`` option as the provider-info schema describes it."""
+
+    name: str
+    type: Literal["string", "boolean", "integer", "float"]
+    default: str
+    description: str
+    example: str | None = None
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "backend",
+        "string",
+        "local",
+        "Backend for GPU tasks that don't name one: local (a child process on the worker), docker or "
+        "kubernetes. Moving a DAG between them needs only this option.",
+        "docker",
+    ),
+    Option(
+        "on_missing_gpu",
+        "string",
+        "fail",
+        "What a task does when fewer GPUs are present or free than it requested: fail (fail fast, naming "
+        "what was requested and what exists), wait (until GPUs are free) or cpu (run on CPU, with a "
+        "warning).",
+        "wait",
+    ),
+    Option(
+        "devices",
+        "string",
+        "auto",
+        "GPU inventory of a worker host for the local backend: auto (ask NVML, from the nvml extra), none, "
+        "or a comma-separated list of device ids such as 0,1,2,3.",
+        "0,1",
+    ),
+    Option(
+        "state_dir",
+        "string",
+        "/var/tmp/airflow-gpu-provider",
+        "Host-wide directory shared by every worker on a host: one lock file per GPU, and the cached "
+        "virtualenvs of injected requirements.",
+        "/srv/airflow-gpu",
+    ),
+    Option(
+        "pool",
+        "string",
+        "",
+        "Airflow pool that GPU tasks join, with pool_slots equal to their gpu_count; empty for none. Size it "
+        "to the number of GPUs (airflow pools set gpu 4 'GPUs').",
+        "gpu",
+    ),
+    Option(
+        "wait_poll_interval", "float", "5.0", "Seconds between attempts to get GPUs when on_missing_gpu is wait.", "1.0"
+    ),
+    Option(
+        "default_parent_image",
+        "string",
+        "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime",
+        "CUDA-enabled parent image for Docker and Kubernetes tasks that don't set ImageSettings.parent_image.",
+        "nvcr.io/nvidia/pytorch:24.10-py3",
+    ),
+    Option(
+        "clear_cache_between_tasks",
+        "boolean",
+        "True",
+        "Whether the listener clears the CUDA cache of a worker's task process after each task "
+        "(a no-op when the task never loaded torch).",
+        "False",
+    ),
+)
+_BY_NAME = {option.name: option for option in OPTIONS}
+
+
+def provider_config() -> dict[str, Any]:
+    """The ``config`` entry of ``get_provider_info()``."""
+    return {
+        SECTION: {
+            "description": "GPU tasks: default backend, GPU inventory and pool, images and requirements.",
+            "options": {
+                o.name: {
+                    "description": o.description,
+                    "version_added": "0.1.0",
+                    "type": o.type,
+                    "example": o.example,
+                    "default": o.default,
+                }
+                for o in OPTIONS
+            },
+        }
+    }
+
+
+def _conf() -> Any:
+    try:
+        from airflow.sdk.configuration import conf
+    except ImportError:  # pragma: no cover - Airflow 3.0 has it only in core
+        from airflow.configuration import conf
+    return conf
+
+
+def get(name: str) -> Any:
+    """Read one ``[gpu]`` option, typed, falling back to the documented default."""
+    option = _BY_NAME[name]
+    conf = _conf()
+    if option.type == "boolean":
+        return conf.getboolean(SECTION, name, fallback=option.default == "True")
+    if option.type == "integer":
+        return conf.getint(SECTION, name, fallback=int(option.default))
+    if option.type == "float":
+        return conf.getfloat(SECTION, name, fallback=float(option.default))
+    return conf.get(SECTION, name, fallback=option.default).strip()
+
+
+def check_choice(owner: str, field: str, value: object, choices: tuple[str, ...]) -> str:
+    """Return ``value`` if it is one of ``choices``; otherwise raise an error naming all three."""
+    from airflow_gpu_provider.exceptions import InvalidSettingError
+
+    if value not in choices:
+        raise InvalidSettingError(owner, field, value, "unknown value", " or ".join(map(repr, choices)))
+    return str(value)

@@ -1,0 +1,62 @@
+"""Errors raised by the provider.
+
+Settings errors are ``ValueError``/``TypeError`` subclasses raised while the DAG is parsed; they name the field,
+the value and what is accepted. Run-time errors are ``RuntimeError`` subclasses raised on the worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class InvalidSettingError(ValueError):
+    """A setting has a bad value. Raised at DAG parse time, before anything starts."""
+
+    def __init__(self, owner: str, field: str, value: object, reason: str, accepted: str | None = None) -> None:
+        self.owner, self.field, self.value = owner, field, value
+        message = f"{owner}: {field}={value!r} is invalid: {reason}"
+        if accepted:
+            message += f". Accepted: {accepted}"
+        super().__init__(message)
+
+
+class UnknownSettingError(InvalidSettingError, TypeError):
+    """An option name that the receiver does not know (Metaflow-style: list what is supported)."""
+
+    def __init__(self, owner: str, names: Iterable[str], supported: Iterable[str]) -> None:
+        names = sorted(names)
+        self.owner, self.field, self.value = owner, names[0], None
+        supported_text = ", ".join(sorted(supported))
+        ValueError.__init__(
+            self,
+            f"{owner} does not support the option(s) {', '.join(map(repr, names))}. "
+            f"These options are supported: {supported_text}",
+        )
+
+
+class GpuTaskError(RuntimeError):
+    """A GPU task could not run or failed on the worker."""
+
+
+class GpuUnavailableError(GpuTaskError):
+    """Fewer GPUs are present or free than the task requested (``on_missing_gpu="fail"``)."""
+
+
+class MissingDependencyError(GpuTaskError, ImportError):
+    """An optional dependency is missing; the message names the extra to install."""
+
+    def __init__(self, what: str, extra: str) -> None:
+        super().__init__(f"{what} is not installed. Install it with: pip install 'airflow-gpu-provider[{extra}]'")
+
+
+class RemoteTaskError(GpuTaskError):
+    """The user code raised inside the child process, container or pod.
+
+    :param error_type: the exception's class name in the remote process
+    :param remote_traceback: the formatted traceback from the remote process
+    """
+
+    def __init__(self, message: str, *, error_type: str = "", remote_traceback: str = "") -> None:
+        self.error_type = error_type
+        self.remote_traceback = remote_traceback
+        super().__init__(message)

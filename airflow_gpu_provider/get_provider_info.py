@@ -1,0 +1,32 @@
+"""Provider metadata for Airflow's provider discovery (``apache_airflow_provider`` entry point)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_gpu_provider import __version__
+from airflow_gpu_provider.config import provider_config
+
+
+def get_provider_info() -> dict[str, Any]:
+    """The provider dict, valid against Airflow's ``provider_info.schema.json``."""
+    return {
+        "package-name": "airflow-gpu-provider",
+        "name": "GPU",
+        "description": "Run Airflow tasks on GPUs (local process, Docker or Kubernetes) from one resource "
+        "declaration, with 🤗 Accelerate launches and CUDA cache clearing.",
+        "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": "GPU",
+                "external-doc-url": "https://github.com/airflow-gpu-provider/airflow-gpu-provider",
+                "tags": ["software"],
+            }
+        ],
+        "operators": [
+            {"integration-name": "GPU", "python-modules": ["airflow_gpu_provider.operators.gpu_step"]},
+        ],
+        "hooks": [{"integration-name": "GPU", "python-modules": ["airflow_gpu_provider.hooks.cuda"]}],
+        "task-decorators": [{"name": "gpu", "class-name": "airflow_gpu_provider.decorators.gpu.gpu_task"}],
+        "config": provider_config(),
+    }

@@ -1,0 +1,1 @@
+"""Worker-host resources for the local backend: GPU inventory, the GPU allocator, cached virtualenvs."""

@@ -1,0 +1,164 @@
+"""Host-wide, exclusive, crash-safe GPU allocation: one ``flock`` per device under the state dir.
+
+The kernel drops a flock when the last descriptor of its open file closes, so the GPUs of a killed task come
+back by themselves. The child process inherits the descriptors (``Allocation.fds``), so a lock is held as long as
+either the worker or the task process lives.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from airflow_gpu_provider.config import OnMissingGpu
+from airflow_gpu_provider.exceptions import GpuUnavailableError
+from airflow_gpu_provider.host.inventory import Device
+
+
+@dataclass
+class Allocation:
+    """GPUs held by one task. ``devices`` is empty for a CPU run."""
+
+    devices: list[Device]
+    fds: list[int] = field(default_factory=list)
+    cpu_fallback: bool = False
+
+    def release(self) -> None:
+        """Drop the locks (idempotent). Closing the descriptor releases the flock."""
+        while self.fds:
+            os.close(self.fds.pop())
+
+    def __enter__(self) -> Allocation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class GpuAllocator:
+    """Hands out concrete devices to tasks on one host.
+
+    :param lock_dir: directory for ``<vendor>-<id>.lock`` files; every worker on the host must use the same one
+    :param vendor: vendor name, part of the lock file names
+    :param poll_interval: seconds between attempts while waiting
+    """
+
+    def __init__(self, lock_dir: str | os.PathLike[str], vendor: str = "nvidia", poll_interval: float = 5.0) -> None:
+        self.lock_dir = Path(lock_dir)
+        self.vendor = vendor
+        self.poll_interval = poll_interval
+
+    def lock_path(self, device: Device) -> Path:
+        """The lock file of one device."""
+        safe_id = "".join(c if c.isalnum() or c in "-_." else "_" for c in device.id)
+        return self.lock_dir / f"{self.vendor}-{safe_id}.lock"
+
+    def try_acquire(self, candidates: Sequence[Device], count: int, holder: str) -> Allocation | None:
+        """Lock ``count`` free devices now, or none at all."""
+        self.lock_dir.mkdir(parents=True, exist_ok=True)
+        allocation = Allocation(devices=[])
+        for device in candidates:
+            fd = os.open(self.lock_path(device), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            info = json.dumps({"holder": holder, "pid": os.getpid(), "since": time.time()}).encode()
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, info, 0)
+            allocation.devices.append(device)
+            allocation.fds.append(fd)
+            if len(allocation.devices) == count:
+                return allocation
+        allocation.release()
+        return None
+
+    def holder_of(self, device: Device) -> str | None:
+        """Who holds a device, from its lock file, or ``None`` when it is free."""
+        path = self.lock_path(device)
+        if not path.exists():
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                try:
+                    info = json.loads(os.pread(fd, 4096, 0) or b"{}")
+                except ValueError:
+                    info = {}
+                return f"{info.get('holder', 'unknown task')} (pid {info.get('pid', '?')})"
+            return None
+        finally:
+            os.close(fd)
+
+    def acquire(
+        self,
+        candidates: Sequence[Device],
+        count: int,
+        *,
+        policy: OnMissingGpu,
+        holder: str,
+        requested: str,
+        present: Sequence[Device],
+        log: logging.Logger,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> Allocation:
+        """Lock ``count`` of ``candidates`` according to ``policy``.
+
+        :param candidates: devices that match the request (model, MIG profile)
+        :param requested: the request in words, for messages ("2x nvidia A100")
+        :param present: every device of the host, for messages
+        :raises GpuUnavailableError: with ``policy="fail"``, or with ``"wait"`` when the host can never satisfy it
+        """
+        allocation = self.try_acquire(candidates, count, holder)
+        if allocation is not None:
+            return allocation
+        state = self._describe(present, candidates)
+        if policy == "cpu":
+            log.warning("Requested %s but %s. on_missing_gpu='cpu': running on CPU instead.", requested, state)
+            return Allocation(devices=[], cpu_fallback=True)
+        if policy == "fail" or len(candidates) < count:
+            hint = "" if policy == "fail" else " Waiting cannot help: the host does not have that many."
+            raise GpuUnavailableError(
+                f"Requested {requested} but {state}.{hint} Set on_missing_gpu='wait' to wait for busy GPUs, "
+                "on_missing_gpu='cpu' to run on CPU, or list this host's GPUs in [gpu] devices."
+            )
+        log.info("Requested %s but %s. Waiting for GPUs to become free (on_missing_gpu='wait').", requested, state)
+        waited = 0.0
+        next_report = 60.0
+        while True:
+            delay = self.poll_interval * random.uniform(0.8, 1.2)
+            sleep(delay)
+            waited += delay
+            allocation = self.try_acquire(candidates, count, holder)
+            if allocation is not None:
+                log.info("Got GPUs %s after waiting %.0fs.", [d.id for d in allocation.devices], waited)
+                return allocation
+            if waited >= next_report:
+                log.info(
+                    "Still waiting for %s after %.0fs: %s.", requested, waited, self._describe(present, candidates)
+                )
+                next_report *= 2
+
+    def _describe(self, present: Sequence[Device], candidates: Sequence[Device]) -> str:
+        if not present:
+            return "this host has no GPUs (none found by NVML and none listed in [gpu] devices)"
+        busy = {d.id: self.holder_of(d) for d in candidates}
+        parts = [f"this host has {len(present)} GPU(s) ({', '.join(d.name or d.id for d in present)})"]
+        if len(candidates) != len(present):
+            parts.append(f"{len(candidates)} of them match the request")
+        taken = [f"{device_id} held by {who}" for device_id, who in busy.items() if who]
+        free = [device_id for device_id, who in busy.items() if not who]
+        parts.append(f"free: {', '.join(free) or 'none'}")
+        if taken:
+            parts.append(f"busy: {'; '.join(taken)}")
+        return ", ".join(parts)

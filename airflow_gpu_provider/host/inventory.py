@@ -1,0 +1,64 @@
+"""The GPUs of a worker host: from NVML, or listed in ``[gpu] devices`` (hosts without NVML, tests, MIG UUIDs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.runtime.bootstrap import list_gpus
+from airflow_gpu_provider.settings.accelerators import NVIDIA, GpuVendor
+
+DEVICES_ACCEPTED = "'auto' (NVML), 'none', or comma-separated device ids such as '0,1,2,3' or MIG UUIDs"
+
+
+@dataclass(frozen=True)
+class Device:
+    """One GPU (or MIG slice) that the allocator can hand out.
+
+    :param id: what the visible-devices variable takes: an index, a GPU UUID or a MIG UUID
+    :param name: model name when known (NVML), else ``None``
+    """
+
+    id: str
+    name: str | None = None
+    memory_total: int | None = None
+
+    def describe(self) -> dict[str, object]:
+        """The runtime's GPU-summary form."""
+        return {"index": self.id, "name": self.name or "GPU (model unknown)", "memory_total": self.memory_total}
+
+
+def parse_devices(option: str) -> list[Device] | None:
+    """Parse ``[gpu] devices``: ``None`` for ``auto``, else the listed devices (``none`` is an empty list)."""
+    text = option.strip()
+    if text.lower() == "auto":
+        return None
+    if text.lower() in ("none", ""):
+        return []
+    ids = [part.strip() for part in text.split(",")]
+    if any(not part or any(c.isspace() for c in part) for part in ids) or len(set(ids)) != len(ids):
+        raise InvalidSettingError(
+            "[gpu]", "devices", option, "device ids must be distinct and non-empty", DEVICES_ACCEPTED
+        )
+    return [Device(part) for part in ids]
+
+
+def host_devices(option: str, vendor: GpuVendor = NVIDIA) -> list[Device]:
+    """The devices of this host for ``vendor``: the configured list, or NVML's NVIDIA GPUs for ``auto``."""
+    configured = parse_devices(option)
+    if configured is not None:
+        return configured
+    if vendor != NVIDIA:
+        return []  # only NVIDIA GPUs are discovered; list other vendors' devices in [gpu] devices
+    return [Device(g.get("uuid") or g["index"], g["name"], g["memory_total"]) for g in list_gpus()]
+
+
+def matches_model(device: Device, model: str | None) -> bool:
+    """Whether a device is of the requested model (``"H100-80GB"`` matches ``"NVIDIA H100 80GB HBM3"``).
+
+    Devices of unknown model (configured by id) match any model.
+    """
+    if model is None or device.name is None:
+        return True
+    words = device.name.upper().replace("-", " ").split()
+    return all(token in words for token in model.upper().replace("-", " ").split())

@@ -1,0 +1,1 @@
+"""Listeners registered by :mod:`airflow_gpu_provider.plugin`."""

@@ -1,0 +1,216 @@
+"""``GpuStepOperator``: run a Python function or a command with the resources it declares, on any backend."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import shlex
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+
+from airflow_gpu_provider import config
+from airflow_gpu_provider.backends.base import BACKENDS, Backend, TaskRequest, get_backend_class
+from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.payload import call_arguments, callable_envelope, command_envelope, shipped_callable
+from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+RESOURCE_SHORTCUTS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ResourceSettings))
+IMAGE_SHORTCUTS: tuple[str, ...] = ("parent_image", "requirements", "python_package_installer")
+
+
+def is_template(value: object) -> bool:
+    """Whether a value is a Jinja template to be rendered when the task runs."""
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
+
+
+class GpuStepOperator(BaseOperator):
+    """Run a Python callable or a command on GPUs, on the local, Docker or Kubernetes backend.
+
+    Declare resources once (``resources=ResourceSettings(...)`` or the shortcuts) and the backend maps them:
+    the local backend to devices from the host's GPU allocator, Docker to device requests, Kubernetes to
+    resource limits and node selectors. The callable's source is shipped to the task process; arguments and the
+    return value (pushed to XCom) travel as JSON.
+
+    :param python_callable: function to run; it must import what it uses inside its body
+    :param command: argument list (or a string split with ``shlex``; no shell) to run instead (templated)
+    :param op_args: positional arguments for the callable (templated)
+    :param op_kwargs: keyword arguments for the callable (templated)
+    :param resources: the task's :class:`ResourceSettings`
+    :param image: the task's :class:`ImageSettings`
+    :param backend: ``"local"``, ``"docker"`` or ``"kubernetes"``; default ``[gpu] backend`` (templated)
+    :param on_missing_gpu: ``"fail"``, ``"wait"`` or ``"cpu"``; default ``[gpu] on_missing_gpu`` (templated)
+    :param backend_options: backend-specific options (connection ids, namespace, ...), checked at parse time
+    :param environment: extra environment variables for the task process (templated)
+    :param cpu_count: shortcut for ``resources.cpu_count`` (a template is validated when rendered); likewise
+        ``gpu_count``, ``memory``, ``accelerator``, ``gpu_vendor``, ``mig_profile``, ``shm_size``
+    :param requirements: shortcut for ``image.requirements``; likewise ``parent_image``,
+        ``python_package_installer``
+    """
+
+    template_fields: Sequence[str] = (
+        "op_args",
+        "op_kwargs",
+        "command",
+        "backend",
+        "on_missing_gpu",
+        "environment",
+        "resource_overrides",
+    )
+    template_fields_renderers = {
+        "op_args": "py",
+        "op_kwargs": "py",
+        "environment": "json",
+        "resource_overrides": "json",
+    }
+    ui_color = "#76b900"
+    ui_fgcolor = "#ffffff"
+
+    def __init__(
+        self,
+        *,
+        python_callable: Callable[..., Any] | None = None,
+        command: Sequence[str] | str | None = None,
+        op_args: Collection[Any] | None = None,
+        op_kwargs: Mapping[str, Any] | None = None,
+        resources: ResourceSettings | None = None,
+        image: ImageSettings | None = None,
+        backend: str | None = None,
+        on_missing_gpu: str | None = None,
+        backend_options: Mapping[str, Any] | None = None,
+        environment: Mapping[str, str] | None = None,
+        cpu_count: float | str | None = None,
+        gpu_count: int | str | None = None,
+        memory: int | str | None = None,
+        accelerator: str | None = None,
+        gpu_vendor: Any = None,
+        mig_profile: str | None = None,
+        shm_size: int | str | None = None,
+        parent_image: str | None = None,
+        requirements: Sequence[str] | None = None,
+        python_package_installer: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        owner = f"{type(self).__name__}({kwargs.get('task_id', '?')!r})"
+        if (python_callable is None) == (command is None):
+            raise InvalidSettingError(
+                owner, "python_callable/command", None, "give exactly one of them", "python_callable=f or command=[...]"
+            )
+        if resources is not None and not isinstance(resources, ResourceSettings):
+            raise InvalidSettingError(owner, "resources", resources, "expected a ResourceSettings", None)
+        if image is not None and not isinstance(image, ImageSettings):
+            raise InvalidSettingError(owner, "image", image, "expected an ImageSettings", None)
+
+        shortcuts = {
+            "cpu_count": cpu_count,
+            "gpu_count": gpu_count,
+            "memory": memory,
+            "accelerator": accelerator,
+            "gpu_vendor": gpu_vendor,
+            "mig_profile": mig_profile,
+            "shm_size": shm_size,
+        }
+        given = {k: v for k, v in shortcuts.items() if v is not None}
+        self.resource_overrides = {k: v for k, v in given.items() if is_template(v)}
+        self.resource_settings = (resources or ResourceSettings()).with_overrides(
+            **{k: v for k, v in given.items() if k not in self.resource_overrides}
+        )
+        image_shortcuts = {
+            "parent_image": parent_image,
+            "requirements": requirements,
+            "python_package_installer": python_package_installer,
+        }
+        self.image_settings = dataclasses.replace(
+            image or ImageSettings(),
+            **{k: v for k, v in image_shortcuts.items() if v is not None},
+        )
+
+        for field_name, value, choices in (
+            ("backend", backend, tuple(BACKENDS)),
+            ("on_missing_gpu", on_missing_gpu, config.MISSING_GPU_POLICIES),
+        ):
+            if value is not None and not is_template(value):
+                config.check_choice(owner, field_name, value, choices)
+        if backend is not None and not is_template(backend):
+            get_backend_class(backend).validate_options(backend_options or {})
+
+        self.python_callable = python_callable
+        self.shipped = shipped_callable(python_callable, owner=owner) if python_callable is not None else None
+        self.command = command
+        self.op_args = list(op_args or [])
+        self.op_kwargs = dict(op_kwargs or {})
+        self.backend = backend
+        self.on_missing_gpu = on_missing_gpu
+        self.backend_options = dict(backend_options or {})
+        self.environment = dict(environment or {})
+        self._running_backend: Backend[Any] | None = None
+
+        pool = config.get("pool")
+        if pool and "pool" not in kwargs and self.resource_settings.requests_gpus:
+            kwargs["pool"] = pool
+            count = self.resource_settings.gpu_count
+            kwargs.setdefault("pool_slots", count if isinstance(count, int) else 1)
+        super().__init__(**kwargs)
+
+    # ------------------------------------------------------------------ execution
+    def build_envelope(self, context: Context) -> dict[str, Any]:
+        """The runtime envelope for this try (subclasses change how the payload is launched)."""
+        owner = f"{type(self).__name__}({self.task_id!r})"
+        if self.shipped is None:
+            command = shlex.split(self.command) if isinstance(self.command, str) else list(self.command or [])
+            return command_envelope(command)
+        args, kwargs = call_arguments(
+            self.shipped, inspect.signature(self.python_callable), self.op_args, self.op_kwargs, context, owner=owner
+        )
+        return callable_envelope(self.shipped, args, kwargs)
+
+    def resolved_request(self, context: Context) -> tuple[str, TaskRequest]:
+        """The backend name and the backend-independent request, after templates are rendered."""
+        owner = f"{type(self).__name__}({self.task_id!r})"
+        resources = self.resource_settings
+        if self.resource_overrides:
+            resources = resources.with_overrides(**self.resource_overrides)
+        image = self.image_settings
+        if self.environment:
+            image = dataclasses.replace(image, environment={**image.environment, **self.environment})
+        backend = config.check_choice(owner, "backend", self.backend or config.get("backend"), tuple(BACKENDS))
+        policy = config.check_choice(
+            owner, "on_missing_gpu", self.on_missing_gpu or config.get("on_missing_gpu"), config.MISSING_GPU_POLICIES
+        )
+        ti = context["ti"]
+        labels = {
+            "dag_id": ti.dag_id,
+            "task_id": ti.task_id,
+            "run_id": ti.run_id,
+            "try_number": str(ti.try_number),
+            "map_index": str(getattr(ti, "map_index", -1)),
+        }
+        request = TaskRequest(resources, image, self.build_envelope(context), policy, labels)  # type: ignore[arg-type]
+        return backend, request
+
+    def execute(self, context: Context) -> Any:
+        """Plan the task on its backend and run it; the callable's return value goes to XCom."""
+        backend_name, request = self.resolved_request(context)
+        backend = get_backend_class(backend_name)(self.backend_options, log=self.log)
+        self.log.info(
+            "GPU task %s on backend %r: %s; requirements %s; on_missing_gpu=%s",
+            request.display_name,
+            backend_name,
+            request.resources.describe(),
+            request.image.requirements_hash,
+            request.on_missing_gpu,
+        )
+        self._running_backend = backend
+        try:
+            return backend.run(backend.plan(request)).return_value
+        finally:
+            self._running_backend = None
+
+    def on_kill(self) -> None:
+        """Stop the child process, container or pod of this try."""
+        if self._running_backend is not None:
+            self._running_backend.kill()

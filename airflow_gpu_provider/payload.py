@@ -1,0 +1,202 @@
+"""What travels to the runtime: a callable's source and JSON arguments, or a command (the parent's side).
+
+The function's **source** is shipped, not its module: it must import what it needs inside its body. That is checked
+when the DAG is parsed (:func:`shipped_callable`), so a ``NameError`` never waits for a GPU to surface.
+Arguments and return values travel as JSON: ``None``, ``bool``, ``int``, ``float``, ``str``, and lists/dicts
+of those (tuples arrive as lists).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import inspect
+import json
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.runtime.bootstrap import ENVELOPE_VERSION
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+# Context values a shipped function may receive by naming a parameter after them (all JSON).
+CONTEXT_VALUES: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "params": lambda ctx: dict(ctx.get("params") or {}),
+    "run_id": lambda ctx: ctx.get("run_id"),
+    "ds": lambda ctx: ctx.get("ds"),
+    "ds_nodash": lambda ctx: ctx.get("ds_nodash"),
+    "ts": lambda ctx: ctx.get("ts"),
+    "ts_nodash": lambda ctx: ctx.get("ts_nodash"),
+    "logical_date": lambda ctx: _iso(ctx.get("logical_date")),
+    "data_interval_start": lambda ctx: _iso(ctx.get("data_interval_start")),
+    "data_interval_end": lambda ctx: _iso(ctx.get("data_interval_end")),
+    "try_number": lambda ctx: getattr(ctx.get("ti"), "try_number", None),
+    "task_instance_key_str": lambda ctx: ctx.get("task_instance_key_str"),
+}
+
+
+@dataclass(frozen=True)
+class ShippedCallable:
+    """A function reduced to what the runtime needs to rebuild it."""
+
+    name: str
+    source: str
+    filename: str
+    first_line: int
+    context_params: tuple[str, ...]
+
+
+def _known_context_keys() -> frozenset[str]:
+    from airflow.sdk.definitions.context import KNOWN_CONTEXT_KEYS
+
+    return frozenset(KNOWN_CONTEXT_KEYS)
+
+
+class _FreeNames(ast.NodeVisitor):
+    """Names a function body reads but never binds (approximate, scope-insensitive)."""
+
+    def __init__(self) -> None:
+        self.loaded: set[str] = set()
+        self.bound: set[str] = set()
+
+    def visit_Name(self, node: ast.Name) -> None:
+        (self.loaded if isinstance(node.ctx, ast.Load) else self.bound).add(node.id)
+
+    def visit_arg(self, node: ast.arg) -> None:
+        self.bound.add(node.arg)
+
+    def _bind_and_visit(self, node: Any) -> None:
+        self.bound.add(node.name)
+        for child in (*node.decorator_list, *getattr(node, "bases", ()), *node.body):
+            self.visit(child)
+        if hasattr(node, "args"):
+            self.visit(node.args)
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _bind_and_visit
+
+    def visit_alias(self, node: ast.alias) -> None:
+        self.bound.add((node.asname or node.name).split(".")[0])
+
+    def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
+        if node.name:
+            self.bound.add(node.name)
+        self.generic_visit(node)
+
+    def visit_MatchAs(self, node: ast.MatchAs) -> None:
+        if node.name:
+            self.bound.add(node.name)
+        self.generic_visit(node)
+
+
+def shipped_callable(function: Callable[..., Any], *, owner: str) -> ShippedCallable:
+    """Extract a function's source (decorators removed) and check that it can run on its own.
+
+    :raises InvalidSettingError: for lambdas, async functions, bound methods, or functions that read
+        module-level names or closure variables, which do not travel with the source.
+    """
+    name = getattr(function, "__name__", repr(function))
+    accepted = "a module-level or nested 'def' function that imports what it uses inside its body"
+    if not inspect.isfunction(function) or name == "<lambda>":
+        raise InvalidSettingError(owner, "python_callable", function, "only plain functions can be shipped", accepted)
+    if inspect.iscoroutinefunction(function):
+        raise InvalidSettingError(owner, "python_callable", name, "async functions are not supported", accepted)
+    try:
+        lines, start = inspect.getsourcelines(function)
+    except (OSError, TypeError) as err:
+        raise InvalidSettingError(
+            owner, "python_callable", name, f"its source is not available ({err})", accepted
+        ) from None
+    text = textwrap.dedent("".join(lines))
+    node = ast.parse(text).body[0]
+    assert isinstance(node, ast.FunctionDef)  # isfunction() and not a coroutine or lambda
+    body_lines = text.splitlines()[node.lineno - 1 : node.end_lineno]
+    source = "\n".join(body_lines) + "\n"
+
+    visitor = _FreeNames()
+    visitor.visit(node.args)
+    for statement in node.body:
+        visitor.visit(statement)
+    free = visitor.loaded - visitor.bound - set(dir(builtins))
+    outside = sorted(n for n in free if n in function.__globals__ or n in function.__code__.co_freevars)
+    if outside:
+        raise InvalidSettingError(
+            owner,
+            "python_callable",
+            name,
+            f"it uses {', '.join(map(repr, outside))} from outside the function; only the function's source "
+            "travels to the GPU process, container or pod",
+            "import or define those names inside the function body, or pass values as arguments",
+        )
+
+    signature = inspect.signature(function)
+    context_keys = _known_context_keys()
+    context_params = tuple(p for p in signature.parameters if p in context_keys)
+    unsupported = [p for p in context_params if p not in CONTEXT_VALUES]
+    if unsupported:
+        raise InvalidSettingError(
+            owner,
+            "python_callable",
+            name,
+            f"parameter(s) {', '.join(map(repr, unsupported))} ask for Airflow context objects, which cannot "
+            "leave the worker",
+            f"context values that travel as JSON: {', '.join(sorted(CONTEXT_VALUES))}",
+        )
+    return ShippedCallable(
+        name, source, inspect.getsourcefile(function) or "<gpu task>", start + node.lineno - 1, context_params
+    )
+
+
+def _json_checked(owner: str, label: str, value: Any) -> Any:
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError) as err:
+        raise TypeError(
+            f"{owner}: {label} is a {type(value).__name__} that cannot travel as JSON ({err}). GPU tasks take "
+            "None, bool, int, float, str, and lists/dicts of those"
+        ) from None
+
+
+def call_arguments(
+    shipped: ShippedCallable,
+    signature: inspect.Signature,
+    op_args: Sequence[Any],
+    op_kwargs: Mapping[str, Any],
+    context: Mapping[str, Any],
+    *,
+    owner: str,
+) -> tuple[list[Any], dict[str, Any]]:
+    """JSON-checked positional and keyword arguments, with the requested context values filled in."""
+    kwargs = dict(op_kwargs)
+    bound = signature.bind_partial(*op_args, **kwargs).arguments
+    for key in shipped.context_params:
+        if key not in bound:
+            kwargs[key] = CONTEXT_VALUES[key](context)
+    args = [_json_checked(owner, f"positional argument {i}", a) for i, a in enumerate(op_args)]
+    return args, {k: _json_checked(owner, f"argument {k!r}", v) for k, v in kwargs.items()}
+
+
+def callable_envelope(shipped: ShippedCallable, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The runtime envelope for a function call (the backend adds ``summary``)."""
+    return {
+        "version": ENVELOPE_VERSION,
+        "mode": "callable",
+        "function": shipped.name,
+        "source": shipped.source,
+        "filename": shipped.filename,
+        "first_line": shipped.first_line,
+        "args": args,
+        "kwargs": kwargs,
+        "clear_cache": True,
+    }
+
+
+def command_envelope(command: Sequence[str]) -> dict[str, Any]:
+    """The runtime envelope for a command (argument list; no shell)."""
+    return {"version": ENVELOPE_VERSION, "mode": "command", "command": [str(part) for part in command]}

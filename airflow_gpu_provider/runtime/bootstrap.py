@@ -1,0 +1,345 @@
+"""Runtime of a GPU task: runs inside the child process, container or pod. Standard library only.
+
+It is shipped as this one file, so any image with ``python3`` can run it::
+
+    python3 bootstrap.py ENVELOPE RESULT
+
+``ENVELOPE`` is a JSON file path, or ``env:NAME`` for base64 JSON in an environment variable. ``RESULT`` is the
+path of the JSON result envelope (``-`` for none). The envelope (one wire format for every backend)::
+
+    {"version": 1, "mode": "callable", "function": "train", "source": "def train(...): ...",
+     "filename": "/dags/demo.py", "first_line": 12, "args": [...], "kwargs": {...},
+     "summary": {"backend": "local", "image": "...", "requirements_hash": "...", "resources": "...",
+                 "gpus": [{"index": "0", "name": "...", "memory_total": 85899345920}] | null},
+     "clear_cache": true}
+
+    {"version": 1, "mode": "command", "command": ["python", "train.py"], "summary": {...}}
+
+The result envelope: ``{"ok": true, "return_value": ..., "cache": [...]}`` or
+``{"ok": false, "error": {"type": ..., "message": ..., "traceback": ...}}``. Exit status 0 on success,
+1 when the user code raised, 2 when the envelope itself is unusable.
+
+The CUDA helpers (:func:`clear_cuda_cache`, :func:`list_gpus`, :func:`cuda_memory_stats`) are also what
+``CudaHook`` and the worker's GPU inventory call, so there is one implementation of each.
+"""
+
+from __future__ import annotations
+import __future__
+
+import base64
+import gc
+import json
+import linecache
+import os
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any
+
+ENVELOPE_VERSION = 1
+PREFIX = "[gpu]"
+EXIT_USER_ERROR = 1
+EXIT_BAD_ENVELOPE = 2
+
+
+# --------------------------------------------------------------------------------------------- CUDA helpers
+def _loaded_torch(import_torch: bool) -> Any:
+    """Return the torch module if it is loaded (or may be imported), else None. Never imports it otherwise."""
+    if "torch" in sys.modules:
+        return sys.modules["torch"]
+    if not import_torch:
+        return None
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def _reserved_bytes(torch: Any) -> int:
+    return sum(torch.cuda.memory_reserved(i) for i in range(torch.cuda.device_count()))
+
+
+def clear_cuda_cache(import_torch: bool = False) -> dict[str, Any]:
+    """Free cached GPU memory: ``gc.collect()`` until nothing is left, then ``empty_cache`` and ``ipc_collect``.
+
+    As ZenML's ``cleanup_memory``, but reports what it did. torch is used only if it is already loaded in this
+    process (or ``import_torch`` is true): a process that never loaded torch holds no CUDA cache.
+
+    :return: ``{"status": "cleared"|"skipped", "reason": str, "freed_bytes": int, "gc_rounds": int}``
+    """
+    rounds = 0
+    while rounds < 10:
+        rounds += 1
+        if gc.collect() == 0:
+            break
+    torch = _loaded_torch(import_torch)
+    if torch is None:
+        return {"status": "skipped", "reason": "torch is not loaded", "freed_bytes": 0, "gc_rounds": rounds}
+    if not torch.cuda.is_available():
+        return {"status": "skipped", "reason": "CUDA is not available", "freed_bytes": 0, "gc_rounds": rounds}
+    if not torch.cuda.is_initialized():
+        return {
+            "status": "skipped",
+            "reason": "CUDA was never initialised in this process",
+            "freed_bytes": 0,
+            "gc_rounds": rounds,
+        }
+    before = _reserved_bytes(torch)
+    torch.cuda.empty_cache()
+    torch.cuda.ipc_collect()
+    freed = max(0, before - _reserved_bytes(torch))
+    return {"status": "cleared", "reason": "", "freed_bytes": freed, "gc_rounds": rounds}
+
+
+def cuda_memory_stats() -> list[dict[str, Any]]:
+    """Per-device memory of this process (torch, if loaded and CUDA initialised), else of the device (NVML)."""
+    torch = _loaded_torch(False)
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        return [
+            {
+                "index": str(i),
+                "name": torch.cuda.get_device_name(i),
+                "allocated": torch.cuda.memory_allocated(i),
+                "reserved": torch.cuda.memory_reserved(i),
+                "total": torch.cuda.get_device_properties(i).total_memory,
+            }
+            for i in range(torch.cuda.device_count())
+        ]
+    return [
+        {"index": g["index"], "name": g["name"], "used": g.get("memory_used"), "total": g["memory_total"]}
+        for g in list_gpus()
+    ]
+
+
+def _nvml_gpus() -> list[dict[str, Any]] | None:
+    try:
+        import pynvml  # from nvidia-ml-py
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    try:
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(handle)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            gpus.append(
+                {
+                    "index": str(i),
+                    "uuid": pynvml.nvmlDeviceGetUUID(handle),
+                    "name": name.decode() if isinstance(name, bytes) else name,
+                    "memory_total": int(memory.total),
+                    "memory_used": int(memory.used),
+                }
+            )
+        return gpus
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _nvidia_smi_gpus() -> list[dict[str, Any]] | None:
+    binary = shutil.which("nvidia-smi")
+    if binary is None:
+        return None
+    query = "--query-gpu=index,uuid,name,memory.total,memory.used"
+    try:
+        out = subprocess.run(
+            [binary, query, "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    gpus = []
+    for line in out.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 5:
+            index, uuid, name, total, used = fields
+            gpus.append(
+                {
+                    "index": index,
+                    "uuid": uuid,
+                    "name": name,
+                    "memory_total": int(float(total)) * 2**20,
+                    "memory_used": int(float(used)) * 2**20,
+                }
+            )
+    return gpus
+
+
+def list_gpus() -> list[dict[str, Any]]:
+    """NVIDIA GPUs visible to this process: NVML (nvidia-ml-py) if importable, else ``nvidia-smi``, else none."""
+    for probe in (_nvml_gpus, _nvidia_smi_gpus):
+        gpus = probe()
+        if gpus is not None:
+            return gpus
+    return []
+
+
+# --------------------------------------------------------------------------------------------- summary
+def _format_bytes(amount: float | None) -> str:
+    if amount is None:
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if amount < 1024:
+            return f"{amount:.1f} {unit}"
+        amount /= 1024
+    return f"{amount:.1f} TiB"
+
+
+def _describe_cache(result: dict[str, Any]) -> str:
+    if result["status"] == "cleared":
+        return f"cleared, {_format_bytes(result['freed_bytes'])} freed"
+    return f"skipped ({result['reason']})"
+
+
+def print_summary(summary: dict[str, Any], cache: dict[str, Any]) -> None:
+    """Print the resource summary that starts every GPU task's log."""
+    gpus = summary.get("gpus")
+    if gpus is None:  # containers and pods: ask the device itself
+        gpus = list_gpus()
+    if gpus:
+        gpu_text = "; ".join(f"{g['index']}: {g['name']} ({_format_bytes(g.get('memory_total'))})" for g in gpus)
+    else:
+        gpu_text = "none (running on CPU)"
+    lines = [
+        f"backend={summary.get('backend')} image={summary.get('image')} "
+        f"requirements={summary.get('requirements_hash')}",
+        f"resources: {summary.get('resources')}",
+        f"GPUs assigned: {gpu_text}",
+        f"CUDA cache before task: {_describe_cache(cache)}",
+    ]
+    for line in lines:
+        print(f"{PREFIX} {line}", flush=True)
+
+
+# --------------------------------------------------------------------------------------------- execution
+def _load_envelope(source: str) -> dict[str, Any]:
+    if source.startswith("env:"):
+        raw = base64.b64decode(os.environ[source[4:]]).decode()
+    else:
+        with open(source, encoding="utf-8") as handle:
+            raw = handle.read()
+    envelope = json.loads(raw)
+    if envelope.get("version") != ENVELOPE_VERSION:
+        raise ValueError(f"envelope version {envelope.get('version')!r}, this runtime reads {ENVELOPE_VERSION}")
+    return envelope
+
+
+def _load_function(envelope: dict[str, Any]) -> Any:
+    """Compile the shipped source so that tracebacks show the DAG file's own line numbers."""
+    filename = envelope.get("filename") or "<gpu task>"
+    padded = "\n" * (int(envelope.get("first_line", 1)) - 1) + envelope["source"]
+    linecache.cache[filename] = (len(padded), None, padded.splitlines(True), filename)
+    code = compile(padded, filename, "exec", flags=__future__.annotations.compiler_flag, dont_inherit=True)
+    namespace: dict[str, Any] = {"__name__": "__gpu_task__", "__file__": filename}
+    exec(code, namespace)  # noqa: S102 - running the task's own function is the point
+    return namespace[envelope["function"]]
+
+
+def _write_result(path: str, result: dict[str, Any]) -> None:
+    if path == "-" or os.environ.get("RANK", "0") != "0":
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(result, handle)
+    os.replace(tmp, path)
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+    }
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the worker that started it dies (best effort)."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def run(envelope: dict[str, Any], result_path: str) -> int:
+    """Run one envelope; return the process exit status."""
+    if envelope.get("die_with_parent"):
+        _die_with_parent()
+    clear = envelope.get("clear_cache", True)
+    before = clear_cuda_cache() if clear else {"status": "skipped", "reason": "disabled", "freed_bytes": 0}
+    print_summary(envelope.get("summary") or {}, before)
+
+    if envelope["mode"] == "command":
+        command = [str(part) for part in envelope["command"]]
+        sys.stdout.flush()
+        try:
+            os.execvp(command[0], command)  # noqa: S606 - an argument list, no shell
+        except OSError as exc:
+            print(f"{PREFIX} cannot run {command[0]!r}: {exc}", file=sys.stderr, flush=True)
+            _write_result(result_path, {"ok": False, "error": _error(exc)})
+            return 127
+
+    def fail(exc: BaseException) -> int:
+        traceback.print_exc()
+        sys.stderr.flush()
+        after = clear_cuda_cache() if clear else before
+        _write_result(result_path, {"ok": False, "error": _error(exc), "cache": [before, after]})
+        return EXIT_USER_ERROR
+
+    started = time.monotonic()
+    try:
+        function = _load_function(envelope)
+        value = function(*envelope.get("args", []), **envelope.get("kwargs", {}))
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"the return value of {envelope['function']}() is a {type(value).__name__}, which cannot travel "
+                "back as JSON; return None, bool, int, float, str, or lists/dicts of those"
+            ) from exc
+    except SystemExit as exc:  # sys.exit() in user code: 0/None is success
+        if exc.code not in (0, None):
+            return fail(exc)
+        value = None
+    except Exception as exc:  # noqa: BLE001 - everything the user code raises is reported
+        return fail(exc)
+    duration = time.monotonic() - started
+    after = clear_cuda_cache() if clear else before
+    print(
+        f"{PREFIX} {envelope['function']}() finished in {duration:.2f}s; CUDA cache after task: "
+        f"{_describe_cache(after)}",
+        flush=True,
+    )
+    _write_result(result_path, {"ok": True, "return_value": value, "cache": [before, after], "duration_s": duration})
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point: ``bootstrap.py ENVELOPE RESULT``."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: bootstrap.py ENVELOPE RESULT", file=sys.stderr)
+        return EXIT_BAD_ENVELOPE
+    try:
+        envelope = _load_envelope(argv[0])
+    except (OSError, KeyError, ValueError) as exc:
+        print(f"{PREFIX} unusable task envelope {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
+        _write_result(argv[1], {"ok": False, "error": _error(exc)})
+        return EXIT_BAD_ENVELOPE
+    return run(envelope, argv[1])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

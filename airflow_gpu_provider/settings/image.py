@@ -1,0 +1,150 @@
+"""``ImageSettings``: the software a task runs with, usable by every backend.
+
+Local: a cached virtualenv with the requirements, layered over the worker's packages.
+Docker: a derived image ``FROM parent_image`` with the requirements installed.
+Kubernetes: the requirements installed by an init container, or the derived image from a registry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from packaging.requirements import InvalidRequirement, Requirement
+
+from airflow_gpu_provider.exceptions import InvalidSettingError
+
+Installer = Literal["uv", "pip"]
+INSTALLERS: tuple[str, ...] = ("uv", "pip")
+_OWNER = "ImageSettings"
+
+# A Docker image reference: [registry[:port]/]name[/name...][:tag][@sha256:digest]
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_REFERENCE = re.compile(
+    rf"^(?:[A-Za-z0-9.-]+(?::\d+)?/)?{_COMPONENT}(?:/{_COMPONENT})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _invalid(name: str, value: object, reason: str, accepted: str | None = None) -> InvalidSettingError:
+    return InvalidSettingError(_OWNER, name, value, reason, accepted)
+
+
+def _string_tuple(name: str, value: object, accepted: str) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise _invalid(name, value, "expected a list of strings", accepted)
+    for item in value:
+        if not isinstance(item, str) or not item.strip():
+            raise _invalid(name, item, "every item must be a non-empty string", accepted)
+    return tuple(item.strip() for item in value)
+
+
+@dataclass(frozen=True)
+class ImageSettings:
+    """Software environment of a task. Immutable; checked when built.
+
+    :param parent_image: base image for Docker/Kubernetes (a CUDA-enabled PyTorch image by default, from
+        ``[gpu] default_parent_image``). The local backend runs on the worker's own Python.
+    :param requirements: extra PEP 508 requirements, e.g. ``["transformers==4.46.0", "datasets>=3"]``
+    :param python_package_installer: ``"uv"`` (default, fast) or ``"pip"``
+    :param environment: environment variables for the task process
+    :param index_url: package index replacing PyPI (air-gapped mirrors)
+    :param extra_index_urls: more package indexes
+    :param find_links: local wheel directories or URLs to search first
+    """
+
+    parent_image: str | None = None
+    requirements: tuple[str, ...] = ()
+    python_package_installer: Installer = "uv"
+    environment: Mapping[str, str] = field(default_factory=dict)
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+    find_links: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        def put(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        if self.parent_image is not None and (
+            not isinstance(self.parent_image, str) or not _IMAGE_REFERENCE.match(self.parent_image)
+        ):
+            raise _invalid(
+                "parent_image",
+                self.parent_image,
+                "not a Docker image reference",
+                "'[registry/]name[:tag][@sha256:digest]' in lower case, "
+                "e.g. 'pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime'",
+            )
+
+        requirements = _string_tuple("requirements", self.requirements, "a list of PEP 508 strings")
+        normalized = []
+        for text in requirements:
+            try:
+                normalized.append(str(Requirement(text)))
+            except InvalidRequirement as err:
+                raise _invalid(
+                    "requirements",
+                    text,
+                    f"not a PEP 508 requirement ({str(err).splitlines()[0]})",
+                    "PEP 508 strings such as 'numpy>=1.26', 'torch==2.5.1', 'pkg[extra]; python_version>=\"3.10\"'",
+                ) from None
+        put("requirements", tuple(normalized))
+
+        if self.python_package_installer not in INSTALLERS:
+            raise _invalid(
+                "python_package_installer",
+                self.python_package_installer,
+                "unknown installer",
+                " or ".join(map(repr, INSTALLERS)),
+            )
+
+        if not isinstance(self.environment, Mapping):
+            raise _invalid("environment", self.environment, "expected a mapping", "a dict of str to str")
+        env: dict[str, str] = {}
+        for key, value in self.environment.items():
+            if not isinstance(key, str) or not _ENV_NAME.match(key):
+                raise _invalid("environment", key, "not an environment variable name", "[A-Za-z_][A-Za-z0-9_]*")
+            if not isinstance(value, str):
+                raise _invalid(f"environment[{key!r}]", value, "values must be strings", "str")
+            env[key] = value
+        put("environment", env)
+
+        if self.index_url is not None and (not isinstance(self.index_url, str) or not self.index_url.strip()):
+            raise _invalid("index_url", self.index_url, "expected a URL", "an http(s) or file URL")
+        put("extra_index_urls", _string_tuple("extra_index_urls", self.extra_index_urls, "a list of URLs"))
+        put("find_links", _string_tuple("find_links", self.find_links, "a list of directories or URLs"))
+
+    @property
+    def install_options(self) -> dict[str, Any]:
+        """Everything that decides what gets installed, in a stable order."""
+        return {
+            "requirements": sorted(self.requirements),
+            "installer": self.python_package_installer,
+            "index_url": self.index_url,
+            "extra_index_urls": list(self.extra_index_urls),
+            "find_links": list(self.find_links),
+        }
+
+    @property
+    def requirements_hash(self) -> str:
+        """Content hash of :attr:`install_options` (12 hex digits); ``"none"`` without requirements."""
+        if not self.requirements:
+            return "none"
+        blob = json.dumps(self.install_options, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+    def installer_index_args(self) -> list[str]:
+        """Index arguments understood by both ``uv pip install`` and ``pip install``."""
+        args: list[str] = []
+        if self.index_url:
+            args += ["--index-url", self.index_url]
+        for url in self.extra_index_urls:
+            args += ["--extra-index-url", url]
+        for link in self.find_links:
+            args += ["--find-links", link]
+        return args

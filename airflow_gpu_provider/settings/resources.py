@@ -1,0 +1,211 @@
+"""``ResourceSettings``: what a task needs, declared once, validated when the DAG is parsed."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
+from airflow_gpu_provider.settings.accelerators import (
+    ACCELERATOR_PATTERN,
+    MIG_PATTERN,
+    MODEL_VENDORS,
+    NVIDIA,
+    VENDORS,
+    GpuVendor,
+)
+from airflow_gpu_provider.settings.units import (
+    BYTES_ACCEPTED,
+    CPU_ACCEPTED,
+    format_bytes,
+    parse_bytes,
+    parse_cpu,
+)
+
+ALL_GPUS = "all"
+GpuCount = int | Literal["all"]
+_OWNER = "ResourceSettings"
+
+
+def _invalid(name: str, value: object, reason: str, accepted: str | None = None) -> InvalidSettingError:
+    return InvalidSettingError(_OWNER, name, value, reason, accepted)
+
+
+def _parse_count(name: str, value: object, *, allow_all: bool) -> GpuCount:
+    accepted = "a non-negative integer" + (" or 'all'" if allow_all else "")
+    if allow_all and value == ALL_GPUS:
+        return ALL_GPUS
+    if isinstance(value, bool):
+        raise _invalid(name, value, "booleans are not counts", accepted)
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())  # rendered templates arrive as text
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int):
+        raise _invalid(name, value, "it should be an integer", accepted)
+    if value < 0:
+        raise _invalid(name, value, "it must not be negative", accepted)
+    return value
+
+
+@dataclass(frozen=True)
+class ResourceSettings:
+    """Compute resources for one task. Immutable; every field is checked when the object is built.
+
+    :param cpu_count: CPU cores (``4``, ``0.5``, ``"500m"``). Local: sets thread-count variables.
+    :param gpu_count: number of GPUs (or MIG slices), or ``"all"`` (local and Docker only)
+    :param memory: memory limit: integer bytes or ``"16GB"``, ``"16Gi"``, ``"512Mi"``
+    :param accelerator: GPU model, e.g. ``"A100"``, ``"H100-80GB"``, or SkyPilot-style ``"A100:2"``,
+        which also sets ``gpu_count``
+    :param gpu_vendor: ``"nvidia"`` (default), ``"amd"``, ``"intel"``, ``"aws-neuron"``, ``"google-tpu"``,
+        or a :class:`GpuVendor` for anything else
+    :param mig_profile: NVIDIA MIG partition, e.g. ``"1g.10gb"``; ``gpu_count`` then counts slices
+    :param shm_size: size of ``/dev/shm`` in containers and pods (bytes or a quantity string);
+        ``None`` uses the backend's default
+    """
+
+    cpu_count: float | None = None
+    gpu_count: GpuCount = 0
+    memory: int | None = None
+    accelerator: str | None = None
+    gpu_vendor: GpuVendor = field(default=NVIDIA)
+    mig_profile: str | None = None
+    shm_size: int | None = None
+
+    def __post_init__(self) -> None:
+        def put(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        if self.cpu_count is not None:
+            try:
+                put("cpu_count", parse_cpu(self.cpu_count))
+            except (TypeError, ValueError) as err:
+                raise _invalid("cpu_count", self.cpu_count, str(err), CPU_ACCEPTED) from None
+
+        for name in ("memory", "shm_size"):
+            value = getattr(self, name)
+            if value is not None:
+                try:
+                    put(name, parse_bytes(value))
+                except (TypeError, ValueError) as err:
+                    raise _invalid(name, value, str(err), BYTES_ACCEPTED) from None
+        if self.memory == 0:
+            raise _invalid("memory", 0, "a memory limit of zero bytes cannot run anything", BYTES_ACCEPTED)
+
+        vendor = self.gpu_vendor
+        if isinstance(vendor, str):
+            if vendor.lower() not in VENDORS:
+                raise _invalid(
+                    "gpu_vendor",
+                    vendor,
+                    "unknown vendor",
+                    f"{', '.join(map(repr, VENDORS))}, or a GpuVendor(...) for another vendor",
+                )
+            vendor = VENDORS[vendor.lower()]
+        elif not isinstance(vendor, GpuVendor):
+            raise _invalid("gpu_vendor", vendor, "expected a vendor name or a GpuVendor", ", ".join(VENDORS))
+        put("gpu_vendor", vendor)
+
+        gpu_count = _parse_count("gpu_count", self.gpu_count, allow_all=True)
+        if self.accelerator is not None:
+            model, count = self._parse_accelerator(self.accelerator)
+            if count is not None:
+                if gpu_count not in (0, count):
+                    raise _invalid(
+                        "accelerator",
+                        self.accelerator,
+                        f"its count {count} contradicts gpu_count={gpu_count!r}",
+                        "set the count in one place only",
+                    )
+                gpu_count = count
+            elif gpu_count == 0:
+                gpu_count = 1
+            model_vendor = MODEL_VENDORS.get(model.upper())
+            if model_vendor is not None and model_vendor.name != vendor.name:
+                if vendor != NVIDIA:  # an explicit, different vendor; NVIDIA is the default
+                    raise _invalid(
+                        "accelerator",
+                        self.accelerator,
+                        f"it is a {model_vendor.name} model but gpu_vendor={vendor.name!r}",
+                        f"gpu_vendor={model_vendor.name!r} or a {vendor.name} model",
+                    )
+                vendor = model_vendor
+                put("gpu_vendor", vendor)
+            put("accelerator", model)
+
+        if self.mig_profile is not None:
+            profile = str(getattr(self.mig_profile, "value", self.mig_profile))
+            if not isinstance(self.mig_profile, str) or not MIG_PATTERN.match(profile):
+                raise _invalid(
+                    "mig_profile",
+                    self.mig_profile,
+                    "not a MIG profile name",
+                    "'<compute>g.<memory>gb' such as '1g.10gb' or '3g.40gb' (MigProfile has the common ones)",
+                )
+            if not vendor.supports_mig:
+                raise _invalid(
+                    "mig_profile",
+                    profile,
+                    f"MIG partitions exist only on NVIDIA GPUs, not {vendor.name!r}",
+                    "gpu_vendor='nvidia' with a MIG profile, or no mig_profile",
+                )
+            if gpu_count == ALL_GPUS:
+                raise _invalid("gpu_count", gpu_count, "'all' cannot be combined with mig_profile", "an integer")
+            if gpu_count == 0:
+                gpu_count = 1
+            put("mig_profile", profile)
+        put("gpu_count", gpu_count)
+
+    @staticmethod
+    def _parse_accelerator(value: object) -> tuple[str, int | None]:
+        accepted = "a model name such as 'A100' or 'H100-80GB', optionally with a count: 'A100:2'"
+        text = str(getattr(value, "value", value)) if isinstance(value, str) else None
+        match = ACCELERATOR_PATTERN.match(text) if text is not None else None
+        if match is None:
+            raise _invalid("accelerator", value, "not an accelerator name", accepted)
+        if match["count"] is None:
+            return match["model"], None
+        count = match["count"]
+        if not count.isdigit() or int(count) < 1:
+            raise _invalid("accelerator", value, f"the count {count!r} is not a positive integer", accepted)
+        return match["model"], int(count)
+
+    # ------------------------------------------------------------------ derived views
+    @property
+    def requests_gpus(self) -> bool:
+        """Whether the task asks for any accelerator."""
+        return self.gpu_count == ALL_GPUS or self.gpu_count > 0
+
+    def with_overrides(self, **overrides: Any) -> ResourceSettings:
+        """Return a copy with some fields replaced, validated again (used for templated shortcuts)."""
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise UnknownSettingError(_OWNER, unknown, (f.name for f in dataclasses.fields(self)))
+        if "accelerator" in overrides and "gpu_count" not in overrides and self.accelerator is not None:
+            overrides["gpu_count"] = 0  # the new accelerator string decides the count again
+        return dataclasses.replace(self, **overrides)
+
+    def describe(self) -> str:
+        """One line for logs: ``2x nvidia A100, 8 CPUs, 16.0 GiB memory``."""
+        parts = []
+        if self.requests_gpus:
+            what = self.accelerator or "GPU"
+            if self.mig_profile:
+                what += f" MIG {self.mig_profile}"
+            parts.append(f"{self.gpu_count}x {self.gpu_vendor.name} {what}")
+        else:
+            parts.append("no GPU")
+        if self.cpu_count is not None:
+            parts.append(f"{self.cpu_count:g} CPUs")
+        if self.memory is not None:
+            parts.append(f"{format_bytes(self.memory)} memory")
+        if self.shm_size is not None:
+            parts.append(f"{format_bytes(self.shm_size)} shm")
+        return ", ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form (the vendor by name)."""
+        data = dataclasses.asdict(self)
+        data["gpu_vendor"] = self.gpu_vendor.name
+        return data
