@@ -1,0 +1,50 @@
+# Two commands do all the set-up on a fresh machine:
+#   make demo   - create .venv, install the provider, initialise a SQLite Airflow home in .airflow-home,
+#                 run the example DAG end to end on the local backend and print its result
+#   make test   - create .venv and run the test suite
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := $(CURDIR)/.venv
+PY := $(VENV)/bin/python
+UV := $(VENV)/bin/uv
+# The CPU build of torch lies in /opt/wheels on these machines; elsewhere, pip's own configuration applies.
+FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
+TORCH ?= torch==2.13.0
+EXTRAS ?= docker,kubernetes,accelerate,nvml,dev
+
+export AIRFLOW_HOME ?= $(CURDIR)/.airflow-home
+export AIRFLOW__CORE__LOAD_EXAMPLES := False
+export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
+export AIRFLOW__GPU__STATE_DIR ?= $(AIRFLOW_HOME)/gpu-state
+
+.PHONY: venv demo test lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check uv
+	$(UV) pip install --python $(PY) $(FIND_LINKS) "$(TORCH)" -e ".[$(EXTRAS)]"
+	touch $@
+
+venv: $(VENV)/.installed
+
+$(AIRFLOW_HOME)/.migrated: $(VENV)/.installed
+	mkdir -p $(AIRFLOW_HOME)
+	$(VENV)/bin/airflow db migrate > $(AIRFLOW_HOME)/migrate.log 2>&1 || (cat $(AIRFLOW_HOME)/migrate.log; exit 1)
+	touch $@
+
+demo: $(AIRFLOW_HOME)/.migrated
+	$(PY) scripts/demo.py '$(or $(CONF),{"epochs": 20})'
+
+test: venv
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+bench: $(AIRFLOW_HOME)/.migrated
+	$(PY) benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) $(AIRFLOW_HOME)

@@ -1,0 +1,47 @@
+"""Shared test set-up: a real Airflow home on SQLite, migrated once per session.
+
+The environment is set before anything imports Airflow, which reads its configuration at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+_HOME = Path(tempfile.mkdtemp(prefix="airflow-gpu-tests-"))
+os.environ.update(
+    {
+        "AIRFLOW_HOME": str(_HOME),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+        "AIRFLOW__GPU__STATE_DIR": str(_HOME / "gpu-state"),
+        "AIRFLOW__GPU__DEVICES": "none",
+        "AIRFLOW__GPU__WAIT_POLL_INTERVAL": "0.2",
+    }
+)
+
+
+@pytest.fixture(scope="session")
+def airflow_home() -> Path:
+    """A migrated Airflow metadata DB (SQLite) in a temporary AIRFLOW_HOME."""
+    marker = _HOME / ".migrated"
+    if not marker.exists():
+        subprocess.run(
+            [sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True, env=os.environ.copy()
+        )
+        marker.touch()
+    return _HOME
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh ``[gpu] state_dir`` for one test."""
+    monkeypatch.setenv("AIRFLOW__GPU__STATE_DIR", str(tmp_path / "state"))
+    return tmp_path / "state"

@@ -1,0 +1,30 @@
+"""Helpers for running real DAGs in tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def run_dag(dag: Any, conf: dict[str, Any] | None = None) -> Any:
+    """Run a DAG with ``dag.test()`` (real task runner, real SQLite DB) and return the DagRun."""
+    return dag.test(run_conf=conf)
+
+
+def task_states(dag_run: Any) -> dict[str, str]:
+    """``{task_id: state}`` of a finished run (map index -1 only)."""
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return {ti.task_id: str(ti.state) for ti in dag_run.get_task_instances(session=session) if ti.map_index < 1}
+
+
+def xcom(dag_run: Any, task_id: str, key: str = "return_value") -> Any:
+    """The XCom value a task of a finished run pushed."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = session.scalars(
+            XComModel.get_many(run_id=dag_run.run_id, dag_ids=dag_run.dag_id, task_ids=task_id, key=key)
+        ).first()
+        return None if row is None else XComModel.deserialize_value(row)
