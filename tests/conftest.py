@@ -5,6 +5,7 @@ The environment is set before anything imports Airflow, which reads its configur
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +21,17 @@ os.environ.update(
         "AIRFLOW_HOME": str(_HOME),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        # dag.test() needs a DAG in a bundle: the examples, and the test DAGs in tests/dags
+        "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(
+            [
+                {
+                    "name": name,
+                    "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+                    "kwargs": {"path": str(path)},
+                }
+                for name, path in (("dags-folder", REPO / "dags"), ("test-dags", REPO / "tests" / "dags"))
+            ]
+        ),
         "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
         "AIRFLOW__GPU__STATE_DIR": str(_HOME / "gpu-state"),
         "AIRFLOW__GPU__DEVICES": "none",

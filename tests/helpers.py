@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+
+def load_dag(path: str | Path, dag_id: str) -> Any:
+    """Parse one DAG file with a real DagBag and return one of its DAGs (no import errors allowed)."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(path))
+    assert bag.import_errors == {}, bag.import_errors
+    return bag.get_dag(dag_id)
 
 
 def run_dag(dag: Any, conf: dict[str, Any] | None = None) -> Any:

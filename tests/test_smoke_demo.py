@@ -5,7 +5,6 @@ from helpers import run_dag, task_states, xcom
 
 def test_demo_dag_trains_on_cpu_fallback(airflow_home):
     from airflow.dag_processing.dagbag import DagBag
-
     from conftest import REPO
 
     bag = DagBag(dag_folder=str(REPO / "dags" / "gpu_training_demo.py"))

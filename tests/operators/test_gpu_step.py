@@ -1,0 +1,191 @@
+"""GpuStepOperator on the local backend, through real Airflow (dag.test on SQLite) and real child processes.
+
+The DAGs live in tests/dags/gpu_step_dags.py.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from airflow.sdk import DAG
+from conftest import REPO
+from helpers import load_dag, run_dag, task_states, xcom
+
+from airflow_gpu_provider import GpuStepOperator, ImageSettings, ResourceSettings
+from airflow_gpu_provider.backends.base import TaskRequest
+from airflow_gpu_provider.backends.local import LocalBackend
+from airflow_gpu_provider.exceptions import InvalidSettingError, RemoteTaskError, UnknownSettingError
+from airflow_gpu_provider.host.allocator import GpuAllocator
+from airflow_gpu_provider.host.inventory import Device
+from airflow_gpu_provider.payload import callable_envelope, shipped_callable
+
+pytestmark = pytest.mark.usefixtures("airflow_home")
+DAG_FILE = REPO / "tests" / "dags" / "gpu_step_dags.py"
+MODULE_CONSTANT = 1
+
+
+def add(a, b):
+    return a + b
+
+
+def hang(pid_file):
+    import os
+    import subprocess
+    import time
+
+    child = subprocess.Popen(["sleep", "300"])
+    with open(pid_file, "w") as handle:
+        handle.write(f"{os.getpid()} {child.pid}")
+    time.sleep(300)
+
+
+def uses_module_constant():
+    return MODULE_CONSTANT
+
+
+def dag(dag_id: str) -> DAG:
+    return load_dag(DAG_FILE, dag_id)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is not running any more
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def test_callable_arguments_in_and_return_value_out(capfd):
+    dr = run_dag(dag("gpu_step_callable"))
+    assert task_states(dr) == {"add": "success"}
+    assert xcom(dr, "add") == {"sum": 9}
+    out = capfd.readouterr().out
+    assert "[gpu] backend=local image=worker python" in out
+    assert "[gpu] GPUs assigned: none (running on CPU)" in out
+
+
+def test_gpus_come_from_the_host_allocator(monkeypatch, state_dir):
+    monkeypatch.setenv("AIRFLOW__GPU__DEVICES", "0,1,2")
+    dr = run_dag(dag("gpu_step_devices"))
+    assert xcom(dr, "two") == {"cuda": "0,1", "omp": "3", "custom": "yes"}
+    assert xcom(dr, "none")["cuda"] == ""  # a task without GPUs sees none
+    assert GpuAllocator(state_dir / "locks").holder_of(Device("0")) is None  # released
+
+
+def test_missing_gpus_fail_fast_with_a_clear_message(monkeypatch, state_dir, capfd):
+    monkeypatch.setenv("AIRFLOW__GPU__DEVICES", "0")
+    dr = run_dag(dag("gpu_step_missing"))
+    assert task_states(dr) == {"greedy": "failed"}
+    out = capfd.readouterr().out
+    assert "Requested 2x nvidia GPU but this host has 1 GPU(s)" in out
+
+
+def test_templated_resources_and_policy_from_params(monkeypatch, state_dir):
+    monkeypatch.setenv("AIRFLOW__GPU__DEVICES", "0,1,2,3")
+    templated = dag("gpu_step_templated")
+    assert xcom(run_dag(templated), "t")["cuda"] == "0,1,2"
+    assert xcom(run_dag(templated, conf={"n": 1}), "t")["cuda"] == "0"
+    dr = run_dag(templated, conf={"n": 9, "policy": "cpu"})
+    assert task_states(dr) == {"t": "success"}
+    assert xcom(dr, "t")["cuda"] == ""
+
+
+def test_context_values_travel_as_json():
+    dr = run_dag(dag("gpu_step_context"))
+    assert xcom(dr, "ctx") == {"x": 5, "params": {"lr": 0.1}, "run_id": dr.run_id, "has_date": True}
+
+
+def test_exception_fails_the_task_with_the_remote_traceback(capfd):
+    dr = run_dag(dag("gpu_step_exception"))
+    assert task_states(dr) == {"explode": "failed"}
+    out = capfd.readouterr().out
+    assert 'raise ValueError("boom from the GPU task")' in out
+    raise_line = next(i for i, line in enumerate(DAG_FILE.read_text().splitlines(), 1) if "# RAISE_LINE" in line)
+    assert f'File "{DAG_FILE}", line {raise_line}, in explode' in out
+    assert "The task raised ValueError in the local task process: boom from the GPU task" in out
+
+
+def test_commands_run_without_a_shell():
+    assert task_states(run_dag(dag("gpu_step_command"))) == {"ok": "success", "fails": "failed"}
+
+
+def test_execution_timeout_kills_the_whole_process_group(tmp_path, monkeypatch, state_dir):
+    monkeypatch.setenv("AIRFLOW__GPU__DEVICES", "0")
+    pid_file = tmp_path / "pids"
+    started = time.monotonic()
+    dr = run_dag(dag("gpu_step_timeout"), conf={"pid_file": str(pid_file)})
+    assert task_states(dr) == {"hang": "failed"}
+    assert time.monotonic() - started < 60
+    task_pid, grandchild_pid = map(int, pid_file.read_text().split())
+    assert not alive(task_pid)
+    assert not alive(grandchild_pid)
+    assert GpuAllocator(state_dir / "locks").holder_of(Device("0")) is None
+
+
+def test_on_kill_stops_the_child_and_releases_gpus(tmp_path, state_dir):
+    pid_file = tmp_path / "pids"
+    backend = LocalBackend({"devices": "0", "state_dir": str(state_dir), "kill_grace": 2})
+    envelope = callable_envelope(shipped_callable(hang, owner="t"), [str(pid_file)], {})
+    plan = backend.plan(TaskRequest(ResourceSettings(gpu_count=1), ImageSettings(), envelope))
+    errors = []
+    runner = threading.Thread(target=lambda: errors.append(pytest.raises(RemoteTaskError, backend.run, plan)))
+    runner.start()
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    backend.kill()
+    runner.join(30)
+    assert not runner.is_alive()
+    assert "exited with status -15" in str(errors[0].value)
+    task_pid, grandchild_pid = map(int, pid_file.read_text().split())
+    assert not alive(task_pid)
+    assert not alive(grandchild_pid)
+    assert GpuAllocator(state_dir / "locks").holder_of(Device("0")) is None
+
+
+def test_injected_requirements_run_in_a_cached_venv(state_dir):
+    assert xcom(run_dag(dag("gpu_step_requirements")), "req") == "ok = true"
+    assert len([p for p in (state_dir / "venvs").iterdir() if p.is_dir()]) == 1
+
+
+def test_gpu_pool_slots_follow_gpu_count(monkeypatch):
+    monkeypatch.setenv("AIRFLOW__GPU__POOL", "gpu")
+    with DAG("gpu_step_pool", schedule=None, start_date=datetime.datetime(2024, 1, 1)):
+        two = GpuStepOperator(task_id="two", python_callable=add, op_args=[1, 1], gpu_count=2)
+        cpu = GpuStepOperator(task_id="cpu", python_callable=add, op_args=[1, 1])
+        own = GpuStepOperator(task_id="own", python_callable=add, op_args=[1, 1], gpu_count=1, pool="mine")
+    assert (two.pool, two.pool_slots) == ("gpu", 2)
+    assert cpu.pool == "default_pool"
+    assert own.pool == "mine"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "fragment"),
+    [
+        ({"python_callable": uses_module_constant}, InvalidSettingError, "'MODULE_CONSTANT' from outside"),
+        ({"python_callable": add, "command": ["x"]}, InvalidSettingError, "give exactly one of them"),
+        ({}, InvalidSettingError, "give exactly one of them"),
+        ({"python_callable": add, "backend": "slurm"}, InvalidSettingError, "backend='slurm' is invalid"),
+        ({"python_callable": add, "on_missing_gpu": "skip"}, InvalidSettingError, "'fail' or 'wait' or 'cpu'"),
+        ({"python_callable": add, "gpu_count": -1}, InvalidSettingError, "gpu_count=-1"),
+        ({"python_callable": add, "memory": "16XB"}, InvalidSettingError, "memory='16XB'"),
+        ({"python_callable": add, "requirements": ["numpy>="]}, InvalidSettingError, "PEP 508"),
+        ({"python_callable": add, "resources": {"gpu_count": 1}}, InvalidSettingError, "expected a ResourceSettings"),
+        (
+            {"python_callable": add, "backend": "local", "backend_options": {"gpus": 1}},
+            UnknownSettingError,
+            "backend 'local' does not support the option(s) 'gpus'. These options are supported: devices",
+        ),
+    ],
+)
+def test_bad_input_fails_at_dag_parse_time(kwargs, error, fragment):
+    with pytest.raises(error) as info, DAG("gpu_step_bad", schedule=None):
+        GpuStepOperator(task_id="bad", **kwargs)
+    assert fragment in str(info.value)

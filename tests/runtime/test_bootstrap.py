@@ -1,0 +1,174 @@
+"""The runtime, run for real as a child process, exactly as every backend runs it."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from airflow_gpu_provider.payload import callable_envelope, command_envelope, shipped_callable
+from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
+from airflow_gpu_provider.runtime.bootstrap import clear_cuda_cache
+
+SUMMARY = {"backend": "test", "image": "img", "requirements_hash": "abc123", "resources": "1x nvidia GPU", "gpus": []}
+
+
+def add(a, b, scale=1):
+    return {"sum": (a + b) * scale, "pid": __import__("os").getpid()}
+
+
+def explode(message):
+    values = {"message": message}
+    raise ValueError(values["message"])  # LINE_OF_RAISE
+
+
+def returns_object():
+    return object()
+
+
+def exits(code):
+    import sys
+
+    sys.exit(code)
+
+
+def run_envelope(
+    tmp_path: Path, envelope: dict, env: dict | None = None
+) -> tuple[subprocess.CompletedProcess, dict | None]:
+    envelope = {**envelope, "summary": SUMMARY}
+    path = tmp_path / "envelope.json"
+    path.write_text(json.dumps(envelope))
+    result = tmp_path / "result.json"
+    proc = subprocess.run(
+        [sys.executable, str(BOOTSTRAP_PATH), str(path), str(result)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=60,
+    )
+    return proc, (json.loads(result.read_text()) if result.exists() else None)
+
+
+def envelope_for(function, *args, **kwargs) -> dict:
+    return callable_envelope(shipped_callable(function, owner="test"), list(args), kwargs)
+
+
+def test_callable_result_and_summary_first(tmp_path):
+    proc, result = run_envelope(tmp_path, envelope_for(add, 2, 3, scale=10))
+    assert proc.returncode == 0, proc.stderr
+    assert result["ok"] is True
+    assert result["return_value"]["sum"] == 50
+    assert result["return_value"]["pid"] != os.getpid()
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "[gpu] backend=test image=img requirements=abc123"
+    assert lines[1] == "[gpu] resources: 1x nvidia GPU"
+    assert lines[2] == "[gpu] GPUs assigned: none (running on CPU)"
+    assert lines[3] == "[gpu] CUDA cache before task: skipped (torch is not loaded)"
+    assert "add() finished in" in lines[4]
+    assert result["cache"][0]["status"] == "skipped"
+
+
+def test_exception_traceback_points_at_the_dag_file_line(tmp_path):
+    proc, result = run_envelope(tmp_path, envelope_for(explode, "boom"))
+    assert proc.returncode == 1
+    assert result["ok"] is False
+    assert result["error"]["type"] == "ValueError"
+    assert result["error"]["message"] == "boom"
+    raise_line = next(
+        i for i, line in enumerate(Path(__file__).read_text().splitlines(), 1) if "# LINE_OF_RAISE" in line
+    )
+    expected = f'File "{__file__}", line {raise_line}, in explode'
+    assert expected in result["error"]["traceback"]
+    assert expected in proc.stderr
+    assert "raise ValueError(values" in proc.stderr  # the source line is shown too
+
+
+def test_non_json_return_value_is_a_clear_error(tmp_path):
+    proc, result = run_envelope(tmp_path, envelope_for(returns_object))
+    assert proc.returncode == 1
+    assert "is a object, which cannot travel back as JSON" in result["error"]["message"]
+
+
+@pytest.mark.parametrize(("code", "status", "ok"), [(0, 0, True), (None, 0, True), (3, 1, False)])
+def test_sys_exit_in_user_code(tmp_path, code, status, ok):
+    proc, result = run_envelope(tmp_path, envelope_for(exits, code))
+    assert proc.returncode == status
+    assert result["ok"] is ok
+
+
+def test_command_mode_execs_and_propagates_exit_status(tmp_path):
+    proc, result = run_envelope(
+        tmp_path, command_envelope([sys.executable, "-c", "print('hello'); raise SystemExit(7)"])
+    )
+    assert proc.returncode == 7
+    assert proc.stdout.splitlines()[0].startswith("[gpu] backend=test")
+    assert "hello" in proc.stdout
+    assert result is None  # commands report through their exit status
+
+
+def test_command_not_found(tmp_path):
+    proc, result = run_envelope(tmp_path, command_envelope(["/nonexistent/binary"]))
+    assert proc.returncode == 127
+    assert result["ok"] is False
+
+
+def test_envelope_from_environment_variable(tmp_path):
+    envelope = {**envelope_for(add, 1, 1), "summary": SUMMARY}
+    encoded = base64.b64encode(json.dumps(envelope).encode()).decode()
+    result_path = tmp_path / "out" / "result.json"
+    proc = subprocess.run(
+        [sys.executable, str(BOOTSTRAP_PATH), "env:GPU_TASK_ENVELOPE", str(result_path)],
+        env={**os.environ, "GPU_TASK_ENVELOPE": encoded},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(result_path.read_text())["return_value"]["sum"] == 2
+
+
+def test_unusable_envelope_exits_2_with_an_error_result(tmp_path):
+    path = tmp_path / "envelope.json"
+    path.write_text(json.dumps({"version": 99}))
+    proc = subprocess.run(
+        [sys.executable, str(BOOTSTRAP_PATH), str(path), str(tmp_path / "r.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "envelope version 99" in proc.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["ok"] is False
+
+
+def test_only_rank_zero_writes_the_result(tmp_path):
+    proc, result = run_envelope(tmp_path, envelope_for(add, 1, 2), env={"RANK": "1"})
+    assert proc.returncode == 0
+    assert result is None
+
+
+def test_runtime_is_stdlib_only():
+    """It must run in any image with python3: only standard-library imports at module level."""
+    code = (
+        "import sys, runpy; before = set(sys.modules); "
+        f"runpy.run_path({str(BOOTSTRAP_PATH)!r}, run_name='probe'); "
+        "new = {m.split('.')[0] for m in set(sys.modules) - before}; "
+        "third = sorted(m for m in new if m not in sys.stdlib_module_names and not m.startswith('_')); "
+        "print(third)"
+    )
+    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_clear_cuda_cache_with_torch_loaded_on_a_cpu_machine():
+    import torch  # noqa: F401 - loaded on purpose
+
+    result = clear_cuda_cache()
+    assert result["status"] == "skipped"
+    assert result["reason"] == "CUDA is not available"
+    assert result["freed_bytes"] == 0

@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import pytest
+
+from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.settings import ImageSettings
+
+
+def test_defaults():
+    image = ImageSettings()
+    assert image.requirements == ()
+    assert image.python_package_installer == "uv"
+    assert image.requirements_hash == "none"
+
+
+def test_requirements_are_normalised_and_hashed_order_independently():
+    a = ImageSettings(requirements=["numpy >= 1.26", "Torch==2.5.1"])
+    b = ImageSettings(requirements=["Torch==2.5.1", "numpy>=1.26"])
+    assert a.requirements == ("numpy>=1.26", "Torch==2.5.1")
+    assert a.requirements_hash == b.requirements_hash
+    assert len(a.requirements_hash) == 12
+
+
+def test_hash_changes_with_installer_and_index():
+    base = ImageSettings(requirements=["numpy"])
+    assert (
+        base.requirements_hash
+        != ImageSettings(requirements=["numpy"], python_package_installer="pip").requirements_hash
+    )
+    assert (
+        base.requirements_hash
+        != ImageSettings(requirements=["numpy"], index_url="https://mirror/simple").requirements_hash
+    )
+
+
+def test_pep508_markers_and_extras_and_urls():
+    image = ImageSettings(
+        requirements=['pkg[extra]>=1; python_version >= "3.10"', "name @ https://example.org/name-1.0.tar.gz"]
+    )
+    assert len(image.requirements) == 2
+
+
+def test_installer_index_args():
+    image = ImageSettings(index_url="https://m/simple", extra_index_urls=["https://x/simple"], find_links=["/wheels"])
+    assert image.installer_index_args() == [
+        "--index-url",
+        "https://m/simple",
+        "--extra-index-url",
+        "https://x/simple",
+        "--find-links",
+        "/wheels",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "fragment"),
+    [
+        ({"requirements": ["numpy>="]}, "requirements", "not a PEP 508 requirement"),
+        ({"requirements": ["pip install torch"]}, "requirements", "not a PEP 508 requirement"),
+        ({"requirements": "numpy"}, "requirements", "expected a list of strings"),
+        ({"requirements": ["numpy", ""]}, "requirements", "non-empty string"),
+        ({"python_package_installer": "conda"}, "python_package_installer", "'uv' or 'pip'"),
+        ({"parent_image": "PyTorch/PyTorch:latest"}, "parent_image", "not a Docker image reference"),
+        ({"parent_image": "pytorch/pytorch latest"}, "parent_image", "not a Docker image reference"),
+        ({"environment": {"1BAD": "x"}}, "environment", "not an environment variable name"),
+        ({"environment": {"GOOD": 1}}, "environment['GOOD']", "values must be strings"),
+        ({"environment": ["A=1"]}, "environment", "expected a mapping"),
+        ({"find_links": "/wheels"}, "find_links", "expected a list"),
+        ({"index_url": ""}, "index_url", "expected a URL"),
+    ],
+)
+def test_invalid_input_names_field_value_and_accepted_forms(kwargs, field, fragment):
+    with pytest.raises(InvalidSettingError) as info:
+        ImageSettings(**kwargs)
+    assert info.value.field == field
+    assert f"ImageSettings: {field}=" in str(info.value)
+    assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "reference",
+    [
+        "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime",
+        "nvcr.io/nvidia/pytorch:24.10-py3",
+        "localhost:5000/team/trainer@sha256:" + "a" * 64,
+        "python",
+    ],
+)
+def test_valid_image_references(reference):
+    assert ImageSettings(parent_image=reference).parent_image == reference
