@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:
+    """Run the DAG, print the report task's XCom; exit 1 unless the run succeeded."""
     from airflow.dag_processing.dagbag import DagBag
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session

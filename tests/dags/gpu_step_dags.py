@@ -116,6 +116,28 @@ with DAG("gpu_task_flow", schedule=None, start_date=START, params={"scale": 2}):
     def combine(half: float, total: int, count: int) -> str:
         return f"{half}/{total}/{count}"
 
-    parts = split(10)
+    parts = split(11)
     numbers = stats([1, 2, 3])
     combine(parts["half"], numbers["total"], numbers["count"])
+
+
+# ----------------------------------------------------------------------------- listeners
+with DAG("gpu_pool_check", schedule=None, start_date=START):
+    GpuStepOperator(
+        task_id="fits", python_callable=add, op_args=[1, 1], gpu_count=1, pool="test_gpu_pool", pool_slots=1
+    )
+    GpuStepOperator(
+        task_id="too_big", python_callable=add, op_args=[1, 1], gpu_count=4, pool="test_gpu_pool", pool_slots=4
+    )
+    GpuStepOperator(task_id="from_config", python_callable=add, op_args=[1, 1], gpu_count=4)  # [gpu] pool
+
+with DAG("cuda_listener", schedule=None, start_date=START):
+    from airflow.sdk import task
+
+    @task
+    def in_process_torch() -> float:
+        import torch
+
+        return float(torch.ones(3).sum())
+
+    in_process_torch()

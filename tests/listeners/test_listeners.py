@@ -1,0 +1,88 @@
+"""The provider's listeners, against a real Airflow metadata DB."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+from conftest import REPO
+from helpers import load_dag, run_dag, task_states
+
+from airflow_gpu_provider.listeners.gpu_pool import fail_unschedulable_gpu_tasks, pool_problem
+
+pytestmark = pytest.mark.usefixtures("airflow_home")
+DAG_FILE = REPO / "tests" / "dags" / "gpu_step_dags.py"
+
+
+def test_pool_problem_messages():
+    assert pool_problem("gpu", 2, 4) is None
+    assert "does not exist" in pool_problem("gpu", 1, None)
+    assert "airflow pools set gpu" in pool_problem("gpu", 1, None)
+    message = pool_problem("gpu", 8, 4)
+    assert "needs 8 slots of GPU pool 'gpu', which has only 4" in message
+
+
+def _running_dag_run(dag_id: str, session):
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
+    from airflow.models.dagrun import get_or_create_dagrun
+    from airflow.models.serialized_dag import SerializedDagModel
+    from airflow.utils.types import DagRunTriggeredByType
+
+    DagBundlesManager().sync_bundles_to_db(session=session)
+    session.commit()
+    bag = BundleDagBag(dag_folder=str(DAG_FILE.parent), bundle_path=DAG_FILE.parent, bundle_name="test-dags")
+    sync_bag_to_db(bag, "test-dags", None)
+    dag = SerializedDagModel.get_dag(dag_id, session=session)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return get_or_create_dagrun(
+        dag=dag,
+        run_id=f"pool_check_{now.timestamp()}",
+        logical_date=now,
+        start_date=now,
+        run_after=now,
+        data_interval=None,
+        conf={},
+        session=session,
+        triggered_by=DagRunTriggeredByType.TEST,
+        triggering_user_name="test",
+    )
+
+
+@pytest.mark.parametrize(
+    ("pool_size", "failed"), [(None, {"fits", "too_big", "from_config"}), (2, {"too_big", "from_config"}), (4, set())]
+)
+def test_tasks_that_could_never_get_their_gpu_pool_slots_fail_with_a_note(monkeypatch, pool_size, failed):
+    from airflow.models.pool import Pool
+    from airflow.utils.session import create_session
+
+    monkeypatch.setenv("AIRFLOW__GPU__POOL", "test_gpu_pool")
+    with create_session() as session:
+        if pool_size is not None:
+            Pool.create_or_update_pool("test_gpu_pool", pool_size, "GPUs", include_deferred=False, session=session)
+        elif Pool.get_pool("test_gpu_pool", session=session):
+            Pool.delete_pool("test_gpu_pool", session=session)
+    with create_session() as session:
+        dag_run = _running_dag_run("gpu_pool_check", session)
+        assert set(fail_unschedulable_gpu_tasks(dag_run, session)) == failed
+    with create_session() as session:
+        tis = {ti.task_id: ti for ti in dag_run.get_task_instances(session=session)}
+        for task_id, ti in tis.items():
+            if task_id in failed:
+                assert str(ti.state) == "failed"
+                assert "would wait forever" in ti.note
+            else:
+                assert ti.state is None
+                assert ti.note is None
+
+
+def test_cuda_cache_listener_runs_after_tasks_that_loaded_torch(capfd):
+    dr = run_dag(load_dag(DAG_FILE, "cuda_listener"))
+    assert task_states(dr) == {"in_process_torch": "success"}
+    assert "CUDA cache clear skipped: CUDA is not available" in capfd.readouterr().out
+
+
+def test_cuda_cache_listener_can_be_disabled(capfd, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__GPU__CLEAR_CACHE_BETWEEN_TASKS", "False")
+    run_dag(load_dag(DAG_FILE, "cuda_listener"))
+    assert "CUDA cache clear" not in capfd.readouterr().out

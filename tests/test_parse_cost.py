@@ -1,0 +1,27 @@
+"""Parsing a DAG that uses the provider must not import torch, accelerate, docker or kubernetes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+HEAVY = ("torch", "accelerate", "docker", "kubernetes", "pynvml")
+
+
+@pytest.mark.parametrize("dag_file", sorted(str(p) for p in (REPO / "dags").glob("*.py")))
+def test_parsing_example_dags_imports_nothing_heavy(dag_file):
+    code = (
+        "import json, sys; from airflow.dag_processing.dagbag import DagBag;"
+        f"bag = DagBag(dag_folder={dag_file!r});"
+        "print(json.dumps({'errors': {k: str(v) for k, v in bag.import_errors.items()}, 'dags': len(bag.dags),"
+        f" 'heavy': sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})}}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["errors"] == {}
+    assert report["dags"] >= 1
+    assert report["heavy"] == []

@@ -1,0 +1,66 @@
+"""Provider registration as Airflow itself sees it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import airflow
+import jsonschema
+import pytest
+
+from airflow_gpu_provider.config import OPTIONS
+from airflow_gpu_provider.get_provider_info import get_provider_info
+
+AIRFLOW_BIN = Path(sys.executable).with_name("airflow")
+
+
+def test_provider_info_is_valid_against_airflows_schema():
+    schema = json.loads((Path(airflow.__file__).parent / "provider_info.schema.json").read_text())
+    info = get_provider_info()
+    jsonschema.validate(info, schema)
+    assert info["package-name"] == "airflow-gpu-provider"
+    assert info["task-decorators"] == [{"name": "gpu", "class-name": "airflow_gpu_provider.decorators.gpu.gpu_task"}]
+
+
+def test_config_section_documents_every_option():
+    options = get_provider_info()["config"]["gpu"]["options"]
+    assert set(options) == {o.name for o in OPTIONS}
+    assert {"backend", "default_parent_image", "on_missing_gpu", "pool", "state_dir", "devices"} <= set(options)
+    for option in options.values():
+        assert len(option["description"]) > 30
+
+
+def test_entry_points_are_registered():
+    providers = {ep.value for ep in entry_points(group="apache_airflow_provider")}
+    plugins = {ep.value for ep in entry_points(group="airflow.plugins")}
+    assert "airflow_gpu_provider.get_provider_info:get_provider_info" in providers
+    assert "airflow_gpu_provider.plugin:GpuProviderPlugin" in plugins
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        (["providers", "list"], "airflow-gpu-provider"),
+        (["plugins"], "airflow_gpu_provider.listeners.cuda_cache"),
+        (["config", "get-value", "gpu", "backend"], "local"),
+    ],
+)
+def test_airflow_cli_shows_the_provider(command, expected):
+    out = subprocess.run(
+        [str(AIRFLOW_BIN), *command], capture_output=True, text=True, check=True, env=os.environ.copy()
+    ).stdout
+    assert expected in out
+
+
+def test_gpu_options_can_be_set_by_environment(monkeypatch):
+    from airflow_gpu_provider import config
+
+    monkeypatch.setenv("AIRFLOW__GPU__BACKEND", "docker")
+    monkeypatch.setenv("AIRFLOW__GPU__WAIT_POLL_INTERVAL", "0.5")
+    assert config.get("backend") == "docker"
+    assert config.get("wait_poll_interval") == 0.5
