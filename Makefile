@@ -22,7 +22,7 @@ export AIRFLOW__GPU__STATE_DIR ?= $(AIRFLOW_HOME)/gpu-state
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check uv
-	$(UV) pip install --python $(PY) $(FIND_LINKS) "$(TORCH)" -e ".[$(EXTRAS)]"
+	$(UV) pip install --python $(PY) --compile-bytecode $(FIND_LINKS) "$(TORCH)" -e ".[$(EXTRAS)]"
 	touch $@
 
 venv: $(VENV)/.installed
@@ -43,8 +43,9 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-bench: $(AIRFLOW_HOME)/.migrated
-	$(PY) benchmarks/run.py
+bench: venv
+	$(PY) -m compileall -q airflow_gpu_provider
+	for script in benchmarks/[a-z]*.py; do $(PY) $$script || exit 1; done
 
 clean:
 	rm -rf $(VENV) $(AIRFLOW_HOME)

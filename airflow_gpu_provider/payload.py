@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import inspect
 import json
+import linecache
+import os
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,7 +22,6 @@ from datetime import datetime
 from typing import Any
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.runtime.bootstrap import ENVELOPE_VERSION
 
 
 def _iso(value: Any) -> str | None:
@@ -95,6 +97,42 @@ class _FreeNames(ast.NodeVisitor):
         self.generic_visit(node)
 
 
+@functools.lru_cache(maxsize=32)
+def _file_functions(filename: str, mtime_ns: int) -> dict[int, ast.FunctionDef]:
+    """Every function of a source file by its first line (decorators included), parsed once per file."""
+    tree = ast.parse("".join(linecache.getlines(filename)), filename)
+    return {
+        (node.decorator_list[0].lineno if node.decorator_list else node.lineno): node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef)
+    }
+
+
+def _function_source(function: Callable[..., Any], owner: str) -> tuple[ast.FunctionDef, str, int]:
+    """The function's AST node, its source without decorators (dedented), and the line of its ``def``."""
+    filename = inspect.getsourcefile(function)
+    try:
+        linecache.checkcache(filename)
+        node = _file_functions(filename, os.stat(filename).st_mtime_ns)[function.__code__.co_firstlineno]
+    except (TypeError, OSError, SyntaxError, KeyError):
+        node = None
+    if node is not None:
+        lines = linecache.getlines(filename)[node.lineno - 1 : node.end_lineno]
+        return node, textwrap.dedent("".join(lines)), node.lineno
+    try:  # not in a readable file we could parse (e.g. defined interactively): ask inspect
+        lines, start = inspect.getsourcelines(function)
+    except (OSError, TypeError) as err:
+        raise InvalidSettingError(
+            owner, "python_callable", function.__name__, f"its source is not available ({err})",
+            "a function defined in a file",
+        ) from None
+    text = textwrap.dedent("".join(lines))
+    parsed = ast.parse(text).body[0]
+    assert isinstance(parsed, ast.FunctionDef)
+    body = "\n".join(text.splitlines()[parsed.lineno - 1 : parsed.end_lineno]) + "\n"
+    return parsed, body, start + parsed.lineno - 1
+
+
 def shipped_callable(function: Callable[..., Any], *, owner: str) -> ShippedCallable:
     """Extract a function's source (decorators removed) and check that it can run on its own.
 
@@ -107,17 +145,7 @@ def shipped_callable(function: Callable[..., Any], *, owner: str) -> ShippedCall
         raise InvalidSettingError(owner, "python_callable", function, "only plain functions can be shipped", accepted)
     if inspect.iscoroutinefunction(function):
         raise InvalidSettingError(owner, "python_callable", name, "async functions are not supported", accepted)
-    try:
-        lines, start = inspect.getsourcelines(function)
-    except (OSError, TypeError) as err:
-        raise InvalidSettingError(
-            owner, "python_callable", name, f"its source is not available ({err})", accepted
-        ) from None
-    text = textwrap.dedent("".join(lines))
-    node = ast.parse(text).body[0]
-    assert isinstance(node, ast.FunctionDef)  # isfunction() and not a coroutine or lambda
-    body_lines = text.splitlines()[node.lineno - 1 : node.end_lineno]
-    source = "\n".join(body_lines) + "\n"
+    node, source, first_line = _function_source(function, owner)
 
     visitor = _FreeNames()
     visitor.visit(node.args)
@@ -148,9 +176,7 @@ def shipped_callable(function: Callable[..., Any], *, owner: str) -> ShippedCall
             "leave the worker",
             f"context values that travel as JSON: {', '.join(sorted(CONTEXT_VALUES))}",
         )
-    return ShippedCallable(
-        name, source, inspect.getsourcefile(function) or "<gpu task>", start + node.lineno - 1, context_params
-    )
+    return ShippedCallable(name, source, inspect.getsourcefile(function) or "<gpu task>", first_line, context_params)
 
 
 def _json_checked(owner: str, label: str, value: Any) -> Any:
@@ -184,6 +210,8 @@ def call_arguments(
 
 def callable_envelope(shipped: ShippedCallable, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The runtime envelope for a function call (the backend adds ``summary``)."""
+    from airflow_gpu_provider.runtime.bootstrap import ENVELOPE_VERSION
+
     return {
         "version": ENVELOPE_VERSION,
         "mode": "callable",
@@ -199,4 +227,6 @@ def callable_envelope(shipped: ShippedCallable, args: list[Any], kwargs: dict[st
 
 def command_envelope(command: Sequence[str]) -> dict[str, Any]:
     """The runtime envelope for a command (argument list; no shell)."""
+    from airflow_gpu_provider.runtime.bootstrap import ENVELOPE_VERSION
+
     return {"version": ENVELOPE_VERSION, "mode": "command", "command": [str(part) for part in command]}

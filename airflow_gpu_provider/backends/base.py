@@ -1,13 +1,11 @@
 """The backend interface: a pure ``plan(request)`` and an I/O ``run(plan)``.
 
 Operators build a :class:`TaskRequest` and never look inside a backend; a backend only translates the request.
-Backends are found by name in :data:`BACKENDS` and imported lazily, so DAG parsing never loads docker-py or the
-kubernetes client.
+The registry of backends by name is :data:`airflow_gpu_provider.backends.BACKENDS`.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -15,14 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 from airflow_gpu_provider.config import OnMissingGpu
-from airflow_gpu_provider.exceptions import MissingDependencyError, RemoteTaskError, UnknownSettingError
+from airflow_gpu_provider.exceptions import RemoteTaskError, UnknownSettingError
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
-
-# name -> (class path, pip extra that provides its dependencies)
-BACKENDS: dict[str, tuple[str, str | None]] = {
-    "local": ("airflow_gpu_provider.backends.local.LocalBackend", None),
-}
-
 
 @dataclass(frozen=True)
 class TaskRequest:
@@ -86,19 +78,6 @@ class Backend(ABC, Generic[PlanT]):
 
     def kill(self) -> None:
         """Stop a running plan (called from the operator's ``on_kill``)."""
-
-
-def get_backend_class(name: str) -> type[Backend[Any]]:
-    """Import a backend by name, naming the pip extra when its dependencies are missing."""
-    path, extra = BACKENDS[name]
-    module_name, class_name = path.rsplit(".", 1)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        if extra is None:
-            raise
-        raise MissingDependencyError(f"The {name!r} backend ({err.name})", extra) from err
-    return getattr(module, class_name)
 
 
 def result_value(result: Mapping[str, Any] | None, exit_code: int, *, where: str) -> Any:

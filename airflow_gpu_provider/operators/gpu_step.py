@@ -11,13 +11,15 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_gpu_provider import config
-from airflow_gpu_provider.backends.base import BACKENDS, Backend, TaskRequest, get_backend_class
+from airflow_gpu_provider.backends import BACKENDS, get_backend_class
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.payload import call_arguments, callable_envelope, command_envelope, shipped_callable
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from airflow_gpu_provider.backends.base import Backend, TaskRequest
 
 RESOURCE_SHORTCUTS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ResourceSettings))
 IMAGE_SHORTCUTS: tuple[str, ...] = ("parent_image", "requirements", "python_package_installer")
@@ -181,6 +183,8 @@ class GpuStepOperator(BaseOperator):
         policy = config.check_choice(
             owner, "on_missing_gpu", self.on_missing_gpu or config.get("on_missing_gpu"), config.MISSING_GPU_POLICIES
         )
+        from airflow_gpu_provider.backends.base import TaskRequest
+
         ti = context["ti"]
         labels = {
             "dag_id": ti.dag_id,
