@@ -123,7 +123,10 @@ def _function_source(function: Callable[..., Any], owner: str) -> tuple[ast.Func
         lines, start = inspect.getsourcelines(function)
     except (OSError, TypeError) as err:
         raise InvalidSettingError(
-            owner, "python_callable", function.__name__, f"its source is not available ({err})",
+            owner,
+            "python_callable",
+            function.__name__,
+            f"its source is not available ({err})",
             "a function defined in a file",
         ) from None
     text = textwrap.dedent("".join(lines))

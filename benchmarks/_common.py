@@ -48,7 +48,9 @@ def report(title: str, times: dict[str, list[float]], baseline: str, goal: str) 
     ratio = medians[subject] / medians[baseline]
     print(f"\n## {title}")
     for name, values in times.items():
-        print(f"  {name:<34} median {medians[name] * 1000:9.1f} ms   (n={len(values)}, "
-              f"min {min(values) * 1000:.1f}, max {max(values) * 1000:.1f})")
+        print(
+            f"  {name:<34} median {medians[name] * 1000:9.1f} ms   (n={len(values)}, "
+            f"min {min(values) * 1000:.1f}, max {max(values) * 1000:.1f})"
+        )
     print(f"  ratio {subject} / {baseline} = {ratio:.3f}x   (goal {goal})")
     return ratio

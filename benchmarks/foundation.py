@@ -39,7 +39,9 @@ def write_dags(folder: Path) -> tuple[Path, Path]:
         body = [f"@{decorator}\n" + WORK.replace("def work", f"def work_{i}").strip() for i in range(TASKS)]
         calls = "\n".join(f"    work_{i}(10)" for i in range(TASKS))
         source = (
-            "import datetime\nfrom airflow.sdk import DAG, task\n" + imports + "\n\n"
+            "import datetime\nfrom airflow.sdk import DAG, task\n"
+            + imports
+            + "\n\n"
             + "\n\n".join(body)
             + f"\n\nwith DAG({name!r}, schedule=None, start_date=datetime.datetime(2024, 1, 1)):\n{calls}\n"
         )
@@ -55,14 +57,16 @@ def write_dags(folder: Path) -> tuple[Path, Path]:
 def parse_once(path: Path) -> float:
     """Parse one DAG file the way Airflow's DAG processor does: in a child forked from a process that has
     pre-imported the file's ``airflow.*`` imports, building the DagBag and serialising every DAG."""
+    from airflow.dag_processing.dagbag import BundleDagBag
+    from airflow.serialization.serialized_objects import DagSerialization
+
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the parse child
         try:
             os.close(read_end)
             started = time.perf_counter()
-            bag = BundleDagBag(dag_folder=str(path), bundle_path=path.parent, bundle_name="bench",
-                               load_op_links=False)
+            bag = BundleDagBag(dag_folder=str(path), bundle_path=path.parent, bundle_name="bench", load_op_links=False)
             for dag in bag.dags.values():
                 DagSerialization.to_dict(dag)
             elapsed = time.perf_counter() - started
@@ -70,22 +74,26 @@ def parse_once(path: Path) -> float:
         finally:
             os._exit(0)
     os.close(write_end)
-    elapsed = float(os.read(read_end, 64).decode() or "nan")
+    reply = os.read(read_end, 64).decode()
     os.close(read_end)
     os.waitpid(pid, 0)
-    if elapsed != elapsed:
+    if reply in ("", "nan"):
         raise RuntimeError(f"parsing {path} failed")
-    return elapsed
+    return float(reply)
 
 
 def heavy_imports(path: Path) -> list[str]:
     code = f"from airflow.dag_processing.dagbag import DagBag; DagBag(dag_folder={str(path)!r})"
-    err = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True).stderr
+    err = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, check=True
+    ).stderr
     modules = {line.split("|")[-1].strip() for line in err.splitlines() if line.startswith("import time:")}
     return sorted(m for m in modules if m.split(".")[0] in ("torch", "accelerate", "docker", "kubernetes", "pynvml"))
 
 
 def bench_parse(folder: Path) -> None:
+    from airflow.utils.file import iter_airflow_imports
+
     plain, gpu = write_dags(folder)
     for path in (plain, gpu):  # what the DAG processor manager pre-imports for each file
         for module in iter_airflow_imports(str(path)):
@@ -116,8 +124,12 @@ def bench_local_end_to_end(folder: Path) -> None:
         dag.test()
     times = alternate(5, **{"@gpu_task (local child process)": gpu.test, "@task (in the task runner)": plain.test})
     logging.disable(logging.NOTSET)
-    report("Local @gpu_task end to end vs plain @task (dag.test, same function, ~0.5 s of work)", times,
-           "@task (in the task runner)", "<= 1.2x")
+    report(
+        "Local @gpu_task end to end vs plain @task (dag.test, same function, ~0.5 s of work)",
+        times,
+        "@task (in the task runner)",
+        "<= 1.2x",
+    )
 
 
 def bench_venv() -> None:
@@ -135,17 +147,17 @@ def bench_venv() -> None:
         started = time.perf_counter()
         ensure_venv(image, cache, log)
         cached.append(time.perf_counter() - started)
-    report("Injected requirements: cached venv reuse vs first creation (uv)",
-           {"cached venv (reuse)": cached, "first creation": first}, "first creation", "much less than 1x")
+    report(
+        "Injected requirements: cached venv reuse vs first creation (uv)",
+        {"cached venv (reuse)": cached, "first creation": first},
+        "first creation",
+        "much less than 1x",
+    )
 
 
 def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="airflow-gpu-bench-dags-"))
     airflow_home(folder)
-    global BundleDagBag, DagSerialization, iter_airflow_imports  # imported after AIRFLOW_HOME is set
-    from airflow.dag_processing.dagbag import BundleDagBag
-    from airflow.serialization.serialized_objects import DagSerialization
-    from airflow.utils.file import iter_airflow_imports
 
     print(f"# Foundation benchmarks (python {sys.version.split()[0]}, repo {REPO})")
     bench_parse(folder)

@@ -16,6 +16,7 @@ from airflow_gpu_provider.config import OnMissingGpu
 from airflow_gpu_provider.exceptions import RemoteTaskError, UnknownSettingError
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 
+
 @dataclass(frozen=True)
 class TaskRequest:
     """Everything a backend needs to run one task try, independent of the backend.
