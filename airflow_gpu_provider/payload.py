@@ -111,12 +111,14 @@ def _file_functions(filename: str, mtime_ns: int) -> dict[int, ast.FunctionDef]:
 def _function_source(function: Callable[..., Any], owner: str) -> tuple[ast.FunctionDef, str, int]:
     """The function's AST node, its source without decorators (dedented), and the line of its ``def``."""
     filename = inspect.getsourcefile(function)
-    try:
-        linecache.checkcache(filename)
-        node = _file_functions(filename, os.stat(filename).st_mtime_ns)[function.__code__.co_firstlineno]
-    except (TypeError, OSError, SyntaxError, KeyError):
-        node = None
-    if node is not None:
+    node = None
+    if filename is not None:
+        try:
+            linecache.checkcache(filename)
+            node = _file_functions(filename, os.stat(filename).st_mtime_ns)[function.__code__.co_firstlineno]
+        except (OSError, SyntaxError, KeyError):
+            node = None
+    if filename is not None and node is not None:
         lines = linecache.getlines(filename)[node.lineno - 1 : node.end_lineno]
         return node, textwrap.dedent("".join(lines)), node.lineno
     try:  # not in a readable file we could parse (e.g. defined interactively): ask inspect

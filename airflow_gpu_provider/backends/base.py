@@ -57,7 +57,7 @@ class Backend(ABC, Generic[PlanT]):
     name: ClassVar[str]
     option_names: ClassVar[frozenset[str]] = frozenset()
 
-    def __init__(self, options: Mapping[str, Any] | None = None, log: logging.Logger | None = None) -> None:
+    def __init__(self, options: Mapping[str, Any] | None = None, log: Any = None) -> None:
         self.validate_options(options or {})
         self.options = dict(options or {})
         self.log = log or logging.getLogger(f"airflow_gpu_provider.backends.{self.name}")

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from airflow.sdk.bases.decorator import TaskDecorator
 
 
-class _GpuDecoratedOperator(DecoratedOperator, GpuStepOperator):
+class _GpuDecoratedOperator(DecoratedOperator, GpuStepOperator):  # type: ignore[misc]
     """Wraps a function into a :class:`GpuStepOperator`; arguments come from the call in the DAG."""
 
     custom_operator_name = "@task.gpu"

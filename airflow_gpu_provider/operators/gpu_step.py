@@ -121,7 +121,7 @@ class GpuStepOperator(BaseOperator):
         self.resource_settings = (resources or ResourceSettings()).with_overrides(
             **{k: v for k, v in given.items() if k not in self.resource_overrides}
         )
-        image_shortcuts = {
+        image_shortcuts: dict[str, Any] = {
             "parent_image": parent_image,
             "requirements": requirements,
             "python_package_installer": python_package_installer,
@@ -165,6 +165,7 @@ class GpuStepOperator(BaseOperator):
         if self.shipped is None:
             command = shlex.split(self.command) if isinstance(self.command, str) else list(self.command or [])
             return command_envelope(command)
+        assert self.python_callable is not None
         args, kwargs = call_arguments(
             self.shipped, inspect.signature(self.python_callable), self.op_args, self.op_kwargs, context, owner=owner
         )

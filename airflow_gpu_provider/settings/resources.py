@@ -23,7 +23,7 @@ from airflow_gpu_provider.settings.units import (
     parse_cpu,
 )
 
-ALL_GPUS = "all"
+ALL_GPUS: Literal["all"] = "all"
 GpuCount = int | Literal["all"]
 _OWNER = "ResourceSettings"
 
@@ -175,7 +175,7 @@ class ResourceSettings:
     @property
     def requests_gpus(self) -> bool:
         """Whether the task asks for any accelerator."""
-        return self.gpu_count == ALL_GPUS or self.gpu_count > 0
+        return isinstance(self.gpu_count, str) or self.gpu_count > 0
 
     def with_overrides(self, **overrides: Any) -> ResourceSettings:
         """Return a copy with some fields replaced, validated again (used for templated shortcuts)."""
