@@ -23,14 +23,15 @@ class InvalidSettingError(ValueError):
 class UnknownSettingError(InvalidSettingError, TypeError):
     """An option name that the receiver does not know (Metaflow-style: list what is supported)."""
 
-    def __init__(self, owner: str, names: Iterable[str], supported: Iterable[str]) -> None:
+    def __init__(self, owner: str, names: Iterable[str], supported: Iterable[str], hint: str = "") -> None:
         names = sorted(names)
         self.owner, self.field, self.value = owner, names[0], None
         supported_text = ", ".join(sorted(supported))
         ValueError.__init__(
             self,
             f"{owner} does not support the option(s) {', '.join(map(repr, names))}. "
-            f"These options are supported: {supported_text}",
+            + (f"{hint} " if hint else "")
+            + f"These options are supported: {supported_text}",
         )
 
 

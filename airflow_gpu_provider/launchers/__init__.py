@@ -1,0 +1,1 @@
+"""Launchers that wrap the task payload (🤗 Accelerate)."""

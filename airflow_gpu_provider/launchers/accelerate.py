@@ -1,0 +1,179 @@
+"""🤗 Accelerate launch options: validated by accelerate's own ``launch_command_parser()``, turned into argv.
+
+Importing accelerate's parser imports torch (seconds), and the DAG processor may not even have accelerate
+installed. So the parser's option table (names, flags, types, choices) is extracted from
+``launch_command_parser()`` once per host and accelerate version, in a child process, and cached as JSON under
+``[gpu] state_dir``; a DAG parse rebuilds an equivalent argparse parser from it in microseconds. Without
+accelerate on the parsing host, the snapshot shipped with the provider (``accelerate_launch_options.json``,
+checked against the installed accelerate by the tests) is used. At run time ``accelerate launch`` in the task's
+image parses the same arguments again; that version is what counts.
+
+``python -m airflow_gpu_provider.launchers.accelerate`` prints the live option table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import functools
+import importlib.metadata
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
+
+SNAPSHOT = Path(__file__).with_name("accelerate_launch_options.json")
+LAUNCH_MODULE = "accelerate.commands.launch"
+_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def _str_to_bool(value: str) -> bool:
+    """Accelerate's ``str_to_bool``."""
+    lowered = value.lower()
+    if lowered in ("y", "yes", "t", "true", "on", "1"):
+        return True
+    if lowered in ("n", "no", "f", "false", "off", "0"):
+        return False
+    raise ValueError(f"invalid truth value {value!r}")
+
+
+def extract_spec(parser: argparse.ArgumentParser, version: str) -> dict[str, Any]:
+    """The option table of an argparse parser, as JSON-friendly data."""
+    options = []
+    for action in parser._actions:
+        if not action.option_strings or isinstance(action, argparse._HelpAction):
+            continue
+        # by class name: accelerate has its own _StoreTrueAction etc., not argparse's subclasses
+        kind = {
+            "_StoreTrueAction": "true",
+            "_StoreFalseAction": "false",
+            "_StoreConstAction": "const",
+            "_AppendAction": "append",
+        }.get(type(action).__name__, "value")
+        type_name = getattr(action.type, "__name__", "str")
+        options.append(
+            {
+                "dest": action.dest,
+                "flags": list(action.option_strings),
+                "kind": kind,
+                "type": type_name if type_name in (*_TYPES, "str_to_bool") else "str",
+                "choices": list(action.choices) if action.choices else None,
+                "const": action.const if kind == "const" else None,
+            }
+        )
+    return {"accelerate_version": version, "options": options}
+
+
+def live_spec() -> dict[str, Any]:
+    """Extract the option table from the installed accelerate (imports torch)."""
+    from accelerate.commands.launch import launch_command_parser
+
+    return extract_spec(launch_command_parser(), importlib.metadata.version("accelerate"))
+
+
+@functools.lru_cache(maxsize=4)
+def load_spec(state_dir: str | None = None) -> dict[str, Any]:
+    """The option table for validation: the installed accelerate's (cached per version), else the snapshot."""
+    if importlib.util.find_spec("accelerate") is None:
+        return json.loads(SNAPSHOT.read_text())
+    version = importlib.metadata.version("accelerate")
+    if state_dir is None:
+        from airflow_gpu_provider import config
+
+        state_dir = config.get("state_dir")
+    cache = Path(state_dir, f"accelerate-launch-options-{version}.json")
+    if cache.exists():
+        return json.loads(cache.read_text())
+    out = subprocess.run(
+        [sys.executable, "-m", __name__], capture_output=True, text=True, check=True, timeout=300
+    ).stdout
+    spec = json.loads(out)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=cache.parent, delete=False, suffix=".tmp") as handle:
+        handle.write(out)
+    os.replace(handle.name, cache)
+    return spec
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # raise instead of printing usage and exiting
+        raise ValueError(message)
+
+
+def build_parser(spec: Mapping[str, Any]) -> argparse.ArgumentParser:
+    """An argparse parser equivalent to accelerate's for validation (same flags, types and choices)."""
+    parser = _Parser(prog="accelerate launch", add_help=False, allow_abbrev=False)
+    for option in spec["options"]:
+        kwargs: dict[str, Any] = {"dest": option["dest"]}
+        if option["kind"] in ("true", "false"):
+            kwargs["action"] = f"store_{option['kind']}"
+        elif option["kind"] == "const":
+            kwargs.update(action="store_const", const=option["const"])
+        else:
+            kwargs["action"] = "append" if option["kind"] == "append" else "store"
+            kwargs["type"] = _str_to_bool if option["type"] == "str_to_bool" else _TYPES[option["type"]]
+            if option["choices"]:
+                kwargs["choices"] = option["choices"]
+        parser.add_argument(*option["flags"], **kwargs)
+    parser.add_argument("training_script")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def launch_arguments(options: Mapping[str, Any], *, owner: str, spec: Mapping[str, Any] | None = None) -> list[str]:
+    """Turn ``{"num_processes": 2, "multi_gpu": True, ...}`` into validated ``accelerate launch`` arguments.
+
+    Values: ``True`` for a flag, ``False``/``None`` to leave it out, a list for repeatable options, anything
+    else is passed as text.
+
+    :raises UnknownSettingError: for an option accelerate does not have (with the closest names)
+    :raises InvalidSettingError: for a value accelerate's parser rejects (wrong type, not among the choices)
+    """
+    spec = spec or load_spec()
+    by_dest = {o["dest"]: o for o in spec["options"]}
+    unknown = [name for name in options if name not in by_dest]
+    if unknown:
+        hints = {name: difflib.get_close_matches(name, by_dest, n=3) for name in unknown}
+        hint = " ".join(f"Did you mean {' or '.join(map(repr, h))} for {n!r}?" for n, h in hints.items() if h)
+        raise UnknownSettingError(
+            f"{owner}: accelerate {spec['accelerate_version']} launch", unknown, sorted(by_dest), hint=hint
+        )
+    argv: list[str] = []
+    for name, value in options.items():
+        option = by_dest[name]
+        flag = option["flags"][0]
+        if value is None or value is False:
+            continue
+        if option["kind"] in ("true", "false", "const"):
+            if value is not True:
+                raise InvalidSettingError(owner, name, value, "it is a flag", "True, or False/None to leave it out")
+            argv.append(flag)
+        elif option["kind"] == "append" and isinstance(value, (list, tuple)):
+            for item in value:
+                argv += [flag, str(item)]
+        else:
+            argv += [flag, ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)]
+    try:
+        build_parser(spec).parse_args([*argv, "script.py"])
+    except ValueError as err:
+        name = next((n for n in options if any(f in str(err) for f in by_dest[n]["flags"])), "launch options")
+        choices = by_dest[name]["choices"] if name in by_dest else None
+        raise InvalidSettingError(
+            owner,
+            name,
+            options.get(name),
+            f"accelerate launch rejects it: {err}",
+            " or ".join(map(repr, choices)) if choices else None,
+        ) from None
+    return argv
+
+
+if __name__ == "__main__":
+    print(json.dumps(live_spec(), indent=1))
