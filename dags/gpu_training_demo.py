@@ -20,8 +20,8 @@ DOC = """
    Its log starts with a resource summary: backend, GPUs assigned, image/requirements hash, CUDA cache result.
 3. **report** checks that the loss went down and prints the metrics.
 
-Params: `gpu_count`, `epochs`, `backend` (local | docker | kubernetes) and `on_missing_gpu`
-(fail | wait | cpu).
+Params: `gpu_count`, `epochs`, `batch_size`, `mixed_precision` (no | bf16 | fp16), `backend`
+(local | docker | kubernetes) and `on_missing_gpu` (fail | wait | cpu).
 """
 
 
@@ -35,6 +35,11 @@ Params: `gpu_count`, `epochs`, `backend` (local | docker | kubernetes) and `on_m
         "gpu_count": Param(1, type="integer", minimum=0, maximum=8, description="GPUs for the training step."),
         "epochs": Param(20, type="integer", minimum=1, maximum=1000, description="Training epochs."),
         "batch_size": Param(64, type="integer", minimum=1, description="Mini-batch size."),
+        "mixed_precision": Param(
+            "no",
+            enum=["no", "bf16", "fp16"],
+            description="Autocast dtype for the forward pass ('no' keeps float32).",
+        ),
         "backend": Param(
             "local",
             enum=["local", "docker", "kubernetes"],
@@ -80,6 +85,7 @@ def gpu_training_demo() -> None:
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
         loss_fn = torch.nn.MSELoss()
         batch_size = int(params.get("batch_size", 64))
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(params.get("mixed_precision", "no"))
 
         def full_loss() -> float:
             with torch.no_grad():
@@ -92,7 +98,8 @@ def gpu_training_demo() -> None:
             for start in range(0, dataset["n_samples"], batch_size):
                 batch = order[start : start + batch_size]
                 optimizer.zero_grad()
-                loss = loss_fn(model(features[batch]), targets[batch])
+                with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+                    loss = loss_fn(model(features[batch]), targets[batch])
                 loss.backward()
                 optimizer.step()
             print(f"epoch {epoch + 1}: loss {full_loss():.4f}")
@@ -100,6 +107,8 @@ def gpu_training_demo() -> None:
             "initial_loss": initial_loss,
             "final_loss": full_loss(),
             "epochs": int(params.get("epochs", 20)),
+            "batch_size": batch_size,
+            "mixed_precision": params.get("mixed_precision", "no"),
             "device": str(device),
             "gpu_name": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
             "train_seconds": round(time.perf_counter() - started, 3),

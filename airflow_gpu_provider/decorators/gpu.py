@@ -7,7 +7,14 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.bases.decorator import DecoratedOperator, task_decorator_factory
 
-from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
+from airflow_gpu_provider.operators.gpu_step import (
+    RESOURCE_SHORTCUTS,
+    GpuStepOperator,
+    pool_arguments,
+    resolve_resources,
+)
+from airflow_gpu_provider.settings import ResourceSettings
+from airflow_gpu_provider.settings.accelerators import VENDORS
 
 if TYPE_CHECKING:
     from airflow.sdk.bases.decorator import TaskDecorator
@@ -60,5 +67,28 @@ def gpu_task(
         python_callable=python_callable,
         multiple_outputs=multiple_outputs,
         decorated_operator_class=_GpuDecoratedOperator,
-        **kwargs,
+        **mappable_arguments(kwargs),
     )
+
+
+def mappable_arguments(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Settle ``resources`` and the GPU pool here, for ``.partial()/.expand()`` as for plain calls.
+
+    A mapped task is built from these arguments without :class:`GpuStepOperator` running first: Airflow would
+    read ``resources`` as its own ``BaseOperator(resources=...)`` and the scheduler would never see the GPU pool.
+    So a :class:`ResourceSettings` becomes shortcuts (explicit shortcuts win, as in the operator) and the pool
+    arguments are added.
+    """
+    kwargs = dict(kwargs)
+    resources = kwargs.get("resources")
+    if isinstance(resources, ResourceSettings):
+        del kwargs["resources"]
+        defaults = ResourceSettings()
+        for name in RESOURCE_SHORTCUTS:
+            value = getattr(resources, name)
+            if kwargs.get(name) is None and value != getattr(defaults, name):
+                kwargs[name] = value.name if name == "gpu_vendor" and VENDORS.get(value.name) == value else value
+    if "pool" not in kwargs:
+        settings, overrides = resolve_resources(None, {name: kwargs.get(name) for name in RESOURCE_SHORTCUTS})
+        kwargs = {**pool_arguments(settings, overrides), **kwargs}
+    return kwargs

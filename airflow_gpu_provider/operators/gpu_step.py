@@ -30,6 +30,31 @@ def is_template(value: object) -> bool:
     return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
+def resolve_resources(
+    resources: ResourceSettings | None, shortcuts: Mapping[str, Any]
+) -> tuple[ResourceSettings, dict[str, Any]]:
+    """Apply the resource shortcuts to ``resources``: templated ones are returned apart, to apply when rendered."""
+    given = {k: v for k, v in shortcuts.items() if v is not None}
+    overrides = {k: v for k, v in given.items() if is_template(v)}
+    settings = (resources or ResourceSettings()).with_overrides(
+        **{k: v for k, v in given.items() if k not in overrides}
+    )
+    return settings, overrides
+
+
+def pool_arguments(resources: ResourceSettings, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``pool`` and ``pool_slots`` of a GPU task under ``[gpu] pool``; empty when unset or no GPU is asked for.
+
+    A templated ``gpu_count`` is known only when the task runs, after the scheduler took the slots: it takes one.
+    """
+    pool = config.get("pool")
+    templated = "gpu_count" in overrides
+    if not pool or not (resources.requests_gpus or templated):
+        return {}
+    count = resources.gpu_count
+    return {"pool": pool, "pool_slots": count if isinstance(count, int) and not templated else 1}
+
+
 class GpuStepOperator(BaseOperator):
     """Run a Python callable or a command on GPUs, on the local, Docker or Kubernetes backend.
 
@@ -116,11 +141,7 @@ class GpuStepOperator(BaseOperator):
             "mig_profile": mig_profile,
             "shm_size": shm_size,
         }
-        given = {k: v for k, v in shortcuts.items() if v is not None}
-        self.resource_overrides = {k: v for k, v in given.items() if is_template(v)}
-        self.resource_settings = (resources or ResourceSettings()).with_overrides(
-            **{k: v for k, v in given.items() if k not in self.resource_overrides}
-        )
+        self.resource_settings, self.resource_overrides = resolve_resources(resources, shortcuts)
         image_shortcuts: dict[str, Any] = {
             "parent_image": parent_image,
             "requirements": requirements,
@@ -151,11 +172,8 @@ class GpuStepOperator(BaseOperator):
         self.environment = dict(environment or {})
         self._running_backend: Backend[Any] | None = None
 
-        pool = config.get("pool")
-        if pool and "pool" not in kwargs and self.resource_settings.requests_gpus:
-            kwargs["pool"] = pool
-            count = self.resource_settings.gpu_count
-            kwargs.setdefault("pool_slots", count if isinstance(count, int) else 1)
+        if "pool" not in kwargs:
+            kwargs = {**pool_arguments(self.resource_settings, self.resource_overrides), **kwargs}
         super().__init__(**kwargs)
 
     # ------------------------------------------------------------------ execution

@@ -1,0 +1,170 @@
+"""Start a real local Airflow 3 with the provider and ``dags/`` (``make airflow``).
+
+``airflow standalone`` runs the API server, scheduler, DAG processor and triggerer on SQLite with the
+LocalExecutor. Before it starts, this script migrates the database and creates the GPU pool sized to this host's
+GPUs (NVML, or ``[gpu] devices``) and points ``[gpu] pool`` at it; once every component is healthy it prints the
+URL and the admin password. Stop it with Ctrl-C (or SIGTERM).
+
+    python scripts/airflow_local.py [--port 8080] [--devices auto|none|0,1] [--pool gpu] [--ready-file PATH]
+
+A port other than 8080 also sets ``AIRFLOW__API__BASE_URL=http://localhost:PORT``: without it, tasks cannot reach
+the execution API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+COMPONENTS = ("metadatabase", "scheduler", "dag_processor", "triggerer")
+STOP_GRACE_SECONDS = 30
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--port", type=int, default=int(os.environ.get("AIRFLOW__API__PORT", "8080")))
+    parser.add_argument("--devices", help="[gpu] devices: auto (NVML), none, or ids such as 0,1 (default: config)")
+    parser.add_argument("--pool", default="gpu", help="name of the GPU pool (default: gpu)")
+    parser.add_argument("--dags-folder", type=Path, default=REPO / "dags")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for a healthy Airflow")
+    parser.add_argument("--ready-file", type=Path, help="write the URL and credentials here as JSON when ready")
+    return parser.parse_args(argv)
+
+
+def configure(args: argparse.Namespace) -> None:
+    """Set this process's environment, which Airflow reads at import and ``airflow standalone`` inherits."""
+    home = Path(os.environ.setdefault("AIRFLOW_HOME", str(REPO / ".airflow-home")))
+    home.mkdir(parents=True, exist_ok=True)
+    url = f"http://localhost:{args.port}"
+    os.environ.update(
+        {
+            "AIRFLOW__CORE__DAGS_FOLDER": str(args.dags_folder.resolve()),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__API__PORT": str(args.port),
+            "AIRFLOW__API__BASE_URL": url,
+            # `airflow standalone` starts its components as `airflow ...` from PATH: use this interpreter's.
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+    )
+    os.environ.setdefault("AIRFLOW__GPU__STATE_DIR", str(home / "gpu-state"))
+    os.environ.setdefault("AIRFLOW__API__HOST", "127.0.0.1")  # 0.0.0.0 to reach it from other machines
+    os.environ.setdefault("AIRFLOW__CORE__PARALLELISM", "8")  # LocalExecutor worker processes
+    if args.devices is not None:
+        os.environ["AIRFLOW__GPU__DEVICES"] = args.devices
+
+
+def create_gpu_pool(name: str) -> int:
+    """Migrate the DB; size pool ``name`` to this host's GPUs and set ``[gpu] pool``. Return the GPU count."""
+    from airflow.models.pool import Pool
+    from airflow.utils import db
+
+    from airflow_gpu_provider import config
+    from airflow_gpu_provider.host.inventory import host_devices
+
+    db.initdb()
+    option = config.get("devices")
+    devices = host_devices(option)
+    if not devices:
+        print(f"No GPUs found ([gpu] devices={option!r}): no GPU pool; GPU tasks follow on_missing_gpu.")
+        os.environ.pop("AIRFLOW__GPU__POOL", None)
+        return 0
+    source = "NVML" if option.strip().lower() == "auto" else "[gpu] devices"
+    description = f"GPUs of this host ({source}): {', '.join(d.name or d.id for d in devices)}"
+    Pool.create_or_update_pool(name, len(devices), description, include_deferred=False)
+    os.environ["AIRFLOW__GPU__POOL"] = name
+    return len(devices)
+
+
+def health(url: str) -> dict[str, Any] | None:
+    """The API server's health report, or ``None`` while it does not answer."""
+    try:
+        with urllib.request.urlopen(f"{url}/api/v2/monitor/health", timeout=5) as response:  # noqa: S310 - localhost
+            return json.load(response)
+    except (OSError, ValueError):
+        return None
+
+
+def is_healthy(report: dict[str, Any] | None) -> bool:
+    """Whether every component reports ``healthy``."""
+    return report is not None and all((report.get(name) or {}).get("status") == "healthy" for name in COMPONENTS)
+
+
+def admin_password(home: Path) -> str | None:
+    """The password ``airflow standalone`` generated for ``admin`` (SimpleAuthManager)."""
+    path = home / "simple_auth_manager_passwords.json.generated"
+    try:
+        return json.loads(path.read_text()).get("admin")
+    except (OSError, ValueError):
+        return None
+
+
+def stop(process: subprocess.Popen[bytes]) -> int:
+    """Stop ``airflow standalone`` as Ctrl-C does (it stops its components on SIGINT), then kill it if it hangs."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            return process.wait(STOP_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    return process.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Set up, start ``airflow standalone``, report when it is healthy, and wait for it."""
+    args = parse_args(argv)
+    configure(args)
+    started = time.monotonic()
+    gpus = create_gpu_pool(args.pool)
+    environment = dict(os.environ)
+    url = environment["AIRFLOW__API__BASE_URL"]
+    process = subprocess.Popen([sys.executable, "-m", "airflow", "standalone"], env=environment)
+
+    def on_signal(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        while not is_healthy(health(url)):
+            if process.poll() is not None:
+                print(f"airflow standalone exited with status {process.returncode}", file=sys.stderr)
+                return process.returncode or 1
+            if time.monotonic() - started > args.timeout:
+                print(f"Airflow was not healthy after {args.timeout:.0f}s: {health(url)}", file=sys.stderr)
+                return stop(process) or 1
+            time.sleep(1)
+        home = Path(environment["AIRFLOW_HOME"])
+        ready = {
+            "url": url,
+            "username": "admin",
+            "password": admin_password(home),
+            "pool": environment.get("AIRFLOW__GPU__POOL"),
+            "gpus": gpus,
+            "seconds_to_ready": round(time.monotonic() - started, 1),
+        }
+        pool_text = f"pool {args.pool!r} with {gpus} slot(s)" if gpus else "no GPU pool (no GPUs found)"
+        print(
+            f"\n=== Airflow is ready in {ready['seconds_to_ready']}s: {url}\n"
+            f"=== user: admin   password: {ready['password']}\n"
+            f"=== GPUs: {gpus}, {pool_text}; DAGs from {environment['AIRFLOW__CORE__DAGS_FOLDER']}\n"
+            f"=== AIRFLOW_HOME={home}; stop with Ctrl-C\n",
+            flush=True,
+        )
+        if args.ready_file:
+            args.ready_file.write_text(json.dumps(ready))
+        return process.wait()
+    except KeyboardInterrupt:
+        return stop(process)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
