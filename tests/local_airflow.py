@@ -1,0 +1,190 @@
+"""A real ``airflow standalone`` (through ``scripts/airflow_local.py``) for end-to-end tests, and its REST API.
+
+It runs in its own process group with its own AIRFLOW_HOME and free ports; :meth:`LocalAirflow.stop` stops the
+whole group (and any descendant that left it), so no process outlives the tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+START_TIMEOUT = 240.0
+STOP_GRACE = 30.0
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LocalAirflow:
+    """``scripts/airflow_local.py`` started in a fresh AIRFLOW_HOME, plus a small REST client."""
+
+    def __init__(self, home: Path, devices: str = "0,1") -> None:
+        self.home = home
+        self.devices = devices
+        self.port = free_port()
+        self.url = f"http://localhost:{self.port}"
+        self.log_path = home / "standalone.log"
+        self.ready: dict[str, Any] = {}
+        self.process: subprocess.Popen[bytes] | None = None
+        self._token: str | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> LocalAirflow:
+        """Start and wait until every component is healthy (``START_TIMEOUT`` at most)."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        ready_file = self.home / "ready.json"
+        environment = {
+            **os.environ,
+            "AIRFLOW_HOME": str(self.home),
+            "AIRFLOW__GPU__STATE_DIR": str(self.home / "gpu-state"),
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__CORE__PARALLELISM": "4",
+            "AIRFLOW__GPU__WAIT_POLL_INTERVAL": "0.5",
+        }
+        command = [
+            sys.executable,
+            str(REPO / "scripts" / "airflow_local.py"),
+            f"--port={self.port}",
+            f"--devices={self.devices}",
+            f"--ready-file={ready_file}",
+            f"--timeout={START_TIMEOUT}",
+        ]
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                command, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        deadline = time.monotonic() + START_TIMEOUT + 30
+        while not ready_file.exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"local Airflow did not start; log tail:\n{self.log_tail()}")
+            time.sleep(0.5)
+        self.ready = json.loads(ready_file.read_text())
+        return self
+
+    def stop(self) -> None:
+        """SIGTERM the process group (the script stops standalone like Ctrl-C), then SIGKILL what is left."""
+        if self.process is None:
+            return
+        import psutil
+
+        try:
+            tree = [psutil.Process(self.process.pid), *psutil.Process(self.process.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            tree = []
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(STOP_GRACE)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        _, alive = psutil.wait_procs(tree, timeout=5)
+        for process in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        self.process.wait()
+        self.process = None
+
+    def leftover_processes(self) -> list[str]:
+        """Live processes (zombies aside) that still run with this AIRFLOW_HOME."""
+        import psutil
+
+        found = []
+        for process in psutil.process_iter(["pid", "cmdline", "status"]):
+            try:
+                if process.info["status"] == psutil.STATUS_ZOMBIE or process.pid == os.getpid():
+                    continue
+                if process.environ().get("AIRFLOW_HOME") == str(self.home):
+                    found.append(f"{process.pid} {' '.join(process.info['cmdline'] or [])}")
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return found
+
+    def log_tail(self, lines: int = 60) -> str:
+        """The end of the standalone output, for failure messages."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    # ------------------------------------------------------------------ REST API
+    def api(self, method: str, path: str, body: Any = None) -> Any:
+        """Call the REST API as admin (a token from ``POST /auth/token``); return the decoded JSON."""
+        if self._token is None:
+            credentials = {"username": self.ready["username"], "password": self.ready["password"]}
+            self._token = self._request("POST", "/auth/token", credentials)["access_token"]
+        return self._request(method, path, body, {"Authorization": f"Bearer {self._token}"})
+
+    def _request(self, method: str, path: str, body: Any, headers: dict[str, str] | None = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.url + path, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as err:
+            raise AssertionError(f"{method} {path} -> {err.code}: {err.read().decode(errors='replace')}") from None
+        return json.loads(raw) if raw else None
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 120) -> dict[str, Any]:
+        """Wait until the DAG processor has parsed ``dag_id``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            dags = {d["dag_id"]: d for d in self.api("GET", "/api/v2/dags?limit=100")["dags"]}
+            if dag_id in dags:
+                return dags[dag_id]
+            if time.monotonic() > deadline:
+                raise AssertionError(f"DAG {dag_id!r} not parsed after {timeout}s; DAGs: {sorted(dags)}")
+            time.sleep(1)
+
+    def unpause(self, dag_id: str) -> None:
+        """``PATCH /api/v2/dags/{id}`` with ``is_paused: false``."""
+        self.api("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+
+    def trigger(self, dag_id: str, conf: dict[str, Any]) -> str:
+        """``POST /api/v2/dags/{id}/dagRuns``; return the run id."""
+        return self.api("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf})["dag_run_id"]
+
+    def wait_for_run(self, dag_id: str, run_id: str, timeout: float = 300) -> dict[str, Any]:
+        """Poll the run until it is finished; return it."""
+        deadline = time.monotonic() + timeout
+        quoted = urllib.request.quote(run_id, safe="")
+        while True:
+            run = self.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{quoted}")
+            if run["state"] in ("success", "failed"):
+                return run
+            if time.monotonic() > deadline:
+                raise AssertionError(f"run {run_id} still {run['state']} after {timeout}s:\n{self.log_tail()}")
+            time.sleep(1)
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        """Every task instance of a run (mapped ones included)."""
+        quoted = urllib.request.quote(run_id, safe="")
+        return self.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances?limit=100")["task_instances"]
+
+    def xcom(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> Any:
+        """A task's ``return_value`` XCom, deserialized."""
+        quoted = urllib.request.quote(run_id, safe="")
+        path = (
+            f"/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances/{task_id}/xcomEntries/return_value"
+            f"?map_index={map_index}&deserialize=true&stringify=false"
+        )
+        return self.api("GET", path)["value"]

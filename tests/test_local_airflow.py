@@ -1,0 +1,204 @@
+"""End to end in a real local Airflow (``scripts/airflow_local.py`` -> ``airflow standalone``).
+
+One standalone Airflow serves the whole module: API server, scheduler, DAG processor and triggerer on SQLite with
+the LocalExecutor, two configured GPUs (``[gpu] devices=0,1``; the host has none, so torch runs on the CPU) and a
+two-slot GPU pool. The browser test drives the real UI in Debian's Chromium through Playwright.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import quote, unquote
+
+import pytest
+from local_airflow import LocalAirflow
+
+pytestmark = pytest.mark.slow
+
+DEMO = "gpu_training_demo"
+SWEEP = "gpu_hyperparameter_sweep"
+CHROMIUM = os.environ.get("AIRFLOW_GPU_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+
+
+@pytest.fixture(scope="module")
+def airflow(tmp_path_factory: pytest.TempPathFactory):
+    server = LocalAirflow(tmp_path_factory.mktemp("standalone") / "home", devices="0,1")
+    started = time.monotonic()
+    server.start()
+    try:
+        for dag_id in (DEMO, SWEEP):
+            server.wait_for_dag(dag_id)
+        print(f"local Airflow ready in {time.monotonic() - started:.1f}s (script: {server.ready['seconds_to_ready']}s)")
+        yield server
+    finally:
+        server.stop()
+        assert server.leftover_processes() == []
+
+
+def test_launcher_creates_the_gpu_pool_and_prints_credentials(airflow):
+    assert airflow.ready["url"] == airflow.url
+    assert airflow.ready["password"]
+    assert airflow.ready["gpus"] == 2
+    assert airflow.ready["pool"] == "gpu"
+    pool = airflow.api("GET", "/api/v2/pools/gpu")
+    assert pool["slots"] == 2
+    assert "[gpu] devices" in pool["description"]
+    assert "Airflow is ready" in airflow.log_path.read_text()
+    assert f"password: {airflow.ready['password']}" in airflow.log_path.read_text()
+
+
+def test_example_dags_have_no_import_errors(airflow):
+    environment = {**os.environ, "AIRFLOW_HOME": str(airflow.home)}
+    out = subprocess.run(
+        [sys.executable, "-m", "airflow", "dags", "list-import-errors", "-o", "json"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.strip().splitlines()[-1] == "[]", out
+    dags = {dag["dag_id"]: dag for dag in airflow.api("GET", "/api/v2/dags?limit=100")["dags"]}
+    assert {DEMO, SWEEP} <= set(dags)
+
+
+def test_rest_api_sweep_shares_two_gpus_without_oversubscription(airflow):
+    airflow.unpause(SWEEP)
+    rates = [0.01, 0.03, 0.1, 0.3]
+    run_id = airflow.trigger(SWEEP, {"learning_rates": rates, "epochs": 2})
+    run = airflow.wait_for_run(SWEEP, run_id)
+    assert run["state"] == "success", airflow.task_instances(SWEEP, run_id)
+    assert run["conf"]["learning_rates"] == rates
+
+    trials = [ti for ti in airflow.task_instances(SWEEP, run_id) if ti["task_id"] == "trial"]
+    assert sorted(ti["map_index"] for ti in trials) == [0, 1, 2, 3]
+    assert {(ti["pool"], ti["pool_slots"], ti["state"]) for ti in trials} == {("gpu", 1, "success")}
+
+    results = [airflow.xcom(SWEEP, run_id, "trial", index) for index in range(4)]
+    assert sorted(result["learning_rate"] for result in results) == rates
+    assert {result["visible_devices"] for result in results} <= {"0", "1"}
+    for result in results:  # when any trial starts: at most one other runs, on the other GPU
+        overlapping = [o for o in results if o is not result and o["started"] <= result["started"] < o["finished"]]
+        assert len(overlapping) <= 1, results
+        assert all(other["visible_devices"] != result["visible_devices"] for other in overlapping), results
+    best = airflow.xcom(SWEEP, run_id, "pick_best")
+    assert best["accuracy"] == max(result["accuracy"] for result in results)
+
+
+def test_gpu_pool_too_small_fails_the_task_at_once_with_a_note(airflow):
+    """The provider's listener in the scheduler fails what could never leave it, instead of waiting forever."""
+    airflow.unpause(DEMO)
+    resize = "/api/v2/pools/gpu?update_mask=slots"
+    airflow.api("PATCH", resize, {"pool": "gpu", "slots": 0, "include_deferred": False})
+    try:
+        started = time.monotonic()
+        run_id = airflow.trigger(DEMO, {"epochs": 1})
+        run = airflow.wait_for_run(DEMO, run_id, timeout=120)
+        elapsed = time.monotonic() - started
+    finally:
+        airflow.api("PATCH", resize, {"pool": "gpu", "slots": 2, "include_deferred": False})
+    states = {ti["task_id"]: ti for ti in airflow.task_instances(DEMO, run_id)}
+    assert run["state"] == "failed"
+    assert states["train"]["state"] == "failed"
+    assert states["train"]["pool"] == "gpu"
+    assert "needs 1 slots of GPU pool 'gpu', which has only 0" in states["train"]["note"]
+    assert states["report"]["state"] == "upstream_failed"
+    assert elapsed < 60, f"the run took {elapsed:.0f}s to fail"
+
+
+@pytest.fixture
+def browser():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("python playwright is missing: install the dev extra")
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("AIRFLOW_GPU_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+    with sync_playwright() as playwright:
+        instance = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        try:
+            yield instance
+        finally:
+            instance.close()
+
+
+def test_browser_trigger_with_changed_param_shows_gpu_summary_and_xcom(airflow, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(30_000)
+    shots = Path(tempfile.mkdtemp(prefix="airflow-gpu-ui-"))
+    step = "start"
+    try:
+        step = "1. log in"
+        page.goto(airflow.url)
+        page.get_by_label("Username").fill(airflow.ready["username"])
+        page.get_by_label("Password").fill(airflow.ready["password"])
+        page.get_by_role("button", name="Sign in").click()
+        page.get_by_role("button", name="Sign in").wait_for(state="detached")
+
+        step = "2. open and unpause the DAG"
+        airflow.api("PATCH", f"/api/v2/dags/{DEMO}", {"is_paused": True})
+        page.goto(f"{airflow.url}/dags/{DEMO}")
+        page.get_by_text(DEMO).first.wait_for()
+        toggle = page.get_by_role("checkbox").first
+        assert not toggle.is_checked()
+        toggle.click(force=True)
+        deadline = time.monotonic() + 30
+        while airflow.api("GET", f"/api/v2/dags/{DEMO}")["is_paused"]:
+            assert time.monotonic() < deadline, "the pause switch did not unpause the DAG"
+            time.sleep(0.5)
+
+        step = "3. trigger with a changed param"
+        page.get_by_role("button", name="Trigger Dag").click()
+        dialog = page.get_by_role("dialog")
+        epochs = dialog.locator("input[name=element_epochs]")
+        assert epochs.input_value() == "20"
+        epochs.fill("3")
+        dialog.locator("input[name=element_batch_size]").fill("128")
+        dialog.get_by_role("button", name="Trigger", exact=True).click()
+        dialog.wait_for(state="hidden")
+        page.wait_for_url(f"**/dags/{DEMO}/runs/**")
+        run_id = unquote(page.url.split("/runs/")[1].split("/")[0])
+
+        step = "4. wait for success"
+        run = airflow.wait_for_run(DEMO, run_id)
+        assert run["state"] == "success", airflow.task_instances(DEMO, run_id)
+        assert run["conf"]["epochs"] == 3
+        assert run["triggered_by"] == "ui"
+
+        step = "5. the task log shows the resource summary"
+        task_url = f"{airflow.url}/dags/{DEMO}/runs/{quote(run_id, safe='')}/tasks/train"
+        page.goto(task_url)
+        page.get_by_text("[gpu] GPUs assigned").first.wait_for()
+        summary = [line for line in page.inner_text("body").splitlines() if "[gpu]" in line]
+        assert any("backend=local" in line for line in summary), summary
+        assert any("resources: 1x nvidia GPU" in line for line in summary), summary
+
+        step = "6. the XCom result is there"
+        page.goto(f"{task_url}/xcom")
+        page.get_by_text("final_loss").first.wait_for()
+        assert "return_value" in page.inner_text("body")
+        metrics = airflow.xcom(DEMO, run_id, "train")
+        assert metrics["epochs"] == 3
+        assert metrics["batch_size"] == 128
+        assert metrics["final_loss"] < metrics["initial_loss"]
+    except Exception as error:
+        page.screenshot(path=str(shots / "failure.png"), full_page=True)
+        (shots / "page.html").write_text(page.content())
+        raise AssertionError(f"browser step {step!r} failed: {error}; screenshot and HTML in {shots}") from error
+    else:
+        shutil.rmtree(shots, ignore_errors=True)
