@@ -1,0 +1,77 @@
+"""The example DAGs read well in the UI, and GPU tasks join the GPU pool, mapped ones included."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import REPO
+
+from airflow_gpu_provider import ResourceSettings
+from airflow_gpu_provider.decorators.gpu import mappable_arguments
+from airflow_gpu_provider.exceptions import InvalidSettingError
+
+GPU_PARAMS = {"epochs", "batch_size", "mixed_precision", "backend", "on_missing_gpu"}
+
+
+def _bag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert bag.import_errors == {}
+    return bag
+
+
+def test_every_example_dag_has_tags_docs_and_described_params(airflow_home):
+    bag = _bag()
+    assert {"gpu_training_demo", "gpu_hyperparameter_sweep"} <= set(bag.dag_ids)
+    for dag_id in bag.dag_ids:
+        dag = bag.get_dag(dag_id)
+        assert "gpu" in dag.tags, dag_id
+        assert dag.doc_md and dag.doc_md.strip().startswith("###"), dag_id
+        assert set(dag.params) >= GPU_PARAMS, (dag_id, set(dag.params))
+        for name in dag.params:
+            param = dag.params.get_param(name)
+            assert param.description, (dag_id, name)
+            assert param.value is not None, (dag_id, name)
+        assert dag.params.get_param("on_missing_gpu").schema["enum"] == ["fail", "wait", "cpu"]
+        assert dag.params.get_param("backend").schema["enum"] == ["local", "docker", "kubernetes"]
+
+
+def test_gpu_tasks_join_the_gpu_pool(airflow_home, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__GPU__POOL", "gpu")
+    bag = _bag()
+    train = bag.get_dag("gpu_training_demo").get_task("train")
+    assert (train.pool, train.pool_slots) == ("gpu", 1)  # templated gpu_count: one slot
+    assert bag.get_dag("gpu_training_demo").get_task("report").pool == "default_pool"
+    trial = bag.get_dag("gpu_hyperparameter_sweep").get_task("trial")
+    assert trial.is_mapped
+    assert (trial.partial_kwargs["pool"], trial.partial_kwargs["pool_slots"]) == ("gpu", 1)
+
+
+def test_no_pool_when_unset(monkeypatch):
+    monkeypatch.delenv("AIRFLOW__GPU__POOL", raising=False)
+    assert "pool" not in mappable_arguments({"gpu_count": 2})
+
+
+def test_mappable_arguments_turn_resources_into_shortcuts(monkeypatch):
+    monkeypatch.setenv("AIRFLOW__GPU__POOL", "gpus")
+    resources = ResourceSettings(gpu_count=2, memory="1Gi", gpu_vendor="amd")
+    kwargs = mappable_arguments({"resources": resources, "task_id": "t"})
+    assert kwargs == {
+        "task_id": "t",
+        "gpu_count": 2,
+        "memory": 2**30,
+        "gpu_vendor": "amd",
+        "pool": "gpus",
+        "pool_slots": 2,
+    }
+    # an explicit shortcut wins over resources, as in GpuStepOperator; an explicit pool is left alone
+    kwargs = mappable_arguments({"resources": resources, "gpu_count": "{{ params.n }}", "pool": "mine"})
+    assert kwargs["gpu_count"] == "{{ params.n }}"
+    assert (kwargs["pool"], "pool_slots" in kwargs) == ("mine", False)
+    assert mappable_arguments({"gpu_count": "{{ params.n }}"})["pool_slots"] == 1
+    assert "pool" not in mappable_arguments({"cpu_count": 2})
+
+
+def test_mappable_arguments_reject_bad_resources_at_parse_time():
+    with pytest.raises(InvalidSettingError, match="gpu_count"):
+        mappable_arguments({"gpu_count": -1})
