@@ -2,6 +2,9 @@
 #   make demo   - create .venv, install the provider, initialise a SQLite Airflow home in .airflow-home,
 #                 run the example DAG end to end on the local backend and print its result
 #   make test   - create .venv and run the test suite
+# Optional:
+#   make airflow - start a real local Airflow (standalone) with the provider, dags/ and a GPU pool
+#                  (AIRFLOW_PORT=8080; AIRFLOW_ARGS="--devices 0,1" to list GPUs by hand)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := $(CURDIR)/.venv
@@ -17,7 +20,7 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 export AIRFLOW__GPU__STATE_DIR ?= $(AIRFLOW_HOME)/gpu-state
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test lint bench clean airflow
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +37,9 @@ $(AIRFLOW_HOME)/.migrated: $(VENV)/.installed
 
 demo: $(AIRFLOW_HOME)/.migrated
 	$(PY) scripts/demo.py '$(or $(CONF),{"epochs": 20})'
+
+airflow: venv
+	$(PY) scripts/airflow_local.py --port $(or $(AIRFLOW_PORT),8080) $(AIRFLOW_ARGS)
 
 test: venv
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -1,0 +1,146 @@
+"""The images in docker/ build on the local Debian base image (``ARG BASE_IMAGE``) and work.
+
+Without a Docker engine these tests skip, unless ``AIRFLOW_GPU_REQUIRE_DOCKER=1`` (set by ``.ci/run``): then they
+fail. The training image gets torch from the local CPU wheel (``AIRFLOW_GPU_TORCH_WHEELS``, default /opt/wheels),
+because the public CUDA PyTorch base cannot be pulled here. Both images are removed at the end.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+BASE_IMAGE = os.environ.get("AIRFLOW_GPU_TEST_BASE_IMAGE", "airflow-gpu-base:bookworm")
+TORCH_WHEELS = Path(os.environ.get("AIRFLOW_GPU_TORCH_WHEELS", "/opt/wheels"))
+BUILD_TIMEOUT = 900
+
+
+def _docker(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=check)
+
+
+def _require_engine() -> None:
+    try:
+        _docker("image", "inspect", BASE_IMAGE, timeout=60)
+    except (OSError, subprocess.SubprocessError) as err:
+        reason = f"no Docker engine with the base image {BASE_IMAGE} ({err}; docker/base/build.sh builds it)"
+        if os.environ.get("AIRFLOW_GPU_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"AIRFLOW_GPU_REQUIRE_DOCKER=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+
+
+def _build(kind: str, *build_args: str, extra_wheels: Path | None = None) -> str:
+    tag = f"airflow-gpu-{kind}:test-{uuid.uuid4().hex[:8]}"
+    environment = {**os.environ, "PYTHON": sys.executable}
+    if extra_wheels is not None:
+        environment["EXTRA_WHEELS"] = str(extra_wheels)
+    started = time.monotonic()
+    result = subprocess.run(
+        ["bash", str(REPO / "docker" / "build.sh"), kind, tag, "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", *build_args],
+        capture_output=True,
+        text=True,
+        timeout=BUILD_TIMEOUT,
+        check=False,
+        env=environment,
+    )
+    assert result.returncode == 0, f"{kind} image build failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    print(f"built {tag} in {time.monotonic() - started:.0f}s")
+    return tag
+
+
+@pytest.fixture
+def image(request: pytest.FixtureRequest):
+    _require_engine()
+    kind, args, wheels = request.param
+    if wheels is not None and not list(wheels.glob("torch-*.whl")):
+        pytest.skip(f"no local torch wheel in {wheels}: the public CUDA base image brings its own torch")
+    tag = _build(kind, *args, extra_wheels=wheels)
+    try:
+        yield tag
+    finally:
+        leftovers = _docker("ps", "-aq", "--filter", f"ancestor={tag}").stdout.split()
+        if leftovers:
+            _docker("rm", "-f", *leftovers, check=False)
+        _docker("rmi", "-f", tag, check=False)
+        assert leftovers == [], f"containers of {tag} were left behind"
+
+
+def _run(tag: str, script: str, *env: str) -> str:
+    options = [item for pair in (("-e", e) for e in env) for item in pair]
+    result = _docker("run", "--rm", *options, tag, "bash", "-c", script, timeout=300, check=False)
+    assert result.returncode == 0, f"{script!r} failed in {tag}:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+@pytest.mark.parametrize("image", [("worker", (), None)], indirect=True)
+def test_worker_image_lists_the_provider_and_imports_its_backends(image):
+    providers = json.loads(_run(image, "airflow providers list -o json 2>/dev/null").strip().splitlines()[-1])
+    assert {"package_name": "airflow-gpu-provider", "version": "0.1.0"}.items() <= next(
+        p for p in providers if p["package_name"] == "airflow-gpu-provider"
+    ).items()
+    assert any(p["package_name"] == "apache-airflow-providers-docker" for p in providers)
+    assert any(p["package_name"] == "apache-airflow-providers-cncf-kubernetes" for p in providers)
+    assert _run(image, "airflow config get-value gpu backend 2>/dev/null").strip() == "local"
+    out = _run(
+        image,
+        "python3 -c 'import airflow, pynvml, airflow_gpu_provider.backends.local;"
+        " from airflow.providers.docker.hooks.docker import DockerHook;"
+        " from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook;"
+        " from airflow.sdk import task; print(airflow.__version__, task.gpu.__name__)'",
+    )
+    assert out.split() == ["3.3.2", "gpu_task"]
+    assert "torch" not in _run(image, "python3 -m pip list 2>/dev/null | cut -d' ' -f1")
+
+
+ACCELERATE_SCRIPT = """cat > /tmp/ranks.py <<'EOF'
+from accelerate import Accelerator
+accelerator = Accelerator()
+print(f"rank {accelerator.process_index} of {accelerator.num_processes} on {accelerator.device}", flush=True)
+EOF
+accelerate launch --multi_gpu --num_processes 2 --num_machines 1 /tmp/ranks.py 2>/dev/null"""
+
+
+def _envelope() -> str:
+    from airflow_gpu_provider.payload import callable_envelope, shipped_callable
+
+    def matmul(size: int) -> dict:
+        import torch
+
+        product = torch.ones(size, size) @ torch.ones(size, size)
+        return {"sum": float(product.sum()), "torch": torch.__version__}
+
+    envelope = callable_envelope(shipped_callable(matmul, owner="test"), [8], {})
+    envelope["summary"] = {"backend": "docker", "image": "training", "requirements_hash": "none", "resources": "cpu"}
+    return base64.b64encode(json.dumps(envelope).encode()).decode()
+
+
+@pytest.mark.parametrize(
+    "image", [("training", ("--build-arg", "TORCH_REQUIREMENT=torch==2.13.0"), TORCH_WHEELS)], indirect=True
+)
+def test_training_image_runs_the_runtime_and_accelerate(image):
+    out = _run(image, "python3 -c 'import torch, accelerate; print(torch.__version__, accelerate.__version__)'")
+    assert out.startswith("2.13.0")
+    out = _run(
+        image,
+        "python3 -m airflow_gpu_provider.runtime.bootstrap env:ENVELOPE /tmp/result.json && cat /tmp/result.json",
+        f"ENVELOPE={_envelope()}",
+    )
+    assert "[gpu] backend=docker image=training" in out
+    assert "[gpu] GPUs assigned: none (running on CPU)" in out
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["ok"] is True
+    assert result["return_value"]["sum"] == 8 * 8 * 8
+    ranks = _run(image, ACCELERATE_SCRIPT, "ACCELERATE_USE_CPU=1")
+    assert sorted(re.findall(r"rank (\d) of (\d) on cpu", ranks)) == [("0", "2"), ("1", "2")], ranks
