@@ -10,6 +10,7 @@ from __future__ import annotations
 from airflow.sdk import Param, dag, task
 
 from airflow_gpu_provider import ResourceSettings, gpu_task
+from airflow_gpu_provider.params import gpu_params
 
 DOC = """
 ### GPU hyper-parameter sweep
@@ -45,21 +46,7 @@ a machine without GPUs).
         ),
         "epochs": Param(15, type="integer", minimum=1, maximum=1000, description="Training epochs per trial."),
         "batch_size": Param(128, type="integer", minimum=1, maximum=65536, description="Mini-batch size."),
-        "mixed_precision": Param(
-            "no",
-            enum=["no", "bf16", "fp16"],
-            description="Autocast dtype for the forward pass ('no' keeps float32).",
-        ),
-        "backend": Param(
-            "local",
-            enum=["local", "docker", "kubernetes"],
-            description="Where the trials run. 'local' is a child process on the worker.",
-        ),
-        "on_missing_gpu": Param(
-            "cpu",
-            enum=["fail", "wait", "cpu"],
-            description="When no GPU is free: fail, wait for one, or run the trial on the CPU.",
-        ),
+        **gpu_params(gpu_count=None),
     },
 )
 def gpu_hyperparameter_sweep() -> None:

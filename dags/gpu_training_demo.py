@@ -10,6 +10,7 @@ from __future__ import annotations
 from airflow.sdk import Param, dag, task
 
 from airflow_gpu_provider import ResourceSettings, gpu_task
+from airflow_gpu_provider.params import gpu_params
 
 DOC = """
 ### GPU training demo
@@ -32,24 +33,9 @@ Params: `gpu_count`, `epochs`, `batch_size`, `mixed_precision` (no | bf16 | fp16
     tags=["gpu", "example", "pytorch"],
     doc_md=DOC,
     params={
-        "gpu_count": Param(1, type="integer", minimum=0, maximum=8, description="GPUs for the training step."),
         "epochs": Param(20, type="integer", minimum=1, maximum=1000, description="Training epochs."),
-        "batch_size": Param(64, type="integer", minimum=1, description="Mini-batch size."),
-        "mixed_precision": Param(
-            "no",
-            enum=["no", "bf16", "fp16"],
-            description="Autocast dtype for the forward pass ('no' keeps float32).",
-        ),
-        "backend": Param(
-            "local",
-            enum=["local", "docker", "kubernetes"],
-            description="Where the training step runs. 'local' is a child process on the worker.",
-        ),
-        "on_missing_gpu": Param(
-            "cpu",
-            enum=["fail", "wait", "cpu"],
-            description="When GPUs are missing or busy: fail, wait for them, or use the CPU.",
-        ),
+        "batch_size": Param(64, type="integer", minimum=1, maximum=65536, description="Mini-batch size."),
+        **gpu_params(gpu_count=1),
     },
 )
 def gpu_training_demo() -> None:

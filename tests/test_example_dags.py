@@ -75,3 +75,16 @@ def test_mappable_arguments_turn_resources_into_shortcuts(monkeypatch):
 def test_mappable_arguments_reject_bad_resources_at_parse_time():
     with pytest.raises(InvalidSettingError, match="gpu_count"):
         mappable_arguments({"gpu_count": -1})
+
+
+def test_gpu_params_offer_the_accepted_values():
+    from airflow_gpu_provider.config import BACKENDS, MISSING_GPU_POLICIES
+    from airflow_gpu_provider.params import gpu_params
+
+    params = gpu_params(gpu_count=2, max_gpus=4, backend="docker", on_missing_gpu="wait")
+    assert list(params) == ["gpu_count", "mixed_precision", "backend", "on_missing_gpu"]
+    assert (params["gpu_count"].value, params["gpu_count"].schema["maximum"]) == (2, 4)
+    assert params["backend"].schema["enum"] == list(BACKENDS)
+    assert params["on_missing_gpu"].schema["enum"] == list(MISSING_GPU_POLICIES)
+    assert (params["backend"].value, params["on_missing_gpu"].value) == ("docker", "wait")
+    assert list(gpu_params(gpu_count=None, mixed_precision=None)) == ["backend", "on_missing_gpu"]
