@@ -3,7 +3,7 @@
 ``airflow standalone`` runs the API server, scheduler, DAG processor and triggerer on SQLite with the
 LocalExecutor. Before it starts, this script migrates the database and creates the GPU pool sized to this host's
 GPUs (NVML, or ``[gpu] devices``) and points ``[gpu] pool`` at it; once every component is healthy it prints the
-URL and the admin password. Stop it with Ctrl-C (or SIGTERM).
+URL and the admin password. Stop it with Ctrl-C (or SIGTERM): it stops every component.
 
     python scripts/airflow_local.py [--port 8080] [--devices auto|none|0,1] [--pool gpu] [--ready-file PATH]
 
@@ -14,6 +14,7 @@ the execution API.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -108,15 +109,27 @@ def admin_password(home: Path) -> str | None:
         return None
 
 
-def stop(process: subprocess.Popen[bytes]) -> int:
-    """Stop ``airflow standalone`` as Ctrl-C does (it stops its components on SIGINT), then kill it if it hangs."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-        try:
-            return process.wait(STOP_GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
-            process.kill()
-    return process.wait()
+def group_alive(pgid: int) -> bool:
+    """Whether a live process (zombies aside) is left in process group ``pgid``."""
+    import psutil
+
+    for process in psutil.process_iter(["status"]):
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getpgid(process.pid) == pgid and process.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+    return False
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM ``airflow standalone`` and its components (its own process group); SIGKILL what outlives the grace."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    while time.monotonic() < deadline and (process.poll() is None or group_alive(process.pid)):
+        time.sleep(0.5)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,20 +140,24 @@ def main(argv: list[str] | None = None) -> int:
     gpus = create_gpu_pool(args.pool)
     environment = dict(os.environ)
     url = environment["AIRFLOW__API__BASE_URL"]
-    process = subprocess.Popen([sys.executable, "-m", "airflow", "standalone"], env=environment)
+    # Its own process group: the script stops it (and its components) whichever signal the script gets.
+    process = subprocess.Popen([sys.executable, "-m", "airflow", "standalone"], env=environment, start_new_session=True)
 
     def on_signal(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_signal)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, on_signal)
     try:
         while not is_healthy(health(url)):
             if process.poll() is not None:
                 print(f"airflow standalone exited with status {process.returncode}", file=sys.stderr)
+                stop(process)
                 return process.returncode or 1
             if time.monotonic() - started > args.timeout:
                 print(f"Airflow was not healthy after {args.timeout:.0f}s: {health(url)}", file=sys.stderr)
-                return stop(process) or 1
+                stop(process)
+                return 1
             time.sleep(1)
         home = Path(environment["AIRFLOW_HOME"])
         ready = {
@@ -161,9 +178,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.ready_file:
             args.ready_file.write_text(json.dumps(ready))
-        return process.wait()
+        process.wait()
+        print(f"airflow standalone exited with status {process.returncode}", file=sys.stderr)
+        return process.returncode or 1
     except KeyboardInterrupt:
-        return stop(process)
+        print("\n=== stopping Airflow", flush=True)
+        stop(process)
+        return 0
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT = 240.0
-STOP_GRACE = 30.0
+STOP_GRACE = 45.0  # more than the script gives its components
 
 
 def free_port() -> int:
@@ -80,7 +80,7 @@ class LocalAirflow:
         return self
 
     def stop(self) -> None:
-        """SIGTERM the process group (the script stops standalone like Ctrl-C), then SIGKILL what is left."""
+        """SIGTERM the process group (the script then stops standalone's own group), then SIGKILL what is left."""
         if self.process is None:
             return
         import psutil

@@ -98,25 +98,40 @@ def test_rest_api_sweep_shares_two_gpus_without_oversubscription(airflow):
     assert best["accuracy"] == max(result["accuracy"] for result in results)
 
 
-def test_gpu_pool_too_small_fails_the_task_at_once_with_a_note(airflow):
+def _failed_at_once(airflow: LocalAirflow) -> dict[str, dict]:
+    """Trigger the demo; return its task instances once the run failed, which must take seconds, not forever."""
+    started = time.monotonic()
+    run_id = airflow.trigger(DEMO, {"epochs": 1})
+    run = airflow.wait_for_run(DEMO, run_id, timeout=120)
+    elapsed = time.monotonic() - started
+    states = {ti["task_id"]: ti for ti in airflow.task_instances(DEMO, run_id)}
+    assert run["state"] == "failed", states
+    assert elapsed < 60, f"the run took {elapsed:.0f}s to fail"
+    assert (states["train"]["state"], states["train"]["pool"]) == ("failed", "gpu")
+    assert states["report"]["state"] == "upstream_failed"
+    return states
+
+
+def test_gpu_pool_too_small_or_missing_fails_the_task_at_once_with_a_note(airflow):
     """The provider's listener in the scheduler fails what could never leave it, instead of waiting forever."""
     airflow.unpause(DEMO)
-    resize = "/api/v2/pools/gpu?update_mask=slots"
-    airflow.api("PATCH", resize, {"pool": "gpu", "slots": 0, "include_deferred": False})
+
+    def resize(slots: int) -> None:
+        body = {"pool": "gpu", "slots": slots, "include_deferred": False}
+        airflow.api("PATCH", "/api/v2/pools/gpu?update_mask=slots", body)
+
+    resize(0)
     try:
-        started = time.monotonic()
-        run_id = airflow.trigger(DEMO, {"epochs": 1})
-        run = airflow.wait_for_run(DEMO, run_id, timeout=120)
-        elapsed = time.monotonic() - started
+        states = _failed_at_once(airflow)
+        assert "needs 1 slots of GPU pool 'gpu', which has only 0" in states["train"]["note"]
+        airflow.api("DELETE", "/api/v2/pools/gpu")
+        states = _failed_at_once(airflow)
+        assert "GPU pool 'gpu' does not exist" in states["train"]["note"]
     finally:
-        airflow.api("PATCH", resize, {"pool": "gpu", "slots": 2, "include_deferred": False})
-    states = {ti["task_id"]: ti for ti in airflow.task_instances(DEMO, run_id)}
-    assert run["state"] == "failed"
-    assert states["train"]["state"] == "failed"
-    assert states["train"]["pool"] == "gpu"
-    assert "needs 1 slots of GPU pool 'gpu', which has only 0" in states["train"]["note"]
-    assert states["report"]["state"] == "upstream_failed"
-    assert elapsed < 60, f"the run took {elapsed:.0f}s to fail"
+        if not any(p["name"] == "gpu" for p in airflow.api("GET", "/api/v2/pools")["pools"]):
+            airflow.api("POST", "/api/v2/pools", {"name": "gpu", "slots": 2, "include_deferred": False})
+        resize(2)
+    assert airflow.api("GET", "/api/v2/pools/gpu")["slots"] == 2
 
 
 @pytest.fixture
