@@ -123,7 +123,7 @@ def test_gpu_pool_too_small_or_missing_fails_the_task_at_once_with_a_note(airflo
     resize(0)
     try:
         states = _failed_at_once(airflow)
-        assert "needs 1 slots of GPU pool 'gpu', which has only 0" in states["train"]["note"]
+        assert "needs 1 slot of GPU pool 'gpu', which has only 0" in states["train"]["note"]
         airflow.api("DELETE", "/api/v2/pools/gpu")
         states = _failed_at_once(airflow)
         assert "GPU pool 'gpu' does not exist" in states["train"]["note"]

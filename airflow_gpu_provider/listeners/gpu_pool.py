@@ -25,8 +25,9 @@ def pool_problem(pool_name: str, pool_slots: int, pool_size: int | None) -> str 
             f"'airflow pools set {pool_name} <number of GPUs> \"GPUs\"', or unset [gpu] pool."
         )
     if pool_slots > pool_size:
+        slots = f"{pool_slots} slot{'s' if pool_slots != 1 else ''}"
         return (
-            f"This task needs {pool_slots} slots of GPU pool {pool_name!r}, which has only {pool_size}, so it "
+            f"This task needs {slots} of GPU pool {pool_name!r}, which has only {pool_size}, so it "
             f"would wait forever. Lower gpu_count, or resize the pool: "
             f"'airflow pools set {pool_name} {pool_slots} \"GPUs\"'."
         )
