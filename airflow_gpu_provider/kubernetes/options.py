@@ -148,7 +148,7 @@ class KubernetesOptions:
         for name, value in options.items():
             if value is not None:  # None keeps the default
                 values[name] = _check(name, value)
-        if values.get("pod_template_file") and values.get("pod_template_dict"):
+        if values.get("pod_template_file") is not None and values.get("pod_template_dict") is not None:
             raise invalid("pod_template_dict", "...", "give pod_template_file or pod_template_dict, not both")
         if values.get("requirements_mode") == "image" and not values.get("derived_image"):
             raise invalid(
