@@ -43,7 +43,7 @@ def _check_pod_spec(spec: dict[str, Any], where: str) -> None:
             assert ENV_NAME.match(env["name"]), f"{where}: env name {env['name']!r}"
         requests = (c.get("resources") or {}).get("requests") or {}
         limits = (c.get("resources") or {}).get("limits") or {}
-        for key, value in {**requests, **limits}.items():
+        for value in {**requests, **limits}.values():
             parse_quantity(value)  # raises on a malformed quantity
         for key, value in requests.items():
             if key in limits:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from pod_in_docker import require_docker, run_pod, leftover_containers
+from pod_in_docker import leftover_containers, require_docker, run_pod
 
 from airflow_gpu_provider.backends.base import result_value
 from airflow_gpu_provider.exceptions import RemoteTaskError

@@ -22,7 +22,7 @@ VENDOR_KEYS = {
 }
 
 
-@pytest.mark.parametrize(("vendor", "key"), VENDOR_KEYS.items(), ids=lambda v: str(v))
+@pytest.mark.parametrize(("vendor", "key"), VENDOR_KEYS.items(), ids=str)
 def test_vendor_resource_key_in_requests_and_limits(vendor, key):
     _, [pod] = plan_and_render(ResourceSettings(gpu_count=2, gpu_vendor=vendor), options={"label_scheme": "none"})
     resources = main_container(pod)["resources"]

@@ -92,7 +92,14 @@ def test_every_scheme_table_value_is_a_valid_label_value():
     for scheme in LABEL_SCHEMES.values():
         for model, requirements in scheme.models.items():
             _, [pod] = plan_and_render(ResourceSettings(accelerator=model), options={"label_scheme": scheme.name})
-            assert requirements  # validated as a pod inside plan_and_render
+            selected = {k: (v,) for k, v in pod["spec"]["nodeSelector"].items()}
+            for term in (
+                (pod["spec"].get("affinity") or {})
+                .get("nodeAffinity", {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution", {"nodeSelectorTerms": []})["nodeSelectorTerms"]
+            ):
+                selected.update({e["key"]: tuple(e["values"]) for e in term["matchExpressions"]})
+            assert selected == dict(requirements), (scheme.name, model)
 
 
 def test_gpu_toleration_can_be_switched_off_and_user_tolerations_are_added():
@@ -142,7 +149,7 @@ def test_user_affinity_terms_each_get_the_accelerator_expression():
     _, [pod] = plan_and_render(ResourceSettings(accelerator="H100"), options={"affinity": affinity})
     terms = _required_expressions(pod)
     assert len(terms) == 2
-    for term, zone in zip(terms, "ab"):
+    for term, zone in zip(terms, "ab", strict=True):
         assert term["matchExpressions"][0]["values"] == [zone]
         assert term["matchExpressions"][1]["key"] == "nvidia.com/gpu.product"
     assert "podAntiAffinity" in pod["spec"]["affinity"]
