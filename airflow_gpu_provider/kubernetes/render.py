@@ -84,6 +84,21 @@ def render_task(
     return backend.render(backend.plan(request), context)
 
 
+def to_yaml(objects: list[dict[str, Any]]) -> str:
+    """YAML documents in the API's field order; multi-line strings (the install script) as literal blocks."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    Dumper.add_representer(str, text)
+    return yaml.dump_all(objects, Dumper=Dumper, sort_keys=False, width=120)
+
+
 def _render_file(
     dag_file: str, task_id: str, dag_id: str | None, params: Mapping[str, Any]
 ) -> list[dict[str, Any]] | None:
@@ -118,9 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.format == "json":
         print(json.dumps(objects, indent=2))
     else:
-        import yaml
-
-        print(yaml.safe_dump_all(objects, sort_keys=False), end="")
+        print(to_yaml(objects), end="")
     return 0
 
 
