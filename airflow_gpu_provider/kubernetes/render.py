@@ -43,7 +43,8 @@ def _placeholders(value: Any) -> Any:
     from airflow.sdk import XComArg
 
     if isinstance(value, XComArg):
-        return f"<XCom from {value.operator.task_id}>"
+        upstream = getattr(value, "operator", None)
+        return f"<XCom from {getattr(upstream, 'task_id', 'upstream')}>"
     if isinstance(value, Mapping):
         return {key: _placeholders(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
@@ -113,6 +114,11 @@ def _render_file(
     tasks = [dag.get_task(task_id) for dag in dags if dag is not None and dag.has_task(task_id)]
     if len(tasks) != 1:
         print(f"{task_id!r}: found {len(tasks)} tasks of that id in {dag_file}", file=sys.stderr)
+        return None
+    from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
+
+    if not isinstance(tasks[0], GpuStepOperator):
+        print(f"{task_id!r} is a {type(tasks[0]).__name__}, not a GPU task", file=sys.stderr)
         return None
     return render_task(tasks[0], params=params)
 

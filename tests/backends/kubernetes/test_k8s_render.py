@@ -15,10 +15,10 @@ import sys
 
 import pytest
 import yaml
+from conftest import REPO
 from k8s_manifests import env, main_container, validate
 
 from airflow_gpu_provider.kubernetes.render import to_yaml
-from conftest import REPO
 
 GOLDEN = REPO / "tests" / "backends" / "kubernetes" / "golden"
 CASES = {
