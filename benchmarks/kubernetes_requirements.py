@@ -44,12 +44,18 @@ def install(installer: str, sizes: dict[str, int]) -> None:
         sizes[installer] = sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
     finally:
         # the container wrote as root: delete from inside, so a non-root host user can remove the directory
-        subprocess.run(["docker", "run", "--rm", "-v", f"{target}:/t", BASE, "find", "/t", "-mindepth", "1", "-delete"])
+        subprocess.run(
+            ["docker", "run", "--rm", "-v", f"{target}:/t", BASE, "find", "/t", "-mindepth", "1", "-delete"],
+            check=False,
+        )
         shutil.rmtree(target, ignore_errors=True)
 
 
 def main() -> int:
-    if shutil.which("docker") is None or subprocess.run(["docker", "info"], capture_output=True).returncode:
+    if (
+        shutil.which("docker") is None
+        or subprocess.run(["docker", "info"], capture_output=True, check=False).returncode
+    ):
         print("kubernetes_requirements: no Docker engine; skipped")
         return 0
     build_image()
