@@ -135,17 +135,8 @@ class KubernetesBackend(Backend[KubernetesPlan]):
         )
         template = load_pod_template(options)
         accelerator_key = resources.accelerator_resource(wanted)
-        place = scheduling.placement(
-            wanted,
-            wanted.gpu_vendor.k8s_resource if accelerator_key else None,
-            scheme=options.label_scheme,
-            accelerator_labels=options.accelerator_labels,
-            gpu_tolerated=options.gpu_toleration,
-            node_selector=options.node_selector,
-            tolerations=options.tolerations,
-            affinity=options.affinity,
-            template_spec=(template or {}).get("spec"),
-        )
+        toleration_key = wanted.gpu_vendor.k8s_resource if accelerator_key else None  # MIG nodes too
+        place = scheduling.placement(wanted, toleration_key, options, (template or {}).get("spec"))
         described = wanted.describe() + note
         envelope = dict(request.envelope)
         envelope["summary"] = {

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.kubernetes.options import OWNER
+from airflow_gpu_provider.kubernetes.options import OWNER, KubernetesOptions
 from airflow_gpu_provider.settings import ResourceSettings
 
 Requirements = dict[str, tuple[str, ...]]  # node label -> accepted values
@@ -211,19 +211,13 @@ def add_required_expressions(affinity: Mapping[str, Any], expressions: list[dict
 
 def placement(
     resources: ResourceSettings,
-    accelerator_key: str | None,
-    *,
-    scheme: str,
-    accelerator_labels: Mapping[str, str] | None,
-    gpu_tolerated: bool,
-    node_selector: Mapping[str, str],
-    tolerations: Sequence[Mapping[str, Any]],
-    affinity: Mapping[str, Any] | None,
+    toleration_key: str | None,
+    options: KubernetesOptions,
     template_spec: Mapping[str, Any] | None = None,
 ) -> Placement:
     """Merge the provider's scheduling fields with the pod template's and the user's (rules in the module doc)."""
     template_spec = template_spec or {}
-    required = accelerator_requirements(resources, scheme, accelerator_labels)
+    required = accelerator_requirements(resources, options.label_scheme, options.accelerator_labels)
     derived = {key: values[0] for key, values in required.items() if len(values) == 1}
     expressions = [
         {"key": key, "operator": "In", "values": list(values)} for key, values in required.items() if len(values) > 1
@@ -231,11 +225,10 @@ def placement(
     selector = merge_node_selectors(
         ("the pod template", template_spec.get("nodeSelector") or {}),
         (f"accelerator={resources.accelerator!r}", derived),
-        ("backend_options['node_selector']", node_selector),
+        ("backend_options['node_selector']", options.node_selector),
     )
-    own = [gpu_toleration(accelerator_key)] if gpu_tolerated and accelerator_key else []
-    merged_tolerations = _dedupe(
-        [*own, *(dict(t) for t in template_spec.get("tolerations") or []), *(dict(t) for t in tolerations)]
-    )
-    base_affinity = affinity if affinity is not None else template_spec.get("affinity") or {}
-    return Placement(selector, merged_tolerations, add_required_expressions(base_affinity, expressions))
+    own = [gpu_toleration(toleration_key)] if options.gpu_toleration and toleration_key else []
+    template_tolerations = [dict(t) for t in template_spec.get("tolerations") or []]
+    merged_tolerations = _dedupe([*own, *template_tolerations, *(dict(t) for t in options.tolerations)])
+    affinity = options.affinity if options.affinity is not None else template_spec.get("affinity") or {}
+    return Placement(selector, merged_tolerations, add_required_expressions(affinity, expressions))

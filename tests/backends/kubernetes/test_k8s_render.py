@@ -83,22 +83,14 @@ def test_render_does_not_change_the_dag_task(airflow_home):
     assert (list(task.op_args), task.backend, dict(task.resource_overrides)) == before
 
 
+def _cli(dag_file: str, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "airflow_gpu_provider.kubernetes.render", str(REPO / "dags" / dag_file), *args]
+    return subprocess.run(command, capture_output=True, text=True, check=False, env=os.environ.copy())
+
+
 def test_render_cli_prints_yaml_documents_only(airflow_home):
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "airflow_gpu_provider.kubernetes.render",
-            str(REPO / "dags" / "example_kubernetes_gpu.py"),
-            "fine_tune",
-            "--params",
-            '{"epochs": 9}',
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=os.environ.copy(),
-    )
+    done = _cli("example_kubernetes_gpu.py", "fine_tune", "--params", '{"epochs": 9}')
+    assert done.returncode == 0, done.stderr
     [pod] = list(yaml.safe_load_all(done.stdout))
     validate(pod)
     assert pod["metadata"]["namespace"] == "ml"
@@ -106,19 +98,7 @@ def test_render_cli_prints_yaml_documents_only(airflow_home):
 
 
 def test_render_cli_reports_an_unknown_task(airflow_home):
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "airflow_gpu_provider.kubernetes.render",
-            str(REPO / "dags" / "gpu_training_demo.py"),
-            "nope",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=os.environ.copy(),
-    )
+    done = _cli("gpu_training_demo.py", "nope")
     assert done.returncode == 1
     assert "'nope': found 0 tasks" in done.stderr
     assert done.stdout == ""
