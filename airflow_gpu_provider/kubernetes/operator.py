@@ -55,7 +55,11 @@ class GpuPodOperator(KubernetesPodOperator):
         return self.result_envelope
 
     def await_pod_start(self, pod: k8s.V1Pod) -> None:
-        """Wait for the pod to start; if it never does, record the scheduler's reason before re-raising."""
+        """Wait for the pod to start; if it never gets a node, record the scheduler's reason and delete it.
+
+        The pod is deleted whatever ``on_finish_action`` says: kept, it could still be scheduled later and run the
+        task a second time, next to the CPU fallback or a retry.
+        """
         try:
             super().await_pod_start(pod)
         except PodLaunchFailedException:
@@ -63,8 +67,10 @@ class GpuPodOperator(KubernetesPodOperator):
                 remote = self.pod_manager.read_pod(pod)
                 events = [e.message or "" for e in self.pod_manager.read_pod_events(pod).items]
                 self.unschedulable = unschedulable(to_dict(remote), events)
+                if self.unschedulable is not None:
+                    self.pod_manager.delete_pod(pod)
             except ApiException:
-                self.log.warning("Could not read pod %s to explain why it did not start", self.pod_label)
+                self.log.warning("Could not read or delete pod %s that did not start", self.pod_label)
             raise
 
     def _push_xcom_with_fan_out(self, ti: Any, value: Any) -> None:
