@@ -65,11 +65,11 @@ def without_accelerators(requirements: dict[str, dict[str, str]]) -> dict[str, d
 
 
 def shm_volume(resources: ResourceSettings) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """``(volumes, volume_mounts)`` for a memory-backed ``/dev/shm`` of ``shm_size`` (none when unset).
+    """``(volumes, volume_mounts)`` for a memory-backed ``/dev/shm`` of ``shm_size`` (none when unset or 0).
 
     The kubelet counts the pages written there against the container's memory limit.
     """
-    if resources.shm_size is None:
+    if not resources.shm_size:
         return [], []
     volume = {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": format_k8s_bytes(resources.shm_size)}}
     return [volume], [{"name": SHM_VOLUME, "mountPath": SHM_PATH}]
