@@ -69,6 +69,10 @@ class Backend(ABC, Generic[PlanT]):
         if unknown:
             raise UnknownSettingError(f"backend {cls.name!r}", unknown, cls.option_names or ["(none)"])
 
+    @classmethod
+    def check_request(cls, options: Mapping[str, Any], resources: ResourceSettings, image: ImageSettings) -> None:
+        """At DAG parse time, reject resources this backend cannot express (default: it can express all)."""
+
     @abstractmethod
     def plan(self, request: TaskRequest) -> PlanT:
         """Translate the request into this backend's spec. Pure: no I/O, no clients."""

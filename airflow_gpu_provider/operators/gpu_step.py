@@ -159,7 +159,10 @@ class GpuStepOperator(BaseOperator):
             if value is not None and not is_template(value):
                 config.check_choice(owner, field_name, value, choices)
         if backend is not None and not is_template(backend):
-            get_backend_class(backend).validate_options(backend_options or {})
+            backend_class = get_backend_class(backend)
+            backend_class.validate_options(backend_options or {})
+            if not self.resource_overrides:
+                backend_class.check_request(backend_options or {}, self.resource_settings, self.image_settings)
 
         self.python_callable = python_callable
         self.shipped = shipped_callable(python_callable, owner=owner) if python_callable is not None else None
@@ -232,6 +235,17 @@ class GpuStepOperator(BaseOperator):
             return backend.run(backend.plan(request)).return_value
         finally:
             self._running_backend = None
+
+    def render_manifests(
+        self, context: Context | None = None, *, params: Mapping[str, Any] | None = None
+    ) -> list[dict[str, Any]]:
+        """What this task would submit to Kubernetes, as plain dicts (no cluster needed; see docs/kubernetes.md).
+
+        :param context: a task context; without one, templates use the DAG's default params updated by ``params``
+        """
+        from airflow_gpu_provider.kubernetes.render import render_task
+
+        return render_task(self, context, params=params)
 
     def on_kill(self) -> None:
         """Stop the child process, container or pod of this try."""

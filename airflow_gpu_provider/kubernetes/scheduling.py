@@ -1,0 +1,234 @@
+"""Where a pod may run: accelerator model -> node labels, the GPU toleration, and the merge with user settings.
+
+A *label scheme* says which node label carries the accelerator model and which values mean a given model. A model
+that maps to one value becomes a ``nodeSelector`` entry; several values (``A100`` is a 40 GB or an 80 GB card)
+become a required node-affinity ``In`` expression. ``backend_options["accelerator_labels"]`` replaces the lookup
+with exact labels, for clusters whose nodes carry other values.
+
+Merge rules (documented in ``docs/kubernetes.md``):
+
+- nodeSelector: pod template, provider-derived and ``node_selector`` keys are united; one key with two different
+  values is an error, because no node can satisfy both;
+- tolerations: the GPU toleration (unless ``gpu_toleration=False``), then the template's, then ``tolerations``,
+  with exact duplicates dropped;
+- affinity: ``affinity`` replaces the template's; the provider's accelerator expression is then added to *every*
+  required node-selector term (terms are ORed, expressions within one ANDed), so it holds whichever term matches.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.kubernetes.options import OWNER, KubernetesOptions
+from airflow_gpu_provider.settings import ResourceSettings
+
+Requirements = dict[str, tuple[str, ...]]  # node label -> accepted values
+
+
+@dataclass(frozen=True)
+class LabelScheme:
+    """How one kind of cluster labels its accelerator nodes.
+
+    :param name: the ``label_scheme`` option value
+    :param models: upper-case model -> node label -> accepted values
+    :param documentation: where the labels come from
+    """
+
+    name: str
+    models: Mapping[str, Requirements]
+    documentation: str
+
+
+def _same(label: str, table: Mapping[str, Sequence[str]]) -> dict[str, Requirements]:
+    return {model: {label: tuple(values)} for model, values in table.items()}
+
+
+_GFD_PRODUCTS = {
+    "T4": ["Tesla-T4"],
+    "V100": ["Tesla-V100-SXM2-16GB", "Tesla-V100-SXM2-32GB", "Tesla-V100-PCIE-16GB", "Tesla-V100-PCIE-32GB"],
+    "A10": ["NVIDIA-A10"],
+    "A10G": ["NVIDIA-A10G"],
+    "L4": ["NVIDIA-L4"],
+    "L40S": ["NVIDIA-L40S"],
+    "A100-40GB": ["NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB"],
+    "A100-80GB": ["NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe"],
+    "H100-80GB": ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe"],
+    "H100-NVL": ["NVIDIA-H100-NVL"],
+    "H200": ["NVIDIA-H200"],
+    "B200": ["NVIDIA-B200"],
+}
+_GFD_PRODUCTS["A100"] = _GFD_PRODUCTS["A100-40GB"] + _GFD_PRODUCTS["A100-80GB"]
+_GFD_PRODUCTS["H100"] = _GFD_PRODUCTS["H100-80GB"] + _GFD_PRODUCTS["H100-NVL"]
+
+_GKE_GPUS = {
+    "T4": ["nvidia-tesla-t4"],
+    "V100": ["nvidia-tesla-v100"],
+    "L4": ["nvidia-l4"],
+    "A100-40GB": ["nvidia-tesla-a100"],
+    "A100-80GB": ["nvidia-a100-80gb"],
+    "A100": ["nvidia-tesla-a100", "nvidia-a100-80gb"],
+    "H100": ["nvidia-h100-80gb", "nvidia-h100-mega-80gb"],
+    "H100-80GB": ["nvidia-h100-80gb", "nvidia-h100-mega-80gb"],
+    "H200": ["nvidia-h200-141gb"],
+    "B200": ["nvidia-b200"],
+}
+_GKE_TPUS = {"TPU-V4": ["tpu-v4-podslice"], "TPU-V5E": ["tpu-v5-lite-podslice"], "TPU-V5P": ["tpu-v5p-slice"]}
+
+_EKS_GPUS = {
+    "T4": ["nvidia-tesla-t4"],
+    "V100": ["nvidia-tesla-v100"],
+    "A10G": ["nvidia-a10g"],
+    "L4": ["nvidia-l4"],
+    "L40S": ["nvidia-l40s"],
+    "A100": ["nvidia-tesla-a100"],
+    "H100": ["nvidia-h100"],
+    "H200": ["nvidia-h200"],
+    "B200": ["nvidia-b200"],
+}
+
+_KARPENTER_GPU = "karpenter.k8s.aws/instance-gpu-name"
+_KARPENTER_GPU_MEMORY = "karpenter.k8s.aws/instance-gpu-memory"  # MiB per GPU
+_KARPENTER_ACCELERATOR = "karpenter.k8s.aws/instance-accelerator-name"
+_KARPENTER: dict[str, Requirements] = {
+    **_same(_KARPENTER_GPU, {m: [m.lower()] for m in ("T4", "V100", "A10G", "L4", "L40S", "A100", "H100", "H200")}),
+    "A100-40GB": {_KARPENTER_GPU: ("a100",), _KARPENTER_GPU_MEMORY: ("40960",)},
+    "A100-80GB": {_KARPENTER_GPU: ("a100",), _KARPENTER_GPU_MEMORY: ("81920",)},
+    "H100-80GB": {_KARPENTER_GPU: ("h100",), _KARPENTER_GPU_MEMORY: ("81920",)},
+    **_same(_KARPENTER_ACCELERATOR, {"TRAINIUM": ["trainium"], "INFERENTIA2": ["inferentia2"]}),
+}
+
+LABEL_SCHEMES: dict[str, LabelScheme] = {
+    "nvidia-gfd": LabelScheme(
+        "nvidia-gfd",
+        _same("nvidia.com/gpu.product", _GFD_PRODUCTS),
+        "NVIDIA GPU Feature Discovery (GPU Operator): nvidia.com/gpu.product is the NVML product name",
+    ),
+    "gke": LabelScheme(
+        "gke",
+        {
+            **_same("cloud.google.com/gke-accelerator", _GKE_GPUS),
+            **_same("cloud.google.com/gke-tpu-accelerator", _GKE_TPUS),
+        },
+        "GKE node pools: cloud.google.com/gke-accelerator (GPUs), cloud.google.com/gke-tpu-accelerator (TPUs)",
+    ),
+    "eks": LabelScheme(
+        "eks",
+        _same("k8s.amazonaws.com/accelerator", _EKS_GPUS),
+        "EKS node groups labelled for the cluster autoscaler: k8s.amazonaws.com/accelerator",
+    ),
+    "karpenter": LabelScheme(
+        "karpenter",
+        _KARPENTER,
+        "Karpenter on AWS: karpenter.k8s.aws/instance-gpu-name (+ instance-gpu-memory, instance-accelerator-name)",
+    ),
+    "none": LabelScheme("none", {}, "no node labels: the extended resource request alone picks the nodes"),
+}
+
+
+def accelerator_requirements(
+    resources: ResourceSettings, scheme_name: str, explicit: Mapping[str, str] | None
+) -> Requirements:
+    """Node labels that select the requested model; ``{}`` when no model is named or the scheme is ``none``."""
+    if explicit:
+        return {key: (value,) for key, value in explicit.items()}
+    model = resources.accelerator
+    if model is None or scheme_name == "none" or not resources.requests_gpus:
+        return {}
+    scheme = LABEL_SCHEMES[scheme_name]
+    found = scheme.models.get(model.upper())
+    if found is None:
+        raise InvalidSettingError(
+            "ResourceSettings",
+            "accelerator",
+            model,
+            f"the label scheme {scheme_name!r} ({scheme.documentation}) has no node labels for this model",
+            f"one of {', '.join(sorted(scheme.models))}; or give the node labels yourself with "
+            "backend_options={'accelerator_labels': {'<label>': '<value>'}}; or label_scheme='none'",
+        )
+    return dict(found)
+
+
+def gpu_toleration(resource: str) -> dict[str, str]:
+    """Tolerate the ``<resource>:NoSchedule`` taint that GPU node pools carry (GKE and the GPU Operator set it)."""
+    return {"key": resource, "operator": "Exists", "effect": "NoSchedule"}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The pod's scheduling fields, merged."""
+
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    affinity: dict[str, Any] = field(default_factory=dict)
+
+
+def merge_node_selectors(*sources: tuple[str, Mapping[str, str]]) -> dict[str, str]:
+    """Unite ``(origin, selector)`` pairs; one key with two values is an error naming both origins."""
+    merged: dict[str, str] = {}
+    origin_of: dict[str, str] = {}
+    for origin, selector in sources:
+        for key, value in selector.items():
+            if key in merged and merged[key] != value:
+                raise InvalidSettingError(
+                    OWNER,
+                    "node_selector",
+                    {key: value},
+                    f"{origin} sets {key}={value!r} but {origin_of[key]} sets {key}={merged[key]!r}; "
+                    "no node can have both",
+                    "one value per label key (drop one of them, or use accelerator_labels)",
+                )
+            merged[key] = value
+            origin_of.setdefault(key, origin)
+    return merged
+
+
+def _dedupe(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    result: list[dict[str, Any]] = []
+    for item in items:
+        if item not in result:
+            result.append(item)
+    return result
+
+
+def add_required_expressions(affinity: Mapping[str, Any], expressions: list[dict[str, Any]]) -> dict[str, Any]:
+    """AND ``expressions`` into every required node-selector term of ``affinity`` (a copy)."""
+    result = copy.deepcopy(dict(affinity))
+    if not expressions:
+        return result
+    node = result.setdefault("nodeAffinity", {})
+    required = node.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.setdefault("nodeSelectorTerms", [])
+    if not terms:
+        terms.append({})
+    for term in terms:
+        term.setdefault("matchExpressions", []).extend(copy.deepcopy(expressions))
+    return result
+
+
+def placement(
+    resources: ResourceSettings,
+    toleration_key: str | None,
+    options: KubernetesOptions,
+    template_spec: Mapping[str, Any] | None = None,
+) -> Placement:
+    """Merge the provider's scheduling fields with the pod template's and the user's (rules in the module doc)."""
+    template_spec = template_spec or {}
+    required = accelerator_requirements(resources, options.label_scheme, options.accelerator_labels)
+    derived = {key: values[0] for key, values in required.items() if len(values) == 1}
+    expressions = [
+        {"key": key, "operator": "In", "values": list(values)} for key, values in required.items() if len(values) > 1
+    ]
+    selector = merge_node_selectors(
+        ("the pod template", template_spec.get("nodeSelector") or {}),
+        (f"accelerator={resources.accelerator!r}", derived),
+        ("backend_options['node_selector']", options.node_selector),
+    )
+    own = [gpu_toleration(toleration_key)] if options.gpu_toleration and toleration_key else []
+    template_tolerations = [dict(t) for t in template_spec.get("tolerations") or []]
+    merged_tolerations = _dedupe([*own, *template_tolerations, *(dict(t) for t in options.tolerations)])
+    affinity = options.affinity if options.affinity is not None else template_spec.get("affinity") or {}
+    return Placement(selector, merged_tolerations, add_required_expressions(affinity, expressions))

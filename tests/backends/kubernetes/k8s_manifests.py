@@ -1,0 +1,110 @@
+"""Checks every generated Kubernetes object must pass: the official OpenAPI schemas plus the API server's rules
+that a JSON schema cannot express (names, quantities, GPU requests equal to limits, mounts of existing volumes)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import kubernetes_validate
+from kubernetes.utils import parse_quantity
+
+# The oldest release whose Job features we rely on (pod-index labels, Indexed completion) and the newest schemas.
+KUBERNETES_VERSIONS = ("1.28", "1.37")
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+
+
+def _check_labels(labels: dict[str, str], where: str) -> None:
+    for key, value in labels.items():
+        prefix, _, name = key.rpartition("/")
+        assert LABEL_NAME.match(name), f"{where}: label key {key!r}"
+        assert not prefix or DNS_SUBDOMAIN.match(prefix), f"{where}: label prefix {key!r}"
+        assert isinstance(value, str) and LABEL_VALUE.match(value), f"{where}: label value {key}={value!r}"
+
+
+def _check_pod_spec(spec: dict[str, Any], where: str) -> None:
+    volumes = {v["name"] for v in spec.get("volumes") or []}
+    assert len(volumes) == len(spec.get("volumes") or []), f"{where}: duplicate volume names"
+    containers = [*(spec.get("initContainers") or []), *spec["containers"]]
+    names = [c["name"] for c in containers]
+    assert len(set(names)) == len(names), f"{where}: duplicate container names {names}"
+    for c in containers:
+        assert DNS_LABEL.match(c["name"]), f"{where}: container name {c['name']!r}"
+        for mount in c.get("volumeMounts") or []:
+            assert mount["name"] in volumes, f"{where}: {c['name']} mounts unknown volume {mount['name']!r}"
+        paths = [m["mountPath"] for m in c.get("volumeMounts") or []]
+        assert len(set(paths)) == len(paths), f"{where}: {c['name']} mounts one path twice"
+        for env in c.get("env") or []:
+            assert ENV_NAME.match(env["name"]), f"{where}: env name {env['name']!r}"
+        requests = (c.get("resources") or {}).get("requests") or {}
+        limits = (c.get("resources") or {}).get("limits") or {}
+        for value in {**requests, **limits}.values():
+            parse_quantity(value)  # raises on a malformed quantity
+        for key, value in requests.items():
+            if key in limits:
+                assert parse_quantity(value) <= parse_quantity(limits[key]), f"{where}: {key} request > limit"
+            if key not in STANDARD_RESOURCES and not key.startswith("hugepages-"):
+                assert limits.get(key) == value, f"{where}: extended resource {key} needs request == limit"
+    for volume in spec.get("volumes") or []:
+        size = (volume.get("emptyDir") or {}).get("sizeLimit")
+        if size is not None:
+            parse_quantity(size)
+
+
+def validate(obj: dict[str, Any]) -> dict[str, Any]:
+    """Validate one API object (Pod, Job, Service) and return it."""
+    for version in KUBERNETES_VERSIONS:
+        kubernetes_validate.validate(obj, version, strict=True)
+    metadata = obj["metadata"]
+    assert DNS_SUBDOMAIN.match(metadata["name"]), metadata["name"]
+    if obj["kind"] == "Service":
+        assert DNS_LABEL.match(metadata["name"]), metadata["name"]
+    _check_labels(metadata.get("labels") or {}, f"{obj['kind']} labels")
+    if obj["kind"] == "Pod":
+        _check_pod_spec(obj["spec"], "Pod")
+    if obj["kind"] == "Job":
+        template = obj["spec"]["template"]
+        _check_labels(template["metadata"].get("labels") or {}, "Job pod labels")
+        _check_pod_spec(template["spec"], "Job pod template")
+    return obj
+
+
+def main_container(pod: dict[str, Any]) -> dict[str, Any]:
+    """The task's container (KubernetesPodOperator names it 'base')."""
+    return next(c for c in pod["spec"]["containers"] if c["name"] == "base")
+
+
+def env(container: dict[str, Any]) -> dict[str, Any]:
+    """A container's environment as a dict (values, or valueFrom dicts)."""
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env") or []}
+
+
+def plan_and_render(
+    resources: Any = None,
+    image: Any = None,
+    options: dict[str, Any] | None = None,
+    *,
+    policy: str = "fail",
+    envelope: dict[str, Any] | None = None,
+) -> tuple[Any, list[dict[str, Any]]]:
+    """Plan a request on the Kubernetes backend and render it with KubernetesPodOperator (no cluster)."""
+    from airflow_gpu_provider.backends.base import TaskRequest
+    from airflow_gpu_provider.backends.kubernetes import KubernetesBackend
+    from airflow_gpu_provider.payload import command_envelope
+    from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+
+    request = TaskRequest(
+        resources or ResourceSettings(),
+        image or ImageSettings(),
+        envelope or command_envelope(["python3", "-c", "print('hi')"]),
+        policy,  # type: ignore[arg-type]
+        {"dag_id": "d", "task_id": "train", "run_id": "manual", "try_number": "1", "map_index": "-1"},
+    )
+    backend = KubernetesBackend({"namespace": "ml", **(options or {})})
+    plan = backend.plan(request)
+    return plan, [validate(obj) for obj in backend.render(plan)]

@@ -1,0 +1,94 @@
+"""Run a rendered pod's containers in Docker, in the kubelet's order: init containers, then the main container.
+
+This checks what the generated commands, arguments, environment and volumes do inside a real container with a real
+Python; it is *not* Kubernetes (no scheduler, no device plugin, no XCom sidecar: the ``xcom`` emptyDir is read
+from the host afterwards, as the sidecar would read it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.utils import parse_quantity
+
+LABEL = "airflow-gpu-provider-test=pod-in-docker"
+
+
+def require_docker() -> None:
+    """Skip without a Docker engine, unless CI asks for it (AIRFLOW_GPU_REQUIRE_DOCKER=1): then fail."""
+    reachable = shutil.which("docker") is not None and (
+        subprocess.run(["docker", "info"], capture_output=True, check=False).returncode == 0
+    )
+    if reachable:
+        return
+    if os.environ.get("AIRFLOW_GPU_REQUIRE_DOCKER") == "1":
+        pytest.fail("AIRFLOW_GPU_REQUIRE_DOCKER=1 but no Docker engine is reachable")
+    pytest.skip("no Docker engine reachable (set AIRFLOW_GPU_REQUIRE_DOCKER=1 to make this a failure)")
+
+
+def leftover_containers() -> list[str]:
+    """Containers (any state) that these tests started."""
+    out = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label={LABEL}"], capture_output=True, text=True, check=True
+    )
+    return out.stdout.split()
+
+
+@dataclass
+class PodRun:
+    """What the containers did."""
+
+    exit_codes: dict[str, int]
+    logs: dict[str, str]
+    result: dict[str, Any] | None
+
+
+def _docker_argv(container: dict[str, Any], volumes: dict[str, Path], shm: str | None) -> list[str]:
+    name = f"pod-in-docker-{uuid.uuid4().hex[:10]}"
+    argv = ["docker", "run", "--rm", "--name", name, "--label", LABEL, "--security-opt", "no-new-privileges"]
+    if shm:
+        argv += ["--shm-size", str(int(parse_quantity(shm)))]
+    for mount in container.get("volumeMounts") or []:
+        if mount["mountPath"] == "/dev/shm":
+            continue
+        argv += ["-v", f"{volumes[mount['name']]}:{mount['mountPath']}" + (":ro" if mount.get("readOnly") else "")]
+    for variable in container.get("env") or []:
+        argv += ["-e", f"{variable['name']}={variable['value']}"]
+    command = container["command"]
+    return [*argv, "--entrypoint", command[0], container["image"], *command[1:], *(container.get("args") or [])]
+
+
+def run_pod(pod: dict[str, Any], timeout: float = 300) -> PodRun:
+    """Run the pod's init containers (stopping at the first failure) and its main container."""
+    spec = pod["spec"]
+    workdir = Path(tempfile.mkdtemp(prefix="pod-in-docker-"))
+    try:
+        volumes = {v["name"]: workdir / v["name"] for v in spec.get("volumes") or []}
+        for path in volumes.values():
+            path.mkdir()
+        shm = next((v["emptyDir"].get("sizeLimit") for v in spec.get("volumes") or [] if v["name"] == "dshm"), None)
+        main = next(c for c in spec["containers"] if c["name"] == "base")
+        exit_codes, logs = {}, {}
+        for container in [*(spec.get("initContainers") or []), main]:
+            done = subprocess.run(
+                _docker_argv(container, volumes, shm), capture_output=True, text=True, timeout=timeout, check=False
+            )
+            exit_codes[container["name"]] = done.returncode
+            logs[container["name"]] = done.stdout + done.stderr
+            if done.returncode != 0:
+                break
+        result_file = volumes.get("xcom", workdir / "none") / "return.json"
+        result = json.loads(result_file.read_text()) if result_file.exists() else None
+        return PodRun(exit_codes, logs, result)
+    finally:
+        subprocess.run(["docker", "rm", "-f", *leftover_containers()], capture_output=True, check=False)
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,98 @@
+"""The rendered pod's containers, run in Docker: the init container installs requirements with uv into the shared
+directory, the main container runs the shipped runtime, and the result lands where the XCom sidecar reads it.
+
+Kubernetes itself is not involved (none can be had here): see pod_in_docker.py for what this does and does not show.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from pod_in_docker import leftover_containers, require_docker, run_pod
+
+from airflow_gpu_provider.backends.base import result_value
+from airflow_gpu_provider.exceptions import RemoteTaskError
+
+pytestmark = pytest.mark.docker
+BASE_IMAGE = "airflow-gpu-base:bookworm"
+
+
+def uses_a_requirement(n: int) -> dict:
+    import six
+
+    return {"square": n * n, "six": six.__version__}
+
+
+def raises_inside_the_pod(n: int) -> int:
+    values = {"n": n}
+    return values["missing"]
+
+
+def _render(function, requirements=(), image=BASE_IMAGE):
+    from airflow.sdk import DAG
+
+    from airflow_gpu_provider import GpuStepOperator
+
+    with DAG("pod_in_docker", schedule=None):
+        task = GpuStepOperator(
+            task_id="t",
+            python_callable=function,
+            op_args=[7],
+            backend="kubernetes",
+            parent_image=image,
+            requirements=list(requirements),
+            cpu_count=1,
+            memory="1Gi",
+            shm_size="256Mi",
+        )
+    [pod] = task.render_manifests()
+    return pod
+
+
+def test_init_container_installs_requirements_and_main_container_returns_the_value():
+    require_docker()
+    before = leftover_containers()
+    run = run_pod(_render(uses_a_requirement, ["six==1.17.0"]))
+    assert run.exit_codes == {"install-requirements": 0, "base": 0}, run.logs
+    assert "+ six==1.17.0" in run.logs["install-requirements"]
+    log = run.logs["base"]
+    assert "[gpu] backend=kubernetes image=airflow-gpu-base:bookworm" in log
+    assert "[gpu] resources: no GPU, 1 CPUs, 1.0 GiB memory, 256.0 MiB shm" in log
+    assert "[gpu] GPUs assigned: none (running on CPU)" in log
+    assert result_value(run.result, 0, where="the pod") == {"square": 49, "six": "1.17.0"}
+    assert leftover_containers() == before
+
+
+@pytest.fixture
+def image_with_six(tmp_path):
+    """The base image plus six installed with pip: a stand-in for a CUDA image that ships packages."""
+    require_docker()
+    tag = "airflow-gpu-test-six:latest"
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {BASE_IMAGE}\nRUN python3 -m pip install --quiet --break-system-packages six==1.17.0\n"
+    )
+    subprocess.run(["docker", "build", "-q", "--rm", "--force-rm", "-t", tag, str(tmp_path)], check=True)
+    yield tag
+    subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)
+
+
+def test_requirements_the_image_already_has_are_not_installed_again(image_with_six):
+    run = run_pod(_render(uses_a_requirement, ["six>=1.16"], image=image_with_six))
+    assert run.exit_codes == {"install-requirements": 0, "base": 0}, run.logs
+    assert "the image already satisfies every requirement" in run.logs["install-requirements"]
+    assert result_value(run.result, 0, where="the pod") == {"square": 49, "six": "1.17.0"}
+
+
+def test_exception_in_the_pod_shows_its_traceback_and_becomes_a_remote_task_error():
+    require_docker()
+    run = run_pod(_render(raises_inside_the_pod))
+    assert run.exit_codes == {"base": 1}
+    log = run.logs["base"]
+    assert "Traceback (most recent call last)" in log
+    assert 'return values["missing"]' in log  # the DAG file's own source line
+    assert "KeyError: 'missing'" in log
+    with pytest.raises(RemoteTaskError) as err:
+        result_value(run.result, 1, where="pod ml/t-abc")
+    assert err.value.error_type == "KeyError"
+    assert "test_k8s_pod_in_docker.py" in err.value.remote_traceback
