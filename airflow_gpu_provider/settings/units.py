@@ -123,11 +123,16 @@ def format_bytes(amount: int) -> str:
 
 
 def format_k8s_bytes(amount: int) -> str:
-    """Format bytes as an exact Kubernetes quantity: ``17179869184`` -> ``16Gi``, ``1000`` -> ``1000``."""
-    for unit in (Unit.EI, Unit.PI, Unit.TI, Unit.GI, Unit.MI, Unit.KI):
-        if amount and amount % int(unit.multiplier) == 0:
-            return f"{amount // int(unit.multiplier)}{unit.suffix}"
-    return str(amount)
+    """Format bytes as the shortest exact Kubernetes quantity: ``17179869184`` -> ``16Gi``, ``16e9`` -> ``16G``."""
+    candidates = [str(amount)]
+    for family in (
+        (Unit.EI, Unit.PI, Unit.TI, Unit.GI, Unit.MI, Unit.KI),
+        (Unit.E, Unit.P, Unit.T, Unit.G, Unit.M, Unit.K),
+    ):
+        unit = next((u for u in family if amount and amount % int(u.multiplier) == 0), None)
+        if unit is not None:
+            candidates.append(f"{amount // int(unit.multiplier)}{unit.suffix}")
+    return min(candidates, key=len)
 
 
 def format_k8s_cpu(cores: float) -> str:
