@@ -33,6 +33,8 @@ os.environ.update(
             ]
         ),
         "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+        # re-serialise a DAG on every sync: tests change config that DAG parsing reads
+        "AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL": "0",
         "AIRFLOW__GPU__STATE_DIR": str(_HOME / "gpu-state"),
         "AIRFLOW__GPU__DEVICES": "none",
         "AIRFLOW__GPU__WAIT_POLL_INTERVAL": "0.2",
