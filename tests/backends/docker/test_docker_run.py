@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BASE_IMAGE, container_ids
+from docker_fixtures import BASE_IMAGE, container_ids
 
 from airflow_gpu_provider.backends.base import TaskRequest
 from airflow_gpu_provider.backends.docker import ContainerOomError, DockerBackend
@@ -184,7 +184,7 @@ def test_kill_stops_and_removes_the_container(docker_client, task_log):
     def target() -> None:
         try:
             backend.run(plan)
-        except BaseException as err:  # noqa: BLE001 - the test inspects it
+        except BaseException as err:
             outcome["error"] = err
 
     before = container_ids(docker_client)
