@@ -114,6 +114,8 @@ def render_dockerfile(
     :param wheel_dirs: build-context directories copied to ``SHARE/<name>`` (local wheel directories)
     """
     lines = [f"FROM {parent}"]
+    if labels:  # first, so the build's intermediate containers carry them too (and can be told apart)
+        lines.append("LABEL " + " ".join(f"{key}={json.dumps(value)}" for key, value in sorted(labels.items())))
     if ca_bundle:
         lines += [
             f"COPY ca-bundle.pem {CA_PATH}",
@@ -134,8 +136,6 @@ def render_dockerfile(
         installer += ["--system", "--break-system-packages", "--no-cache", "--python", "python3"]
     lines += [f"COPY {name} {SHARE}/{name}" for name in wheel_dirs]
     lines.append(f"RUN {json.dumps([*installer, *index_args, *image.requirements])}")
-    if labels:
-        lines.append("LABEL " + " ".join(f"{key}={json.dumps(value)}" for key, value in sorted(labels.items())))
     return "\n".join(lines) + "\n"
 
 

@@ -17,7 +17,7 @@ def test_newest_cuda_is_the_default():
 
 
 def test_unknown_combination_lists_the_known_ones():
-    with pytest.raises(InvalidSettingError, match="2.5.1/cuda12.4") as excinfo:
+    with pytest.raises(InvalidSettingError, match=r"2\.5\.1/cuda12\.4") as excinfo:
         pytorch_image("1.0.0")
     assert excinfo.value.field == "torch/cuda"
 

@@ -2,12 +2,14 @@
 
 Without an engine these tests skip, unless ``AIRFLOW_GPU_REQUIRE_DOCKER=1`` (set by ``.ci/run``): then they fail.
 Derived images they build are named ``airflow-gpu-test-derived:*`` and removed at the end of the session, with the
-dangling layers that the session's builds left behind.
+dangling layers that derived-image builds left behind. Containers and images of other users of the engine are never
+counted or touched: only those with the provider's labels.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import io
 import logging
@@ -24,6 +26,8 @@ import pytest
 BASE_IMAGE = os.environ.get("AIRFLOW_GPU_TEST_BASE_IMAGE", "airflow-gpu-base:bookworm")
 TEST_REPOSITORY = "airflow-gpu-test-derived"
 REQUIRE_DOCKER = os.environ.get("AIRFLOW_GPU_REQUIRE_DOCKER") == "1"
+TASK_LABEL = "airflow-gpu-provider"
+DERIVED_LABEL = "airflow-gpu-provider.derived"
 
 
 def _unavailable(reason: str) -> None:
@@ -45,32 +49,40 @@ def docker_client() -> Iterator[Any]:
         _unavailable(f"no Docker engine is reachable ({err})")
     if not client.images(name=BASE_IMAGE):
         _unavailable(f"the base image {BASE_IMAGE} is missing (build it with docker/base/build.sh)")
-    images_before = {image["Id"] for image in client.images(all=True)}
     yield client
-    for image in client.images(name=TEST_REPOSITORY):
-        client.remove_image(image["Id"], force=True)
-    for image in client.images(all=True, filters={"dangling": True}):
-        if image["Id"] not in images_before:
-            try:
-                client.remove_image(image["Id"])
-            except docker.errors.APIError:
-                pass  # still used by another image
+    for image in client.images(filters={"label": DERIVED_LABEL}) + client.images(name=TEST_REPOSITORY):
+        if any(TEST_REPOSITORY in tag for tag in image.get("RepoTags") or ()):
+            with contextlib.suppress(docker.errors.NotFound):
+                client.remove_image(image["Id"], force=True)
+    for image in client.images(all=True, filters={"dangling": True, "label": DERIVED_LABEL}):
+        with contextlib.suppress(docker.errors.APIError):  # still used by another image
+            client.remove_image(image["Id"])
 
 
 def container_ids(client: Any) -> set[str]:
-    """Every container of the engine, running or not."""
-    return {c["Id"] for c in client.containers(all=True)}
+    """The engine's containers that this provider made: task containers and derived-image build steps.
+
+    Other users of the same engine are left out: their containers are neither counted nor touched.
+    """
+    return {
+        c["Id"] for label in (TASK_LABEL, DERIVED_LABEL) for c in client.containers(all=True, filters={"label": label})
+    }
 
 
 @pytest.fixture
 def no_leaks(docker_client: Any) -> Iterator[None]:
-    """Fail the test if it leaves a container behind (task containers or intermediate build containers)."""
+    """Fail the test if it leaves one of the provider's containers behind (task or build-step containers)."""
     before = container_ids(docker_client)
     yield
     left = container_ids(docker_client) - before
+    described = []
     for container_id in left:
+        info = docker_client.inspect_container(container_id)
+        described.append(
+            f"{container_id[:12]} {info['Config']['Image']} {info['State']['Status']} {info['Config']['Cmd']}"
+        )
         docker_client.remove_container(container_id, force=True)
-    assert not left, f"the test left {len(left)} container(s) behind"
+    assert not left, f"the test left {len(left)} container(s) behind: {described}"
 
 
 class ListHandler(logging.Handler):
@@ -107,7 +119,7 @@ def make_wheel(directory: Path, name: str, version: str, code: str) -> Path:
     files = {
         f"{name}/__init__.py": code.encode(),
         f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
-        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: airflow-gpu-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
     record = io.StringIO()
     for path, data in files.items():

@@ -4,49 +4,23 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from docker_fixtures import BASE_IMAGE, TEST_REPOSITORY, container_ids
-from helpers import run_dag, task_states, xcom
+from backends.docker.docker_fixtures import BASE_IMAGE, TEST_REPOSITORY, container_ids
+from helpers import load_dag, run_dag, task_states, xcom
 
-from airflow_gpu_provider import GpuStepOperator, ImageSettings, gpu_task
+from airflow_gpu_provider import GpuStepOperator, ImageSettings
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("no_leaks")]
 IMAGE = ImageSettings(parent_image=BASE_IMAGE)
-
-
-def run_inline_dag(dag, conf=None):
-    """``dag.test()`` for a DAG defined in a test: it needs the DAG serialized first, as if a bundle held it."""
-    from airflow.dag_processing.bundles.manager import DagBundlesManager
-    from airflow.dag_processing.collection import update_dag_parsing_results_in_db
-    from airflow.serialization.serialized_objects import LazyDeserializedDAG
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        DagBundlesManager().sync_bundles_to_db(session=session)
-    with create_session() as session:
-        update_dag_parsing_results_in_db(
-            "dags-folder", None, [LazyDeserializedDAG.from_dag(dag)], {}, None, set(), session=session
-        )
-    return run_dag(dag, conf)
+REPO = Path(__file__).resolve().parents[3]
+DAG_FILE = REPO / "tests" / "dags" / "docker_dags.py"
 
 
 def test_gpu_task_on_docker_pushes_its_return_value_to_xcom(airflow_home):
-    from airflow.sdk import DAG
-
-    with DAG("docker_xcom", schedule=None) as dag:
-
-        @gpu_task(backend="docker", image=IMAGE, gpu_count=1, on_missing_gpu="cpu", memory="512Mi")
-        def square(x: int, run_id: str | None = None) -> dict:
-            import platform
-
-            return {"square": x * x, "python": platform.python_version(), "run_id": run_id}
-
-        square(12)
-
-    dag_run = run_inline_dag(dag)
+    dag_run = run_dag(load_dag(DAG_FILE, "docker_xcom"))
     assert task_states(dag_run) == {"square": "success"}
     value = xcom(dag_run, "square")
     assert value["square"] == 144
@@ -55,18 +29,8 @@ def test_gpu_task_on_docker_pushes_its_return_value_to_xcom(airflow_home):
 
 
 def test_execution_timeout_fails_the_task_and_removes_the_container(airflow_home):
-    from airflow.sdk import DAG
-
-    with DAG("docker_timeout", schedule=None) as dag:
-        GpuStepOperator(
-            task_id="sleepy",
-            command=["python3", "-c", "import time; print('sleeping', flush=True); time.sleep(600)"],
-            backend="docker",
-            image=IMAGE,
-            execution_timeout=timedelta(seconds=5),
-        )
     started = time.monotonic()
-    dag_run = run_inline_dag(dag)
+    dag_run = run_dag(load_dag(DAG_FILE, "docker_timeout"))
     assert task_states(dag_run) == {"sleepy": "failed"}
     assert time.monotonic() - started < 60
 
@@ -110,10 +74,6 @@ def test_demo_dag_trains_in_docker_with_cpu_fallback(airflow_home, docker_client
     (base + the CPU torch wheel from /opt/wheels, as an air-gapped wheel dir) and makes it ``[gpu]
     default_parent_image``, standing in for the default CUDA PyTorch image, which cannot be pulled here.
     """
-    from pathlib import Path
-
-    from airflow.dag_processing.dagbag import DagBag
-    REPO = Path(__file__).resolve().parents[3]
 
     from airflow_gpu_provider.images.dockerfile import BuildOptions, derived_image_spec
     from airflow_gpu_provider.images.engine import ensure_derived_image
@@ -122,7 +82,10 @@ def test_demo_dag_trains_in_docker_with_cpu_fallback(airflow_home, docker_client
     if not any(wheels.glob("torch-*.whl")):
         pytest.skip("no torch wheel in /opt/wheels to build the stand-in PyTorch image")
     torch_image = ImageSettings(parent_image=BASE_IMAGE, requirements=["torch"], find_links=[str(wheels)])
-    spec = derived_image_spec(BASE_IMAGE, torch_image, BuildOptions(repository=TEST_REPOSITORY), uv_binary=None)
+    from uv import find_uv_bin
+
+    options = BuildOptions(repository=TEST_REPOSITORY)
+    spec = derived_image_spec(BASE_IMAGE, torch_image, options, uv_binary=find_uv_bin())
     reference, _ = ensure_derived_image(
         docker_client,
         spec,
@@ -133,9 +96,8 @@ def test_demo_dag_trains_in_docker_with_cpu_fallback(airflow_home, docker_client
     )
     monkeypatch.setenv("AIRFLOW__GPU__DEFAULT_PARENT_IMAGE", reference)
 
-    bag = DagBag(dag_folder=str(REPO / "dags" / "gpu_training_demo.py"))
     dag_run = run_dag(
-        bag.get_dag("gpu_training_demo"),
+        load_dag(REPO / "dags" / "gpu_training_demo.py", "gpu_training_demo"),
         conf={"epochs": 3, "gpu_count": 1, "backend": "docker", "on_missing_gpu": "cpu"},
     )
     assert task_states(dag_run) == {"make_dataset": "success", "train": "success", "report": "success"}

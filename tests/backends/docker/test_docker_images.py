@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from docker_fixtures import BASE_IMAGE, TEST_REPOSITORY, container_ids
+from backends.docker.docker_fixtures import BASE_IMAGE, TEST_REPOSITORY, container_ids
 
 from airflow_gpu_provider.backends.base import TaskRequest
 from airflow_gpu_provider.backends.docker import DockerBackend
@@ -128,6 +128,6 @@ def test_unreachable_registry_push_is_a_clear_error(task_log, wheel_dir):
     """A configured registry: the image is looked up there, built, then pushed; an unreachable one fails clearly."""
     wheels, version = wheel_dir
     backend = DockerBackend({**OPTIONS, "registry": "localhost:1"}, log=task_log[0])
-    with pytest.raises(ImageError, match="Pushing localhost:1/airflow-gpu-test-derived:.* failed"):
+    with pytest.raises(ImageError, match=r"Pushing localhost:1/airflow-gpu-test-derived:.* failed"):
         backend.run(backend.plan(request(image_with(wheels, version))))
     assert "is not in the registry yet; building it" in task_log[1].text

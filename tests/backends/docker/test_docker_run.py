@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from docker_fixtures import BASE_IMAGE, container_ids
+from backends.docker.docker_fixtures import BASE_IMAGE, container_ids
 
 from airflow_gpu_provider.backends.base import TaskRequest
 from airflow_gpu_provider.backends.docker import ContainerOomError, DockerBackend
@@ -69,7 +69,7 @@ def test_non_zero_exit_fails_the_task(task_log):
 
 
 def test_exception_fails_with_the_containers_traceback(task_log):
-    with pytest.raises(RemoteTaskError, match="ValueError.*boom from the container") as excinfo:
+    with pytest.raises(RemoteTaskError, match=r"ValueError.*boom from the container") as excinfo:
         run(task_log, request(call(fail_with_value_error)))
     assert excinfo.value.error_type == "ValueError"
     assert "Traceback" in excinfo.value.remote_traceback
@@ -147,7 +147,7 @@ def test_bad_image_name_is_a_clear_error(task_log):
 
 def test_unreachable_daemon_is_a_clear_error(task_log, tmp_path):
     started = time.monotonic()
-    with pytest.raises(GpuTaskError, match="Cannot reach the Docker engine at unix://.*nothing.sock"):
+    with pytest.raises(GpuTaskError, match=r"Cannot reach the Docker engine at unix://.*nothing\.sock"):
         run(task_log, request(command_envelope(["true"])), {"docker_url": f"unix://{tmp_path}/nothing.sock"})
     assert time.monotonic() - started < 10
 
