@@ -1,24 +1,24 @@
 """The Docker backend: the task runs in a container on a Docker engine, reached through ``DockerHook``.
 
 ``plan()`` maps the request to container and host-config arguments (pure, see :mod:`.docker_resources`);
-``run()`` finds or builds the image, creates the container, copies the runtime and the envelope in, starts it,
-streams its output to the task log, reads the result file back and removes the container on every path.
+``run()`` finds or builds the image (:mod:`airflow_gpu_provider.images`), creates the container with the runtime
+and the envelope in ``/airflow-gpu`` (:mod:`.docker_files`), starts it, streams its output to the task log, reads
+the result back and removes the container on every path.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import logging
 import platform
-import tarfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_gpu_provider import config
 from airflow_gpu_provider.backends.base import Backend, TaskRequest, TaskResult, result_value
+from airflow_gpu_provider.backends.docker_files import COMMAND, TaskFiles
 from airflow_gpu_provider.backends.docker_options import (
     CHECKS,
     check_options,
@@ -34,8 +34,6 @@ from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.settings import ImageSettings
 from airflow_gpu_provider.settings.units import format_bytes, parse_bytes
 
-CONTAINER_DIR = "/airflow-gpu"
-COMMAND = ["python3", f"{CONTAINER_DIR}/bootstrap.py", f"{CONTAINER_DIR}/envelope.json", f"{CONTAINER_DIR}/result.json"]
 LABEL = "airflow-gpu-provider"
 GO_ARCHITECTURES = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "ppc64le": "ppc64le", "s390x": "s390x"}
 NO_GPU_RUNTIME = "could not select device driver"
@@ -94,6 +92,7 @@ class DockerPlan:
     auto_remove: str = "force"
     stop_timeout: float = 10.0
     state_dir: str = "/var/tmp/airflow-gpu-provider"
+    mount_tmp_dir: bool = True
     notes: tuple[str, ...] = field(default=())
 
     def create_kwargs(self, image: str, *, cpu_fallback: bool = False) -> dict[str, Any]:
@@ -187,11 +186,13 @@ class DockerBackend(Backend[DockerPlan]):
                 registry=registry,
                 ca_bundle=ca_bundle,
                 uv_source=options.get("uv_source", "worker"),
+                compile_bytecode=options.get("compile_bytecode", True),
             ),
             pull=options.get("pull", "missing"),
             auto_remove=options.get("auto_remove", "force"),
             stop_timeout=float(options.get("stop_timeout", 10.0)),
             state_dir=str(options.get("state_dir", config.get("state_dir"))),
+            mount_tmp_dir=bool(options.get("mount_tmp_dir", True)),
             notes=resources.notes,
         )
 
@@ -289,81 +290,80 @@ class DockerBackend(Backend[DockerPlan]):
     def _run_container(self, client: Any, plan: DockerPlan, image: str, *, cpu_fallback: bool) -> TaskResult:
         from docker.errors import APIError
 
-        kwargs = plan.create_kwargs(image, cpu_fallback=cpu_fallback)
-        host_config = client.create_host_config(**kwargs.pop("host_config"))
-        try:
-            container_id = client.create_container(host_config=host_config, **kwargs)["Id"]
-        except APIError as err:
-            raise GpuTaskError(f"Docker could not create the task container from {image}: {err.explanation}") from None
-        self._container_id, self._killed = container_id, False
-        started = succeeded = False
-        try:
-            client.put_archive(container_id, "/", self._payload(plan, image, cpu_fallback))
-            stream = client.attach(container_id, stdout=True, stderr=True, stream=True, demux=True)
+        with TaskFiles(self._files(plan, image, cpu_fallback), parent=f"{plan.state_dir}/docker-tasks") as files:
+            container_id = self._create(client, plan.create_kwargs(image, cpu_fallback=cpu_fallback), files, plan)
+            self._container_id, self._killed = container_id, False
+            started = succeeded = False
             try:
-                client.start(container_id)
+                files.copy_in(client, container_id)
+                stream = client.attach(container_id, stdout=True, stderr=True, stream=True, demux=True)
+                try:
+                    client.start(container_id)
+                except APIError as err:
+                    if NO_GPU_RUNTIME in str(err.explanation):
+                        raise _NoGpuRuntime(err.explanation) from None
+                    raise GpuTaskError(
+                        f"Docker could not start the task container from {image}: {err.explanation}. The image "
+                        "needs python3 on its PATH."
+                    ) from None
+                started = True
+                self.log.info("Started container %s from %s", container_id[:12], image)
+                _log_lines(stream, self.log)
+                if self._killed:
+                    raise GpuTaskError(f"Container {container_id[:12]} was stopped because the task was killed.")
+                exit_code = int(client.wait(container_id)["StatusCode"])
+                if exit_code != 0 and client.inspect_container(container_id)["State"].get("OOMKilled"):
+                    limit = plan.create_kwargs(image)["host_config"].get("mem_limit")
+                    raise ContainerOomError(
+                        f"Container {container_id[:12]} was killed because it ran out of memory (OOM, exit status "
+                        f"{exit_code}; memory limit {format_bytes(limit) if limit else 'none'}). Raise memory= or "
+                        "reduce the task's memory use."
+                    )
+                result = files.result(client, container_id)
+                value = result_value(result, exit_code, where=f"container {container_id[:12]}")
+                succeeded = True
+                return TaskResult(value, exit_code)
+            finally:
+                self._container_id = None
+                self._cleanup(client, container_id, plan, started=started, succeeded=succeeded)
+
+    def _create(self, client: Any, kwargs: dict[str, Any], files: TaskFiles, plan: DockerPlan) -> str:
+        """Create the container with the worker folder mounted, or without it where the engine cannot see it."""
+        from docker.errors import APIError
+
+        host_config = kwargs.pop("host_config")
+        files.mounted = plan.mount_tmp_dir
+        while True:
+            mounts = [*host_config.get("mounts", []), *([files.mount] if files.mounted else [])]
+            try:
+                config_ = client.create_host_config(**{**host_config, "mounts": mounts or None})
+                return str(client.create_container(host_config=config_, **kwargs)["Id"])
             except APIError as err:
-                if NO_GPU_RUNTIME in str(err.explanation):
-                    raise _NoGpuRuntime(err.explanation) from None
+                if files.mounted and str(files.path) in str(err.explanation):
+                    self.log.warning(
+                        "The Docker engine cannot see the worker's folder %s (a remote engine?); the task's files "
+                        "are copied through the Docker API instead. backend_options mount_tmp_dir=False skips this "
+                        "attempt.",
+                        files.path,
+                    )
+                    files.mounted = False
+                    continue
                 raise GpuTaskError(
-                    f"Docker could not start the task container from {image}: {err.explanation}. The image needs "
-                    "python3 on its PATH."
+                    f"Docker could not create the task container from {kwargs['image']}: {err.explanation}"
                 ) from None
-            started = True
-            self.log.info("Started container %s from %s", container_id[:12], image)
-            _log_lines(stream, self.log)
-            if self._killed:
-                raise GpuTaskError(f"Container {container_id[:12]} was stopped because the task was killed.")
-            exit_code = int(client.wait(container_id)["StatusCode"])
-            state = client.inspect_container(container_id)["State"]
-            if state.get("OOMKilled"):
-                limit = plan.create_kwargs(image)["host_config"].get("mem_limit")
-                raise ContainerOomError(
-                    f"Container {container_id[:12]} was killed because it ran out of memory (OOM, exit status "
-                    f"{exit_code}; memory limit {format_bytes(limit) if limit else 'none'}). Raise memory= or "
-                    "reduce the task's memory use."
-                )
-            value = result_value(self._result(client, container_id), exit_code, where=f"container {container_id[:12]}")
-            succeeded = True
-            return TaskResult(value, exit_code)
-        finally:
-            self._container_id = None
-            self._cleanup(client, container_id, plan, started=started, succeeded=succeeded)
 
     @staticmethod
-    def _payload(plan: DockerPlan, image: str, cpu_fallback: bool) -> bytes:
-        """A tar of the runtime and the envelope, unpacked at ``/`` before the container starts."""
+    def _files(plan: DockerPlan, image: str, cpu_fallback: bool) -> dict[str, bytes]:
+        """The runtime and the envelope (with the resource summary the runtime prints first)."""
         envelope = dict(plan.envelope)
         envelope["summary"] = {
             **plan.summary,
             "image": image,
             "resources": plan.summary["resources"] + (" -> CPU fallback" if cpu_fallback else ""),
-            "gpus": [] if cpu_fallback else None,  # None: the runtime asks nvidia-smi inside the container
+            # None: the runtime asks nvidia-smi in the container; a CPU task sees no GPU (NVIDIA_VISIBLE_DEVICES=void)
+            "gpus": None if plan.fallback is not None and not cpu_fallback else [],
         }
-        files = {"bootstrap.py": BOOTSTRAP_PATH.read_bytes(), "envelope.json": json.dumps(envelope).encode()}
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as tar:
-            folder = tarfile.TarInfo(CONTAINER_DIR.strip("/"))
-            folder.type, folder.mode = tarfile.DIRTYPE, 0o1777  # writable by a non-root user= for the result
-            tar.addfile(folder)
-            for name, data in files.items():
-                info = tarfile.TarInfo(f"{folder.name}/{name}")
-                info.size, info.mode = len(data), 0o644
-                tar.addfile(info, io.BytesIO(data))
-        return buffer.getvalue()
-
-    @staticmethod
-    def _result(client: Any, container_id: str) -> dict[str, Any] | None:
-        """The runtime's result envelope from the stopped container, or ``None`` when it wrote none."""
-        from docker.errors import NotFound
-
-        try:
-            chunks, _stat = client.get_archive(container_id, f"{CONTAINER_DIR}/result.json")
-        except NotFound:
-            return None
-        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
-            member = tar.extractfile("result.json")
-            return None if member is None else json.loads(member.read())
+        return {"bootstrap.py": BOOTSTRAP_PATH.read_bytes(), "envelope.json": json.dumps(envelope).encode()}
 
     def _cleanup(self, client: Any, container_id: str, plan: DockerPlan, *, started: bool, succeeded: bool) -> None:
         """Remove the container (``auto_remove``); a kept one is stopped first. Never raises."""

@@ -18,9 +18,13 @@ Each option, with its default:
 - ``repository`` ("airflow-gpu-derived"): image name of derived images
 - ``ca_bundle`` (``[gpu] ca_bundle``): PEM file that installs inside derived-image builds trust
 - ``uv_source`` ("worker"): ``worker`` copies the worker's uv binary into the build; ``pip`` pip-installs uv
+- ``compile_bytecode`` (True): compile ``.pyc`` files into derived images, so tasks do not compile what they import
+  in every fresh container (costs build time once)
 - ``devices`` (none): GPU indices or UUIDs (MIG UUIDs too) to request instead of a count
 - ``driver_capabilities`` ("compute,utility"): ``NVIDIA_DRIVER_CAPABILITIES`` for GPU containers
 - ``group_add`` (AMD: ``["video", "render"]``): supplementary groups for device access (names or GIDs)
+- ``mount_tmp_dir`` (True): share the task's files through a bind-mounted worker folder; ``False`` copies them
+  through the Docker API (remote engines; tried automatically when the engine cannot see the folder)
 - ``stop_timeout`` (10): seconds between SIGTERM and SIGKILL when the task is stopped
 - ``state_dir`` (``[gpu] state_dir``): host folder for the build locks
 """
@@ -57,6 +61,11 @@ def _optional_string(name: str, value: object) -> None:
 def _positive(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise _invalid(name, value, "expected a positive number of seconds", "e.g. 10 or 2.5")
+
+
+def _boolean(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise _invalid(name, value, "expected a boolean", "True or False")
 
 
 def _choice(choices: tuple[str, ...]) -> Callable[[str, object], None]:
@@ -141,6 +150,8 @@ CHECKS: dict[str, Callable[[str, object], None]] = {
     "driver_capabilities": _string,
     "group_add": _string_list,
     "stop_timeout": _positive,
+    "mount_tmp_dir": _boolean,
+    "compile_bytecode": _boolean,
     "state_dir": _string,
 }
 

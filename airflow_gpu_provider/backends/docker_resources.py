@@ -70,7 +70,7 @@ def gpu_mapping(
         raise _unsupported(
             "gpu_vendor", vendor.name, "the docker backend cannot expose these devices", ", ".join(SUPPORTED_VENDORS)
         )
-    if device_ids and count != ALL_GPUS and len(device_ids) < count:
+    if device_ids and isinstance(count, int) and len(device_ids) < count:
         raise _unsupported(
             "devices", list(device_ids), f"fewer device ids than gpu_count={count}", f"at least {count} ids"
         )

@@ -9,6 +9,7 @@ version: the same inputs always give the same tag, so an image is built once and
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -43,12 +44,14 @@ class BuildOptions:
     :param registry: registry and namespace to push to (``registry.example.com/ml``); ``None`` keeps images local
     :param ca_bundle: PEM file on the worker that installs inside the build must trust
     :param uv_source: ``"worker"`` copies the worker's uv binary in (fast); ``"pip"`` pip-installs uv first
+    :param compile_bytecode: compile ``.pyc`` files into the image (faster imports in every task run)
     """
 
     repository: str = "airflow-gpu-derived"
     registry: str | None = None
     ca_bundle: str | None = None
     uv_source: UvSource = "worker"
+    compile_bytecode: bool = True
 
     @property
     def image_name(self) -> str:
@@ -105,6 +108,7 @@ def render_dockerfile(
     find_links: Sequence[str],
     wheel_dirs: Sequence[str] = (),
     labels: Mapping[str, str] | None = None,
+    compile_bytecode: bool = True,
 ) -> str:
     """The Dockerfile text (pure).
 
@@ -112,6 +116,8 @@ def render_dockerfile(
     :param uv_version: the uv version to use (the worker's; ``uv_source="pip"`` installs the same one)
     :param find_links: ``--find-links`` values as the build sees them
     :param wheel_dirs: build-context directories copied to ``SHARE/<name>`` (local wheel directories)
+    :param compile_bytecode: compile ``.pyc`` files in the image (pip's default; uv's ``--compile-bytecode``), so
+        that tasks do not compile what they import in every fresh container
     """
     lines = [f"FROM {parent}"]
     if labels:  # first, so the build's intermediate containers carry them too (and can be told apart)
@@ -121,22 +127,32 @@ def render_dockerfile(
             f"COPY ca-bundle.pem {CA_PATH}",
             f"ENV SSL_CERT_FILE={CA_PATH} REQUESTS_CA_BUNDLE={CA_PATH} PIP_CERT={CA_PATH}",
         ]
-    lines.append("ENV PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore")
+    environment = "PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore"
+    if uv_source is not None:  # uv trusts the image's CA store like pip does, not only its bundled roots
+        environment += f" {uv_tls_variable(uv_version)}=1 UV_LINK_MODE=copy"
+    lines.append(f"ENV {environment}")
     index_args = dataclasses.replace(image, find_links=tuple(find_links)).installer_index_args()
-    installer = ["python3", "-m", "pip", "install", "--no-cache-dir"]
-    if uv_source is not None:
+    pip = ["python3", "-m", "pip", "install", "--no-cache-dir"]
+    if uv_source is None:
+        installer = pip if compile_bytecode else [*pip, "--no-compile"]
+    else:
         if uv_source == "worker":
             lines.append("COPY uv /usr/local/bin/uv")
             installer = ["/usr/local/bin/uv", "pip", "install"]
         else:
-            lines.append(f"RUN {json.dumps([*installer, f'uv=={uv_version}'])}")
+            lines.append(f"RUN {json.dumps([*pip, f'uv=={uv_version}'])}")
             installer = ["python3", "-m", "uv", "pip", "install"]
-        # uv trusts the image's CA store like pip does, not only its bundled roots.
-        lines.append(f"ENV {uv_tls_variable(uv_version)}=1 UV_LINK_MODE=copy")
         installer += ["--system", "--break-system-packages", "--no-cache", "--python", "python3"]
+        if compile_bytecode:
+            installer.append("--compile-bytecode")
     lines += [f"COPY {name} {SHARE}/{name}" for name in wheel_dirs]
     lines.append(f"RUN {json.dumps([*installer, *index_args, *image.requirements])}")
     return "\n".join(lines) + "\n"
+
+
+@functools.cache
+def _uv_version() -> str:
+    return importlib.metadata.version("uv")
 
 
 def _file_fingerprint(path: Path) -> dict[str, object]:
@@ -194,11 +210,12 @@ def derived_image_spec(
         parent,
         image,
         uv_source=uv_source,
-        uv_version=importlib.metadata.version("uv"),
+        uv_version=_uv_version(),
         ca_bundle=bool(options.ca_bundle),
         find_links=find_links,
         wheel_dirs=wheel_dirs,
         labels=labels,
+        compile_bytecode=options.compile_bytecode,
     )
     fingerprint = json.dumps(
         {

@@ -34,11 +34,12 @@ def test_uv_from_the_worker():
     lines = text.splitlines()
     assert lines[0] == f"FROM {PARENT}"
     assert "COPY uv /usr/local/bin/uv" in lines
-    assert "ENV UV_SYSTEM_CERTS=1 UV_LINK_MODE=copy" in lines
+    assert "UV_SYSTEM_CERTS=1 UV_LINK_MODE=copy" in lines[1]
     (install,) = run_lines(text)
     assert install[:3] == ["/usr/local/bin/uv", "pip", "install"]
     assert install[-3:] == ["--index-url", "https://mirror/simple", "numpy>=1.26"]
     assert "--system" in install
+    assert "--compile-bytecode" in install  # .pyc files in the image, as pip makes them
 
 
 def test_uv_through_pip_installs_the_workers_uv_version():
@@ -48,7 +49,7 @@ def test_uv_through_pip_installs_the_workers_uv_version():
     first, install = run_lines(text)
     assert first[-1] == "uv==0.9.0"
     assert install[:4] == ["python3", "-m", "uv", "pip"]
-    assert "ENV UV_NATIVE_TLS=1 UV_LINK_MODE=copy" in text.splitlines()
+    assert "UV_NATIVE_TLS=1 UV_LINK_MODE=copy" in text
 
 
 def test_pip_installer_with_ca_bundle_and_local_wheels():
@@ -77,6 +78,16 @@ def test_pip_installer_with_ca_bundle_and_local_wheels():
         f"{SHARE}/find-links-0",
         "torch==2.13.0",
     ]
+
+
+def test_bytecode_compilation_can_be_turned_off():
+    for installer, source, flag in (("uv", "worker", "--compile-bytecode"), ("pip", None, "--no-compile")):
+        image = ImageSettings(requirements=["six"], python_package_installer=installer)
+        common = {"uv_source": source, "uv_version": "0.13.8", "ca_bundle": False, "find_links": []}
+        compiled = render_dockerfile(PARENT, image, **common)
+        plain = render_dockerfile(PARENT, image, compile_bytecode=False, **common)
+        assert (flag in compiled) == (installer == "uv")
+        assert (flag in plain) == (installer == "pip")
 
 
 def test_tls_variable_follows_the_uv_version():
