@@ -129,7 +129,7 @@ def render_dockerfile(
         ]
     environment = "PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore"
     if uv_source is not None:  # uv trusts the image's CA store like pip does, not only its bundled roots
-        environment += f" {uv_tls_variable(uv_version)}=1 UV_LINK_MODE=copy"
+        environment += f" {uv_tls_variable(uv_version)}=1"
     lines.append(f"ENV {environment}")
     index_args = dataclasses.replace(image, find_links=tuple(find_links)).installer_index_args()
     pip = ["python3", "-m", "pip", "install", "--no-cache-dir"]

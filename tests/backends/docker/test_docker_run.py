@@ -228,3 +228,20 @@ def test_auto_remove_success_keeps_a_failed_container_stopped(docker_client, tas
         assert "Kept container" in task_log[1].text
     finally:
         docker_client.remove_container(kept, force=True)
+
+
+def test_files_through_the_docker_api_when_not_mounted(task_log, tmp_path):
+    """mount_tmp_dir=False (remote engines): runtime and envelope are copied in, the result copied out."""
+    options = {"mount_tmp_dir": False, "user": "1000", "state_dir": str(tmp_path)}
+    assert run(task_log, request(call(add, 20, b=22)), options).return_value["sum"] == 42
+    with pytest.raises(RemoteTaskError, match="boom from the container"):
+        run(task_log, request(call(fail_with_value_error)), options)
+    assert list((tmp_path / "docker-tasks").iterdir()) == []  # the worker folders are gone too
+
+
+def test_worker_folder_is_mounted_private_and_removed(task_log, tmp_path):
+    result = run(task_log, request(call(add, 1)), {"state_dir": str(tmp_path)})
+    assert result.return_value["sum"] == 2
+    parent = tmp_path / "docker-tasks"
+    assert parent.stat().st_mode & 0o777 == 0o711  # others may pass through, not list
+    assert list(parent.iterdir()) == []
