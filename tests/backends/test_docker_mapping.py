@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from airflow_gpu_provider.backends.base import TaskRequest, get_backend_class
+from airflow_gpu_provider.backends import get_backend_class
+from airflow_gpu_provider.backends.base import TaskRequest
 from airflow_gpu_provider.backends.docker import COMMAND, DockerBackend
 from airflow_gpu_provider.backends.docker_options import exposes_docker_socket
 from airflow_gpu_provider.backends.docker_resources import NVIDIA_ULIMITS, map_resources
