@@ -247,12 +247,12 @@ class DockerBackend(Backend[DockerPlan]):
 
     def _image(self, client: Any, plan: DockerPlan) -> str:
         """The image to run: the parent image, or its derived image with the requirements installed."""
-        parent = resolve_image(client, plan.parent_image, plan.pull, self.log)  # type: ignore[arg-type]
-        image, info = plan.parent_image, parent
+        parent = resolve_image(client, plan.parent_image, plan.pull, self.log)
+        image = plan.parent_image
         if plan.image.requirements:
             uv_binary = self._uv_binary(plan, parent)
             spec = derived_image_spec(plan.parent_image, plan.image, plan.build, uv_binary=uv_binary)
-            image, _built = ensure_derived_image(
+            image, _ = ensure_derived_image(
                 client,
                 spec,
                 parent["Id"],
@@ -261,7 +261,7 @@ class DockerBackend(Backend[DockerPlan]):
                 log=self.log,
             )
         if plan.fallback is not None and plan.resources.host_config.get("device_requests"):
-            config_ = info.get("Config") or {}
+            config_ = parent.get("Config") or {}
             reason = cpu_only_reason(plan.parent_image, config_.get("Env") or (), config_.get("Labels") or {})
             if reason:
                 self.log.warning(

@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.images.engine import PULL_POLICIES
 
 OWNER = "docker backend"
 AUTO_REMOVE: tuple[str, ...] = ("force", "success", "never")
@@ -141,7 +142,7 @@ CHECKS: dict[str, Callable[[str, object], None]] = {
     "user": _user,
     "working_dir": _string,
     "auto_remove": _choice(AUTO_REMOVE),
-    "pull": _choice(("missing", "always", "never")),
+    "pull": _choice(PULL_POLICIES),
     "registry": _string,
     "repository": _string,
     "ca_bundle": _string,

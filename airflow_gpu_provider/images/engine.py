@@ -99,7 +99,7 @@ def pull_image(client: Any, reference: str, log: logging.Logger) -> dict[str, An
     return found
 
 
-def resolve_image(client: Any, reference: str, policy: PullPolicy, log: logging.Logger) -> dict[str, Any]:
+def resolve_image(client: Any, reference: str, policy: PullPolicy | str, log: logging.Logger) -> dict[str, Any]:
     """Find ``reference`` on the engine, pulling it as ``policy`` says.
 
     :raises ImageError: naming the image and what to do when it is missing and cannot be pulled
