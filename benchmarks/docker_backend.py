@@ -18,13 +18,15 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 from types import SimpleNamespace
 
-os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="airflow-gpu-bench-"))
+_HOME = None if "AIRFLOW_HOME" in os.environ else tempfile.mkdtemp(prefix="airflow-gpu-bench-")
+os.environ.setdefault("AIRFLOW_HOME", _HOME or "")
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__GPU__STATE_DIR", os.path.join(os.environ["AIRFLOW_HOME"], "gpu-state"))
 
@@ -211,6 +213,8 @@ def main() -> int:
     finally:
         for image in client.images(name=REPOSITORY):
             client.remove_image(image["Id"], force=True)
+        if _HOME:
+            shutil.rmtree(_HOME, ignore_errors=True)
     width = max(len(r[0]) for r in rows)
     print(f"\n{'measure'.ljust(width)}  {'result':<34} goal")
     for name, result, goal in rows:
