@@ -78,6 +78,30 @@ OPTIONS: tuple[Option, ...] = (
         "nvcr.io/nvidia/pytorch:24.10-py3",
     ),
     Option(
+        "shm_size",
+        "string",
+        "8Gi",
+        "Size of /dev/shm for Docker containers whose ResourceSettings.shm_size is unset (capped at the task's "
+        "memory limit). Docker's own default of 64 MB breaks PyTorch DataLoader workers.",
+        "16Gi",
+    ),
+    Option(
+        "ca_bundle",
+        "string",
+        "",
+        "PEM file on the worker with the CA certificates that package installs inside derived images must trust "
+        "(a TLS-intercepting proxy's CA). Copied into the image and exported as SSL_CERT_FILE; empty for none.",
+        "/etc/ssl/certs/ca-certificates.crt",
+    ),
+    Option(
+        "image_registry",
+        "string",
+        "",
+        "Registry (and namespace) that derived images are pushed to after they are built, so other hosts and "
+        "Kubernetes can pull them; empty keeps them on the local Docker engine.",
+        "registry.example.com/ml",
+    ),
+    Option(
         "clear_cache_between_tasks",
         "boolean",
         "True",

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+pytest_plugins = ("backends.docker.docker_fixtures",)  # Docker engine fixtures (skip, or fail in CI, without one)
 _HOME = Path(tempfile.mkdtemp(prefix="airflow-gpu-tests-"))
 os.environ.update(
     {

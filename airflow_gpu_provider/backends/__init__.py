@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 # name -> (class path, pip extra that provides its dependencies)
 BACKENDS: dict[str, tuple[str, str | None]] = {
     "local": ("airflow_gpu_provider.backends.local.LocalBackend", None),
+    "docker": ("airflow_gpu_provider.backends.docker.DockerBackend", "docker"),
     "kubernetes": ("airflow_gpu_provider.backends.kubernetes.KubernetesBackend", "kubernetes"),
 }
 

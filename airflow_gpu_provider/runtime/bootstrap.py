@@ -31,8 +31,6 @@ import gc
 import json
 import linecache
 import os
-import shutil
-import subprocess
 import sys
 import time
 import traceback
@@ -144,6 +142,9 @@ def _nvml_gpus() -> list[dict[str, Any]] | None:
 
 
 def _nvidia_smi_gpus() -> list[dict[str, Any]] | None:
+    import shutil  # here, not at the top: every task start (and every container start) pays for top-level imports
+    import subprocess
+
     binary = shutil.which("nvidia-smi")
     if binary is None:
         return None

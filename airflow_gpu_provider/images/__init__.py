@@ -1,0 +1,1 @@
+"""Container images: CUDA parent images (``catalogue``), derived images (``dockerfile``, ``engine``)."""

@@ -1,0 +1,107 @@
+"""Real DAG runs (dag.test) with backend="docker": XCom, timeouts, on_kill and the demo DAG."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from backends.docker.docker_fixtures import BASE_IMAGE, TEST_REPOSITORY, container_ids
+from helpers import load_dag, run_dag, task_states, xcom
+
+from airflow_gpu_provider import GpuStepOperator, ImageSettings
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("no_leaks")]
+IMAGE = ImageSettings(parent_image=BASE_IMAGE)
+REPO = Path(__file__).resolve().parents[3]
+DAG_FILE = REPO / "tests" / "dags" / "docker_dags.py"
+
+
+def test_gpu_task_on_docker_pushes_its_return_value_to_xcom(airflow_home):
+    dag_run = run_dag(load_dag(DAG_FILE, "docker_xcom"))
+    assert task_states(dag_run) == {"square": "success"}
+    value = xcom(dag_run, "square")
+    assert value["square"] == 144
+    assert value["python"].startswith("3.11")  # the container's Python (Debian bookworm), whatever the worker's
+    assert value["run_id"] == dag_run.run_id
+
+
+def test_execution_timeout_fails_the_task_and_removes_the_container(airflow_home):
+    started = time.monotonic()
+    dag_run = run_dag(load_dag(DAG_FILE, "docker_timeout"))
+    assert task_states(dag_run) == {"sleepy": "failed"}
+    assert time.monotonic() - started < 60
+
+
+def test_on_kill_stops_the_container(docker_client):
+    operator = GpuStepOperator(
+        task_id="killed",
+        command=["python3", "-c", "import time; print('sleeping', flush=True); time.sleep(600)"],
+        backend="docker",
+        image=IMAGE,
+        backend_options={"stop_timeout": 2},
+    )
+    ti = SimpleNamespace(dag_id="docker_on_kill", task_id="killed", run_id="manual", try_number=1, map_index=-1)
+    errors: list[BaseException] = []
+
+    def execute() -> None:
+        try:
+            operator.execute({"ti": ti})
+        except BaseException as err:
+            errors.append(err)
+
+    before = container_ids(docker_client)
+    thread = threading.Thread(target=execute)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not (container_ids(docker_client) - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    assert container_ids(docker_client) - before
+    operator.on_kill()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert errors and "killed" in str(errors[0])
+
+
+@pytest.mark.slow
+def test_demo_dag_trains_in_docker_with_cpu_fallback(airflow_home, docker_client, monkeypatch, task_log):
+    """The example DAG, unchanged, with backend=docker on a host without the NVIDIA runtime.
+
+    Its train step imports torch, which the Debian base image lacks: the test first builds a derived image
+    (base + the CPU torch wheel from /opt/wheels, as an air-gapped wheel dir) and makes it ``[gpu]
+    default_parent_image``, standing in for the default CUDA PyTorch image, which cannot be pulled here.
+    """
+
+    from airflow_gpu_provider.images.dockerfile import BuildOptions, derived_image_spec
+    from airflow_gpu_provider.images.engine import ensure_derived_image
+
+    wheels = Path("/opt/wheels")
+    if not any(wheels.glob("torch-*.whl")):
+        pytest.skip("no torch wheel in /opt/wheels to build the stand-in PyTorch image")
+    torch_image = ImageSettings(parent_image=BASE_IMAGE, requirements=["torch"], find_links=[str(wheels)])
+    from uv import find_uv_bin
+
+    options = BuildOptions(repository=TEST_REPOSITORY)
+    spec = derived_image_spec(BASE_IMAGE, torch_image, options, uv_binary=find_uv_bin())
+    reference, _ = ensure_derived_image(
+        docker_client,
+        spec,
+        docker_client.inspect_image(BASE_IMAGE)["Id"],
+        lock_dir=str(airflow_home / "locks"),
+        push=False,
+        log=task_log[0],
+    )
+    monkeypatch.setenv("AIRFLOW__GPU__DEFAULT_PARENT_IMAGE", reference)
+
+    dag_run = run_dag(
+        load_dag(REPO / "dags" / "gpu_training_demo.py", "gpu_training_demo"),
+        conf={"epochs": 3, "gpu_count": 1, "backend": "docker", "on_missing_gpu": "cpu"},
+    )
+    assert task_states(dag_run) == {"make_dataset": "success", "train": "success", "report": "success"}
+    metrics = xcom(dag_run, "train")
+    assert metrics["epochs"] == 3
+    assert metrics["device"] == "cpu"
+    assert metrics["final_loss"] < metrics["initial_loss"]

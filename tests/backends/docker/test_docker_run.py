@@ -1,0 +1,247 @@
+"""DockerBackend on a real engine: results, logs, failures and cleanup (containers counted before and after)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from backends.docker.docker_fixtures import BASE_IMAGE, container_ids
+
+from airflow_gpu_provider.backends.base import TaskRequest
+from airflow_gpu_provider.backends.docker import ContainerOomError, DockerBackend
+from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError, RemoteTaskError
+from airflow_gpu_provider.images.engine import ImageError
+from airflow_gpu_provider.payload import callable_envelope, command_envelope, shipped_callable
+from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("no_leaks")]
+LABELS = {"dag_id": "docker_tests", "task_id": "t", "run_id": "r", "try_number": "1", "map_index": "-1"}
+
+
+def request(envelope, *, image=None, on_missing_gpu="fail", **resources) -> TaskRequest:
+    return TaskRequest(
+        ResourceSettings(**resources), image or ImageSettings(parent_image=BASE_IMAGE), envelope, on_missing_gpu, LABELS
+    )
+
+
+def call(function, *args, **kwargs):
+    return callable_envelope(shipped_callable(function, owner="test"), list(args), kwargs)
+
+
+def run(task_log, req, options=None):
+    backend = DockerBackend(options or {}, log=task_log[0])
+    return backend.run(backend.plan(req))
+
+
+def add(a: int, b: int = 1) -> dict:
+    import os
+
+    print("adding inside the container", flush=True)
+    return {"sum": a + b, "user": os.getuid(), "visible": os.environ.get("NVIDIA_VISIBLE_DEVICES")}
+
+
+def fail_with_value_error() -> None:
+    raise ValueError("boom from the container")
+
+
+def test_callable_gets_arguments_and_returns_its_value(task_log):
+    result = run(task_log, request(call(add, 2, b=5), cpu_count=1, memory="256Mi"))
+    assert result.return_value == {"sum": 7, "user": 0, "visible": "void"}
+    text = task_log[1].text
+    assert "adding inside the container" in text
+    assert f"[gpu] backend=docker image={BASE_IMAGE} requirements=none" in text
+    assert "[gpu] GPUs assigned: none (running on CPU)" in text
+    assert "[gpu] CUDA cache before task: skipped" in text
+
+
+def test_command_runs_through_the_runtime(task_log):
+    result = run(task_log, request(command_envelope(["python3", "-c", "print('hello from a command')"])))
+    assert result.return_value is None and result.exit_code == 0
+    assert "hello from a command" in task_log[1].text
+    assert "[gpu] resources: no GPU" in task_log[1].text
+
+
+def test_non_zero_exit_fails_the_task(task_log):
+    with pytest.raises(RemoteTaskError, match="exited with status 3"):
+        run(task_log, request(command_envelope(["python3", "-c", "import sys; sys.exit(3)"])))
+
+
+def test_exception_fails_with_the_containers_traceback(task_log):
+    with pytest.raises(RemoteTaskError, match=r"ValueError.*boom from the container") as excinfo:
+        run(task_log, request(call(fail_with_value_error)))
+    assert excinfo.value.error_type == "ValueError"
+    assert "Traceback" in excinfo.value.remote_traceback
+    text = task_log[1].text
+    assert "Traceback (most recent call last)" in text  # the container's stderr, streamed to the task log
+    assert f'File "{__file__}"' in text  # the traceback names this file and its line numbers
+    assert "ValueError: boom from the container" in text
+
+
+def allocate(megabytes: int) -> int:
+    blocks = [bytearray(1024 * 1024) for _ in range(megabytes)]
+    return len(blocks)
+
+
+def test_oom_kill_is_reported_as_oom(task_log):
+    with pytest.raises(ContainerOomError, match=r"ran out of memory \(OOM.*memory limit 48.0 MiB"):
+        run(task_log, request(call(allocate, 512), memory="48Mi"))
+
+
+def test_gpu_request_without_nvidia_runtime_is_a_clear_error(task_log):
+    with pytest.raises(GpuUnavailableError, match="NVIDIA Container Toolkit") as excinfo:
+        run(task_log, request(call(add, 1), gpu_count=1))
+    assert 'could not select device driver "" with capabilities: [[gpu]]' in str(excinfo.value)
+    assert "on_missing_gpu='cpu'" in str(excinfo.value)
+
+
+def test_gpu_request_without_nvidia_runtime_falls_back_to_cpu(task_log):
+    result = run(task_log, request(call(add, 1), gpu_count=2, on_missing_gpu="cpu"))
+    assert result.return_value["sum"] == 2
+    assert result.return_value["visible"] == "void"
+    text = task_log[1].text
+    assert "cannot start GPU containers" in text and "running on CPU instead" in text
+    assert "looks CPU-only" in text  # the base image has no CUDA
+    assert "[gpu] resources: 2x nvidia GPU -> CPU fallback" in text
+
+
+def test_gpu_request_reaches_the_engine_as_device_requests(docker_client, task_log):
+    """GPU containers cannot start here, so create one from the plan and inspect it."""
+    backend = DockerBackend({"devices": ["GPU-1111", "GPU-2222"]}, log=task_log[0])
+    cases = {
+        "count": (DockerBackend({}), {"gpu_count": 2}, {"Count": 2, "DeviceIDs": None}),
+        "all": (DockerBackend({}), {"gpu_count": "all"}, {"Count": -1, "DeviceIDs": None}),
+        "ids": (backend, {"gpu_count": 1}, {"Count": 0, "DeviceIDs": ["GPU-1111"]}),
+    }
+    for name, (owner, resources, expected) in cases.items():
+        plan = owner.plan(request(command_envelope(["true"]), cpu_count=2, memory="1Gi", **resources))
+        kwargs = plan.create_kwargs(BASE_IMAGE)
+        host_config = docker_client.create_host_config(**kwargs.pop("host_config"))
+        container = docker_client.create_container(host_config=host_config, **kwargs)
+        try:
+            inspected = docker_client.inspect_container(container["Id"])["HostConfig"]
+        finally:
+            docker_client.remove_container(container["Id"], force=True)
+        (device_request,) = inspected["DeviceRequests"]
+        assert device_request["Capabilities"] == [["gpu"]], name
+        assert device_request["Count"] == expected["Count"], name
+        assert (device_request["DeviceIDs"] or None) == expected["DeviceIDs"], name
+        assert {u["Name"]: u["Soft"] for u in inspected["Ulimits"]} == {"memlock": -1, "stack": 67108864}
+        assert inspected["NanoCpus"] == 2_000_000_000
+        assert inspected["Memory"] == 1024**3
+        assert inspected["ShmSize"] == 1024**3  # the 8 GiB default, capped at the memory limit
+        assert inspected["Privileged"] is False
+        assert not any(
+            "docker.sock" in str(m) for m in (inspected.get("Binds") or []) + (inspected.get("Mounts") or [])
+        )
+
+
+def test_bad_image_name_is_a_clear_error(task_log):
+    image = ImageSettings(parent_image="airflow-gpu-test/no-such-image:nope")
+    with pytest.raises(
+        ImageError, match="'airflow-gpu-test/no-such-image:nope' is not on the engine and cannot be pulled"
+    ):
+        run(task_log, request(command_envelope(["true"]), image=image))
+
+
+def test_unreachable_daemon_is_a_clear_error(task_log, tmp_path):
+    started = time.monotonic()
+    with pytest.raises(GpuTaskError, match=r"Cannot reach the Docker engine at unix://.*nothing\.sock"):
+        run(task_log, request(command_envelope(["true"])), {"docker_url": f"unix://{tmp_path}/nothing.sock"})
+    assert time.monotonic() - started < 10
+
+
+def test_image_without_python_is_a_clear_error(docker_client, task_log, tmp_path):
+    import io
+    import tarfile
+
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        data = b"FROM scratch\nLABEL airflow-gpu-test=no-python\n"
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    context.seek(0)
+    tag = "airflow-gpu-test-derived:no-python"
+    list(docker_client.build(fileobj=context, custom_context=True, tag=tag, rm=True, forcerm=True, decode=True))
+    with pytest.raises(GpuTaskError, match="needs python3"):
+        run(task_log, request(command_envelope(["true"]), image=ImageSettings(parent_image=tag)))
+
+
+def sleep_forever() -> None:
+    import time
+
+    print("sleeping", flush=True)
+    time.sleep(600)
+
+
+def test_kill_stops_and_removes_the_container(docker_client, task_log):
+    backend = DockerBackend({"stop_timeout": 2}, log=task_log[0])
+    plan = backend.plan(request(call(sleep_forever)))
+    outcome: dict[str, BaseException] = {}
+
+    def target() -> None:
+        try:
+            backend.run(plan)
+        except BaseException as err:
+            outcome["error"] = err
+
+    before = container_ids(docker_client)
+    thread = threading.Thread(target=target)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while task_log[1].count("sleeping") == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(container_ids(docker_client) - before) == 1  # it is running
+    started = time.monotonic()
+    backend.kill()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert time.monotonic() - started < 15
+    assert isinstance(outcome["error"], GpuTaskError)
+    assert "killed" in str(outcome["error"])
+
+
+def whoami_and_read(path: str) -> dict:
+    import os
+
+    with open(path) as handle:
+        return {"uid": os.getuid(), "data": handle.read()}
+
+
+def test_user_and_read_only_mount(task_log, tmp_path: Path):
+    (tmp_path / "data.txt").write_text("mounted data")
+    tmp_path.chmod(0o755)
+    options = {"user": "1000:1000", "mounts": [{"source": str(tmp_path), "target": "/data", "read_only": True}]}
+    result = run(task_log, request(call(whoami_and_read, "/data/data.txt")), options)
+    assert result.return_value == {"uid": 1000, "data": "mounted data"}
+
+
+def test_auto_remove_success_keeps_a_failed_container_stopped(docker_client, task_log):
+    before = container_ids(docker_client)
+    with pytest.raises(RemoteTaskError):
+        run(task_log, request(command_envelope(["false"])), {"auto_remove": "success"})
+    (kept,) = container_ids(docker_client) - before
+    try:
+        assert docker_client.inspect_container(kept)["State"]["Running"] is False
+        assert "Kept container" in task_log[1].text
+    finally:
+        docker_client.remove_container(kept, force=True)
+
+
+def test_files_through_the_docker_api_when_not_mounted(task_log, tmp_path):
+    """mount_tmp_dir=False (remote engines): runtime and envelope are copied in, the result copied out."""
+    options = {"mount_tmp_dir": False, "user": "1000", "state_dir": str(tmp_path)}
+    assert run(task_log, request(call(add, 20, b=22)), options).return_value["sum"] == 42
+    with pytest.raises(RemoteTaskError, match="boom from the container"):
+        run(task_log, request(call(fail_with_value_error)), options)
+    assert list((tmp_path / "docker-tasks").iterdir()) == []  # the worker folders are gone too
+
+
+def test_worker_folder_is_mounted_private_and_removed(task_log, tmp_path):
+    result = run(task_log, request(call(add, 1)), {"state_dir": str(tmp_path)})
+    assert result.return_value["sum"] == 2
+    parent = tmp_path / "docker-tasks"
+    assert parent.stat().st_mode & 0o777 == 0o711  # others may pass through, not list
+    assert list(parent.iterdir()) == []
