@@ -34,14 +34,15 @@ fine_tune`.
     params={
         "epochs": Param(3, type="integer", minimum=1, description="Training epochs."),
         "batch_size": Param(64, type="integer", minimum=1, description="Mini-batch size."),
-        **gpu_params(gpu_count=None, backend="kubernetes", on_missing_gpu="fail"),
+        # the backend is pinned below (so its checks run at parse time): no backend param
+        **{k: v for k, v in gpu_params(gpu_count=None, on_missing_gpu="fail").items() if k != "backend"},
     },
 )
 def example_kubernetes_gpu() -> None:
     """One GPU task on Kubernetes."""
 
     @gpu_task(
-        backend="{{ params.backend }}",
+        backend="kubernetes",
         resources=ResourceSettings(accelerator="A100-80GB:1", cpu_count=8, memory="64Gi", shm_size="16Gi"),
         image=ImageSettings(
             parent_image="pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime",
