@@ -20,10 +20,12 @@ _EXPORTS = {
     "Accelerator": "airflow_gpu_provider.settings",
     "MigProfile": "airflow_gpu_provider.settings",
     "GpuStepOperator": "airflow_gpu_provider.operators.gpu_step",
+    "AccelerateOperator": "airflow_gpu_provider.operators.accelerate",
     "gpu_task": "airflow_gpu_provider.decorators.gpu",
     "CudaHook": "airflow_gpu_provider.hooks.cuda",
 }
 __all__ = [
+    "AccelerateOperator",
     "Accelerator",
     "CudaHook",
     "GpuStepOperator",
@@ -38,6 +40,7 @@ __all__ = [
 if TYPE_CHECKING:
     from airflow_gpu_provider.decorators.gpu import gpu_task
     from airflow_gpu_provider.hooks.cuda import CudaHook
+    from airflow_gpu_provider.operators.accelerate import AccelerateOperator
     from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
     from airflow_gpu_provider.settings import Accelerator, GpuVendor, ImageSettings, MigProfile, ResourceSettings
 

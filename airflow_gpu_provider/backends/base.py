@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 from airflow_gpu_provider.config import OnMissingGpu
-from airflow_gpu_provider.exceptions import RemoteTaskError, UnknownSettingError
+from airflow_gpu_provider.exceptions import InvalidSettingError, RemoteTaskError, UnknownSettingError
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 
 
@@ -23,6 +23,7 @@ class TaskRequest:
 
     :param envelope: the runtime envelope from :mod:`airflow_gpu_provider.payload` (the backend adds ``summary``)
     :param labels: identity of the task try (dag_id, task_id, run_id, try_number, map_index) for names and logs
+    :param num_nodes: machines the envelope runs on at once (a multi-node launch); ``resources`` are per node
     """
 
     resources: ResourceSettings
@@ -30,6 +31,18 @@ class TaskRequest:
     envelope: Mapping[str, Any]
     on_missing_gpu: OnMissingGpu = "fail"
     labels: Mapping[str, str] = field(default_factory=dict)
+    num_nodes: int = 1
+
+    def require_single_node(self, backend: str) -> None:
+        """Raise for a multi-node request on a backend that runs on one machine."""
+        if self.num_nodes > 1:
+            raise InvalidSettingError(
+                f"backend {backend!r}",
+                "num_machines",
+                self.num_nodes,
+                f"{backend} runs a task on one machine",
+                "num_machines=1, or backend='kubernetes'",
+            )
 
     @property
     def display_name(self) -> str:

@@ -131,6 +131,7 @@ class DockerBackend(Backend[DockerPlan]):
     # ------------------------------------------------------------------ plan
     def plan(self, request: TaskRequest) -> DockerPlan:
         """Translate the request into container arguments. Reads ``[gpu]`` options only; no engine calls."""
+        request.require_single_node(self.name)
         options = self.options
         mapping = {
             "shm_size": parse_bytes(config.get("shm_size")),

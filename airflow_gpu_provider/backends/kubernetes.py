@@ -19,10 +19,14 @@ from airflow_gpu_provider.exceptions import GpuUnavailableError, InvalidSettingE
 from airflow_gpu_provider.kubernetes import container, resources, scheduling
 from airflow_gpu_provider.kubernetes.options import OWNER, KubernetesOptions
 from airflow_gpu_provider.kubernetes.requirements import requirements_plan
+from airflow_gpu_provider.runtime.bootstrap import RESULT_TO_LOG
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "airflow-gpu-provider"}
 DEFAULT_PENDING_TIMEOUT = {"fail": 300.0, "cpu": 300.0, "wait": 86400.0}
+DEFAULT_RENDEZVOUS_PORT = 29500
+# A multi-node run has no XCom sidecar: rank 0 prints its result as the last log line instead.
+MULTINODE_RESULT_PATH = "/tmp/airflow-gpu-result.json"
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,8 @@ class KubernetesPlan:
     pod_template: dict[str, Any] | None = None
     pending_timeout: float = 300.0
     cpu_fallback: KubernetesPlan | None = None
+    num_nodes: int = 1
+    port: int = DEFAULT_RENDEZVOUS_PORT
 
 
 def load_pod_template(options: KubernetesOptions) -> dict[str, Any] | None:
@@ -113,6 +119,8 @@ class KubernetesBackend(Backend[KubernetesPlan]):
     def plan(self, request: TaskRequest) -> KubernetesPlan:
         """Map the request onto the pod's pieces. No cluster access; reads ``pod_template_file`` if given."""
         primary = self._plan_pod(request, request.resources)
+        if request.num_nodes > 1:
+            return primary  # every node must get its GPUs: no CPU fallback for a multi-node launch
         if request.on_missing_gpu == "cpu" and request.resources.requests_gpus:
             cpu_only = request.resources.with_overrides(gpu_count=0, accelerator=None, mig_profile=None)
             fallback = self._plan_pod(request, cpu_only, note=" (CPU fallback)")
@@ -148,13 +156,17 @@ class KubernetesBackend(Backend[KubernetesPlan]):
         }
         shm_volumes, shm_mounts = resources.shm_volume(wanted)
         command, args = container.launch_command()
+        environment = {**request.image.environment, **deps.environment}
+        if request.num_nodes > 1:
+            args = [args[0], MULTINODE_RESULT_PATH]
+            environment[RESULT_TO_LOG] = "1"
         timeout = options.pending_timeout or DEFAULT_PENDING_TIMEOUT[request.on_missing_gpu]
         return KubernetesPlan(
             task_id=request.labels.get("task_id", "gpu-task"),
             image=deps.image,
             command=command,
             args=args,
-            environment=container.task_environment(wanted, {**request.image.environment, **deps.environment}, envelope),
+            environment=container.task_environment(wanted, environment, envelope),
             resources=amounts,
             options=options,
             display_name=request.display_name,
@@ -173,6 +185,8 @@ class KubernetesBackend(Backend[KubernetesPlan]):
             security_context=security,
             pod_template=template,
             pending_timeout=timeout,
+            num_nodes=request.num_nodes,
+            port=int((request.envelope.get("launch") or {}).get("port") or DEFAULT_RENDEZVOUS_PORT),
         )
 
     # ------------------------------------------------------------------ run (I/O)
@@ -181,6 +195,8 @@ class KubernetesBackend(Backend[KubernetesPlan]):
         from airflow.sdk import get_current_context
 
         context = get_current_context()
+        if plan.num_nodes > 1:
+            return self._run_job(plan, context)
         try:
             return self._run_pod(plan, context)
         except GpuUnavailableError as err:
@@ -203,9 +219,28 @@ class KubernetesBackend(Backend[KubernetesPlan]):
             self._operator = None
         return TaskResult(result_value(envelope, 0, where=f"pod {operator.pod_label}"), 0)
 
+    def _run_job(self, plan: KubernetesPlan, context: Any) -> TaskResult:
+        """A multi-node launch: an Indexed Job plus its headless Service, removed on every path."""
+        from airflow_gpu_provider.kubernetes.multinode_run import IndexedJobRun, multinode_manifests
+
+        layout, service, job = multinode_manifests(plan, plan.num_nodes, port=plan.port, context=context)
+        hook = _operator_module().build_operator(plan).hook
+        run = IndexedJobRun(hook, layout, service, job, log=self.log, pending_timeout=plan.pending_timeout)
+        self._operator = run
+        try:
+            result = run.run()
+        finally:
+            self._operator = None
+        return TaskResult(result_value(result, 0, where=f"Job {layout.name} (rank 0)"), 0)
+
     def render(self, plan: KubernetesPlan, context: Any = None) -> list[dict[str, Any]]:
         """The objects :meth:`run` would submit, as API dicts (built by KubernetesPodOperator, no cluster)."""
         module = _operator_module()
+        if plan.num_nodes > 1:
+            from airflow_gpu_provider.kubernetes.multinode_run import multinode_manifests
+
+            _, service, job = multinode_manifests(plan, plan.num_nodes, port=plan.port, context=context)
+            return [service, job]
         return [module.to_dict(module.build_operator(plan).build_pod_request_obj(context, dry_run=True))]
 
     def kill(self) -> None:

@@ -68,6 +68,7 @@ class LocalBackend(Backend[LocalPlan]):
 
     def plan(self, request: TaskRequest) -> LocalPlan:
         """Translate a request: GPU count, thread variables, image environment. No I/O."""
+        request.require_single_node(self.name)
         resources = request.resources
         environment = {"PYTHONUNBUFFERED": "1", **request.image.environment}
         if resources.cpu_count is not None:

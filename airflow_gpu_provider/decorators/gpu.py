@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.bases.decorator import DecoratedOperator, task_decorator_factory
 
+from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.operators.accelerate import AccelerateOperator
 from airflow_gpu_provider.operators.gpu_step import (
     RESOURCE_SHORTCUTS,
     GpuStepOperator,
@@ -44,6 +46,12 @@ class _GpuDecoratedOperator(DecoratedOperator, GpuStepOperator):  # type: ignore
         )
 
 
+class _AccelerateDecoratedOperator(_GpuDecoratedOperator, AccelerateOperator):  # type: ignore[misc]
+    """``@gpu_task(accelerate={...})``: the function runs on every rank under ``accelerate launch``."""
+
+    template_fields: Sequence[str] = AccelerateOperator.template_fields
+
+
 def gpu_task(
     python_callable: Callable[..., Any] | None = None,
     multiple_outputs: bool | None = None,
@@ -55,6 +63,9 @@ def gpu_task(
     and the shortcuts ``gpu_count=``, ``memory=``, ``accelerator=``, ``requirements=``, ... The function's return
     value goes to XCom (``multiple_outputs=True`` unrolls a dict).
 
+    ``accelerate={"num_processes": 2, "mixed_precision": "bf16", ...}`` runs the function on every rank under
+    ``accelerate launch`` (the :class:`AccelerateOperator` options); rank 0's return value goes to XCom.
+
     .. code-block:: python
 
         @gpu_task(gpu_count=1, memory="16Gi", requirements=["transformers==4.46.0"])
@@ -63,10 +74,23 @@ def gpu_task(
 
             ...
     """
+    operator_class: type[_GpuDecoratedOperator] = _GpuDecoratedOperator
+    accelerate = kwargs.pop("accelerate", None)
+    if accelerate is not None:
+        if not isinstance(accelerate, Mapping):
+            raise InvalidSettingError(
+                "@gpu_task",
+                "accelerate",
+                accelerate,
+                "expected a mapping of launch options",
+                "e.g. {'num_processes': 2, 'mixed_precision': 'bf16'}",
+            )
+        kwargs = {**kwargs, **accelerate}
+        operator_class = _AccelerateDecoratedOperator
     return task_decorator_factory(
         python_callable=python_callable,
         multiple_outputs=multiple_outputs,
-        decorated_operator_class=_GpuDecoratedOperator,
+        decorated_operator_class=operator_class,
         **mappable_arguments(kwargs),
     )
 

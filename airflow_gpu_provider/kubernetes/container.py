@@ -24,9 +24,12 @@ from airflow_gpu_provider.settings import NVIDIA, ResourceSettings
 BOOTSTRAP_ENV = "AIRFLOW_GPU_BOOTSTRAP"
 ENVELOPE_ENV = "AIRFLOW_GPU_ENVELOPE"
 RESULT_PATH = "/airflow/xcom/return.json"  # KubernetesPodOperator's XCom sidecar reads this file
+# Writes the runtime to a file and runs it as __main__: launched ranks (accelerate) run that file again.
 LAUNCHER = (
-    "import base64,os,zlib;"
-    f"exec(compile(zlib.decompress(base64.b64decode(os.environ[{BOOTSTRAP_ENV!r}])),'airflow_gpu_bootstrap.py','exec'))"
+    "import base64,os,runpy,tempfile,zlib;"
+    "p=os.path.join(tempfile.gettempdir(),'airflow_gpu_bootstrap.py');"
+    f"open(p,'wb').write(zlib.decompress(base64.b64decode(os.environ[{BOOTSTRAP_ENV!r}])));"
+    "runpy.run_path(p,run_name='__main__')"
 )
 # Linux caps one environment string at 128 KiB (MAX_ARG_STRLEN); keep a margin for the name.
 MAX_ENV_VALUE = 120 * 1024

@@ -8,6 +8,7 @@ worker itself dies. This module needs a cluster: it has no test that runs it (se
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Mapping
@@ -23,6 +24,7 @@ from airflow_gpu_provider.kubernetes.multinode import headless_service as servic
 from airflow_gpu_provider.kubernetes.multinode import indexed_job as job_manifest
 from airflow_gpu_provider.kubernetes.operator import build_operator, to_dict
 from airflow_gpu_provider.kubernetes.pending import unschedulable
+from airflow_gpu_provider.runtime.bootstrap import RESULT_MARKER
 
 if TYPE_CHECKING:
     from airflow_gpu_provider.backends.kubernetes import KubernetesPlan
@@ -70,13 +72,34 @@ class IndexedJobRun:
         """Label selector of this run's pods."""
         return f"{JOB_LABEL}={self.layout.name}"
 
-    def run(self) -> None:
-        """Create, follow rank 0's log until the Job ends, raise if it failed; always clean up."""
+    def run(self) -> dict[str, Any] | None:
+        """Create, follow rank 0's log until the Job ends; return rank 0's result envelope; always clean up.
+
+        A failed Job whose rank 0 reported the exception returns that error envelope (with its traceback); any
+        other failure raises.
+        """
         try:
             self._create()
-            self._follow()
+            try:
+                self._follow()
+            except GpuTaskError:
+                result = self._rank0_result()
+                if result is not None and not result.get("ok"):
+                    return result
+                raise
+            return self._rank0_result()
         finally:
             self.cleanup()
+
+    def _rank0_result(self) -> dict[str, Any] | None:
+        """The result envelope rank 0 printed as its last ``[gpu] result:`` log line, if any."""
+        rank0 = next((p for p in self._pods() if (p.metadata.annotations or {}).get(COMPLETION_INDEX) == "0"), None)
+        if rank0 is None:
+            return None
+        text = self.hook.core_v1_client.read_namespaced_pod_log(
+            rank0.metadata.name, self.layout.namespace, container=MAIN_CONTAINER, tail_lines=200
+        )
+        return result_from_log(text)
 
     def _create(self) -> None:
         namespace = self.layout.namespace
@@ -148,3 +171,13 @@ class IndexedJobRun:
     def kill(self) -> None:
         """Called from ``on_kill``: delete everything now."""
         self.cleanup()
+
+    on_kill = kill
+
+
+def result_from_log(text: str) -> dict[str, Any] | None:
+    """The last result envelope printed by the runtime in a log (``AIRFLOW_GPU_RESULT_TO_LOG``)."""
+    for line in reversed(text.splitlines()):
+        if line.startswith(RESULT_MARKER):
+            return dict(json.loads(line[len(RESULT_MARKER) :]))
+    return None

@@ -94,6 +94,7 @@ class GpuStepOperator(BaseOperator):
         "environment": "json",
         "resource_overrides": "json",
     }
+    num_nodes: int = 1  # machines one try runs on (AccelerateOperator's num_machines)
     ui_color = "#76b900"
     ui_fgcolor = "#ffffff"
 
@@ -180,8 +181,8 @@ class GpuStepOperator(BaseOperator):
         super().__init__(**kwargs)
 
     # ------------------------------------------------------------------ execution
-    def build_envelope(self, context: Context) -> dict[str, Any]:
-        """The runtime envelope for this try (subclasses change how the payload is launched)."""
+    def build_envelope(self, context: Context, resources: ResourceSettings) -> dict[str, Any]:
+        """The runtime envelope for this try, for these (rendered) resources; subclasses wrap the payload."""
         owner = f"{type(self).__name__}({self.task_id!r})"
         if self.shipped is None:
             command = shlex.split(self.command) if isinstance(self.command, str) else list(self.command or [])
@@ -215,7 +216,14 @@ class GpuStepOperator(BaseOperator):
             "try_number": str(ti.try_number),
             "map_index": str(getattr(ti, "map_index", -1)),
         }
-        request = TaskRequest(resources, image, self.build_envelope(context), policy, labels)  # type: ignore[arg-type]
+        request = TaskRequest(
+            resources,
+            image,
+            self.build_envelope(context, resources),
+            policy,
+            labels,  # type: ignore[arg-type]
+            num_nodes=self.num_nodes,
+        )
         return backend, request
 
     def execute(self, context: Context) -> Any:

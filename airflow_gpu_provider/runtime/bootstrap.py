@@ -40,6 +40,9 @@ ENVELOPE_VERSION = 1
 PREFIX = "[gpu]"
 EXIT_USER_ERROR = 1
 EXIT_BAD_ENVELOPE = 2
+RANK_PROCESS = "AIRFLOW_GPU_RANK_PROCESS"  # set for the processes a launcher (accelerate) starts
+RESULT_TO_LOG = "AIRFLOW_GPU_RESULT_TO_LOG"  # also print the result as the last log line (no file can travel back)
+RESULT_MARKER = f"{PREFIX} result: "
 
 
 # --------------------------------------------------------------------------------------------- CUDA helpers
@@ -243,7 +246,13 @@ def _load_function(envelope: dict[str, Any]) -> Any:
 
 
 def _write_result(path: str, result: dict[str, Any]) -> None:
-    if path == "-" or os.environ.get("RANK", "0") != "0":
+    if os.environ.get(RANK_PROCESS):  # launched by this runtime: every rank reports, the launcher merges
+        path = f"{path}.rank{os.environ.get('RANK', '0')}"
+    elif os.environ.get("RANK", "0") != "0":
+        return
+    elif os.environ.get(RESULT_TO_LOG):
+        print(RESULT_MARKER + json.dumps(result), flush=True)
+    if path == "-" or path.startswith("-.rank"):
         return
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
@@ -255,6 +264,7 @@ def _write_result(path: str, result: dict[str, Any]) -> None:
 
 def _error(exc: BaseException) -> dict[str, Any]:
     return {
+        "time": time.time(),  # the earliest error of several ranks is the root cause
         "type": type(exc).__name__,
         "message": str(exc),
         "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
@@ -274,13 +284,97 @@ def _die_with_parent() -> None:
         pass
 
 
-def run(envelope: dict[str, Any], result_path: str) -> int:
-    """Run one envelope; return the process exit status."""
-    if envelope.get("die_with_parent"):
+# --------------------------------------------------------------------------------------------- launchers
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return int(probe.getsockname()[1])
+
+
+def launch_command(envelope: dict[str, Any], source: str, result_path: str, environ: dict[str, str]) -> list[str]:
+    """The launcher's argv, e.g. ``python -m accelerate.commands.launch <args> bootstrap.py ENVELOPE RESULT``.
+
+    ``launch`` in the envelope: ``module``, ``args``, ``from_environment`` (flag -> variable, e.g. the node rank
+    of a multi-node pod) and ``free_port_flag`` (a flag that gets a free local port when it is not in ``args``).
+    """
+    launch = envelope["launch"]
+    argv = [sys.executable, "-m", launch["module"], *[str(a) for a in launch["args"]]]
+    for flag, variable in (launch.get("from_environment") or {}).items():
+        argv += [flag, environ[variable]]
+    port_flag = launch.get("free_port_flag")
+    if port_flag and port_flag not in argv:
+        argv += [port_flag, str(_free_port())]
+    if envelope["mode"] == "callable":
+        return [*argv, os.path.abspath(__file__), source, result_path]
+    return [*argv, *[str(part) for part in envelope["command"]]]
+
+
+def _rank_results(result_path: str) -> dict[int, dict[str, Any]]:
+    directory, prefix = os.path.split(os.path.abspath(result_path))
+    results = {}
+    for name in os.listdir(directory or "."):
+        if name.startswith(f"{prefix}.rank") and name[len(prefix) + 5 :].isdigit():
+            path = os.path.join(directory, name)
+            with open(path, encoding="utf-8") as handle:
+                results[int(name[len(prefix) + 5 :])] = json.load(handle)
+            os.remove(path)
+    return results
+
+
+def _run_launcher(envelope: dict[str, Any], source: str, result_path: str) -> int:
+    """Run the payload under a launcher; the launched ranks run it, rank 0's result (or the first error) wins."""
+    import signal
+    import subprocess
+
+    environ = {**os.environ, **(envelope["launch"].get("environment") or {}), RANK_PROCESS: "1"}
+    gpus = (envelope.get("summary") or {}).get("gpus")
+    if "ACCELERATE_USE_CPU" not in environ and (gpus == [] or (gpus is None and not list_gpus())):
+        environ["ACCELERATE_USE_CPU"] = "1"  # no GPU: the same processes, on CPU with gloo
+    argv = launch_command(envelope, source, result_path, environ)
+    cpu_note = " (CPU: ACCELERATE_USE_CPU=1)" if environ.get("ACCELERATE_USE_CPU") else ""
+    print(f"{PREFIX} launching{cpu_note}: {' '.join(argv)}", flush=True)
+    if result_path != "-":
+        _rank_results(result_path)  # leftovers of an earlier try
+    process = subprocess.Popen(argv, env=environ)
+    previous = signal.signal(signal.SIGTERM, lambda *_: process.terminate())  # e.g. docker stop on PID 1
+    try:
+        status = process.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if envelope["mode"] != "callable" or result_path == "-":
+        return status
+    results = _rank_results(result_path)
+    errors = sorted((r["error"].get("time", 0), rank) for rank, r in results.items() if not r.get("ok"))
+    if errors:
+        rank = errors[0][1]
+        failed = results[rank]
+        failed["error"]["message"] = f"rank {rank}: {failed['error']['message']}"
+        _write_result(result_path, failed)
+        return EXIT_USER_ERROR
+    if status == 0:  # rank 0's value; on the other machines of a multi-node run, rank 0 is elsewhere
+        _write_result(result_path, {**results.get(0, {"ok": True, "return_value": None}), "ranks": len(results)})
+        return 0
+    message = (
+        f"{envelope['launch']['module']} exited with status {status} and no rank reported an exception "
+        "(a rank was killed, or the launcher itself failed): see the log above"
+    )
+    _write_result(result_path, {"ok": False, "error": {"type": "LaunchError", "message": message, "traceback": ""}})
+    return status or EXIT_USER_ERROR
+
+
+def run(envelope: dict[str, Any], result_path: str, source: str = "-") -> int:
+    """Run one envelope (read from ``source``); return the process exit status."""
+    rank_process = bool(os.environ.get(RANK_PROCESS))
+    if envelope.get("die_with_parent") and not rank_process:
         _die_with_parent()
     clear = envelope.get("clear_cache", True)
     before = clear_cuda_cache() if clear else {"status": "skipped", "reason": "disabled", "freed_bytes": 0}
-    print_summary(envelope.get("summary") or {}, before)
+    if not rank_process:
+        print_summary(envelope.get("summary") or {}, before)
+        if envelope.get("launch"):
+            return _run_launcher(envelope, source, result_path)
 
     if envelope["mode"] == "command":
         command = [str(part) for part in envelope["command"]]
@@ -318,8 +412,9 @@ def run(envelope: dict[str, Any], result_path: str) -> int:
         return fail(exc)
     duration = time.monotonic() - started
     after = clear_cuda_cache() if clear else before
+    who = f"rank {os.environ.get('RANK', '0')}: " if rank_process else ""
     print(
-        f"{PREFIX} {envelope['function']}() finished in {duration:.2f}s; CUDA cache after task: "
+        f"{PREFIX} {who}{envelope['function']}() finished in {duration:.2f}s; CUDA cache after task: "
         f"{_describe_cache(after)}",
         flush=True,
     )
@@ -339,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PREFIX} unusable task envelope {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
         _write_result(argv[1], {"ok": False, "error": _error(exc)})
         return EXIT_BAD_ENVELOPE
-    return run(envelope, argv[1])
+    return run(envelope, argv[1], argv[0])
 
 
 if __name__ == "__main__":
