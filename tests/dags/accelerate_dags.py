@@ -7,7 +7,7 @@ from pathlib import Path
 
 from airflow.sdk import DAG
 
-from airflow_gpu_provider import AccelerateOperator, gpu_task
+from airflow_gpu_provider import AccelerateOperator, ResourceSettings, gpu_task
 
 START = datetime.datetime(2024, 1, 1)
 SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "accelerate_script.py")
@@ -117,3 +117,26 @@ with DAG("accelerate_docker", schedule=None, start_date=START):
         cpu_count=2,
         memory="4Gi",
     )
+
+# Kubernetes: rendered only (no cluster here); tests/backends/kubernetes/test_k8s_accelerate.py
+with DAG("accelerate_kubernetes", schedule=None, start_date=START):
+    AccelerateOperator(
+        task_id="two_nodes",
+        python_callable=train_with_accelerator,
+        op_kwargs={"epochs": 2},
+        backend="kubernetes",
+        num_machines=2,
+        mixed_precision="bf16",
+        resources=ResourceSettings(accelerator="A100:4", cpu_count=16, memory="128Gi", shm_size="32Gi"),
+        backend_options={"namespace": "ml"},
+    )
+    AccelerateOperator(
+        task_id="two_cpu_nodes",
+        python_callable=train_with_accelerator,
+        op_kwargs={"epochs": 2},
+        backend="kubernetes",
+        num_machines=2,
+        cpu=True,
+        num_processes=2,
+        backend_options={"namespace": "ml"},
+    )  # image: [gpu] default_parent_image

@@ -1,0 +1,162 @@
+"""AccelerateOperator on Kubernetes: a multi-node launch as an Indexed Job plus a headless Service.
+
+No cluster can be had here: the manifests are built by the real KubernetesPodOperator code and validated against
+the official schemas, each pod's exact ``accelerate launch`` command line is derived with the runtime's own
+function, and the Job's container is run for real as two "nodes" on a Docker network, pod 0 reachable under the
+DNS name the headless Service would give it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+from helpers import load_dag
+from k8s_manifests import env, validate
+from pod_in_docker import require_docker
+
+from airflow_gpu_provider.kubernetes.container import ENVELOPE_ENV
+from airflow_gpu_provider.kubernetes.multinode import COMPLETION_INDEX
+from airflow_gpu_provider.kubernetes.multinode_run import result_from_log
+from airflow_gpu_provider.runtime.bootstrap import launch_command
+
+DAG_FILE = REPO / "tests" / "dags" / "accelerate_dags.py"
+pytestmark = pytest.mark.usefixtures("airflow_home")
+
+
+def render(task_id: str) -> tuple[dict, dict]:
+    manifests = load_dag(DAG_FILE, "accelerate_kubernetes").get_task(task_id).render_manifests()
+    service, job = (validate(obj) for obj in manifests)
+    assert (service["kind"], job["kind"]) == ("Service", "Job")
+    return service, job
+
+
+def envelope_of(job: dict) -> dict:
+    return json.loads(base64.b64decode(env(job["spec"]["template"]["spec"]["containers"][0])[ENVELOPE_ENV]))
+
+
+def test_two_nodes_times_four_gpus_bf16_job_service_and_command_lines():
+    service, job = render("two_nodes")
+    name = service["metadata"]["name"]
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
+    pod = job["spec"]["template"]["spec"]
+    main = pod["containers"][0]
+    assert [c["name"] for c in pod["containers"]] == ["base"]  # no XCom sidecar in a Job
+    assert main["resources"]["limits"]["nvidia.com/gpu"] == main["resources"]["requests"]["nvidia.com/gpu"] == "4"
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms[0]["matchExpressions"][0]["key"] == "nvidia.com/gpu.product"  # any A100 (GPU Feature Discovery)
+    assert "NVIDIA-A100-SXM4-80GB" in terms[0]["matchExpressions"][0]["values"]
+    variables = env(main)
+    assert variables["NODE_RANK"] == {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}
+    assert variables["AIRFLOW_GPU_RESULT_TO_LOG"] == "1"
+    main_address = f"{name}-0.{name}.ml.svc.cluster.local"
+    assert variables["MASTER_ADDR"] == main_address
+    assert main["args"] == ["env:AIRFLOW_GPU_ENVELOPE", "/tmp/airflow-gpu-result.json"]
+
+    envelope = envelope_of(job)
+    pod_env = {"NODE_RANK": "", "MASTER_ADDR": main_address, "MASTER_PORT": "29500"}
+    for rank in (0, 1):
+        argv = launch_command(
+            envelope, "env:AIRFLOW_GPU_ENVELOPE", "/tmp/airflow-gpu-result.json", {**pod_env, "NODE_RANK": str(rank)}
+        )
+        assert argv[1:] == [
+            "-m",
+            "accelerate.commands.launch",
+            "--num_processes",
+            "8",
+            "--num_machines",
+            "2",
+            "--multi_gpu",
+            "--mixed_precision",
+            "bf16",
+            "--machine_rank",
+            str(rank),
+            "--main_process_ip",
+            main_address,
+            "--main_process_port",
+            "29500",
+            argv[-3],
+            "env:AIRFLOW_GPU_ENVELOPE",
+            "/tmp/airflow-gpu-result.json",
+        ]
+        assert argv[-3].endswith("airflow_gpu_bootstrap.py") or argv[-3].endswith("bootstrap.py")
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_jobs_container_runs_as_two_nodes(monkeypatch, airflow_home, docker_client, task_log):
+    """Two containers from the Job's pod template, NODE_RANK 0 and 1, pod 0 under its Service DNS name."""
+    require_docker()
+    from backends.docker.docker_fixtures import BASE_IMAGE, TEST_REPOSITORY
+    from uv import find_uv_bin
+
+    from airflow_gpu_provider import ImageSettings
+    from airflow_gpu_provider.images.dockerfile import BuildOptions, derived_image_spec
+    from airflow_gpu_provider.images.engine import ensure_derived_image
+
+    wheels = Path("/opt/wheels")
+    if not any(wheels.glob("torch-*.whl")):
+        pytest.skip("no torch wheel in /opt/wheels to build an image with torch")
+    image = ImageSettings(
+        parent_image=BASE_IMAGE, requirements=["torch==2.13.0", "accelerate==1.15.0"], find_links=[str(wheels)]
+    )
+    spec = derived_image_spec(BASE_IMAGE, image, BuildOptions(repository=TEST_REPOSITORY), uv_binary=find_uv_bin())
+    reference, _ = ensure_derived_image(
+        docker_client,
+        spec,
+        docker_client.inspect_image(BASE_IMAGE)["Id"],
+        lock_dir=str(airflow_home / "locks"),
+        push=False,
+        log=task_log[0],
+    )
+    monkeypatch.setenv("AIRFLOW__GPU__DEFAULT_PARENT_IMAGE", reference)
+
+    _, job = render("two_cpu_nodes")
+    main = job["spec"]["template"]["spec"]["containers"][0]
+    variables = env(main)
+    network = f"airflow-gpu-test-{uuid.uuid4().hex[:8]}"
+    names = [f"{network}-node{rank}" for rank in (0, 1)]
+    subprocess.run(["docker", "network", "create", network], check=True, capture_output=True)
+    try:
+        for rank, name in enumerate(names):
+            argv = [
+                "docker",
+                "run",
+                "-d",
+                "--name",
+                name,
+                "--network",
+                network,
+                "--label",
+                "airflow-gpu-provider-test=pod-in-docker",
+                "--shm-size",
+                "1g",
+            ]
+            if rank == 0:
+                argv += ["--network-alias", variables["MASTER_ADDR"]]
+            for key, value in variables.items():
+                argv += ["-e", f"{key}={rank if key == 'NODE_RANK' else value}"]
+            argv += ["--entrypoint", main["command"][0], main["image"], *main["command"][1:], *main["args"]]
+            subprocess.run(argv, check=True, capture_output=True)
+        codes = [
+            int(subprocess.run(["docker", "wait", n], capture_output=True, text=True, timeout=600, check=True).stdout)
+            for n in names
+        ]
+        logs = [subprocess.run(["docker", "logs", n], capture_output=True, text=True, check=True) for n in names]
+    finally:
+        subprocess.run(["docker", "rm", "-f", *names], capture_output=True, check=False)
+        subprocess.run(["docker", "network", "rm", network], capture_output=True, check=False)
+    assert codes == [0, 0], [log.stdout[-3000:] + log.stderr[-3000:] for log in logs]
+    result = result_from_log(logs[0].stdout)
+    assert result is not None and result["ok"], logs[0].stdout[-3000:]
+    assert result["return_value"]["world_size"] == 2  # one process on each "node", seen by the ranks
+    assert result["return_value"]["ranks"] == [0, 1]
+    assert result["return_value"]["backend"] == "gloo"
+    assert result_from_log(logs[1].stdout)["return_value"] is None  # rank 0 lives on node 0
+    assert "--machine_rank 1" in logs[1].stdout and f"--main_process_ip {variables['MASTER_ADDR']}" in logs[1].stdout
