@@ -9,6 +9,7 @@ the result back and removes the container on every path.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import platform
@@ -27,11 +28,13 @@ from airflow_gpu_provider.backends.docker_options import (
 )
 from airflow_gpu_provider.backends.docker_resources import ContainerResources, map_resources
 from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError, MissingDependencyError
+from airflow_gpu_provider.host.allocator import Allocation, allocate_gpus
+from airflow_gpu_provider.host.inventory import host_devices
 from airflow_gpu_provider.images.catalogue import cpu_only_reason
 from airflow_gpu_provider.images.dockerfile import BuildOptions, derived_image_spec
 from airflow_gpu_provider.images.engine import ensure_derived_image, resolve_image
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
-from airflow_gpu_provider.settings import ImageSettings
+from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.settings.units import format_bytes, parse_bytes
 
 LABEL = "airflow-gpu-provider"
@@ -94,6 +97,12 @@ class DockerPlan:
     state_dir: str = "/var/tmp/airflow-gpu-provider"
     mount_tmp_dir: bool = True
     notes: tuple[str, ...] = field(default=())
+    # To map the request again onto the devices the host allocator hands out (a local engine, known GPUs)
+    requested: ResourceSettings | None = None
+    mapping: Mapping[str, Any] = field(default_factory=dict)
+    devices_option: str = "auto"
+    holder: str = ""
+    poll_interval: float = 5.0
 
     def create_kwargs(self, image: str, *, cpu_fallback: bool = False) -> dict[str, Any]:
         """``create_container`` arguments, with ``host_config`` as ``create_host_config`` arguments."""
@@ -195,6 +204,11 @@ class DockerBackend(Backend[DockerPlan]):
             state_dir=str(options.get("state_dir", config.get("state_dir"))),
             mount_tmp_dir=bool(options.get("mount_tmp_dir", True)),
             notes=resources.notes,
+            requested=request.resources,
+            mapping=mapping,
+            devices_option=str(config.get("devices")),
+            holder=f"{request.display_name} run {request.labels.get('run_id', '?')} (docker)",
+            poll_interval=config.get("wait_poll_interval"),
         )
 
     # ------------------------------------------------------------------ run
@@ -204,6 +218,41 @@ class DockerBackend(Backend[DockerPlan]):
         for note in plan.notes:
             self.log.warning("%s", note)
         image = self._image(client, plan)
+        with self._host_gpus(plan) as allocation:
+            if allocation.cpu_fallback:
+                return self._run_container(client, plan, image, cpu_fallback=True)
+            if allocation.devices:
+                ids = [device.id for device in allocation.devices]
+                self.log.info("GPUs %s from the host allocator (shared with the local backend's tasks)", ids)
+                remapped = map_resources(plan.requested, **{**plan.mapping, "device_ids": ids})  # type: ignore[arg-type]
+                plan = dataclasses.replace(plan, resources=remapped)
+            return self._run_gpu_container(client, plan, image)
+
+    def _host_gpus(self, plan: DockerPlan) -> Allocation:
+        """Devices from the host GPU allocator when the engine is on this host and its GPUs are known.
+
+        Otherwise (a remote engine, explicit ``devices``, or a host whose GPUs NVML and ``[gpu] devices`` do not
+        know) Docker hands out GPUs by count, and nothing stops two tasks from sharing one.
+        """
+        requested = plan.requested
+        local_engine = str(plan.hook.get("base_url") or "").startswith("unix://")
+        if requested is None or not requested.requests_gpus or plan.mapping.get("device_ids") or not local_engine:
+            return Allocation(devices=[])
+        present = host_devices(plan.devices_option, requested.gpu_vendor)
+        if not present:
+            return Allocation(devices=[])
+        return allocate_gpus(
+            requested,
+            present,
+            policy=plan.on_missing_gpu,  # type: ignore[arg-type]
+            state_dir=plan.state_dir,
+            holder=plan.holder,
+            log=self.log,
+            poll_interval=plan.poll_interval,
+        )
+
+    def _run_gpu_container(self, client: Any, plan: DockerPlan, image: str) -> TaskResult:
+        """Run with the GPU request; without an NVIDIA runtime, fail naming the fix or fall back to CPU."""
         try:
             return self._run_container(client, plan, image, cpu_fallback=False)
         except _NoGpuRuntime as err:

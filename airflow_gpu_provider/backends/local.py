@@ -19,12 +19,11 @@ from typing import Any
 
 from airflow_gpu_provider import config
 from airflow_gpu_provider.backends.base import Backend, TaskRequest, TaskResult, result_value
-from airflow_gpu_provider.exceptions import GpuUnavailableError
-from airflow_gpu_provider.host.allocator import Allocation, GpuAllocator
-from airflow_gpu_provider.host.inventory import host_devices, matches_model
+from airflow_gpu_provider.host.allocator import Allocation, allocate_gpus
+from airflow_gpu_provider.host.inventory import host_devices
 from airflow_gpu_provider.host.venv import ensure_venv
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
-from airflow_gpu_provider.settings import ALL_GPUS, ImageSettings, ResourceSettings
+from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.settings.units import format_bytes
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
@@ -35,14 +34,12 @@ KILL_GRACE_SECONDS = 10.0
 class LocalPlan:
     """How the child process is started. Built by :meth:`LocalBackend.plan`, without touching the host.
 
-    :param gpu_count: devices to allocate (``-1`` for all that match)
     :param environment: variables added to the worker's environment (visible devices come at run time)
     """
 
     resources: ResourceSettings
     image: ImageSettings
     envelope: Mapping[str, Any]
-    gpu_count: int
     on_missing_gpu: str
     holder: str
     environment: Mapping[str, str] = field(default_factory=dict)
@@ -79,7 +76,6 @@ class LocalBackend(Backend[LocalPlan]):
             resources=resources,
             image=request.image,
             envelope=request.envelope,
-            gpu_count=-1 if resources.gpu_count == ALL_GPUS else int(resources.gpu_count),
             on_missing_gpu=request.on_missing_gpu,
             holder=f"{request.display_name} run {request.labels.get('run_id', '?')}",
             environment=environment,
@@ -129,29 +125,16 @@ class LocalBackend(Backend[LocalPlan]):
         return TaskResult(result_value(result, exit_code, where="the local task process"), exit_code)
 
     def _allocate(self, plan: LocalPlan) -> Allocation:
-        if plan.gpu_count == 0:
-            return Allocation(devices=[])
-        vendor = plan.resources.gpu_vendor
-        present = host_devices(plan.devices_option, vendor)
-        candidates = [d for d in present if matches_model(d, plan.resources.accelerator)]
-        if plan.resources.mig_profile is not None:
-            candidates = [d for d in candidates if d.id.startswith("MIG-")]
-        count = len(candidates) if plan.gpu_count == -1 else plan.gpu_count
-        requested = plan.resources.describe().split(",")[0]
-        if count == 0:  # "all" on a host with none
-            if plan.on_missing_gpu == "cpu":
-                self.log.warning("Requested %s but this host has none; running on CPU.", requested)
-                return Allocation(devices=[], cpu_fallback=True)
-            raise GpuUnavailableError(f"Requested {requested} but this host has no matching GPUs.")
-        allocator = GpuAllocator(Path(plan.state_dir) / "locks", vendor.name, plan.poll_interval)
-        return allocator.acquire(
-            candidates,
-            count,
+        requests_gpus = plan.resources.requests_gpus
+        present = host_devices(plan.devices_option, plan.resources.gpu_vendor) if requests_gpus else []
+        return allocate_gpus(
+            plan.resources,
+            present,
             policy=plan.on_missing_gpu,  # type: ignore[arg-type]
+            state_dir=plan.state_dir,
             holder=plan.holder,
-            requested=requested,
-            present=present,
             log=self.log,
+            poll_interval=plan.poll_interval,
         )
 
     @staticmethod

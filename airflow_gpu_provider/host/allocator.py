@@ -19,7 +19,8 @@ from pathlib import Path
 
 from airflow_gpu_provider.config import OnMissingGpu
 from airflow_gpu_provider.exceptions import GpuUnavailableError
-from airflow_gpu_provider.host.inventory import Device
+from airflow_gpu_provider.host.inventory import Device, matches_model
+from airflow_gpu_provider.settings import ResourceSettings
 
 
 @dataclass
@@ -162,3 +163,36 @@ class GpuAllocator:
         if taken:
             parts.append(f"busy: {'; '.join(taken)}")
         return ", ".join(parts)
+
+
+def allocate_gpus(
+    resources: ResourceSettings,
+    present: Sequence[Device],
+    *,
+    policy: OnMissingGpu,
+    state_dir: str | os.PathLike[str],
+    holder: str,
+    log: logging.Logger,
+    poll_interval: float = 5.0,
+) -> Allocation:
+    """Take the devices a request needs from this host's ``present`` devices (model and MIG filters applied).
+
+    ``gpu_count="all"`` takes every matching device. Used by the local backend, and by the Docker backend on a
+    host whose GPUs are known, so that tasks of both never share a GPU.
+    """
+    if not resources.requests_gpus:
+        return Allocation(devices=[])
+    candidates = [d for d in present if matches_model(d, resources.accelerator)]
+    if resources.mig_profile is not None:
+        candidates = [d for d in candidates if d.id.startswith("MIG-")]
+    count = len(candidates) if isinstance(resources.gpu_count, str) else resources.gpu_count
+    requested = resources.describe().split(",")[0]
+    if count == 0:  # "all" on a host with none
+        if policy == "cpu":
+            log.warning("Requested %s but this host has none; running on CPU.", requested)
+            return Allocation(devices=[], cpu_fallback=True)
+        raise GpuUnavailableError(f"Requested {requested} but this host has no matching GPUs.")
+    allocator = GpuAllocator(Path(state_dir) / "locks", resources.gpu_vendor.name, poll_interval)
+    return allocator.acquire(
+        candidates, count, policy=policy, holder=holder, requested=requested, present=present, log=log
+    )

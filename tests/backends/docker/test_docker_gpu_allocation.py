@@ -1,0 +1,54 @@
+"""On a host whose GPUs are known, Docker tasks take devices from the same host allocator as local tasks."""
+
+from __future__ import annotations
+
+import pytest
+from backends.docker.test_docker_run import add, call, request, run
+
+from airflow_gpu_provider.exceptions import GpuUnavailableError
+from airflow_gpu_provider.host.allocator import GpuAllocator
+from airflow_gpu_provider.host.inventory import Device
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("no_leaks")]
+
+
+@pytest.fixture
+def two_gpus(monkeypatch, tmp_path):
+    monkeypatch.setenv("AIRFLOW__GPU__DEVICES", "0,1")
+    monkeypatch.setenv("AIRFLOW__GPU__STATE_DIR", str(tmp_path))
+    return GpuAllocator(tmp_path / "locks")
+
+
+def test_a_gpu_held_by_a_local_task_is_not_given_to_a_container(two_gpus, task_log):
+    held = two_gpus.try_acquire([Device("0")], 1, "dag.local_task run r1")
+    try:
+        result = run(task_log, request(call(add, 1), gpu_count=1, on_missing_gpu="cpu"))
+    finally:
+        held.release()
+    text = task_log[1].text
+    assert "GPUs ['1'] from the host allocator" in text  # not GPU 0: the local task has it
+    assert "cannot start GPU containers" in text  # then this engine has no NVIDIA runtime: CPU fallback
+    assert result.return_value["sum"] == 2
+    assert two_gpus.holder_of(Device("1")) is None  # released after the run
+
+
+def test_busy_gpus_fail_fast_before_any_container_exists(two_gpus, task_log):
+    held = two_gpus.try_acquire([Device("0"), Device("1")], 2, "dag.other run r2")
+    try:
+        with pytest.raises(
+            GpuUnavailableError, match=r"Requested 1x nvidia GPU but this host has 2 GPU\(s\).*held by dag.other"
+        ):
+            run(task_log, request(call(add, 1), gpu_count=1, on_missing_gpu="fail"))
+    finally:
+        held.release()
+    assert "from the host allocator" not in task_log[1].text
+
+
+def test_cpu_policy_with_busy_gpus_runs_a_cpu_container(two_gpus, task_log):
+    held = two_gpus.try_acquire([Device("0"), Device("1")], 2, "dag.other run r3")
+    try:
+        result = run(task_log, request(call(add, 4), gpu_count=2, on_missing_gpu="cpu"))
+    finally:
+        held.release()
+    assert result.return_value == {"sum": 5, "user": 0, "visible": "void"}
+    assert "running on CPU instead" in task_log[1].text
