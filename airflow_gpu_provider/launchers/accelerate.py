@@ -31,6 +31,7 @@ from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingE
 
 SNAPSHOT = Path(__file__).with_name("accelerate_launch_options.json")
 LAUNCH_MODULE = "accelerate.commands.launch"
+SPEC_FORMAT = 2  # part of the cache file name: a provider that extracts differently does not read old tables
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 
 
@@ -42,6 +43,25 @@ def _str_to_bool(value: str) -> bool:
     if lowered in ("n", "no", "f", "false", "off", "0"):
         return False
     raise ValueError(f"invalid truth value {value!r}")
+
+
+def _str_to_bool_list(value: str) -> tuple[bool, ...]:
+    """Accelerate's ``lambda x: tuple(map(str_to_bool, x.split(",")))``."""
+    return tuple(map(_str_to_bool, value.split(",")))
+
+
+def _type_name(converter: Any) -> str:
+    """The name of an option's value type; ``custom`` for a converter that cannot be rebuilt (checked at run time)."""
+    name = getattr(converter, "__name__", "str")
+    if name in (*_TYPES, "str_to_bool"):
+        return name
+    if name == "<lambda>":
+        import inspect
+
+        source = inspect.getsource(converter)
+        if "str_to_bool" in source and 'split(",")' in source:
+            return "str_to_bool_list"
+    return "custom" if converter is not None else "str"
 
 
 def extract_spec(parser: argparse.ArgumentParser, version: str) -> dict[str, Any]:
@@ -57,13 +77,12 @@ def extract_spec(parser: argparse.ArgumentParser, version: str) -> dict[str, Any
             "_StoreConstAction": "const",
             "_AppendAction": "append",
         }.get(type(action).__name__, "value")
-        type_name = getattr(action.type, "__name__", "str")
         options.append(
             {
                 "dest": action.dest,
                 "flags": list(action.option_strings),
                 "kind": kind,
-                "type": type_name if type_name in (*_TYPES, "str_to_bool") else "str",
+                "type": _type_name(action.type),
                 "choices": list(action.choices) if action.choices else None,
                 "const": action.const if kind == "const" else None,
             }
@@ -88,7 +107,7 @@ def load_spec(state_dir: str | None = None) -> dict[str, Any]:
         from airflow_gpu_provider import config
 
         state_dir = config.get("state_dir")
-    cache = Path(state_dir, f"accelerate-launch-options-{version}.json")
+    cache = Path(state_dir, f"accelerate-launch-options-{version}-v{SPEC_FORMAT}.json")
     if cache.exists():
         return json.loads(cache.read_text())
     out = subprocess.run(
@@ -118,7 +137,9 @@ def build_parser(spec: Mapping[str, Any]) -> argparse.ArgumentParser:
             kwargs.update(action="store_const", const=option["const"])
         else:
             kwargs["action"] = "append" if option["kind"] == "append" else "store"
-            kwargs["type"] = _str_to_bool if option["type"] == "str_to_bool" else _TYPES[option["type"]]
+            kwargs["type"] = {"str_to_bool": _str_to_bool, "str_to_bool_list": _str_to_bool_list}.get(
+                option["type"], _TYPES.get(option["type"], str)
+            )
             if option["choices"]:
                 kwargs["choices"] = option["choices"]
         parser.add_argument(*option["flags"], **kwargs)
