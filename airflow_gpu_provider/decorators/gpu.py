@@ -63,8 +63,9 @@ def gpu_task(
     and the shortcuts ``gpu_count=``, ``memory=``, ``accelerator=``, ``requirements=``, ... The function's return
     value goes to XCom (``multiple_outputs=True`` unrolls a dict).
 
-    ``accelerate={"num_processes": 2, "mixed_precision": "bf16", ...}`` runs the function on every rank under
-    ``accelerate launch`` (the :class:`AccelerateOperator` options); rank 0's return value goes to XCom.
+    ``accelerate=True`` or ``accelerate={"num_processes": 2, "mixed_precision": "bf16", ...}`` runs the function
+    on every rank under ``accelerate launch`` (the :class:`AccelerateOperator` options); rank 0's return value
+    goes to XCom.
 
     .. code-block:: python
 
@@ -76,14 +77,16 @@ def gpu_task(
     """
     operator_class: type[_GpuDecoratedOperator] = _GpuDecoratedOperator
     accelerate = kwargs.pop("accelerate", None)
-    if accelerate is not None:
+    if accelerate is True:
+        accelerate = {}
+    if accelerate is not None and accelerate is not False:
         if not isinstance(accelerate, Mapping):
             raise InvalidSettingError(
                 "@gpu_task",
                 "accelerate",
                 accelerate,
-                "expected a mapping of launch options",
-                "e.g. {'num_processes': 2, 'mixed_precision': 'bf16'}",
+                "expected True or a mapping of launch options",
+                "True, or e.g. {'num_processes': 2, 'mixed_precision': 'bf16'}",
             )
         kwargs = {**kwargs, **accelerate}
         operator_class = _AccelerateDecoratedOperator

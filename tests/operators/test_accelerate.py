@@ -117,3 +117,15 @@ def test_options_are_checked_by_accelerates_parser_at_parse_time():
 )
 def test_process_defaults(resources, options, machines, expected, env):
     assert accelerate_options(resources, options, num_machines=machines) == (expected, env)
+
+
+def test_the_example_dag_trains_on_two_processes():
+    dr = run_dag(
+        load_dag(REPO / "dags" / "accelerate_training.py", "accelerate_training"),
+        conf={"epochs": 2, "gpu_count": 2, "on_missing_gpu": "cpu", "mixed_precision": "no"},
+    )
+    assert task_states(dr) == {"train": "success", "report": "success"}
+    metrics = xcom(dr, "train")
+    assert metrics["world_size"] == 2  # gpu_count=2 -> 2 processes, on CPU here
+    assert metrics["device"].startswith("cpu")
+    assert metrics["loss_curve"][-1] < metrics["loss_curve"][0]
