@@ -5,6 +5,8 @@ Every option can be set in ``airflow.cfg`` or as ``AIRFLOW__GPU__<NAME>``.
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -140,17 +142,34 @@ def _conf() -> Any:
     return conf
 
 
-def get(name: str) -> Any:
-    """Read one ``[gpu]`` option, typed, falling back to the documented default."""
-    option = _BY_NAME[name]
-    conf = _conf()
+def _typed(option: Option, text: str) -> Any:
     if option.type == "boolean":
-        return conf.getboolean(SECTION, name, fallback=option.default == "True")
+        lowered = text.strip().lower()
+        if lowered not in ("t", "true", "1", "f", "false", "0"):
+            raise ValueError(f"[{SECTION}] {option.name}={text!r} is not a boolean (True or False)")
+        return lowered in ("t", "true", "1")
     if option.type == "integer":
-        return conf.getint(SECTION, name, fallback=int(option.default))
+        return int(text)
     if option.type == "float":
-        return conf.getfloat(SECTION, name, fallback=float(option.default))
-    return conf.get(SECTION, name, fallback=option.default).strip()
+        return float(text)
+    return text.strip()
+
+
+@functools.cache
+def _from_config_file(name: str) -> Any:
+    """The airflow.cfg value (or the default), read once per process: Airflow does not reload it either."""
+    option = _BY_NAME[name]
+    return _typed(option, _conf().get(SECTION, name, fallback=option.default))
+
+
+def get(name: str) -> Any:
+    """Read one ``[gpu]`` option, typed.
+
+    ``AIRFLOW__GPU__<NAME>`` first (as Airflow does), then airflow.cfg, then the documented default. Cheap enough
+    for every operator built while a DAG is parsed.
+    """
+    text = os.environ.get(f"AIRFLOW__{SECTION.upper()}__{name.upper()}")
+    return _typed(_BY_NAME[name], text) if text is not None else _from_config_file(name)
 
 
 def check_choice(owner: str, field: str, value: object, choices: tuple[str, ...]) -> str:

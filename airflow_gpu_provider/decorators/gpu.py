@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.bases.decorator import DecoratedOperator, task_decorator_factory
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.operators.accelerate import AccelerateOperator
 from airflow_gpu_provider.operators.gpu_step import (
     RESOURCE_SHORTCUTS,
     GpuStepOperator,
@@ -46,10 +46,17 @@ class _GpuDecoratedOperator(DecoratedOperator, GpuStepOperator):  # type: ignore
         )
 
 
-class _AccelerateDecoratedOperator(_GpuDecoratedOperator, AccelerateOperator):  # type: ignore[misc]
-    """``@gpu_task(accelerate={...})``: the function runs on every rank under ``accelerate launch``."""
+@functools.cache
+def _accelerate_operator_class() -> type[_GpuDecoratedOperator]:
+    """``@gpu_task(accelerate=...)``'s operator, built on first use (most DAGs never import Accelerate support)."""
+    from airflow_gpu_provider.operators.accelerate import AccelerateOperator
 
-    template_fields: Sequence[str] = AccelerateOperator.template_fields
+    class _AccelerateDecoratedOperator(_GpuDecoratedOperator, AccelerateOperator):  # type: ignore[misc]
+        """The function runs on every rank under ``accelerate launch``."""
+
+        template_fields: Sequence[str] = AccelerateOperator.template_fields
+
+    return _AccelerateDecoratedOperator
 
 
 def gpu_task(
@@ -89,7 +96,7 @@ def gpu_task(
                 "True, or e.g. {'num_processes': 2, 'mixed_precision': 'bf16'}",
             )
         kwargs = {**kwargs, **accelerate}
-        operator_class = _AccelerateDecoratedOperator
+        operator_class = _accelerate_operator_class()
     return task_decorator_factory(
         python_callable=python_callable,
         multiple_outputs=multiple_outputs,

@@ -14,15 +14,12 @@ image parses the same arguments again; that version is what counts.
 from __future__ import annotations
 
 import argparse
-import difflib
 import functools
 import importlib.metadata
 import importlib.util
 import json
 import os
-import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -110,6 +107,9 @@ def load_spec(state_dir: str | None = None) -> dict[str, Any]:
     cache = Path(state_dir, f"accelerate-launch-options-{version}-v{SPEC_FORMAT}.json")
     if cache.exists():
         return json.loads(cache.read_text())
+    import subprocess
+    import tempfile
+
     out = subprocess.run(
         [sys.executable, "-m", __name__], capture_output=True, text=True, check=True, timeout=300
     ).stdout
@@ -161,6 +161,8 @@ def launch_arguments(options: Mapping[str, Any], *, owner: str, spec: Mapping[st
     by_dest = {o["dest"]: o for o in spec["options"]}
     unknown = [name for name in options if name not in by_dest]
     if unknown:
+        import difflib
+
         hints = {name: difflib.get_close_matches(name, by_dest, n=3) for name in unknown}
         hint = " ".join(f"Did you mean {' or '.join(map(repr, h))} for {n!r}?" for n, h in hints.items() if h)
         raise UnknownSettingError(
