@@ -24,7 +24,13 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "operators": [
-            {"integration-name": "GPU", "python-modules": ["airflow_gpu_provider.operators.gpu_step"]},
+            {
+                "integration-name": "GPU",
+                "python-modules": [
+                    "airflow_gpu_provider.operators.gpu_step",
+                    "airflow_gpu_provider.operators.accelerate",
+                ],
+            },
         ],
         "hooks": [{"integration-name": "GPU", "python-modules": ["airflow_gpu_provider.hooks.cuda"]}],
         "task-decorators": [{"name": "gpu", "class-name": "airflow_gpu_provider.decorators.gpu.gpu_task"}],
