@@ -38,3 +38,14 @@ def xcom(dag_run: Any, task_id: str, key: str = "return_value") -> Any:
             XComModel.get_many(run_id=dag_run.run_id, dag_ids=dag_run.dag_id, task_ids=task_id, key=key)
         ).first()
         return None if row is None else XComModel.deserialize_value(row)
+
+
+def alive(pid: int) -> bool:
+    """Whether a process runs (a zombie does not)."""
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"

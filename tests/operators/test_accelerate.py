@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import time
-from pathlib import Path
 
 import pytest
 from airflow.sdk import DAG
 from conftest import REPO
-from helpers import load_dag, run_dag, task_states, xcom
+from helpers import alive, load_dag, run_dag, task_states, xcom
 
 from airflow_gpu_provider import AccelerateOperator, ResourceSettings
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
@@ -22,14 +20,6 @@ DAG_FILE = REPO / "tests" / "dags" / "accelerate_dags.py"
 
 def work() -> int:
     return 1
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
 def test_real_accelerator_loop_on_two_cpu_processes(capfd):

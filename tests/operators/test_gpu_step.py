@@ -6,15 +6,13 @@ The DAGs live in tests/dags/gpu_step_dags.py.
 from __future__ import annotations
 
 import datetime
-import os
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from airflow.sdk import DAG
 from conftest import REPO
-from helpers import load_dag, run_dag, task_states, xcom
+from helpers import alive, load_dag, run_dag, task_states, xcom
 
 from airflow_gpu_provider import GpuStepOperator, ImageSettings, ResourceSettings
 from airflow_gpu_provider.backends.base import TaskRequest
@@ -50,15 +48,6 @@ def uses_module_constant():
 
 def dag(dag_id: str) -> DAG:
     return load_dag(DAG_FILE, dag_id)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is not running any more
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
 def test_callable_arguments_in_and_return_value_out(capfd):

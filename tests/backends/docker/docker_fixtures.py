@@ -141,3 +141,33 @@ def wheel_dir(tmp_path: Path) -> tuple[Path, str]:
     version = f"1.0.{time.time_ns()}"
     make_wheel(tmp_path / "wheels", "airflow_gpu_testpkg", version, f"VERSION = {version!r}\n")
     return tmp_path / "wheels", version
+
+
+@pytest.fixture(scope="session")
+def torch_image(docker_client: Any, airflow_home: Path) -> str:
+    """A derived image with torch (the CPU wheel from /opt/wheels) and accelerate, built once per session.
+
+    It stands in for the CUDA PyTorch images, which cannot be pulled here.
+    """
+    from uv import find_uv_bin
+
+    from airflow_gpu_provider.images.dockerfile import BuildOptions, derived_image_spec
+    from airflow_gpu_provider.images.engine import ensure_derived_image
+    from airflow_gpu_provider.settings import ImageSettings
+
+    wheels = Path("/opt/wheels")
+    if not any(wheels.glob("torch-*.whl")):
+        pytest.skip("no torch wheel in /opt/wheels to build an image with torch")
+    image = ImageSettings(
+        parent_image=BASE_IMAGE, requirements=["torch==2.13.0", "accelerate==1.15.0"], find_links=[str(wheels)]
+    )
+    spec = derived_image_spec(BASE_IMAGE, image, BuildOptions(repository=TEST_REPOSITORY), uv_binary=find_uv_bin())
+    reference, _ = ensure_derived_image(
+        docker_client,
+        spec,
+        docker_client.inspect_image(BASE_IMAGE)["Id"],
+        lock_dir=str(airflow_home / "locks"),
+        push=False,
+        log=logging.getLogger("torch_image"),
+    )
+    return reference

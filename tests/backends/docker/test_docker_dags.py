@@ -8,7 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from backends.docker.docker_fixtures import BASE_IMAGE, TEST_REPOSITORY, container_ids
+from backends.docker.docker_fixtures import BASE_IMAGE, container_ids
 from helpers import load_dag, run_dag, task_states, xcom
 
 from airflow_gpu_provider import GpuStepOperator, ImageSettings
@@ -67,7 +67,7 @@ def test_on_kill_stops_the_container(docker_client):
 
 
 @pytest.mark.slow
-def test_demo_dag_trains_in_docker_with_cpu_fallback(airflow_home, docker_client, monkeypatch, task_log):
+def test_demo_dag_trains_in_docker_with_cpu_fallback(airflow_home, torch_image, monkeypatch):
     """The example DAG, unchanged, with backend=docker on a host without the NVIDIA runtime.
 
     Its train step imports torch, which the Debian base image lacks: the test first builds a derived image
@@ -75,26 +75,7 @@ def test_demo_dag_trains_in_docker_with_cpu_fallback(airflow_home, docker_client
     default_parent_image``, standing in for the default CUDA PyTorch image, which cannot be pulled here.
     """
 
-    from airflow_gpu_provider.images.dockerfile import BuildOptions, derived_image_spec
-    from airflow_gpu_provider.images.engine import ensure_derived_image
-
-    wheels = Path("/opt/wheels")
-    if not any(wheels.glob("torch-*.whl")):
-        pytest.skip("no torch wheel in /opt/wheels to build the stand-in PyTorch image")
-    torch_image = ImageSettings(parent_image=BASE_IMAGE, requirements=["torch"], find_links=[str(wheels)])
-    from uv import find_uv_bin
-
-    options = BuildOptions(repository=TEST_REPOSITORY)
-    spec = derived_image_spec(BASE_IMAGE, torch_image, options, uv_binary=find_uv_bin())
-    reference, _ = ensure_derived_image(
-        docker_client,
-        spec,
-        docker_client.inspect_image(BASE_IMAGE)["Id"],
-        lock_dir=str(airflow_home / "locks"),
-        push=False,
-        log=task_log[0],
-    )
-    monkeypatch.setenv("AIRFLOW__GPU__DEFAULT_PARENT_IMAGE", reference)
+    monkeypatch.setenv("AIRFLOW__GPU__DEFAULT_PARENT_IMAGE", torch_image)
 
     dag_run = run_dag(
         load_dag(REPO / "dags" / "gpu_training_demo.py", "gpu_training_demo"),

@@ -12,7 +12,6 @@ import base64
 import json
 import subprocess
 import uuid
-from pathlib import Path
 
 import pytest
 from conftest import REPO
@@ -90,32 +89,10 @@ def test_two_nodes_times_four_gpus_bf16_job_service_and_command_lines():
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_the_jobs_container_runs_as_two_nodes(monkeypatch, airflow_home, docker_client, task_log):
+def test_the_jobs_container_runs_as_two_nodes(monkeypatch, torch_image):
     """Two containers from the Job's pod template, NODE_RANK 0 and 1, pod 0 under its Service DNS name."""
     require_docker()
-    from backends.docker.docker_fixtures import BASE_IMAGE, TEST_REPOSITORY
-    from uv import find_uv_bin
-
-    from airflow_gpu_provider import ImageSettings
-    from airflow_gpu_provider.images.dockerfile import BuildOptions, derived_image_spec
-    from airflow_gpu_provider.images.engine import ensure_derived_image
-
-    wheels = Path("/opt/wheels")
-    if not any(wheels.glob("torch-*.whl")):
-        pytest.skip("no torch wheel in /opt/wheels to build an image with torch")
-    image = ImageSettings(
-        parent_image=BASE_IMAGE, requirements=["torch==2.13.0", "accelerate==1.15.0"], find_links=[str(wheels)]
-    )
-    spec = derived_image_spec(BASE_IMAGE, image, BuildOptions(repository=TEST_REPOSITORY), uv_binary=find_uv_bin())
-    reference, _ = ensure_derived_image(
-        docker_client,
-        spec,
-        docker_client.inspect_image(BASE_IMAGE)["Id"],
-        lock_dir=str(airflow_home / "locks"),
-        push=False,
-        log=task_log[0],
-    )
-    monkeypatch.setenv("AIRFLOW__GPU__DEFAULT_PARENT_IMAGE", reference)
+    monkeypatch.setenv("AIRFLOW__GPU__DEFAULT_PARENT_IMAGE", torch_image)
 
     _, job = render("two_cpu_nodes")
     main = job["spec"]["template"]["spec"]["containers"][0]
