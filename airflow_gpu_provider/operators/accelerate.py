@@ -148,7 +148,8 @@ class AccelerateOperator(GpuStepOperator):
         self.script = script
         self.script_args = list(script_args or [])
         # GpuStepOperator takes a callable or a command; a script becomes the launcher's command at run time
-        super().__init__(python_callable=python_callable, command=None if python_callable else [script], **kwargs)
+        command = None if script is None else [script]
+        super().__init__(python_callable=python_callable, command=command, **kwargs)
         self.launch_arguments(self.resource_settings)  # check the options now, with accelerate's parser
 
     def launch_arguments(self, resources: ResourceSettings) -> tuple[list[str], dict[str, str]]:
@@ -164,7 +165,7 @@ class AccelerateOperator(GpuStepOperator):
 
     def build_envelope(self, context: Context, resources: ResourceSettings) -> dict[str, Any]:
         """The payload's envelope, wrapped in ``accelerate launch``."""
-        if self.shipped is None:
+        if self.script is not None:
             self.command = [self.script, *self.script_args]
         envelope = super().build_envelope(context, resources)
         args, environment = self.launch_arguments(resources)

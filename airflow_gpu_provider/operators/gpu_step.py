@@ -220,8 +220,8 @@ class GpuStepOperator(BaseOperator):
             resources,
             image,
             self.build_envelope(context, resources),
-            policy,
-            labels,  # type: ignore[arg-type]
+            policy,  # type: ignore[arg-type]  # checked against MISSING_GPU_POLICIES above
+            labels,
             num_nodes=self.num_nodes,
         )
         return backend, request
