@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -182,9 +183,10 @@ class AccelerateOperator(GpuStepOperator):
         return envelope
 
 
-def _operator_arguments() -> set[str]:
+@functools.cache
+def _operator_arguments() -> frozenset[str]:
     """Keyword arguments of AccelerateOperator, GpuStepOperator and BaseOperator."""
     names: set[str] = set()
     for cls in (AccelerateOperator, GpuStepOperator, BaseOperator):
         names |= set(inspect.signature(cls.__init__).parameters)
-    return names - {"self", "kwargs", "args"}
+    return frozenset(names - {"self", "kwargs", "args"})

@@ -247,12 +247,12 @@ def _load_function(envelope: dict[str, Any]) -> Any:
 
 def _write_result(path: str, result: dict[str, Any]) -> None:
     if os.environ.get(RANK_PROCESS):  # launched by this runtime: every rank reports, the launcher merges
-        path = f"{path}.rank{os.environ.get('RANK', '0')}"
+        path = f"{path}.rank{os.environ.get('RANK', '0')}" if path != "-" else path
     elif os.environ.get("RANK", "0") != "0":
         return
     elif os.environ.get(RESULT_TO_LOG):
         print(RESULT_MARKER + json.dumps(result), flush=True)
-    if path == "-" or path.startswith("-.rank"):
+    if path == "-":
         return
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)

@@ -31,17 +31,6 @@ def add(a, b):
     return a + b
 
 
-def hang(pid_file):
-    import os
-    import subprocess
-    import time
-
-    child = subprocess.Popen(["sleep", "300"])
-    with open(pid_file, "w") as handle:
-        handle.write(f"{os.getpid()} {child.pid}")
-    time.sleep(300)
-
-
 def uses_module_constant():
     return MODULE_CONSTANT
 
@@ -120,6 +109,7 @@ def test_execution_timeout_kills_the_whole_process_group(tmp_path, monkeypatch, 
 def test_on_kill_stops_the_child_and_releases_gpus(tmp_path, state_dir):
     pid_file = tmp_path / "pids"
     backend = LocalBackend({"devices": "0", "state_dir": str(state_dir), "kill_grace": 2})
+    hang = dag("gpu_step_timeout").get_task("hang").python_callable  # the same function as the timeout test's
     envelope = callable_envelope(shipped_callable(hang, owner="t"), [str(pid_file)], {})
     plan = backend.plan(TaskRequest(ResourceSettings(gpu_count=1), ImageSettings(), envelope))
     errors = []
