@@ -11,9 +11,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 SECTION = "gpu"
-BACKENDS: tuple[str, ...] = ("local", "docker", "kubernetes")
-MISSING_GPU_POLICIES: tuple[str, ...] = ("fail", "wait", "cpu")
-OnMissingGpu = Literal["fail", "wait", "cpu"]
 
 
 @dataclass(frozen=True)

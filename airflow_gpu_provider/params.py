@@ -6,7 +6,8 @@ from typing import Any
 
 from airflow.sdk import Param
 
-from airflow_gpu_provider.config import BACKENDS, MISSING_GPU_POLICIES
+from airflow_gpu_provider.backends import NAMES as BACKENDS
+from airflow_gpu_provider.task.missing_gpu import NAMES as MISSING_GPU_POLICIES
 
 MIXED_PRECISION: tuple[str, ...] = ("no", "bf16", "fp16")
 

@@ -67,16 +67,16 @@ def prepared_image(base_image: str) -> tuple[str, int, float]:
 
     :return: the image, the builds the re-checks started, and the slowest re-check
     """
-    from airflow_gpu_provider.backends.base import TaskRequest
-    from airflow_gpu_provider.backends.docker import DockerBackend
+    from airflow_gpu_provider.backends import BACKENDS
     from airflow_gpu_provider.payload import command_envelope
     from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+    from airflow_gpu_provider.task.request import TaskRequest
 
     log, counter = quiet_logger("bench.cache")
-    backend = DockerBackend({"repository": REPOSITORY}, log=log)
+    backend = BACKENDS["docker"].create({"repository": REPOSITORY}, log=log)
     image = ImageSettings(parent_image=base_image, requirements=SMALL_REQUIREMENTS)
     plan = backend.plan(TaskRequest(ResourceSettings(), image, command_envelope(COMMAND)))
-    client = backend._connect(plan)
+    client = backend._connect()
     tag = backend._image(client, plan)
     builds_before, slowest = counter.count("Building derived image"), 0.0
     for _ in range(5):
@@ -144,8 +144,8 @@ def timed_build(client, base_image: str, installer: str, compile_bytecode: bool)
     """Seconds for the whole build and for the install step alone, and the image built."""
     from uv import find_uv_bin
 
-    from airflow_gpu_provider.images.dockerfile import BuildOptions, derived_image_spec
-    from airflow_gpu_provider.images.engine import build_image
+    from airflow_gpu_provider.backends.docker.images.dockerfile import BuildOptions, derived_image_spec
+    from airflow_gpu_provider.backends.docker.images.engine import build_image
     from airflow_gpu_provider.settings import ImageSettings
 
     image = ImageSettings(parent_image=base_image, requirements=BUILD_REQUIREMENTS, python_package_installer=installer)

@@ -133,7 +133,7 @@ def bench_local_end_to_end(folder: Path) -> None:
 
 
 def bench_venv() -> None:
-    from airflow_gpu_provider.host.venv import ensure_venv
+    from airflow_gpu_provider.backends.local.venv import ensure_venv
     from airflow_gpu_provider.settings import ImageSettings
 
     log = logging.getLogger("bench")

@@ -1,7 +1,8 @@
 """Kubernetes init container: what installing only the image's missing pins (uv) saves over ``pip --target``.
 
-Both contenders are the init container the Kubernetes backend generates (the same script, the same arguments but
-the installer), run in Docker against an image that already ships numpy, for ``pandas`` (which needs numpy).
+Both contenders are the init container the Kubernetes backend generates (the same command, environment and
+arguments but the installer), run in Docker against an image that already ships numpy, for ``pandas`` (which needs
+numpy).
 uv resolves against the image and installs the missing pins; pip --target cannot see the image's packages and
 installs numpy again. Printed: wall time per install (median of interleaved runs) and the bytes each leaves in the
 shared directory. Needs Docker and PyPI access; no Kubernetes.
@@ -19,7 +20,8 @@ from pathlib import Path
 
 from _common import alternate, report
 
-from airflow_gpu_provider.kubernetes.requirements import DEPS_DIR, INSTALL_SCRIPT
+from airflow_gpu_provider.backends.kubernetes.requirements import DEPS_DIR, requirements_plan
+from airflow_gpu_provider.settings import ImageSettings
 
 BASE = "airflow-gpu-base:bookworm"
 IMAGE = "airflow-gpu-bench-numpy:latest"
@@ -35,12 +37,28 @@ def build_image() -> None:
         subprocess.run(["docker", "build", "-q", "--rm", "--force-rm", "-t", IMAGE, context], check=True)
 
 
+def init_container(installer: str) -> dict:
+    """The init container the Kubernetes backend plans for REQUIREMENTS with this installer."""
+    image = ImageSettings(requirements=REQUIREMENTS, python_package_installer=installer)
+    plan = requirements_plan(
+        image,
+        mode="init-container",
+        base_image=IMAGE,
+        derived_image=None,
+        installer_image=None,
+        security_context={},
+        resources={},
+    )
+    return plan.init_containers[0]
+
+
 def install(installer: str, sizes: dict[str, int]) -> None:
     target = Path(tempfile.mkdtemp(prefix="bench-deps-"))
     try:
-        argv = ["docker", "run", "--rm", "-e", "UV_NATIVE_TLS=1", "-e", "UV_LINK_MODE=copy", "-e", "HOME=/tmp"]
-        argv += ["-v", f"{target}:{DEPS_DIR}", "--entrypoint", "python3", IMAGE, "-c", INSTALL_SCRIPT]
-        subprocess.run([*argv, DEPS_DIR, installer, "--", *REQUIREMENTS], check=True, capture_output=True)
+        init = init_container(installer)
+        argv = ["docker", "run", "--rm", *(arg for e in init["env"] for arg in ("-e", f"{e['name']}={e['value']}"))]
+        argv += ["-v", f"{target}:{DEPS_DIR}", "--entrypoint", init["command"][0], IMAGE, *init["command"][1:]]
+        subprocess.run([*argv, *init["args"]], check=True, capture_output=True)
         sizes[installer] = sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
     finally:
         # the container wrote as root: delete from inside, so a non-root host user can remove the directory

@@ -54,21 +54,18 @@ def test_no_pool_when_unset(monkeypatch):
     assert "pool" not in mappable_arguments({"gpu_count": 2})
 
 
-def test_mappable_arguments_turn_resources_into_shortcuts(monkeypatch):
+def test_mappable_arguments_pass_resources_through_once_resolved(monkeypatch):
     monkeypatch.setenv("AIRFLOW__GPU__POOL", "gpus")
     resources = ResourceSettings(gpu_count=2, memory="1Gi", gpu_vendor="amd")
     kwargs = mappable_arguments({"resources": resources, "task_id": "t"})
-    assert kwargs == {
-        "task_id": "t",
-        "gpu_count": 2,
-        "memory": 2**30,
-        "gpu_vendor": "amd",
-        "pool": "gpus",
-        "pool_slots": 2,
-    }
+    # not as BaseOperator(resources=...), which Airflow reads as its own; the object itself, not rebuilt
+    assert kwargs == {"task_id": "t", "resource_settings": resources, "pool": "gpus", "pool_slots": 2}
+    assert kwargs["resource_settings"] is resources
+    assert mappable_arguments({"resources": resources, "gpu_count": 3})["resource_settings"].gpu_count == 3
     # an explicit shortcut wins over resources, as in GpuStepOperator; an explicit pool is left alone
     kwargs = mappable_arguments({"resources": resources, "gpu_count": "{{ params.n }}", "pool": "mine"})
     assert kwargs["gpu_count"] == "{{ params.n }}"
+    assert kwargs["resource_settings"] is resources
     assert (kwargs["pool"], "pool_slots" in kwargs) == ("mine", False)
     assert mappable_arguments({"gpu_count": "{{ params.n }}"})["pool_slots"] == 1
     assert "pool" not in mappable_arguments({"cpu_count": 2})
@@ -80,8 +77,9 @@ def test_mappable_arguments_reject_bad_resources_at_parse_time():
 
 
 def test_gpu_params_offer_the_accepted_values():
-    from airflow_gpu_provider.config import BACKENDS, MISSING_GPU_POLICIES
+    from airflow_gpu_provider.backends import BACKENDS
     from airflow_gpu_provider.params import gpu_params
+    from airflow_gpu_provider.task.missing_gpu import POLICIES as MISSING_GPU_POLICIES
 
     params = gpu_params(gpu_count=2, max_gpus=4, backend="docker", on_missing_gpu="wait")
     assert list(params) == ["gpu_count", "mixed_precision", "backend", "on_missing_gpu"]

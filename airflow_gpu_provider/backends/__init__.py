@@ -1,34 +1,137 @@
-"""Backends, found by name: each translates a TaskRequest into its own spec (``plan``) and runs it (``run``).
+"""THE registry of backends: name -> where its two halves live, the pip extra it needs, what it can do.
 
-Backends are imported lazily, so DAG parsing never loads docker-py or the kubernetes client.
+Every backend is one package here, with two halves:
+
+- ``options.py``: its ``backend_options`` as a typed, frozen :class:`~.options.BackendOptions`, parsed and checked
+  when the DAG is parsed. Pure and cheap: DAG parsing imports only this half.
+- ``backend.py``: the :class:`~.base.Backend` that plans and runs a task, with the backend's own dependencies.
+  Imported only when a task runs or is rendered; a missing dependency names the pip extra.
+
+Adding a backend is one folder and one entry in :data:`BACKENDS` (docs/architecture.md shows it).
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpu_provider.exceptions import MissingDependencyError
+from airflow_gpu_provider.exceptions import InvalidSettingError, MissingDependencyError
+from airflow_gpu_provider.settings import ALL_GPUS, ResourceSettings
 
 if TYPE_CHECKING:
     from airflow_gpu_provider.backends.base import Backend
+    from airflow_gpu_provider.backends.options import BackendOptions
 
-# name -> (class path, pip extra that provides its dependencies)
-BACKENDS: dict[str, tuple[str, str | None]] = {
-    "local": ("airflow_gpu_provider.backends.local.LocalBackend", None),
-    "docker": ("airflow_gpu_provider.backends.docker.DockerBackend", "docker"),
-    "kubernetes": ("airflow_gpu_provider.backends.kubernetes.KubernetesBackend", "kubernetes"),
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """One backend.
+
+    :param backend: ``module:Class`` of its :class:`~.base.Backend`
+    :param options: ``module:Class`` of its :class:`~.options.BackendOptions`
+    :param extra: the pip extra that installs its dependencies (``None``: the core install has them)
+    :param max_nodes: machines one task try may span (``None``: any number)
+    :param all_gpus: whether ``gpu_count="all"`` means something there
+    :param renders: whether it can show what it would submit (``GpuStepOperator.render_manifests()``)
+    """
+
+    name: str
+    backend: str
+    options: str
+    extra: str | None = None
+    max_nodes: int | None = 1
+    all_gpus: bool = True
+    renders: bool = False
+
+    def options_class(self) -> type[BackendOptions]:
+        """The options half (cheap to import)."""
+        return _load(self.options)
+
+    def backend_class(self) -> type[Backend[Any, Any]]:
+        """The run half, naming the pip extra when its dependencies are missing."""
+        try:
+            return _load(self.backend)
+        except ImportError as err:
+            if self.extra is None:
+                raise
+            raise MissingDependencyError(f"The {self.name!r} backend ({err.name})", self.extra) from err
+
+    def parse_options(self, options: Mapping[str, Any] | BackendOptions | None) -> BackendOptions:
+        """The typed options (parsed from a mapping, or as given)."""
+        options_class = self.options_class()
+        if isinstance(options, options_class):
+            return options
+        return options_class.parse(options or {})  # type: ignore[arg-type]  # a mapping (or None)
+
+    def check(self, resources: ResourceSettings | None, num_nodes: int, options: BackendOptions) -> None:
+        """Reject, before anything starts, what this backend cannot run: too many machines, "all" GPUs, ...
+
+        :param resources: ``None`` while they are templated (checked again when rendered)
+        """
+        if self.max_nodes is not None and num_nodes > self.max_nodes:
+            spanning = [b.name for b in BACKENDS.values() if b.max_nodes is None or b.max_nodes >= num_nodes]
+            raise InvalidSettingError(
+                f"backend {self.name!r}",
+                "num_machines",
+                num_nodes,
+                f"backend {self.name!r} runs on "
+                + ("one machine" if self.max_nodes == 1 else f"{self.max_nodes} machines"),
+                f"num_machines={self.max_nodes}, or backend={' or '.join(map(repr, spanning))} (one pod per machine)",
+            )
+        if resources is None:
+            return
+        if resources.gpu_count == ALL_GPUS and not self.all_gpus:
+            able = " and ".join(b.name for b in BACKENDS.values() if b.all_gpus)
+            raise InvalidSettingError(
+                "ResourceSettings",
+                "gpu_count",
+                ALL_GPUS,
+                f"the {self.name} backend asks for a number of GPUs; 'all' works only on the {able} backends",
+                "an integer such as gpu_count=8",
+            )
+        options.check(resources)
+
+    def create(self, options: Mapping[str, Any] | BackendOptions | None = None, log: Any = None) -> Backend[Any, Any]:
+        """A backend instance for these options."""
+        return self.backend_class()(self.parse_options(options), log or logging.getLogger(__name__))
+
+
+def _load(path: str) -> Any:
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+BACKENDS: dict[str, BackendInfo] = {
+    info.name: info
+    for info in (
+        BackendInfo(
+            "local",
+            backend="airflow_gpu_provider.backends.local.backend:LocalBackend",
+            options="airflow_gpu_provider.backends.local.options:LocalOptions",
+        ),
+        BackendInfo(
+            "docker",
+            backend="airflow_gpu_provider.backends.docker.backend:DockerBackend",
+            options="airflow_gpu_provider.backends.docker.options:DockerOptions",
+            extra="docker",
+        ),
+        BackendInfo(
+            "kubernetes",
+            backend="airflow_gpu_provider.backends.kubernetes.backend:KubernetesBackend",
+            options="airflow_gpu_provider.backends.kubernetes.options:KubernetesOptions",
+            extra="kubernetes",
+            max_nodes=None,
+            all_gpus=False,
+            renders=True,
+        ),
+    )
 }
+NAMES: tuple[str, ...] = tuple(BACKENDS)
 
 
-def get_backend_class(name: str) -> type[Backend[Any]]:
-    """Import a backend by name, naming the pip extra when its dependencies are missing."""
-    path, extra = BACKENDS[name]
-    module_name, class_name = path.rsplit(".", 1)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        if extra is None:
-            raise
-        raise MissingDependencyError(f"The {name!r} backend ({err.name})", extra) from err
-    return getattr(module, class_name)
+def get_backend_class(name: str) -> type[Backend[Any, Any]]:
+    """The backend class registered as ``name``."""
+    return BACKENDS[name].backend_class()

@@ -16,14 +16,17 @@ from airflow_gpu_provider.operators.gpu_step import (
     resolve_resources,
 )
 from airflow_gpu_provider.settings import ResourceSettings
-from airflow_gpu_provider.settings.accelerators import VENDORS
 
 if TYPE_CHECKING:
     from airflow.sdk.bases.decorator import TaskDecorator
 
 
 class _GpuDecoratedOperator(DecoratedOperator, GpuStepOperator):  # type: ignore[misc]
-    """Wraps a function into a :class:`GpuStepOperator`; arguments come from the call in the DAG."""
+    """Wraps a function into a :class:`GpuStepOperator`; arguments come from the call in the DAG.
+
+    :param resource_settings: the task's resolved :class:`ResourceSettings` (see :func:`mappable_arguments`);
+        ``resources=`` given to ``.override()`` replaces it
+    """
 
     custom_operator_name = "@task.gpu"
     template_fields: Sequence[str] = GpuStepOperator.template_fields
@@ -35,13 +38,16 @@ class _GpuDecoratedOperator(DecoratedOperator, GpuStepOperator):  # type: ignore
         python_callable: Callable[..., Any],
         op_args: Collection[Any] | None = None,
         op_kwargs: Mapping[str, Any] | None = None,
+        resource_settings: ResourceSettings | None = None,
         **kwargs: Any,
     ) -> None:
+        overridden = kwargs.pop("resources", None)
         super().__init__(
             python_callable=python_callable,
             op_args=op_args,
             op_kwargs=op_kwargs,
             kwargs_to_upstream={"python_callable": python_callable, "op_args": op_args, "op_kwargs": op_kwargs},
+            resources=resource_settings if overridden is None else overridden,
             **kwargs,
         )
 
@@ -106,24 +112,17 @@ def gpu_task(
 
 
 def mappable_arguments(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Settle ``resources`` and the GPU pool here, for ``.partial()/.expand()`` as for plain calls.
+    """Settle the resources and the GPU pool here, once, for ``.partial()/.expand()`` as for plain calls.
 
-    A mapped task is built from these arguments without :class:`GpuStepOperator` running first: Airflow would
-    read ``resources`` as its own ``BaseOperator(resources=...)`` and the scheduler would never see the GPU pool.
-    So a :class:`ResourceSettings` becomes shortcuts (explicit shortcuts win, as in the operator) and the pool
-    arguments are added. Resolving the shortcuts here is also the only parse-time check of a mapped task's
-    resources (a plain call checks them again in the operator, at ~10 µs).
+    A mapped task is built from these arguments without :class:`GpuStepOperator` running first, so they must
+    already be final: ``resources`` travels as ``resource_settings`` (Airflow would read ``resources`` as its own
+    ``BaseOperator(resources=...)``), with the concrete shortcuts applied to it and validated here, once; templated
+    shortcuts stay as they are, to be applied when rendered. The pool arguments are added, so that the scheduler
+    sees the GPU pool of mapped tasks too.
     """
     kwargs = dict(kwargs)
-    resources = kwargs.get("resources")
-    if isinstance(resources, ResourceSettings):
-        del kwargs["resources"]
-        defaults = ResourceSettings()
-        for name in RESOURCE_SHORTCUTS:
-            value = getattr(resources, name)
-            if kwargs.get(name) is None and value != getattr(defaults, name):
-                kwargs[name] = value.name if name == "gpu_vendor" and VENDORS.get(value.name) == value else value
+    shortcuts = {name: kwargs.pop(name) for name in RESOURCE_SHORTCUTS if kwargs.get(name) is not None}
+    settings, templated = resolve_resources(kwargs.pop("resources", None), shortcuts, owner="@task.gpu")
     if "pool" not in kwargs:
-        settings, overrides = resolve_resources(None, {name: kwargs.get(name) for name in RESOURCE_SHORTCUTS})
-        kwargs = {**pool_arguments(settings, overrides), **kwargs}
-    return kwargs
+        kwargs.update(pool_arguments(settings, templated))
+    return {**kwargs, **templated, "resource_settings": settings}

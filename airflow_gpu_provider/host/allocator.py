@@ -17,10 +17,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from airflow_gpu_provider.config import OnMissingGpu
+from airflow_gpu_provider import config
 from airflow_gpu_provider.exceptions import GpuUnavailableError
-from airflow_gpu_provider.host.inventory import Device, matches_model
-from airflow_gpu_provider.settings import ResourceSettings
+from airflow_gpu_provider.host.inventory import Device, host_devices, matches_model
+from airflow_gpu_provider.settings import GpuVendor, ResourceSettings
+from airflow_gpu_provider.task.environment import lock_holder
+from airflow_gpu_provider.task.missing_gpu import POLICIES, OnMissingGpu
+from airflow_gpu_provider.task.request import TaskRequest
 
 
 @dataclass
@@ -124,11 +127,12 @@ class GpuAllocator:
         if allocation is not None:
             return allocation
         state = self._describe(present, candidates)
-        if policy == "cpu":
+        rule = POLICIES[policy]
+        if rule.runs_on_cpu:
             log.warning("Requested %s but %s. on_missing_gpu='cpu': running on CPU instead.", requested, state)
             return Allocation(devices=[], cpu_fallback=True)
-        if policy == "fail" or len(candidates) < count:
-            hint = "" if policy == "fail" else " Waiting cannot help: the host does not have that many."
+        if not rule.waits or len(candidates) < count:
+            hint = " Waiting cannot help: the host does not have that many." if rule.waits else ""
             raise GpuUnavailableError(
                 f"Requested {requested} but {state}.{hint} Set on_missing_gpu='wait' to wait for busy GPUs, "
                 "on_missing_gpu='cpu' to run on CPU, or list this host's GPUs in [gpu] devices."
@@ -165,34 +169,67 @@ class GpuAllocator:
         return ", ".join(parts)
 
 
-def allocate_gpus(
-    resources: ResourceSettings,
-    present: Sequence[Device],
-    *,
-    policy: OnMissingGpu,
-    state_dir: str | os.PathLike[str],
-    holder: str,
-    log: logging.Logger,
-    poll_interval: float = 5.0,
-) -> Allocation:
-    """Take the devices a request needs from this host's ``present`` devices (model and MIG filters applied).
+@dataclass(frozen=True)
+class HostGpus:
+    """The GPUs of this host as the local and Docker backends share them: the inventory and one lock per device.
 
-    ``gpu_count="all"`` takes every matching device. Used by the local backend, and by the Docker backend on a
-    host whose GPUs are known, so that tasks of both never share a GPU.
+    :param devices: ``[gpu] devices``: ``auto`` (NVML), ``none``, or device ids
+    :param state_dir: the host-wide state dir; the locks live in its ``locks`` folder
+    :param poll_interval: seconds between attempts with ``on_missing_gpu="wait"``
     """
-    if not resources.requests_gpus:
-        return Allocation(devices=[])
+
+    devices: str = "auto"
+    state_dir: str = "/var/tmp/airflow-gpu-provider"
+    poll_interval: float = 5.0
+
+    @classmethod
+    def configured(cls, *, devices: str | None = None, state_dir: str | None = None) -> HostGpus:
+        """From ``[gpu]``, with a backend's own ``devices`` / ``state_dir`` options first."""
+        return cls(
+            devices or config.get("devices"), state_dir or config.get("state_dir"), config.get("wait_poll_interval")
+        )
+
+    def present(self, vendor: GpuVendor) -> list[Device]:
+        """The host's devices of ``vendor``."""
+        return host_devices(self.devices, vendor)
+
+    def allocate(
+        self, request: TaskRequest, *, backend: str, log: logging.Logger, present: Sequence[Device] | None = None
+    ) -> Allocation:
+        """Lock the devices a request needs (model and MIG filters applied), as its ``on_missing_gpu`` says.
+
+        ``gpu_count="all"`` takes every matching device. Local and Docker tasks take their GPUs here, so that
+        tasks of both never share a GPU.
+
+        :param present: the host's devices, when the caller has listed them already
+        """
+        resources = request.resources
+        if not resources.requests_gpus:
+            return Allocation(devices=[])
+        if present is None:
+            present = self.present(resources.gpu_vendor)
+        candidates = _candidates(resources, present)
+        count = len(candidates) if isinstance(resources.gpu_count, str) else resources.gpu_count
+        requested = resources.describe().split(",")[0]
+        if count == 0:  # "all" on a host with none
+            if request.missing_gpu.runs_on_cpu:
+                log.warning("Requested %s but this host has none; running on CPU.", requested)
+                return Allocation(devices=[], cpu_fallback=True)
+            raise GpuUnavailableError(f"Requested {requested} but this host has no matching GPUs.")
+        allocator = GpuAllocator(Path(self.state_dir) / "locks", resources.gpu_vendor.name, self.poll_interval)
+        return allocator.acquire(
+            candidates,
+            count,
+            policy=request.on_missing_gpu,
+            holder=lock_holder(request, backend),
+            requested=requested,
+            present=present,
+            log=log,
+        )
+
+
+def _candidates(resources: ResourceSettings, present: Sequence[Device]) -> list[Device]:
     candidates = [d for d in present if matches_model(d, resources.accelerator)]
     if resources.mig_profile is not None:
         candidates = [d for d in candidates if d.id.startswith("MIG-")]
-    count = len(candidates) if isinstance(resources.gpu_count, str) else resources.gpu_count
-    requested = resources.describe().split(",")[0]
-    if count == 0:  # "all" on a host with none
-        if policy == "cpu":
-            log.warning("Requested %s but this host has none; running on CPU.", requested)
-            return Allocation(devices=[], cpu_fallback=True)
-        raise GpuUnavailableError(f"Requested {requested} but this host has no matching GPUs.")
-    allocator = GpuAllocator(Path(state_dir) / "locks", resources.gpu_vendor.name, poll_interval)
-    return allocator.acquire(
-        candidates, count, policy=policy, holder=holder, requested=requested, present=present, log=log
-    )
+    return candidates

@@ -25,11 +25,22 @@ from pathlib import Path
 from typing import Any
 
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
+from airflow_gpu_provider.settings import ResourceSettings
 
 SNAPSHOT = Path(__file__).with_name("accelerate_launch_options.json")
 LAUNCH_MODULE = "accelerate.commands.launch"
 SPEC_FORMAT = 2  # part of the cache file name: a provider that extracts differently does not read old tables
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+# Set by the runtime from each pod's environment on a multi-node run (Kubernetes Indexed Job).
+RANK_ARGUMENTS = {
+    "--machine_rank": "NODE_RANK",
+    "--main_process_ip": "MASTER_ADDR",
+    "--main_process_port": "MASTER_PORT",
+}
+# Without a GPU, the same processes run on the CPU, on gloo (accelerate's --cpu would start only one).
+CPU_ENVIRONMENT = {"ACCELERATE_USE_CPU": "1"}
+# Options that pick a distributed mode themselves: no --multi_gpu is added next to them.
+DISTRIBUTED_MODES = ("use_deepspeed", "use_fsdp", "use_megatron_lm", "tpu")
 
 
 def _str_to_bool(value: str) -> bool:
@@ -196,6 +207,60 @@ def launch_arguments(options: Mapping[str, Any], *, owner: str, spec: Mapping[st
             " or ".join(map(repr, choices)) if choices else None,
         ) from None
     return argv
+
+
+def accelerate_options(
+    resources: ResourceSettings, options: Mapping[str, Any], *, num_machines: int
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The ``accelerate launch`` options and environment for a run with these resources.
+
+    ``num_processes`` defaults to the GPUs of all machines (``gpu_count`` per machine). ``cpu=True`` (or no GPU)
+    with several processes becomes ``--multi_gpu`` plus ``ACCELERATE_USE_CPU=1``: accelerate's ``--cpu`` would
+    start only one process, while this starts them all, on gloo.
+    """
+    options = {k: v for k, v in options.items() if v is not None}
+    cpu = bool(options.pop("cpu", False)) or not resources.requests_gpus
+    gpus = resources.gpu_count if isinstance(resources.gpu_count, int) else 0
+    processes = options.pop("num_processes", None) or (1 if cpu or not gpus else gpus * num_machines)
+    environment: dict[str, str] = {}
+    result: dict[str, Any] = {"num_processes": processes}  # a bad value is left to accelerate's parser to name
+    several = str(processes).isdigit() and int(processes) > 1
+    if num_machines > 1:
+        result["num_machines"] = num_machines
+    distributed = any(options.get(mode) for mode in DISTRIBUTED_MODES)
+    if cpu:
+        environment.update(CPU_ENVIRONMENT)
+        if several or num_machines > 1:
+            result["multi_gpu"] = True
+        else:
+            result["cpu"] = True
+    elif (several or num_machines > 1) and not distributed:
+        result["multi_gpu"] = True
+    result.update(options)
+    return result, environment
+
+
+def launch_section(
+    resources: ResourceSettings, options: Mapping[str, Any], *, num_machines: int, owner: str
+) -> dict[str, Any]:
+    """The envelope's ``launch`` section (the runtime's protocol) for ``accelerate launch`` with these options.
+
+    On several machines the port is left out of the arguments: each pod passes the headless Service's
+    (``MASTER_PORT``), and the pod's rank variables fill ``rank_arguments``.
+    """
+    multi_node = num_machines > 1
+    chosen_port = options.get("main_process_port")
+    if multi_node:
+        options = {**options, "main_process_port": None}
+    options, environment = accelerate_options(resources, options, num_machines=num_machines)
+    return {
+        "module": LAUNCH_MODULE,
+        "args": launch_arguments(options, owner=owner),
+        "environment": environment,
+        "cpu_environment": dict(CPU_ENVIRONMENT),
+        "rank_arguments": dict(RANK_ARGUMENTS) if multi_node else {},
+        "free_port_argument": None if multi_node or chosen_port else "--main_process_port",
+    }
 
 
 if __name__ == "__main__":

@@ -10,48 +10,12 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
-from airflow_gpu_provider.launchers.accelerate import LAUNCH_MODULE, launch_arguments, load_spec
-from airflow_gpu_provider.operators.gpu_step import GpuStepOperator, is_template
+from airflow_gpu_provider.launchers.accelerate import launch_section, load_spec
+from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
 from airflow_gpu_provider.settings import ResourceSettings
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-# Set by the runtime from each pod's environment on a multi-node run (Kubernetes Indexed Job).
-RANK_FLAGS = {"--machine_rank": "NODE_RANK", "--main_process_ip": "MASTER_ADDR", "--main_process_port": "MASTER_PORT"}
-# Options that pick a distributed mode themselves: no --multi_gpu is added next to them.
-DISTRIBUTED_MODES = ("use_deepspeed", "use_fsdp", "use_megatron_lm", "tpu")
-
-
-def accelerate_options(
-    resources: ResourceSettings, options: Mapping[str, Any], *, num_machines: int
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """The ``accelerate launch`` options and environment for a run with these resources.
-
-    ``num_processes`` defaults to the GPUs of all machines (``gpu_count`` per machine). ``cpu=True`` (or no GPU)
-    with several processes becomes ``--multi_gpu`` plus ``ACCELERATE_USE_CPU=1``: accelerate's ``--cpu`` would
-    start only one process, while this starts them all, on gloo.
-    """
-    options = {k: v for k, v in options.items() if v is not None}
-    cpu = bool(options.pop("cpu", False)) or not resources.requests_gpus
-    gpus = resources.gpu_count if isinstance(resources.gpu_count, int) else 0
-    processes = options.pop("num_processes", None) or (1 if cpu or not gpus else gpus * num_machines)
-    environment: dict[str, str] = {}
-    result: dict[str, Any] = {"num_processes": processes}  # a bad value is left to accelerate's parser to name
-    several = str(processes).isdigit() and int(processes) > 1
-    if num_machines > 1:
-        result["num_machines"] = num_machines
-    distributed = any(options.get(mode) for mode in DISTRIBUTED_MODES)
-    if cpu:
-        environment["ACCELERATE_USE_CPU"] = "1"
-        if several or num_machines > 1:
-            result["multi_gpu"] = True
-        else:
-            result["cpu"] = True
-    elif (several or num_machines > 1) and not distributed:
-        result["multi_gpu"] = True
-    result.update(options)
-    return result, environment
 
 
 class AccelerateOperator(GpuStepOperator):
@@ -105,18 +69,6 @@ class AccelerateOperator(GpuStepOperator):
             raise UnknownSettingError(owner, unknown, ["AccelerateOperator/BaseOperator arguments", *sorted(known)])
         if isinstance(num_machines, bool) or not isinstance(num_machines, int) or num_machines < 1:
             raise InvalidSettingError(owner, "num_machines", num_machines, "expected a positive integer", "1, 2, ...")
-        if (
-            num_machines > 1
-            and kwargs.get("backend") not in ("kubernetes", None)
-            and not is_template(kwargs.get("backend"))
-        ):
-            raise InvalidSettingError(
-                owner,
-                "num_machines",
-                num_machines,
-                f"backend {kwargs['backend']!r} runs on one machine",
-                "num_machines=1, or backend='kubernetes' (one pod per machine)",
-            )
         if (script is None) == (python_callable is None):
             raise InvalidSettingError(
                 owner,
@@ -145,42 +97,30 @@ class AccelerateOperator(GpuStepOperator):
                     "the provider sets it from num_machines and the pods' ranks",
                     "num_machines=N",
                 )
-        self.num_machines = self.num_nodes = num_machines
+        self.num_machines = self.num_nodes = num_machines  # the backend's registry entry says how many it can span
+        if num_machines > 1:  # the pods meet on this port (each gets it as MASTER_PORT)
+            self.rendezvous_port = main_process_port
         self.script = script
         self.script_args = list(script_args or [])
         # GpuStepOperator takes a callable or a command; a script becomes the launcher's command at run time
         command = None if script is None else [script]
         super().__init__(python_callable=python_callable, command=command, **kwargs)
-        self.launch_arguments(self.resource_settings)  # check the options now, with accelerate's parser
+        self.launch(self.resource_settings)  # check the options now, with accelerate's parser
 
-    def launch_arguments(self, resources: ResourceSettings) -> tuple[list[str], dict[str, str]]:
-        """Validated ``accelerate launch`` arguments and environment for these resources.
-
-        On several machines the port is left out: each pod passes the headless Service's (``MASTER_PORT``).
-        """
-        options = self.launch_options
-        if self.num_machines > 1:
-            options = {**options, "main_process_port": None}
-        options, environment = accelerate_options(resources, options, num_machines=self.num_machines)
-        return launch_arguments(options, owner=f"{type(self).__name__}({self.task_id!r})"), environment
+    def launch(self, resources: ResourceSettings) -> dict[str, Any]:
+        """The envelope's ``launch`` section for these resources, validated by accelerate's parser."""
+        return launch_section(
+            resources,
+            self.launch_options,
+            num_machines=self.num_machines,
+            owner=f"{type(self).__name__}({self.task_id!r})",
+        )
 
     def build_envelope(self, context: Context, resources: ResourceSettings) -> dict[str, Any]:
         """The payload's envelope, wrapped in ``accelerate launch``."""
         if self.script is not None:
             self.command = [self.script, *self.script_args]
-        envelope = super().build_envelope(context, resources)
-        args, environment = self.launch_arguments(resources)
-        multi_node = self.num_machines > 1
-        port = self.launch_options.get("main_process_port")
-        envelope["launch"] = {
-            "module": LAUNCH_MODULE,
-            "args": args,
-            "environment": environment,
-            "from_environment": RANK_FLAGS if multi_node else {},
-            "free_port_flag": None if multi_node or port else "--main_process_port",
-            "port": port,
-        }
-        return envelope
+        return {**super().build_envelope(context, resources), "launch": self.launch(resources)}
 
 
 @functools.cache

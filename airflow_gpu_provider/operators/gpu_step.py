@@ -11,15 +11,18 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_gpu_provider import config
-from airflow_gpu_provider.backends import BACKENDS, get_backend_class
+from airflow_gpu_provider.backends import BACKENDS, BackendInfo
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.payload import call_arguments, callable_envelope, command_envelope, shipped_callable
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+from airflow_gpu_provider.task import missing_gpu
+from airflow_gpu_provider.task.request import TaskRequest
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_gpu_provider.backends.base import Backend, TaskRequest
+    from airflow_gpu_provider.backends.base import Backend
+    from airflow_gpu_provider.backends.options import BackendOptions
 
 RESOURCE_SHORTCUTS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ResourceSettings))
 IMAGE_SHORTCUTS: tuple[str, ...] = ("parent_image", "requirements", "python_package_installer")
@@ -31,15 +34,19 @@ def is_template(value: object) -> bool:
 
 
 def resolve_resources(
-    resources: ResourceSettings | None, shortcuts: Mapping[str, Any]
+    resources: ResourceSettings | None, shortcuts: Mapping[str, Any], *, owner: str
 ) -> tuple[ResourceSettings, dict[str, Any]]:
-    """Apply the resource shortcuts to ``resources``: templated ones are returned apart, to apply when rendered."""
+    """Apply the resource shortcuts to ``resources``: templated ones are returned apart, to apply when rendered.
+
+    Settings are validated when they change only: ``resources`` alone comes back as it is.
+    """
+    if resources is not None and not isinstance(resources, ResourceSettings):
+        raise InvalidSettingError(owner, "resources", resources, "expected a ResourceSettings", None)
     given = {k: v for k, v in shortcuts.items() if v is not None}
     overrides = {k: v for k, v in given.items() if is_template(v)}
-    settings = (resources or ResourceSettings()).with_overrides(
-        **{k: v for k, v in given.items() if k not in overrides}
-    )
-    return settings, overrides
+    concrete = {k: v for k, v in given.items() if k not in overrides}
+    settings = resources or ResourceSettings()
+    return (settings.with_overrides(**concrete) if concrete else settings), overrides
 
 
 def pool_arguments(resources: ResourceSettings, overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -69,7 +76,8 @@ class GpuStepOperator(BaseOperator):
     :param op_kwargs: keyword arguments for the callable (templated)
     :param resources: the task's :class:`ResourceSettings`
     :param image: the task's :class:`ImageSettings`
-    :param backend: ``"local"``, ``"docker"`` or ``"kubernetes"``; default ``[gpu] backend`` (templated)
+    :param backend: a backend of :data:`airflow_gpu_provider.backends.BACKENDS` (``"local"``, ``"docker"``,
+        ``"kubernetes"``); default ``[gpu] backend`` (templated)
     :param on_missing_gpu: ``"fail"``, ``"wait"`` or ``"cpu"``; default ``[gpu] on_missing_gpu`` (templated)
     :param backend_options: backend-specific options (connection ids, namespace, ...), checked at parse time
     :param environment: extra environment variables for the task process (templated)
@@ -95,6 +103,7 @@ class GpuStepOperator(BaseOperator):
         "resource_overrides": "json",
     }
     num_nodes: int = 1  # machines one try runs on (AccelerateOperator's num_machines)
+    rendezvous_port: int | None = None  # where a multi-node launch meets (AccelerateOperator's main_process_port)
     ui_color = "#76b900"
     ui_fgcolor = "#ffffff"
 
@@ -128,8 +137,6 @@ class GpuStepOperator(BaseOperator):
             raise InvalidSettingError(
                 owner, "python_callable/command", None, "give exactly one of them", "python_callable=f or command=[...]"
             )
-        if resources is not None and not isinstance(resources, ResourceSettings):
-            raise InvalidSettingError(owner, "resources", resources, "expected a ResourceSettings", None)
         if image is not None and not isinstance(image, ImageSettings):
             raise InvalidSettingError(owner, "image", image, "expected an ImageSettings", None)
 
@@ -142,28 +149,27 @@ class GpuStepOperator(BaseOperator):
             "mig_profile": mig_profile,
             "shm_size": shm_size,
         }
-        self.resource_settings, self.resource_overrides = resolve_resources(resources, shortcuts)
+        self.resource_settings, self.resource_overrides = resolve_resources(resources, shortcuts, owner=owner)
         image_shortcuts: dict[str, Any] = {
             "parent_image": parent_image,
             "requirements": requirements,
             "python_package_installer": python_package_installer,
         }
-        self.image_settings = dataclasses.replace(
-            image or ImageSettings(),
-            **{k: v for k, v in image_shortcuts.items() if v is not None},
+        image_changes = {k: v for k, v in image_shortcuts.items() if v is not None}
+        self.image_settings = (
+            dataclasses.replace(image or ImageSettings(), **image_changes)
+            if image_changes
+            else (image or ImageSettings())
         )
 
-        for field_name, value, choices in (
-            ("backend", backend, tuple(BACKENDS)),
-            ("on_missing_gpu", on_missing_gpu, config.MISSING_GPU_POLICIES),
-        ):
-            if value is not None and not is_template(value):
-                config.check_choice(owner, field_name, value, choices)
+        if on_missing_gpu is not None and not is_template(on_missing_gpu):
+            config.check_choice(owner, "on_missing_gpu", on_missing_gpu, missing_gpu.NAMES)
+        self._backend_options: tuple[str, BackendOptions] | None = None  # parsed once, for the backend they are for
         if backend is not None and not is_template(backend):
-            backend_class = get_backend_class(backend)
-            backend_class.validate_options(backend_options or {})
-            if not self.resource_overrides:
-                backend_class.check_request(backend_options or {}, self.resource_settings, self.image_settings)
+            info = BACKENDS[config.check_choice(owner, "backend", backend, tuple(BACKENDS))]
+            options = info.parse_options(backend_options)
+            info.check(None if self.resource_overrides else self.resource_settings, self.num_nodes, options)
+            self._backend_options = (info.name, options)
 
         self.python_callable = python_callable
         self.shipped = shipped_callable(python_callable, owner=owner) if python_callable is not None else None
@@ -174,7 +180,7 @@ class GpuStepOperator(BaseOperator):
         self.on_missing_gpu = on_missing_gpu
         self.backend_options = dict(backend_options or {})
         self.environment = dict(environment or {})
-        self._running_backend: Backend[Any] | None = None
+        self._running_backend: Backend[Any, Any] | None = None
 
         if "pool" not in kwargs:
             kwargs = {**pool_arguments(self.resource_settings, self.resource_overrides), **kwargs}
@@ -193,8 +199,13 @@ class GpuStepOperator(BaseOperator):
         )
         return callable_envelope(self.shipped, args, kwargs)
 
-    def resolved_request(self, context: Context) -> tuple[str, TaskRequest]:
-        """The backend name and the backend-independent request, after templates are rendered."""
+    def resolved_request(
+        self, context: Context, *, backend: str | None = None
+    ) -> tuple[BackendInfo, BackendOptions, TaskRequest]:
+        """The backend, its options and the backend-independent request, after templates are rendered.
+
+        :param backend: a backend other than the task's own (``render_manifests``)
+        """
         owner = f"{type(self).__name__}({self.task_id!r})"
         resources = self.resource_settings
         if self.resource_overrides:
@@ -202,12 +213,16 @@ class GpuStepOperator(BaseOperator):
         image = self.image_settings
         if self.environment:
             image = dataclasses.replace(image, environment={**image.environment, **self.environment})
-        backend = config.check_choice(owner, "backend", self.backend or config.get("backend"), tuple(BACKENDS))
+        chosen = backend or self.backend or config.get("backend")
+        info = BACKENDS[config.check_choice(owner, "backend", chosen, tuple(BACKENDS))]
         policy = config.check_choice(
-            owner, "on_missing_gpu", self.on_missing_gpu or config.get("on_missing_gpu"), config.MISSING_GPU_POLICIES
+            owner, "on_missing_gpu", self.on_missing_gpu or config.get("on_missing_gpu"), missing_gpu.NAMES
         )
-        from airflow_gpu_provider.backends.base import TaskRequest
-
+        if self._backend_options is not None and self._backend_options[0] == info.name:
+            options = self._backend_options[1]
+        else:
+            options = info.parse_options(self.backend_options)
+        info.check(resources, self.num_nodes, options)
         ti = context["ti"]
         labels = {
             "dag_id": ti.dag_id,
@@ -220,40 +235,51 @@ class GpuStepOperator(BaseOperator):
             resources,
             image,
             self.build_envelope(context, resources),
-            policy,  # type: ignore[arg-type]  # checked against MISSING_GPU_POLICIES above
+            policy,  # type: ignore[arg-type]  # checked against missing_gpu.NAMES above
             labels,
             num_nodes=self.num_nodes,
+            rendezvous_port=self.rendezvous_port,
         )
-        return backend, request
+        return info, options, request
 
     def execute(self, context: Context) -> Any:
         """Plan the task on its backend and run it; the callable's return value goes to XCom."""
-        backend_name, request = self.resolved_request(context)
-        backend = get_backend_class(backend_name)(self.backend_options, log=self.log)
+        info, options, request = self.resolved_request(context)
+        backend = info.backend_class()(options, log=self.log)
         self.log.info(
             "GPU task %s on backend %r: %s; requirements %s; on_missing_gpu=%s",
             request.display_name,
-            backend_name,
+            info.name,
             request.resources.describe(),
             request.image.requirements_hash,
             request.on_missing_gpu,
         )
         self._running_backend = backend
         try:
-            return backend.run(backend.plan(request)).return_value
+            return backend.run(backend.plan(request), context).return_value
         finally:
             self._running_backend = None
 
     def render_manifests(
-        self, context: Context | None = None, *, params: Mapping[str, Any] | None = None
+        self, context: Context | None = None, *, params: Mapping[str, Any] | None = None, backend: str = "kubernetes"
     ) -> list[dict[str, Any]]:
-        """What this task would submit to Kubernetes, as plain dicts (no cluster needed; see docs/kubernetes.md).
+        """What this task would submit to a backend that renders (Kubernetes), as plain dicts; no cluster needed.
 
         :param context: a task context; without one, templates use the DAG's default params updated by ``params``
+        :param backend: the backend to render for, whatever the task's own backend is
         """
-        from airflow_gpu_provider.kubernetes.render import render_task
+        task, rendering = self, context
+        if rendering is None:
+            from airflow_gpu_provider.render import stand_in
 
-        return render_task(self, context, params=params)
+            task, rendering = stand_in(self, params)
+        info, options, request = task.resolved_request(rendering, backend=backend)
+        if not info.renders:
+            able = [name for name, other in BACKENDS.items() if other.renders]
+            raise InvalidSettingError(
+                f"{type(self).__name__}({self.task_id!r})", "backend", backend, "it cannot render", repr(able)
+            )
+        return info.backend_class()(options, log=self.log).render(request, rendering)
 
     def on_kill(self) -> None:
         """Stop the child process, container or pod of this try."""

@@ -1,26 +1,41 @@
 """Runtime of a GPU task: runs inside the child process, container or pod. Standard library only.
 
-It is shipped as this one file, so any image with ``python3`` can run it::
+It is shipped as this one file, so any image with ``python3`` can run it. It owns the wire protocol between a
+backend and the task process (envelope version 2)::
 
-    python3 bootstrap.py ENVELOPE RESULT
+    python3 bootstrap.py ENVELOPE RESULT               the task process
+    python3 bootstrap.py ENVELOPE --rank-results DIR    one rank of a launch (started by this runtime itself)
 
-``ENVELOPE`` is a JSON file path, or ``env:NAME`` for base64 JSON in an environment variable. ``RESULT`` is the
-path of the JSON result envelope (``-`` for none). The envelope (one wire format for every backend)::
+``ENVELOPE`` is a JSON file path, or ``env:NAME`` for base64 JSON in an environment variable. ``RESULT`` is where
+the result envelope goes: a file path, or ``-`` to print it as the last log line (``[gpu] result: {...}``) where no
+file can travel back (a multi-node Kubernetes run). It is a command-line argument, not part of the envelope, so that
+a runtime that cannot read its envelope still reports why. The envelope::
 
-    {"version": 1, "mode": "callable", "function": "train", "source": "def train(...): ...",
-     "filename": "/dags/demo.py", "first_line": 12, "args": [...], "kwargs": {...},
+    {"version": 2, "mode": "callable", "function": "train", "source": "def train(...): ...",
+     "filename": "/dags/demo.py", "first_line": 12, "args": [...], "kwargs": {...}, "clear_cache": true,
      "summary": {"backend": "local", "image": "...", "requirements_hash": "...", "resources": "...",
                  "gpus": [{"index": "0", "name": "...", "memory_total": 85899345920}] | null},
-     "clear_cache": true}
+     "die_with_parent": false,
+     "launch": {"module": "accelerate.commands.launch", "args": ["--num_processes", "2", ...],
+                "environment": {...}, "cpu_environment": {"ACCELERATE_USE_CPU": "1"},
+                "rank_arguments": {"--machine_rank": "NODE_RANK"}, "free_port_argument": "--main_process_port"}}
 
-    {"version": 1, "mode": "command", "command": ["python", "train.py"], "summary": {...}}
+    {"version": 2, "mode": "command", "command": ["python", "train.py"], "summary": {...}}
+
+``summary`` (added by the backend) starts the log; ``gpus: null`` asks the driver. ``launch`` (optional) runs the
+payload once per rank under a launcher: ``environment`` is added to the ranks' environment, ``cpu_environment``
+too when the task has no GPU, ``rank_arguments`` take their values from the environment (a pod's node rank), and
+``free_port_argument`` gets a free local port unless given. Each rank writes ``DIR/rank<RANK>.json``; the result is
+rank 0's value, or the earliest error of any rank. A process that another launcher started as a rank other than 0
+(``RANK``) reports nothing: rank 0 reports for the group.
 
 The result envelope: ``{"ok": true, "return_value": ..., "cache": [...]}`` or
 ``{"ok": false, "error": {"type": ..., "message": ..., "traceback": ...}}``. Exit status 0 on success,
 1 when the user code raised, 2 when the envelope itself is unusable.
 
-The CUDA helpers (:func:`clear_cuda_cache`, :func:`list_gpus`, :func:`cuda_memory_stats`) are also what
-``CudaHook`` and the worker's GPU inventory call, so there is one implementation of each.
+The same file installs a task's requirements (:func:`install_requirements`: the local backend's venvs, the
+Kubernetes init container), and its CUDA helpers (:func:`clear_cuda_cache`, :func:`list_gpus`,
+:func:`cuda_memory_stats`) are what ``CudaHook`` and the worker's GPU inventory call: one implementation of each.
 """
 
 from __future__ import annotations
@@ -34,15 +49,16 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
-ENVELOPE_VERSION = 1
+ENVELOPE_VERSION = 2
 PREFIX = "[gpu]"
 EXIT_USER_ERROR = 1
 EXIT_BAD_ENVELOPE = 2
-RANK_PROCESS = "AIRFLOW_GPU_RANK_PROCESS"  # set for the processes a launcher (accelerate) starts
-RESULT_TO_LOG = "AIRFLOW_GPU_RESULT_TO_LOG"  # also print the result as the last log line (no file can travel back)
+RESULT_TO_LOG = "-"
 RESULT_MARKER = f"{PREFIX} result: "
+RANK_RESULTS = "--rank-results"
 
 
 # --------------------------------------------------------------------------------------------- CUDA helpers
@@ -221,8 +237,9 @@ def print_summary(summary: dict[str, Any], cache: dict[str, Any]) -> None:
         print(f"{PREFIX} {line}", flush=True)
 
 
-# --------------------------------------------------------------------------------------------- execution
-def _load_envelope(source: str) -> dict[str, Any]:
+# --------------------------------------------------------------------------------------------- the protocol
+def load_envelope(source: str) -> dict[str, Any]:
+    """Read an envelope from a file or from ``env:NAME``; raise for one this runtime cannot read."""
     if source.startswith("env:"):
         raw = base64.b64decode(os.environ[source[4:]]).decode()
     else:
@@ -234,6 +251,33 @@ def _load_envelope(source: str) -> dict[str, Any]:
     return envelope
 
 
+def write_result(result_to: str, result: dict[str, Any]) -> None:
+    """Report the result envelope: to a file (atomically), or as the last log line (``-``)."""
+    if result_to == RESULT_TO_LOG:
+        print(RESULT_MARKER + json.dumps(result), flush=True)
+        return
+    directory = os.path.dirname(os.path.abspath(result_to))
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{result_to}.tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(result, handle)
+    os.replace(tmp, result_to)
+
+
+def _rank_result_path(rank_results: str) -> str:
+    return os.path.join(rank_results, f"rank{os.environ.get('RANK', '0')}.json")
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    return {
+        "time": time.time(),  # the earliest error of several ranks is the root cause
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+    }
+
+
+# --------------------------------------------------------------------------------------------- the payload
 def _load_function(envelope: dict[str, Any]) -> Any:
     """Compile the shipped source so that tracebacks show the DAG file's own line numbers."""
     filename = envelope.get("filename") or "<gpu task>"
@@ -245,30 +289,44 @@ def _load_function(envelope: dict[str, Any]) -> Any:
     return namespace[envelope["function"]]
 
 
-def _write_result(path: str, result: dict[str, Any]) -> None:
-    if os.environ.get(RANK_PROCESS):  # launched by this runtime: every rank reports, the launcher merges
-        path = f"{path}.rank{os.environ.get('RANK', '0')}" if path != "-" else path
-    elif os.environ.get("RANK", "0") != "0":
-        return
-    elif os.environ.get(RESULT_TO_LOG):
-        print(RESULT_MARKER + json.dumps(result), flush=True)
-    if path == "-":
-        return
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(result, handle)
-    os.replace(tmp, path)
+def _exec_command(envelope: dict[str, Any]) -> dict[str, Any]:
+    """Replace this process with the command (no shell); return the error result if it cannot start."""
+    command = [str(part) for part in envelope["command"]]
+    sys.stdout.flush()
+    try:
+        os.execvp(command[0], command)  # noqa: S606 - an argument list, no shell
+    except OSError as exc:
+        print(f"{PREFIX} cannot run {command[0]!r}: {exc}", file=sys.stderr, flush=True)
+        return {"ok": False, "error": _error(exc)}
+    raise AssertionError("unreachable")  # pragma: no cover - execvp does not return
 
 
-def _error(exc: BaseException) -> dict[str, Any]:
-    return {
-        "time": time.time(),  # the earliest error of several ranks is the root cause
-        "type": type(exc).__name__,
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-    }
+def _call_function(envelope: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    """Call the shipped function; return ``(partial result envelope, seconds)``. Never raises."""
+    started = time.monotonic()
+    try:
+        function = _load_function(envelope)
+        value = function(*envelope.get("args", []), **envelope.get("kwargs", {}))
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"the return value of {envelope['function']}() is a {type(value).__name__}, which cannot travel "
+                "back as JSON; return None, bool, int, float, str, or lists/dicts of those"
+            ) from exc
+    except SystemExit as exc:  # sys.exit() in user code: 0/None is success
+        if exc.code not in (0, None):
+            return _failed(exc), time.monotonic() - started
+        value = None
+    except Exception as exc:  # noqa: BLE001 - everything the user code raises is reported
+        return _failed(exc), time.monotonic() - started
+    return {"ok": True, "return_value": value}, time.monotonic() - started
+
+
+def _failed(exc: BaseException) -> dict[str, Any]:
+    traceback.print_exc()
+    sys.stderr.flush()
+    return {"ok": False, "error": _error(exc)}
 
 
 def _die_with_parent() -> None:
@@ -293,148 +351,248 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def launch_command(envelope: dict[str, Any], source: str, result_path: str, environ: dict[str, str]) -> list[str]:
-    """The launcher's argv, e.g. ``python -m accelerate.commands.launch <args> bootstrap.py ENVELOPE RESULT``.
+def launch_command(envelope: dict[str, Any], source: str, rank_results: str, environ: dict[str, str]) -> list[str]:
+    """The launcher's argv, e.g. ``python -m accelerate.commands.launch <args> bootstrap.py ENVELOPE ...``.
 
-    ``launch`` in the envelope: ``module``, ``args``, ``from_environment`` (flag -> variable, e.g. the node rank
-    of a multi-node pod) and ``free_port_flag`` (a flag that gets a free local port when it is not in ``args``).
+    :param source: the envelope's source (every rank reads it again)
+    :param rank_results: the folder the ranks write their results to
+    :param environ: the ranks' environment (``rank_arguments`` read it)
     """
     launch = envelope["launch"]
     argv = [sys.executable, "-m", launch["module"], *[str(a) for a in launch["args"]]]
-    for flag, variable in (launch.get("from_environment") or {}).items():
+    for flag, variable in (launch.get("rank_arguments") or {}).items():
         argv += [flag, environ[variable]]
-    port_flag = launch.get("free_port_flag")
+    port_flag = launch.get("free_port_argument")
     if port_flag and port_flag not in argv:
         argv += [port_flag, str(_free_port())]
     if envelope["mode"] == "callable":
-        return [*argv, os.path.abspath(__file__), source, result_path]
+        return [*argv, os.path.abspath(__file__), source, RANK_RESULTS, rank_results]
     return [*argv, *[str(part) for part in envelope["command"]]]
 
 
-def _rank_results(result_path: str) -> dict[int, dict[str, Any]]:
-    directory, prefix = os.path.split(os.path.abspath(result_path))
-    results = {}
-    for name in os.listdir(directory or "."):
-        if name.startswith(f"{prefix}.rank") and name[len(prefix) + 5 :].isdigit():
-            path = os.path.join(directory, name)
-            with open(path, encoding="utf-8") as handle:
-                results[int(name[len(prefix) + 5 :])] = json.load(handle)
-            os.remove(path)
-    return results
+def _has_gpus(envelope: dict[str, Any]) -> bool:
+    gpus = (envelope.get("summary") or {}).get("gpus")
+    return bool(gpus) if gpus is not None else bool(list_gpus())
 
 
-def _run_launcher(envelope: dict[str, Any], source: str, result_path: str) -> int:
-    """Run the payload under a launcher; the launched ranks run it, rank 0's result (or the first error) wins."""
+def _run_launcher(envelope: dict[str, Any], source: str, result_to: str) -> int:
+    """Run the payload under the envelope's launcher; rank 0's result, or the earliest error of any rank, wins."""
     import signal
     import subprocess
+    import tempfile
 
-    environ = {**os.environ, **(envelope["launch"].get("environment") or {}), RANK_PROCESS: "1"}
-    gpus = (envelope.get("summary") or {}).get("gpus")
-    if "ACCELERATE_USE_CPU" not in environ and (gpus == [] or (gpus is None and not list_gpus())):
-        environ["ACCELERATE_USE_CPU"] = "1"  # no GPU: the same processes, on CPU with gloo
-    argv = launch_command(envelope, source, result_path, environ)
-    cpu_note = " (CPU: ACCELERATE_USE_CPU=1)" if environ.get("ACCELERATE_USE_CPU") else ""
-    print(f"{PREFIX} launching{cpu_note}: {' '.join(argv)}", flush=True)
-    if result_path != "-":
-        _rank_results(result_path)  # leftovers of an earlier try
-    process = subprocess.Popen(argv, env=environ)
-    previous = signal.signal(signal.SIGTERM, lambda *_: process.terminate())  # e.g. docker stop on PID 1
-    try:
-        status = process.wait()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    if envelope["mode"] != "callable" or result_path == "-":
-        return status
-    results = _rank_results(result_path)
+    launch = envelope["launch"]
+    environ = {**os.environ, **(launch.get("environment") or {})}
+    no_gpu = launch.get("cpu_environment") or {}
+    if no_gpu and not _has_gpus(envelope):
+        environ.update(no_gpu)
+    on_cpu = bool(no_gpu) and all(environ.get(name) == value for name, value in no_gpu.items())
+    with tempfile.TemporaryDirectory(prefix="airflow-gpu-ranks-") as rank_results:
+        argv = launch_command(envelope, source, rank_results, environ)
+        cpu_note = f" (CPU: {' '.join(f'{k}={v}' for k, v in no_gpu.items())})" if on_cpu else ""
+        print(f"{PREFIX} launching{cpu_note}: {' '.join(argv)}", flush=True)
+        process = subprocess.Popen(argv, env=environ)
+        previous = signal.signal(signal.SIGTERM, lambda *_: process.terminate())  # e.g. docker stop on PID 1
+        try:
+            status = process.wait()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        if envelope["mode"] != "callable":
+            return status
+        results = {}
+        for name in os.listdir(rank_results):
+            if name.startswith("rank") and name.endswith(".json") and name[4:-5].isdigit():
+                with open(os.path.join(rank_results, name), encoding="utf-8") as handle:
+                    results[int(name[4:-5])] = json.load(handle)
+    result, status = _merge_ranks(results, status, launch["module"])
+    write_result(result_to, result)
+    return status
+
+
+def _merge_ranks(results: dict[int, dict[str, Any]], status: int, launcher: str) -> tuple[dict[str, Any], int]:
+    """One result for the launch: the earliest error of any rank, else rank 0's value."""
     errors = sorted((r["error"].get("time", 0), rank) for rank, r in results.items() if not r.get("ok"))
     if errors:
         rank = errors[0][1]
         failed = results[rank]
         failed["error"]["message"] = f"rank {rank}: {failed['error']['message']}"
-        _write_result(result_path, failed)
-        return EXIT_USER_ERROR
+        return failed, EXIT_USER_ERROR
     if status == 0:  # rank 0's value; on the other machines of a multi-node run, rank 0 is elsewhere
-        _write_result(result_path, {**results.get(0, {"ok": True, "return_value": None}), "ranks": len(results)})
-        return 0
+        return {**results.get(0, {"ok": True, "return_value": None}), "ranks": len(results)}, 0
     message = (
-        f"{envelope['launch']['module']} exited with status {status} and no rank reported an exception "
+        f"{launcher} exited with status {status} and no rank reported an exception "
         "(a rank was killed, or the launcher itself failed): see the log above"
     )
-    _write_result(result_path, {"ok": False, "error": {"type": "LaunchError", "message": message, "traceback": ""}})
-    return status or EXIT_USER_ERROR
+    return {"ok": False, "error": {"type": "LaunchError", "message": message, "traceback": ""}}, status or 1
 
 
-def run(envelope: dict[str, Any], result_path: str, source: str = "-") -> int:
-    """Run one envelope (read from ``source``); return the process exit status."""
-    rank_process = bool(os.environ.get(RANK_PROCESS))
-    if envelope.get("die_with_parent") and not rank_process:
-        _die_with_parent()
-    clear = envelope.get("clear_cache", True)
-    before = clear_cuda_cache() if clear else {"status": "skipped", "reason": "disabled", "freed_bytes": 0}
-    if not rank_process:
-        print_summary(envelope.get("summary") or {}, before)
-        if envelope.get("launch"):
-            return _run_launcher(envelope, source, result_path)
+# --------------------------------------------------------------------------------------------- requirements
+class InstallError(RuntimeError):
+    """An installer command failed; the message ends with its last lines of output."""
 
-    if envelope["mode"] == "command":
-        command = [str(part) for part in envelope["command"]]
-        sys.stdout.flush()
-        try:
-            os.execvp(command[0], command)  # noqa: S606 - an argument list, no shell
-        except OSError as exc:
-            print(f"{PREFIX} cannot run {command[0]!r}: {exc}", file=sys.stderr, flush=True)
-            _write_result(result_path, {"ok": False, "error": _error(exc)})
-            return 127
 
-    def fail(exc: BaseException) -> int:
-        traceback.print_exc()
-        sys.stderr.flush()
-        after = clear_cuda_cache() if clear else before
-        _write_result(result_path, {"ok": False, "error": _error(exc), "cache": [before, after]})
-        return EXIT_USER_ERROR
+def uv_ca_variable(uv_version: str) -> str:
+    """The variable that makes this uv trust the system CA store, as pip does (renamed in uv 0.11)."""
+    import re
 
-    started = time.monotonic()
-    try:
-        function = _load_function(envelope)
-        value = function(*envelope.get("args", []), **envelope.get("kwargs", {}))
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(
-                f"the return value of {envelope['function']}() is a {type(value).__name__}, which cannot travel "
-                "back as JSON; return None, bool, int, float, str, or lists/dicts of those"
-            ) from exc
-    except SystemExit as exc:  # sys.exit() in user code: 0/None is success
-        if exc.code not in (0, None):
-            return fail(exc)
-        value = None
-    except Exception as exc:  # noqa: BLE001 - everything the user code raises is reported
-        return fail(exc)
-    duration = time.monotonic() - started
-    after = clear_cuda_cache() if clear else before
-    who = f"rank {os.environ.get('RANK', '0')}: " if rank_process else ""
-    print(
-        f"{PREFIX} {who}{envelope['function']}() finished in {duration:.2f}s; CUDA cache after task: "
-        f"{_describe_cache(after)}",
-        flush=True,
+    numbers = tuple(int(part) for part in re.findall(r"\d+", uv_version)[:2])
+    return "UV_SYSTEM_CERTS" if numbers >= (0, 11) else "UV_NATIVE_TLS"
+
+
+def _installer(argv: list[str], emit: Callable[[str], None], environ: dict[str, str] | None = None) -> str:
+    """Run one installer command, each line of its output to ``emit``; raise with the tail on failure."""
+    import subprocess
+
+    emit(f"$ {' '.join(argv)}")
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environ or dict(os.environ)
     )
-    _write_result(result_path, {"ok": True, "return_value": value, "cache": [before, after], "duration_s": duration})
+    assert process.stdout is not None
+    lines = []
+    try:
+        for line in process.stdout:
+            lines.append(line.rstrip())
+            emit(f"  {line.rstrip()}")
+    finally:
+        if process.poll() is None:
+            process.kill()
+        status = process.wait()
+    if status != 0:
+        tail = "\n".join(lines[-20:])
+        raise InstallError(f"{argv[0]} {' '.join(argv[1:3])} failed with exit status {status}:\n{tail}")
+    return "\n".join(lines)
+
+
+def _uv_from_pip(emit: Callable[[str], None]) -> str:
+    """The uv binary for an image that has none: pip-installed into a temporary folder."""
+    target = os.path.join(os.environ.get("TMPDIR", "/tmp"), "airflow-gpu-uv")
+    _installer([sys.executable, "-m", "pip", "install", "--quiet", "--target", target, "uv"], emit)
+    return os.path.join(target, "bin", "uv")
+
+
+def install_requirements(
+    requirements: list[str],
+    index_args: list[str],
+    *,
+    installer: str,
+    python: str,
+    target: str | None = None,
+    resolve_with: str | None = None,
+    uv: str | None = None,
+    emit: Callable[[str], None] = print,
+    where: str = "the environment",
+) -> None:
+    """Install ``requirements`` for ``python`` (into ``target`` with ``--target``, else into its environment).
+
+    uv installs only what is missing: ``uv pip install --dry-run`` against ``resolve_with`` (default ``python``)
+    lists the missing packages as exact pins, and those alone are installed with ``--no-deps``, so a requirement
+    like ``accelerate`` never brings a second torch next to the one already there. pip installs what ``python``
+    does not see yet.
+
+    :param uv: the uv binary (default: ``uv`` on the PATH, else pip-installed first)
+    :param emit: receives each line of the installers' output
+    :param where: what ``resolve_with`` is, for the log ("the image", "the worker environment")
+    :raises InstallError: when an installer fails
+    """
+    into = ["--target", target] if target else []
+    if installer == "pip":
+        _installer(
+            [python, "-m", "pip", "install", "--disable-pip-version-check", *into, *index_args, *requirements], emit
+        )
+        return
+    import shutil
+
+    uv = uv or shutil.which("uv") or _uv_from_pip(emit)
+    environ = {**os.environ}
+    variable = uv_ca_variable(_installer([uv, "--version"], lambda _: None))
+    environ.setdefault(variable, "1")  # the system CA store (a TLS-intercepting proxy), as pip does
+    plan = _installer(
+        [uv, "pip", "install", "--dry-run", "--break-system-packages", "--python", resolve_with or python,
+         *index_args, *requirements],
+        emit,
+        environ,
+    )  # fmt: skip
+    pins = [line.strip()[2:].strip() for line in plan.splitlines() if line.strip().startswith("+ ")]
+    if not pins:
+        emit(f"{where} already satisfies every requirement")
+        return
+    _installer([uv, "pip", "install", "--no-deps", "--python", python, *into, *index_args, *pins], emit, environ)
+
+
+def install_main(argv: list[str]) -> int:
+    """``TARGET INSTALLER [INDEX ARGS...] -- REQUIREMENTS...``: install into TARGET for this Python.
+
+    What the Kubernetes init container runs.
+    """
+    target, installer, rest = argv[0], argv[1], argv[2:]
+    index_args, requirements = rest[: rest.index("--")], rest[rest.index("--") + 1 :]
+    try:
+        install_requirements(
+            requirements, index_args, installer=installer, python=sys.executable, target=target, where="the image",
+            emit=lambda line: print(f"{PREFIX} {line}", flush=True),
+        )  # fmt: skip
+    except InstallError as exc:
+        print(f"{PREFIX} {exc}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 
+# --------------------------------------------------------------------------------------------- a task try
+def run(envelope: dict[str, Any], source: str, result_to: str | None, rank_results: str | None = None) -> int:
+    """Run one envelope (read from ``source``) as the task process, or as one rank of a launch.
+
+    :param result_to: where the result goes (a file or ``-``); ``None`` for a rank
+    :param rank_results: a rank's result folder (``--rank-results``)
+    """
+    if envelope.get("die_with_parent") and rank_results is None:
+        _die_with_parent()
+    clear = envelope.get("clear_cache", True)
+    before = clear_cuda_cache() if clear else {"status": "skipped", "reason": "disabled", "freed_bytes": 0}
+    if rank_results is None:
+        print_summary(envelope.get("summary") or {}, before)
+        if envelope.get("launch"):
+            return _run_launcher(envelope, source, str(result_to))
+    if envelope["mode"] == "command":
+        result = _exec_command(envelope)
+        duration = 0.0
+    else:
+        result, duration = _call_function(envelope)
+    after = clear_cuda_cache() if clear else before
+    result["cache"] = [before, after]
+    if result["ok"]:
+        result["duration_s"] = duration
+        who = f"rank {os.environ.get('RANK', '0')}: " if rank_results is not None else ""
+        print(
+            f"{PREFIX} {who}{envelope['function']}() finished in {duration:.2f}s; CUDA cache after task: "
+            f"{_describe_cache(after)}",
+            flush=True,
+        )
+    if rank_results is not None:
+        write_result(_rank_result_path(rank_results), result)
+    elif os.environ.get("RANK", "0") == "0":
+        write_result(str(result_to), result)
+    if result["ok"]:
+        return 0
+    return 127 if envelope["mode"] == "command" else EXIT_USER_ERROR
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Command-line entry point: ``bootstrap.py ENVELOPE RESULT``."""
+    """Command-line entry point: ``bootstrap.py ENVELOPE RESULT`` or ``bootstrap.py ENVELOPE --rank-results DIR``."""
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2:
-        print("usage: bootstrap.py ENVELOPE RESULT", file=sys.stderr)
+    rank = len(argv) == 3 and argv[1] == RANK_RESULTS
+    if len(argv) != 2 and not rank:
+        print(f"usage: bootstrap.py ENVELOPE RESULT  |  bootstrap.py ENVELOPE {RANK_RESULTS} DIR", file=sys.stderr)
         return EXIT_BAD_ENVELOPE
+    result_to = _rank_result_path(argv[2]) if rank else argv[1]
     try:
-        envelope = _load_envelope(argv[0])
+        envelope = load_envelope(argv[0])
     except (OSError, KeyError, ValueError) as exc:
         print(f"{PREFIX} unusable task envelope {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
-        _write_result(argv[1], {"ok": False, "error": _error(exc)})
+        write_result(result_to, {"ok": False, "error": _error(exc)})
         return EXIT_BAD_ENVELOPE
-    return run(envelope, argv[1], argv[0])
+    if rank:
+        return run(envelope, argv[0], None, rank_results=argv[2])
+    return run(envelope, argv[0], result_to)
 
 
 if __name__ == "__main__":

@@ -204,8 +204,6 @@ class ResourceSettings:
             parts.append(f"{format_bytes(self.shm_size)} shm")
         return ", ".join(parts)
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly form (the vendor by name)."""
-        data = dataclasses.asdict(self)
-        data["gpu_vendor"] = self.gpu_vendor.name
-        return data
+    def without_gpus(self) -> ResourceSettings:
+        """The same request on the CPU only: what a task falls back to under ``on_missing_gpu="cpu"``."""
+        return self.with_overrides(gpu_count=0, accelerator=None, mig_profile=None)

@@ -12,7 +12,7 @@ from helpers import alive, load_dag, run_dag, task_states, xcom
 
 from airflow_gpu_provider import AccelerateOperator, ResourceSettings
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
-from airflow_gpu_provider.operators.accelerate import accelerate_options
+from airflow_gpu_provider.launchers.accelerate import accelerate_options
 
 pytestmark = pytest.mark.usefixtures("airflow_home")
 DAG_FILE = REPO / "tests" / "dags" / "accelerate_dags.py"

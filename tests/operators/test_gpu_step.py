@@ -15,12 +15,13 @@ from conftest import REPO
 from helpers import alive, load_dag, run_dag, task_states, xcom
 
 from airflow_gpu_provider import GpuStepOperator, ImageSettings, ResourceSettings
-from airflow_gpu_provider.backends.base import TaskRequest
-from airflow_gpu_provider.backends.local import LocalBackend
+from airflow_gpu_provider.backends.local.backend import LocalBackend
+from airflow_gpu_provider.backends.local.options import LocalOptions
 from airflow_gpu_provider.exceptions import InvalidSettingError, RemoteTaskError, UnknownSettingError
 from airflow_gpu_provider.host.allocator import GpuAllocator
 from airflow_gpu_provider.host.inventory import Device
 from airflow_gpu_provider.payload import callable_envelope, shipped_callable
+from airflow_gpu_provider.task.request import TaskRequest
 
 pytestmark = pytest.mark.usefixtures("airflow_home")
 DAG_FILE = REPO / "tests" / "dags" / "gpu_step_dags.py"
@@ -108,12 +109,12 @@ def test_execution_timeout_kills_the_whole_process_group(tmp_path, monkeypatch, 
 
 def test_on_kill_stops_the_child_and_releases_gpus(tmp_path, state_dir):
     pid_file = tmp_path / "pids"
-    backend = LocalBackend({"devices": "0", "state_dir": str(state_dir), "kill_grace": 2})
+    backend = LocalBackend(LocalOptions.parse({"devices": "0", "state_dir": str(state_dir), "kill_grace": 2}))
     hang = dag("gpu_step_timeout").get_task("hang").python_callable  # the same function as the timeout test's
     envelope = callable_envelope(shipped_callable(hang, owner="t"), [str(pid_file)], {})
     plan = backend.plan(TaskRequest(ResourceSettings(gpu_count=1), ImageSettings(), envelope))
     errors = []
-    runner = threading.Thread(target=lambda: errors.append(pytest.raises(RemoteTaskError, backend.run, plan)))
+    runner = threading.Thread(target=lambda: errors.append(pytest.raises(RemoteTaskError, backend.run, plan, {})))
     runner.start()
     deadline = time.monotonic() + 30
     while not pid_file.exists() and time.monotonic() < deadline:

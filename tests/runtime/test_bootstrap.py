@@ -13,7 +13,7 @@ import pytest
 
 from airflow_gpu_provider.payload import callable_envelope, command_envelope, shipped_callable
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
-from airflow_gpu_provider.runtime.bootstrap import clear_cuda_cache
+from airflow_gpu_provider.runtime.bootstrap import clear_cuda_cache, uv_ca_variable
 
 SUMMARY = {"backend": "test", "image": "img", "requirements_hash": "abc123", "resources": "1x nvidia GPU", "gpus": []}
 
@@ -172,3 +172,45 @@ def test_clear_cuda_cache_with_torch_loaded_on_a_cpu_machine():
     assert result["status"] == "skipped"
     assert result["reason"] == "CUDA is not available"
     assert result["freed_bytes"] == 0
+
+
+def test_result_to_the_log_when_no_file_can_travel_back(tmp_path):
+    envelope = {**envelope_for(add, 2, 2), "summary": SUMMARY}
+    path = tmp_path / "envelope.json"
+    path.write_text(json.dumps(envelope))
+    proc = subprocess.run(
+        [sys.executable, str(BOOTSTRAP_PATH), str(path), "-"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    last = proc.stdout.splitlines()[-1]
+    assert last.startswith("[gpu] result: ")
+    assert json.loads(last.removeprefix("[gpu] result: "))["return_value"]["sum"] == 4
+
+
+def test_a_rank_reports_into_the_rank_folder(tmp_path):
+    envelope = {**envelope_for(add, 1, 2), "summary": SUMMARY}
+    path = tmp_path / "envelope.json"
+    path.write_text(json.dumps(envelope))
+    proc = subprocess.run(
+        [sys.executable, str(BOOTSTRAP_PATH), str(path), "--rank-results", str(tmp_path / "ranks")],
+        env={**os.environ, "RANK": "3"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "[gpu] backend=" not in proc.stdout  # the summary is the launcher's, printed once
+    assert "[gpu] rank 3: add() finished" in proc.stdout
+    assert json.loads((tmp_path / "ranks" / "rank3.json").read_text())["return_value"]["sum"] == 3
+
+
+@pytest.mark.parametrize(
+    ("version", "variable"),
+    [
+        ("0.10.9", "UV_NATIVE_TLS"),
+        ("0.11.0", "UV_SYSTEM_CERTS"),
+        ("uv 0.13.9 (x86_64-unknown-linux-gnu)", "UV_SYSTEM_CERTS"),
+    ],
+)
+def test_ca_variable_follows_the_uv_version(version, variable):
+    assert uv_ca_variable(version) == variable

@@ -170,7 +170,8 @@ def test_any_valid_declaration_builds_a_consistent_object(kwargs):
     if settings_.memory is not None:
         assert isinstance(settings_.memory, int)
         assert settings_.memory > 0
-    assert ResourceSettings(**settings_.to_dict()) == settings_  # normalised values are valid input
+    normalised = {f.name: getattr(settings_, f.name) for f in dataclasses.fields(settings_)}
+    assert ResourceSettings(**normalised) == settings_  # normalised values are valid input
     assert settings_.with_overrides() == settings_
 
 

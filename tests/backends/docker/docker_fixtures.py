@@ -41,9 +41,9 @@ def docker_client() -> Iterator[Any]:
     """A docker-py client of the engine, with the base image present; cleans up the session's test images."""
     try:
         import docker
-        from airflow_gpu_provider.backends.docker_options import default_docker_url
+        from airflow_gpu_provider.backends.docker.options import DockerOptions
 
-        client = docker.APIClient(base_url=default_docker_url(), version="auto", timeout=60)
+        client = docker.APIClient(base_url=DockerOptions().engine_url, version="auto", timeout=60)
         client.ping()
     except Exception as err:
         _unavailable(f"no Docker engine is reachable ({err})")
@@ -151,8 +151,8 @@ def torch_image(docker_client: Any, airflow_home: Path) -> str:
     """
     from uv import find_uv_bin
 
-    from airflow_gpu_provider.images.dockerfile import BuildOptions, derived_image_spec
-    from airflow_gpu_provider.images.engine import ensure_derived_image
+    from airflow_gpu_provider.backends.docker.images.dockerfile import BuildOptions, derived_image_spec
+    from airflow_gpu_provider.backends.docker.images.engine import ensure_derived_image
     from airflow_gpu_provider.settings import ImageSettings
 
     wheels = Path("/opt/wheels")

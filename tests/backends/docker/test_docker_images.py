@@ -8,12 +8,13 @@ import time
 import pytest
 from backends.docker.docker_fixtures import BASE_IMAGE, TEST_REPOSITORY, container_ids
 
-from airflow_gpu_provider.backends.base import TaskRequest
-from airflow_gpu_provider.backends.docker import DockerBackend
-from airflow_gpu_provider.images.dockerfile import CA_PATH, BuildOptions, derived_image_spec
-from airflow_gpu_provider.images.engine import ImageError, ensure_derived_image
+from airflow_gpu_provider.backends.docker.backend import DockerBackend
+from airflow_gpu_provider.backends.docker.images.dockerfile import CA_PATH, BuildOptions, derived_image_spec
+from airflow_gpu_provider.backends.docker.images.engine import ImageError, ensure_derived_image
+from airflow_gpu_provider.backends.docker.options import DockerOptions
 from airflow_gpu_provider.payload import callable_envelope, shipped_callable
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+from airflow_gpu_provider.task.request import TaskRequest
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("no_leaks")]
 OPTIONS = {"repository": TEST_REPOSITORY}
@@ -43,21 +44,23 @@ def image_with(wheels, version, **kwargs) -> ImageSettings:
 
 def test_requirements_from_a_local_wheel_dir_are_built_once_then_reused(docker_client, task_log, wheel_dir):
     wheels, version = wheel_dir
-    backend = DockerBackend(OPTIONS, log=task_log[0])
+    backend = DockerBackend(DockerOptions.parse(OPTIONS), log=task_log[0])
     plan = backend.plan(request(image_with(wheels, version)))
-    assert backend.run(plan).return_value["version"] == version
+    assert backend.run(plan, {}).return_value["version"] == version
     assert task_log[1].count("Building derived image") == 1
     assert task_log[1].count("Step 1/") == 1  # build progress is streamed to the task log
 
-    assert backend.run(plan).return_value["version"] == version
+    assert backend.run(plan, {}).return_value["version"] == version
     assert task_log[1].count("Building derived image") == 1  # no rebuild
     assert task_log[1].count("Using cached derived image") == 1
 
     # the cache check alone, as the backend does it: parent lookup, content hash, tag lookup
     parent_id = docker_client.inspect_image(BASE_IMAGE)["Id"]
     started = time.perf_counter()
-    spec = derived_image_spec(BASE_IMAGE, plan.image, BuildOptions(repository=TEST_REPOSITORY), uv_binary=None)
-    spec_with_uv = derived_image_spec(BASE_IMAGE, plan.image, BuildOptions(repository=TEST_REPOSITORY), uv_binary="/uv")
+    spec = derived_image_spec(BASE_IMAGE, plan.request.image, BuildOptions(repository=TEST_REPOSITORY), uv_binary=None)
+    spec_with_uv = derived_image_spec(
+        BASE_IMAGE, plan.request.image, BuildOptions(repository=TEST_REPOSITORY), uv_binary="/uv"
+    )
     reference, built = ensure_derived_image(
         docker_client, spec_with_uv, parent_id, lock_dir="/tmp", push=False, log=task_log[0]
     )
@@ -75,8 +78,8 @@ def test_concurrent_tasks_build_the_same_image_once(task_log, wheel_dir):
     results: list[object] = []
 
     def task() -> None:
-        backend = DockerBackend(OPTIONS, log=task_log[0])
-        results.append(backend.run(backend.plan(request(image))).return_value["version"])
+        backend = DockerBackend(DockerOptions.parse(OPTIONS), log=task_log[0])
+        results.append(backend.run(backend.plan(request(image)), {}).return_value["version"])
 
     threads = [threading.Thread(target=task) for _ in range(3)]
     for thread in threads:
@@ -91,8 +94,10 @@ def test_concurrent_tasks_build_the_same_image_once(task_log, wheel_dir):
 def test_pip_installer_and_ca_bundle(task_log, wheel_dir):
     wheels, version = wheel_dir
     image = image_with(wheels, version, python_package_installer="pip")
-    backend = DockerBackend({**OPTIONS, "ca_bundle": "/etc/ssl/certs/ca-certificates.crt"}, log=task_log[0])
-    result = backend.run(backend.plan(request(image))).return_value
+    backend = DockerBackend(
+        DockerOptions.parse({**OPTIONS, "ca_bundle": "/etc/ssl/certs/ca-certificates.crt"}), log=task_log[0]
+    )
+    result = backend.run(backend.plan(request(image)), {}).return_value
     assert result == {"version": version, "ssl_cert_file": CA_PATH}
     assert 'RUN ["python3", "-m", "pip", "install"' in task_log[1].text
 
@@ -105,8 +110,8 @@ def test_uv_pip_installed_in_the_image_and_a_pypi_requirement(task_log, wheel_di
         requirements=[f"airflow-gpu-testpkg=={version}", "six==1.16.0"],
         find_links=[str(wheels)],
     )
-    backend = DockerBackend({**OPTIONS, "uv_source": "pip"}, log=task_log[0])
-    assert backend.run(backend.plan(request(image))).return_value["version"] == version
+    backend = DockerBackend(DockerOptions.parse({**OPTIONS, "uv_source": "pip"}), log=task_log[0])
+    assert backend.run(backend.plan(request(image)), {}).return_value["version"] == version
     assert 'RUN ["python3", "-m", "pip", "install", "--no-cache-dir", "uv==' in task_log[1].text
     assert 'RUN ["python3", "-m", "uv", "pip", "install"' in task_log[1].text
     assert "+ six==1.16.0" in task_log[1].text
@@ -115,9 +120,9 @@ def test_uv_pip_installed_in_the_image_and_a_pypi_requirement(task_log, wheel_di
 def test_failing_requirement_install_is_a_clear_error_and_leaves_no_container(docker_client, task_log):
     before = container_ids(docker_client)
     image = ImageSettings(parent_image=BASE_IMAGE, requirements=["airflow-gpu-provider-no-such-package==9.9.9"])
-    backend = DockerBackend(OPTIONS, log=task_log[0])
+    backend = DockerBackend(DockerOptions.parse(OPTIONS), log=task_log[0])
     with pytest.raises(ImageError, match="Could not build the derived image") as excinfo:
-        backend.run(backend.plan(request(image)))
+        backend.run(backend.plan(request(image)), {})
     message = str(excinfo.value)
     assert "airflow-gpu-provider-no-such-package" in message  # the installer's own words are in the error
     assert "returned a non-zero code" in message
@@ -127,7 +132,7 @@ def test_failing_requirement_install_is_a_clear_error_and_leaves_no_container(do
 def test_unreachable_registry_push_is_a_clear_error(task_log, wheel_dir):
     """A configured registry: the image is looked up there, built, then pushed; an unreachable one fails clearly."""
     wheels, version = wheel_dir
-    backend = DockerBackend({**OPTIONS, "registry": "localhost:1"}, log=task_log[0])
+    backend = DockerBackend(DockerOptions.parse({**OPTIONS, "registry": "localhost:1"}), log=task_log[0])
     with pytest.raises(ImageError, match=r"Pushing localhost:1/airflow-gpu-test-derived:.* failed"):
-        backend.run(backend.plan(request(image_with(wheels, version))))
+        backend.run(backend.plan(request(image_with(wheels, version))), {})
     assert "is not in the registry yet; building it" in task_log[1].text

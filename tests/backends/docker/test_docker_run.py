@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 from backends.docker.docker_fixtures import BASE_IMAGE, container_ids
 
-from airflow_gpu_provider.backends.base import TaskRequest
-from airflow_gpu_provider.backends.docker import ContainerOomError, DockerBackend
+from airflow_gpu_provider.backends.docker.backend import ContainerOomError, DockerBackend
+from airflow_gpu_provider.backends.docker.images.engine import ImageError
+from airflow_gpu_provider.backends.docker.options import DockerOptions
 from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError, RemoteTaskError
-from airflow_gpu_provider.images.engine import ImageError
 from airflow_gpu_provider.payload import callable_envelope, command_envelope, shipped_callable
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+from airflow_gpu_provider.task.request import TaskRequest
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("no_leaks")]
 LABELS = {"dag_id": "docker_tests", "task_id": "t", "run_id": "r", "try_number": "1", "map_index": "-1"}
@@ -31,8 +32,8 @@ def call(function, *args, **kwargs):
 
 
 def run(task_log, req, options=None):
-    backend = DockerBackend(options or {}, log=task_log[0])
-    return backend.run(backend.plan(req))
+    backend = DockerBackend(DockerOptions.parse(options or {}), log=task_log[0])
+    return backend.run(backend.plan(req), {})
 
 
 def add(a: int, b: int = 1) -> dict:
@@ -58,7 +59,7 @@ def test_callable_gets_arguments_and_returns_its_value(task_log):
 
 def test_command_runs_through_the_runtime(task_log):
     result = run(task_log, request(command_envelope(["python3", "-c", "print('hello from a command')"])))
-    assert result.return_value is None and result.exit_code == 0
+    assert result.return_value is None  # a command's exit status 0: no error raised
     assert "hello from a command" in task_log[1].text
     assert "[gpu] resources: no GPU" in task_log[1].text
 
@@ -108,10 +109,10 @@ def test_gpu_request_without_nvidia_runtime_falls_back_to_cpu(task_log):
 
 def test_gpu_request_reaches_the_engine_as_device_requests(docker_client, task_log):
     """GPU containers cannot start here, so create one from the plan and inspect it."""
-    backend = DockerBackend({"devices": ["GPU-1111", "GPU-2222"]}, log=task_log[0])
+    backend = DockerBackend(DockerOptions.parse({"devices": ["GPU-1111", "GPU-2222"]}), log=task_log[0])
     cases = {
-        "count": (DockerBackend({}), {"gpu_count": 2}, {"Count": 2, "DeviceIDs": None}),
-        "all": (DockerBackend({}), {"gpu_count": "all"}, {"Count": -1, "DeviceIDs": None}),
+        "count": (DockerBackend(DockerOptions()), {"gpu_count": 2}, {"Count": 2, "DeviceIDs": None}),
+        "all": (DockerBackend(DockerOptions()), {"gpu_count": "all"}, {"Count": -1, "DeviceIDs": None}),
         "ids": (backend, {"gpu_count": 1}, {"Count": 0, "DeviceIDs": ["GPU-1111"]}),
     }
     for name, (owner, resources, expected) in cases.items():
@@ -177,13 +178,13 @@ def sleep_forever() -> None:
 
 
 def test_kill_stops_and_removes_the_container(docker_client, task_log):
-    backend = DockerBackend({"stop_timeout": 2}, log=task_log[0])
+    backend = DockerBackend(DockerOptions.parse({"stop_timeout": 2}), log=task_log[0])
     plan = backend.plan(request(call(sleep_forever)))
     outcome: dict[str, BaseException] = {}
 
     def target() -> None:
         try:
-            backend.run(plan)
+            backend.run(plan, {})
         except BaseException as err:
             outcome["error"] = err
 

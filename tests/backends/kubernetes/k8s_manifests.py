@@ -93,10 +93,10 @@ def plan_and_render(
     envelope: dict[str, Any] | None = None,
 ) -> tuple[Any, list[dict[str, Any]]]:
     """Plan a request on the Kubernetes backend and render it with KubernetesPodOperator (no cluster)."""
-    from airflow_gpu_provider.backends.base import TaskRequest
-    from airflow_gpu_provider.backends.kubernetes import KubernetesBackend
+    from airflow_gpu_provider.backends import BACKENDS
     from airflow_gpu_provider.payload import command_envelope
     from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+    from airflow_gpu_provider.task.request import TaskRequest
 
     request = TaskRequest(
         resources or ResourceSettings(),
@@ -105,6 +105,5 @@ def plan_and_render(
         policy,  # type: ignore[arg-type]
         {"dag_id": "d", "task_id": "train", "run_id": "manual", "try_number": "1", "map_index": "-1"},
     )
-    backend = KubernetesBackend({"namespace": "ml", **(options or {})})
-    plan = backend.plan(request)
-    return plan, [validate(obj) for obj in backend.render(plan)]
+    backend = BACKENDS["kubernetes"].create({"namespace": "ml", **(options or {})})
+    return backend.plan(request), [validate(obj) for obj in backend.render(request, None)]

@@ -19,9 +19,9 @@ from helpers import load_dag
 from k8s_manifests import env, validate
 from pod_in_docker import require_docker
 
-from airflow_gpu_provider.kubernetes.container import ENVELOPE_ENV
-from airflow_gpu_provider.kubernetes.multinode import COMPLETION_INDEX
-from airflow_gpu_provider.kubernetes.multinode_run import result_from_log
+from airflow_gpu_provider.backends.kubernetes.container import ENVELOPE_ENV
+from airflow_gpu_provider.backends.kubernetes.multinode import COMPLETION_INDEX
+from airflow_gpu_provider.backends.kubernetes.multinode_run import result_from_log
 from airflow_gpu_provider.runtime.bootstrap import launch_command
 
 DAG_FILE = REPO / "tests" / "dags" / "accelerate_dags.py"
@@ -53,17 +53,14 @@ def test_two_nodes_times_four_gpus_bf16_job_service_and_command_lines():
     assert "NVIDIA-A100-SXM4-80GB" in terms[0]["matchExpressions"][0]["values"]
     variables = env(main)
     assert variables["NODE_RANK"] == {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}
-    assert variables["AIRFLOW_GPU_RESULT_TO_LOG"] == "1"
     main_address = f"{name}-0.{name}.ml.svc.cluster.local"
     assert variables["MASTER_ADDR"] == main_address
-    assert main["args"] == ["env:AIRFLOW_GPU_ENVELOPE", "/tmp/airflow-gpu-result.json"]
+    assert main["args"] == ["env:AIRFLOW_GPU_ENVELOPE", "-"]  # the result goes to the log: a Job has no sidecar
 
     envelope = envelope_of(job)
     pod_env = {"NODE_RANK": "", "MASTER_ADDR": main_address, "MASTER_PORT": "29500"}
     for rank in (0, 1):
-        argv = launch_command(
-            envelope, "env:AIRFLOW_GPU_ENVELOPE", "/tmp/airflow-gpu-result.json", {**pod_env, "NODE_RANK": str(rank)}
-        )
+        argv = launch_command(envelope, "env:AIRFLOW_GPU_ENVELOPE", "/tmp/ranks", {**pod_env, "NODE_RANK": str(rank)})
         assert argv[1:] == [
             "-m",
             "accelerate.commands.launch",
@@ -80,11 +77,12 @@ def test_two_nodes_times_four_gpus_bf16_job_service_and_command_lines():
             main_address,
             "--main_process_port",
             "29500",
-            argv[-3],
+            argv[-4],
             "env:AIRFLOW_GPU_ENVELOPE",
-            "/tmp/airflow-gpu-result.json",
+            "--rank-results",
+            "/tmp/ranks",
         ]
-        assert argv[-3].endswith("airflow_gpu_bootstrap.py") or argv[-3].endswith("bootstrap.py")
+        assert argv[-4].endswith("airflow_gpu_bootstrap.py") or argv[-4].endswith("bootstrap.py")
 
 
 @pytest.mark.docker

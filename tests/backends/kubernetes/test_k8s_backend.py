@@ -10,9 +10,9 @@ import zlib
 import pytest
 from k8s_manifests import env, main_container, plan_and_render
 
+from airflow_gpu_provider.backends.kubernetes.container import LAUNCHER
+from airflow_gpu_provider.backends.kubernetes.requirements import DEPS_DIR, INIT_CONTAINER
 from airflow_gpu_provider.exceptions import GpuTaskError, InvalidSettingError
-from airflow_gpu_provider.kubernetes.container import LAUNCHER
-from airflow_gpu_provider.kubernetes.requirements import DEPS_DIR, INIT_CONTAINER
 from airflow_gpu_provider.payload import command_envelope
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
@@ -111,7 +111,8 @@ def test_cpu_policy_plans_a_cpu_only_fallback_pod():
     assert plan.cpu_fallback.affinity == {}
     assert plan.cpu_fallback.environment["NVIDIA_VISIBLE_DEVICES"] == "void"
     envelope = json.loads(base64.b64decode(plan.cpu_fallback.environment["AIRFLOW_GPU_ENVELOPE"]))
-    assert envelope["summary"]["resources"] == "no GPU, 4 CPUs (CPU fallback)"
+    assert envelope["summary"]["resources"] == "2x nvidia A100, 4 CPUs -> CPU fallback"
+    assert envelope["summary"]["gpus"] == []  # no need to ask the driver: the fallback pod has no GPU
     assert plan_and_render(ResourceSettings(gpu_count=1), policy="fail")[0].cpu_fallback is None
 
 

@@ -1,24 +1,27 @@
-"""Multi-node primitive: Indexed Job + headless Service (and JobSet), built from the real single-pod manifest and
-validated against the official schemas. The runner (IndexedJobRun) needs a cluster and is not run here."""
+"""Multi-node primitive: Indexed Job + headless Service, built from the real single-pod manifest and validated
+against the official schemas. The runner (IndexedJobRun) needs a cluster and is not run here."""
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 
 import pytest
 from k8s_manifests import env, plan_and_render, validate
 
-from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.kubernetes.multinode import (
+from airflow_gpu_provider.backends.kubernetes.multinode import (
     COMPLETION_INDEX,
     JOB_LABEL,
     MultiNodeLayout,
     headless_service,
     indexed_job,
-    jobset,
 )
-from airflow_gpu_provider.kubernetes.multinode_run import multinode_manifests
+from airflow_gpu_provider.backends.kubernetes.multinode_run import multinode_manifests as build
+from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.settings import ResourceSettings
+
+
+def multinode_manifests(plan, num_nodes, port=29500):
+    return build(dataclasses.replace(plan, num_nodes=num_nodes, port=port))
 
 
 @pytest.fixture(scope="module")
@@ -75,20 +78,6 @@ def test_service_can_be_owned_by_the_job():
     service = validate(headless_service(layout, {"team": "x"}, owner_uid="6b1c3d9e-0000-4000-8000-000000000001"))
     [owner] = service["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"]) == ("Job", "train-abc")
-
-
-def test_jobset_wraps_the_same_job_spec(plan):
-    _, [pod] = plan_and_render(ResourceSettings(gpu_count=1))
-    layout = MultiNodeLayout("train-abc", "ml", 2)
-    manifest = jobset(layout, pod, {"team": "x"})
-    assert manifest["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
-    assert manifest["spec"]["network"] == {"enableDNSHostnames": True, "subdomain": "train-abc"}
-    [replicated] = manifest["spec"]["replicatedJobs"]
-    # No schema for the JobSet CRD ships with kubernetes-validate: validate its embedded Job instead.
-    embedded = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train-abc-node-0"}}
-    validate({**embedded, "spec": copy.deepcopy(replicated["template"]["spec"])})
-    variables = env(replicated["template"]["spec"]["template"]["spec"]["containers"][0])
-    assert variables["MASTER_ADDR"] == "train-abc-node-0-0.train-abc.ml.svc.cluster.local"
 
 
 def test_indexed_job_builder_from_any_pod_manifest():

@@ -10,9 +10,9 @@ import pytest
 from k8s_manifests import plan_and_render
 from kubernetes.client import models as k8s
 
+from airflow_gpu_provider.backends.kubernetes.pending import unschedulable
+from airflow_gpu_provider.backends.kubernetes.pod_operator import build_operator
 from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError, RemoteTaskError
-from airflow_gpu_provider.kubernetes.operator import build_operator
-from airflow_gpu_provider.kubernetes.pending import unschedulable
 from airflow_gpu_provider.settings import ResourceSettings
 
 GPU_SHORT = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu. preemption: not helpful."

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from airflow_gpu_provider.backends.kubernetes.options import KubernetesOptions
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
-from airflow_gpu_provider.kubernetes.options import KubernetesOptions
 
 GOOD = {
     "kubernetes_conn_id": "gke_prod",

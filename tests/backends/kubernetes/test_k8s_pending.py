@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from airflow_gpu_provider.kubernetes.pending import explain_termination, unschedulable
+from airflow_gpu_provider.backends.kubernetes.pending import explain_termination, unschedulable
 
 GPU_SHORT = (
     "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available: "
@@ -30,7 +30,7 @@ def pending_pod(message: str | None, *, status: str = "False") -> dict:
 def test_insufficient_gpu_names_the_resource_and_the_amount():
     verdict = unschedulable(pending_pod(GPU_SHORT))
     assert verdict is not None
-    assert verdict.missing_resources == ["nvidia.com/gpu"]
+    assert list(verdict.insufficient) == ["nvidia.com/gpu"]
     text = verdict.explain(300, {"nvidia.com/gpu": "2", "cpu": "8"})
     assert "ml/train-x1 stayed Pending for 300s" in text
     assert "no node has 2 nvidia.com/gpu free (3 node(s) have too little nvidia.com/gpu)" in text
@@ -61,7 +61,7 @@ def test_older_taint_wording_and_mig_resources():
 
 def test_event_message_is_used_when_the_condition_has_none():
     verdict = unschedulable(pending_pod(None), events=["Successfully assigned", GPU_SHORT])
-    assert verdict is not None and verdict.missing_resources == ["nvidia.com/gpu"]
+    assert verdict is not None and list(verdict.insufficient) == ["nvidia.com/gpu"]
 
 
 def test_scheduled_or_unknown_pods_are_not_unschedulable():

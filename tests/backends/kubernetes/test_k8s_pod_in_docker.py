@@ -11,8 +11,8 @@ import subprocess
 import pytest
 from pod_in_docker import leftover_containers, require_docker, run_pod
 
-from airflow_gpu_provider.backends.base import result_value
 from airflow_gpu_provider.exceptions import RemoteTaskError
+from airflow_gpu_provider.task.request import result_value
 
 pytestmark = pytest.mark.docker
 BASE_IMAGE = "airflow-gpu-base:bookworm"

@@ -18,7 +18,7 @@ import yaml
 from conftest import REPO
 from k8s_manifests import env, main_container, validate
 
-from airflow_gpu_provider.kubernetes.render import to_yaml
+from airflow_gpu_provider.render import to_yaml
 
 GOLDEN = REPO / "tests" / "backends" / "kubernetes" / "golden"
 CASES = {
@@ -41,7 +41,9 @@ def normalize(pod: dict) -> dict:
     pod = json.loads(json.dumps(pod))
     pod["metadata"]["name"] = pod["metadata"]["name"].rsplit("-", 1)[0] + "-<random>"
     pod["metadata"]["labels"]["airflow_version"] = "<airflow version>"
-    for variable in main_container(pod)["env"]:
+    for variable in (
+        v for c in [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]] for v in c.get("env") or []
+    ):
         if variable["name"] == "AIRFLOW_GPU_BOOTSTRAP":
             variable["value"] = "<airflow_gpu_provider/runtime/bootstrap.py, zlib + base64>"
         if variable["name"] == "AIRFLOW_GPU_ENVELOPE":
@@ -84,7 +86,7 @@ def test_render_does_not_change_the_dag_task(airflow_home):
 
 
 def _cli(dag_file: str, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "airflow_gpu_provider.kubernetes.render", str(REPO / "dags" / dag_file), *args]
+    command = [sys.executable, "-m", "airflow_gpu_provider.render", str(REPO / "dags" / dag_file), *args]
     return subprocess.run(command, capture_output=True, text=True, check=False, env=os.environ.copy())
 
 

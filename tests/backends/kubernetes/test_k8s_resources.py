@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from k8s_manifests import main_container, plan_and_render
 from kubernetes.utils import parse_quantity
 
+from airflow_gpu_provider.backends import BACKENDS
 from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.kubernetes.resources import container_resources
 from airflow_gpu_provider.settings import AMD, AWS_NEURON, GOOGLE_TPU, INTEL, NVIDIA, MigProfile, ResourceSettings
 
 VENDOR_KEYS = {
@@ -48,8 +48,9 @@ def test_cpu_and_memory_requests_equal_limits():
 
 
 def test_gpu_count_all_is_a_clear_error():
+    kubernetes = BACKENDS["kubernetes"]
     with pytest.raises(InvalidSettingError) as err:
-        container_resources(ResourceSettings(gpu_count="all"))
+        kubernetes.check(ResourceSettings(gpu_count="all"), 1, kubernetes.parse_options({}))
     assert "gpu_count='all'" in str(err.value)
     assert "integer" in str(err.value)
 

@@ -1,0 +1,301 @@
+"""The Docker backend: the task runs in a container on a Docker engine, reached through ``DockerHook``.
+
+``plan()`` maps the request to container arguments (pure, :mod:`.plan`); ``run()`` finds or builds the image
+(:mod:`.images`), takes the GPUs from the host allocator when the engine is on this host, creates the container
+with the runtime and the envelope in ``/airflow-gpu`` (:mod:`.files`), starts it, streams its output to the task
+log, reads the result back and removes the container on every path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import platform
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.docker.hooks.docker import DockerHook
+from docker.errors import APIError
+from uv import find_uv_bin
+
+from airflow_gpu_provider import config
+from airflow_gpu_provider.backends.base import Backend
+from airflow_gpu_provider.backends.docker.files import TaskFiles
+from airflow_gpu_provider.backends.docker.images.catalogue import cpu_only_reason
+from airflow_gpu_provider.backends.docker.images.dockerfile import derived_image_spec
+from airflow_gpu_provider.backends.docker.images.engine import ensure_derived_image, resolve_image
+from airflow_gpu_provider.backends.docker.options import DockerOptions
+from airflow_gpu_provider.backends.docker.plan import DockerPlan, plan_container
+from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError
+from airflow_gpu_provider.host.allocator import Allocation
+from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
+from airflow_gpu_provider.settings.units import format_bytes
+from airflow_gpu_provider.task.environment import summary
+from airflow_gpu_provider.task.request import TaskRequest, TaskResult, result_value
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+GO_ARCHITECTURES = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "ppc64le": "ppc64le", "s390x": "s390x"}
+NO_GPU_RUNTIME = "could not select device driver"
+TOOLKIT_FIX = (
+    "Install the NVIDIA Container Toolkit on the Docker host and register it with Docker "
+    "(nvidia-ctk runtime configure --runtime=docker, then restart dockerd)"
+)
+
+
+class ContainerOomError(GpuTaskError):
+    """The container was killed because it ran out of memory (its memory limit)."""
+
+
+class _NoGpuRuntime(Exception):
+    """The engine cannot start GPU containers (no NVIDIA runtime)."""
+
+
+def _log_lines(stream: Iterable[tuple[bytes | None, bytes | None]], log: logging.Logger) -> None:
+    """Log a container's output line by line as it comes.
+
+    stdout and stderr are kept apart, so a line an unbuffered ``print`` writes in two pieces is never cut by the other.
+    """
+    pending = [b"", b""]
+    for frames in stream:
+        for index, data in enumerate(frames):
+            if data:
+                *lines, pending[index] = (pending[index] + data).split(b"\n")
+                for line in lines:
+                    log.info("%s", line.decode(errors="replace").rstrip())
+    for rest in pending:
+        if rest:
+            log.info("%s", rest.decode(errors="replace").rstrip())
+
+
+class DockerBackend(Backend[DockerOptions, DockerPlan]):
+    """Run the task in a Docker container with the requested GPUs, CPUs, memory and ``/dev/shm``."""
+
+    name = "docker"
+
+    def __init__(self, options: DockerOptions, log: Any = None) -> None:
+        super().__init__(options, log)
+        self._client: Any = None
+        self._container_id: str | None = None
+        self._killed = False
+
+    def plan(self, request: TaskRequest) -> DockerPlan:
+        """Translate the request into container arguments (:func:`.plan.plan_container`)."""
+        return plan_container(request, self.options)
+
+    # ------------------------------------------------------------------ run
+    def run(self, plan: DockerPlan, context: Context) -> TaskResult:
+        """Find or build the image, run the container to completion, return its result; remove it on every path."""
+        client = self._connect()
+        for note in plan.resources.notes:
+            self.log.warning("%s", note)
+        image = self._image(client, plan)
+        with self._host_gpus(plan) as allocation:
+            if allocation.cpu_fallback:
+                return self._run_container(client, plan, image, cpu_fallback=True)
+            if allocation.devices:
+                ids = [device.id for device in allocation.devices]
+                self.log.info("GPUs %s from the host allocator (shared with the local backend's tasks)", ids)
+                plan = plan.on_devices(ids)
+            return self._run_gpu_container(client, plan, image)
+
+    def _host_gpus(self, plan: DockerPlan) -> Allocation:
+        """Devices from the host GPU allocator when the engine is on this host and its GPUs are known.
+
+        Otherwise (a remote engine, explicit ``devices``, or a host whose GPUs NVML and ``[gpu] devices`` do not
+        know) Docker hands out GPUs by count, and nothing stops two tasks from sharing one.
+        """
+        resources = plan.request.resources
+        if not resources.requests_gpus or plan.options.devices or not plan.options.engine_is_local:
+            return Allocation(devices=[])
+        present = plan.host.present(resources.gpu_vendor)
+        if not present:
+            return Allocation(devices=[])
+        return plan.host.allocate(plan.request, backend=self.name, log=self.log, present=present)
+
+    def _run_gpu_container(self, client: Any, plan: DockerPlan, image: str) -> TaskResult:
+        """Run with the GPU request; without an NVIDIA runtime, fail naming the fix or fall back to CPU."""
+        try:
+            return self._run_container(client, plan, image, cpu_fallback=False)
+        except _NoGpuRuntime as err:
+            requested = plan.request.resources.describe().split(",")[0]
+            policy = plan.request.missing_gpu
+            if not policy.runs_on_cpu:
+                hint = " Waiting cannot help." if policy.waits else ""
+                raise GpuUnavailableError(
+                    f"Requested {requested}, but the Docker engine cannot start GPU containers: {err}. "
+                    f"{TOOLKIT_FIX}; or set on_missing_gpu='cpu' to run on CPU instead.{hint}"
+                ) from None
+            self.log.warning(
+                "Requested %s, but the Docker engine cannot start GPU containers (%s). on_missing_gpu='cpu': "
+                "running on CPU instead. To use the GPUs: %s.",
+                requested,
+                err,
+                TOOLKIT_FIX,
+            )
+            return self._run_container(client, plan, image, cpu_fallback=True)
+
+    def _connect(self) -> Any:
+        """A docker-py ``APIClient`` from ``DockerHook`` (which pings the engine and logs in to the registry)."""
+        options = self.options
+        tls = None
+        if options.tls_ca_cert or options.tls_client_cert or options.tls_client_key:
+            tls = DockerHook.construct_tls_config(
+                ca_cert=options.tls_ca_cert, client_cert=options.tls_client_cert, client_key=options.tls_client_key
+            )
+        try:
+            self._client = DockerHook(
+                docker_conn_id=options.docker_conn_id,
+                base_url=url if isinstance(url := options.engine_url, str) else list(url),
+                version=options.api_version,
+                timeout=int(options.timeout),
+                **({"tls": tls} if tls is not None else {}),
+            ).api_client
+        except Exception as err:  # noqa: BLE001 - AirflowException, DockerException, requests errors
+            raise GpuTaskError(
+                f"Cannot reach the Docker engine at {options.engine_url}: {err}. Start the Docker daemon on the "
+                "worker, or point backend_options docker_url (or DOCKER_HOST) at a running engine."
+            ) from None
+        return self._client
+
+    def _image(self, client: Any, plan: DockerPlan) -> str:
+        """The image to run: the parent image, or its derived image with the requirements installed."""
+        parent = resolve_image(client, plan.parent_image, plan.options.pull, self.log)
+        image = plan.parent_image
+        if plan.request.image.requirements:
+            spec = derived_image_spec(
+                plan.parent_image, plan.request.image, plan.build, uv_binary=self._uv(plan, parent)
+            )
+            image, _ = ensure_derived_image(
+                client,
+                spec,
+                parent["Id"],
+                lock_dir=f"{plan.host.state_dir}/docker-builds",
+                push=plan.build.registry is not None,
+                log=self.log,
+            )
+        if plan.resources.host_config.get("device_requests"):  # an NVIDIA GPU task: is the image a CUDA one?
+            config_ = parent.get("Config") or {}
+            reason = cpu_only_reason(plan.parent_image, config_.get("Env") or (), config_.get("Labels") or {})
+            if reason:
+                self.log.warning(
+                    "GPUs were requested but the image %s looks CPU-only (%s): code inside may not see the GPUs. "
+                    "Use a CUDA image such as %s (see airflow_gpu_provider.backends.docker.images.catalogue).",
+                    plan.parent_image,
+                    reason,
+                    config.get("default_parent_image"),
+                )
+        return image
+
+    def _uv(self, plan: DockerPlan, parent: Mapping[str, Any]) -> str | None:
+        """The worker's uv binary when it runs on the parent image's architecture; else ``None`` (pip-install uv)."""
+        if plan.request.image.python_package_installer != "uv" or plan.build.uv_source != "worker":
+            return None
+        worker = GO_ARCHITECTURES.get(platform.machine(), platform.machine())
+        if parent.get("Architecture") != worker:
+            self.log.info(
+                "The image is %s, the worker %s: uv is pip-installed in the image.", parent.get("Architecture"), worker
+            )
+            return None
+        return find_uv_bin()
+
+    def _run_container(self, client: Any, plan: DockerPlan, image: str, *, cpu_fallback: bool) -> TaskResult:
+        files = self._files(plan, image, cpu_fallback)
+        with TaskFiles(files, parent=f"{plan.host.state_dir}/docker-tasks") as task_files:
+            kwargs = plan.create_kwargs(image, cpu_fallback=cpu_fallback)
+            container_id = self._create(client, kwargs, task_files, plan)
+            self._container_id, self._killed = container_id, False
+            started = succeeded = False
+            try:
+                task_files.copy_in(client, container_id)
+                stream = client.attach(container_id, stdout=True, stderr=True, stream=True, demux=True)
+                try:
+                    client.start(container_id)
+                except APIError as err:
+                    if NO_GPU_RUNTIME in str(err.explanation):
+                        raise _NoGpuRuntime(err.explanation) from None
+                    raise GpuTaskError(
+                        f"Docker could not start the task container from {image}: {err.explanation}. The image "
+                        "needs python3 on its PATH."
+                    ) from None
+                started = True
+                self.log.info("Started container %s from %s", container_id[:12], image)
+                _log_lines(stream, self.log)
+                if self._killed:
+                    raise GpuTaskError(f"Container {container_id[:12]} was stopped because the task was killed.")
+                exit_code = int(client.wait(container_id)["StatusCode"])
+                if exit_code != 0 and client.inspect_container(container_id)["State"].get("OOMKilled"):
+                    limit = kwargs["host_config"].get("mem_limit")
+                    raise ContainerOomError(
+                        f"Container {container_id[:12]} was killed because it ran out of memory (OOM, exit status "
+                        f"{exit_code}; memory limit {format_bytes(limit) if limit else 'none'}). Raise memory= or "
+                        "reduce the task's memory use."
+                    )
+                result = task_files.result(client, container_id)
+                value = result_value(result, exit_code, where=f"container {container_id[:12]}")
+                succeeded = True
+                return TaskResult(value)
+            finally:
+                self._container_id = None
+                self._cleanup(client, container_id, plan, started=started, succeeded=succeeded)
+
+    def _create(self, client: Any, kwargs: dict[str, Any], files: TaskFiles, plan: DockerPlan) -> str:
+        """Create the container with the worker folder mounted, or without it where the engine cannot see it."""
+        kwargs = dict(kwargs)
+        host_config = kwargs.pop("host_config")
+        files.mounted = plan.options.mount_tmp_dir
+        while True:
+            mounts = [*host_config.get("mounts", []), *([files.mount] if files.mounted else [])]
+            try:
+                config_ = client.create_host_config(**{**host_config, "mounts": mounts or None})
+                return str(client.create_container(host_config=config_, **kwargs)["Id"])
+            except APIError as err:
+                if files.mounted and str(files.path) in str(err.explanation):
+                    self.log.warning(
+                        "The Docker engine cannot see the worker's folder %s (a remote engine?); the task's files "
+                        "are copied through the Docker API instead. backend_options mount_tmp_dir=False skips this "
+                        "attempt.",
+                        files.path,
+                    )
+                    files.mounted = False
+                    continue
+                raise GpuTaskError(
+                    f"Docker could not create the task container from {kwargs['image']}: {err.explanation}"
+                ) from None
+
+    def _files(self, plan: DockerPlan, image: str, cpu_fallback: bool) -> dict[str, bytes]:
+        """The runtime and the envelope (with the resource summary the runtime prints first)."""
+        envelope = {
+            **plan.request.envelope,
+            # gpus None: the runtime asks nvidia-smi in the container (a CPU task gets NVIDIA_VISIBLE_DEVICES=void)
+            "summary": summary(plan.request, backend=self.name, image=image, gpus=None, cpu_fallback=cpu_fallback),
+        }
+        return {"bootstrap.py": BOOTSTRAP_PATH.read_bytes(), "envelope.json": json.dumps(envelope).encode()}
+
+    def _cleanup(self, client: Any, container_id: str, plan: DockerPlan, *, started: bool, succeeded: bool) -> None:
+        """Remove the container (``auto_remove``); a kept one is stopped first. Never raises."""
+        auto_remove = plan.options.auto_remove
+        keep = started and (auto_remove == "never" or (auto_remove == "success" and not succeeded))
+        try:
+            if keep:
+                client.stop(container_id, timeout=int(plan.options.stop_timeout))
+                self.log.info("Kept container %s for inspection (auto_remove=%r)", container_id[:12], auto_remove)
+            else:
+                client.remove_container(container_id, force=True)
+        except APIError as err:
+            if getattr(err, "status_code", None) != 404:
+                self.log.warning("Could not clean up container %s: %s", container_id[:12], err)
+
+    def kill(self) -> None:
+        """Called from ``on_kill``: stop the container (SIGTERM, then SIGKILL after ``stop_timeout``), remove it."""
+        container_id, client = self._container_id, self._client
+        if container_id is None or client is None:
+            return
+        self._killed = True
+        self.log.info("Stopping container %s", container_id[:12])
+        with contextlib.suppress(APIError):
+            client.stop(container_id, timeout=int(self.options.stop_timeout))
+        with contextlib.suppress(APIError):
+            client.remove_container(container_id, force=True)

@@ -1,0 +1,147 @@
+"""``backend_options`` of the Docker backend: one typed, frozen dataclass, checked when the DAG is parsed."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from airflow_gpu_provider.backends.options import (
+    BackendOptions,
+    BadOption,
+    boolean,
+    one_of,
+    option,
+    seconds,
+    string_list,
+    text,
+)
+
+PullPolicy = Literal["missing", "always", "never"]
+AutoRemove = Literal["force", "success", "never"]
+UvSource = Literal["worker", "pip"]
+PULL_POLICIES: tuple[str, ...] = ("missing", "always", "never")
+AUTO_REMOVE: tuple[str, ...] = ("force", "success", "never")
+UV_SOURCES: tuple[str, ...] = ("worker", "pip")
+MOUNT_TYPES: tuple[str, ...] = ("bind", "volume", "tmpfs")
+DOCKER_SOCKETS: tuple[str, ...] = ("/var/run/docker.sock", "/run/docker.sock")
+DEFAULT_DOCKER_URL = "unix://var/run/docker.sock"
+
+
+def exposes_docker_socket(source: str) -> bool:
+    """Whether a bind source is the Docker socket or a folder that holds it."""
+    path = posixpath.normpath(source)
+    return any(socket == path or socket.startswith(path.rstrip("/") + "/") for socket in DOCKER_SOCKETS) or (
+        path.endswith("docker.sock")
+    )
+
+
+def _docker_url(value: Any) -> str | tuple[str, ...]:
+    urls = value if isinstance(value, (list, tuple)) else [value]
+    for url in urls:
+        text(url)
+    return value if isinstance(value, str) else tuple(value)
+
+
+def _user(value: Any) -> str | int:
+    if not isinstance(value, (str, int)) or isinstance(value, bool) or not str(value).strip():
+        raise BadOption("expected a user name or uid", "'1000', 1000 or '1000:1000'")
+    return value
+
+
+def _mounts(value: Any) -> tuple[dict[str, Any], ...]:
+    accepted = "a list of {'source': ..., 'target': '/abs/path', 'type': 'bind'|'volume'|'tmpfs', 'read_only': bool}"
+    if isinstance(value, (str, Mapping)) or not isinstance(value, Sequence):
+        raise BadOption("expected a list of mounts", accepted)
+    for mount in value:
+        if not isinstance(mount, Mapping) or set(mount) - {"source", "target", "type", "read_only"}:
+            raise BadOption("not a mount description", accepted, value=mount)
+        target, kind = mount.get("target"), mount.get("type", "bind")
+        if not isinstance(target, str) or not target.startswith("/"):
+            raise BadOption("'target' must be an absolute path in the container", accepted, value=mount)
+        if kind not in MOUNT_TYPES:
+            raise BadOption(f"unknown mount type {kind!r}", accepted, value=mount)
+        source = mount.get("source")
+        if kind != "tmpfs" and (not isinstance(source, str) or not source):
+            raise BadOption("'source' is required for bind and volume mounts", accepted, value=mount)
+        if kind == "bind" and exposes_docker_socket(str(source)):
+            raise BadOption(
+                "the Docker socket is never mounted into task containers (it gives root on the host)",
+                "mounts of data or model folders",
+                value=mount,
+            )
+    return tuple(dict(mount) for mount in value)
+
+
+@dataclass(frozen=True)
+class DockerOptions(BackendOptions):
+    """The Docker backend's options; each default is written here once.
+
+    :param docker_conn_id: Airflow Docker connection used to log in to a registry (pulls and pushes)
+    :param docker_url: the engine, as for ``DockerOperator`` (default ``$DOCKER_HOST``, else the local socket)
+    :param api_version: Docker API version
+    :param timeout: API call timeout in seconds
+    :param tls_ca_cert: TLS to a remote engine (with ``tls_client_cert`` and ``tls_client_key``)
+    :param network_mode: ``bridge``, ``none``, ``host`` or a network name (default: the engine's)
+    :param mounts: ``[{"source", "target", "type": "bind"|"volume"|"tmpfs", "read_only"}]``; the Docker socket (or a
+        folder holding it) is refused
+    :param ipc_mode: e.g. ``"host"`` to share the host's IPC namespace and ``/dev/shm``
+    :param user: who the task runs as in the container (default: the image's)
+    :param working_dir: where the task runs in the container (default: the image's)
+    :param auto_remove: ``force`` removes every container, ``success`` keeps failed ones (stopped) for
+        inspection, ``never`` keeps all
+    :param pull: pull the parent image when it is ``missing``, ``always`` or ``never``
+    :param registry: push derived images there, and pull them from there first (default ``[gpu] image_registry``)
+    :param repository: image name of derived images
+    :param ca_bundle: PEM file that installs inside derived-image builds trust (default ``[gpu] ca_bundle``)
+    :param uv_source: ``worker`` copies the worker's uv binary into the build; ``pip`` pip-installs uv
+    :param compile_bytecode: compile ``.pyc`` files into derived images, so tasks do not compile what they import
+        in every fresh container (costs build time once)
+    :param devices: GPU indices or UUIDs (MIG UUIDs too) to request instead of a count
+    :param driver_capabilities: ``NVIDIA_DRIVER_CAPABILITIES`` of GPU containers
+    :param group_add: supplementary groups for device access, names or GIDs (AMD default: ``video``, ``render``)
+    :param mount_tmp_dir: share the task's files through a bind-mounted worker folder; ``False`` copies them
+        through the Docker API (remote engines; tried by itself when the engine cannot see the folder)
+    :param stop_timeout: seconds between SIGTERM and SIGKILL when the task is stopped
+    :param state_dir: host folder for the GPU and build locks (default ``[gpu] state_dir``)
+    """
+
+    backend: ClassVar[str] = "docker"
+
+    docker_conn_id: str | None = option(check=text)
+    docker_url: str | tuple[str, ...] | None = option(check=_docker_url)
+    api_version: str = option("auto", check=text)
+    timeout: float = option(60.0, check=seconds)
+    tls_ca_cert: str | None = option(check=text)
+    tls_client_cert: str | None = option(check=text)
+    tls_client_key: str | None = option(check=text)
+    network_mode: str | None = option(check=text)
+    mounts: tuple[dict[str, Any], ...] = option((), check=_mounts)
+    ipc_mode: str | None = option(check=text)
+    user: str | int | None = option(check=_user)
+    working_dir: str | None = option(check=text)
+    auto_remove: AutoRemove = option("force", check=one_of(*AUTO_REMOVE))
+    pull: PullPolicy = option("missing", check=one_of(*PULL_POLICIES))
+    registry: str | None = option(check=text)
+    repository: str = option("airflow-gpu-derived", check=text)
+    ca_bundle: str | None = option(check=text)
+    uv_source: UvSource = option("worker", check=one_of(*UV_SOURCES))
+    compile_bytecode: bool = option(True, check=boolean)
+    devices: tuple[str, ...] = option((), check=string_list)
+    driver_capabilities: str = option("compute,utility", check=text)
+    group_add: tuple[str, ...] | None = option(check=string_list)
+    mount_tmp_dir: bool = option(True, check=boolean)
+    stop_timeout: float = option(10.0, check=seconds)
+    state_dir: str | None = option(check=text)
+
+    @property
+    def engine_url(self) -> str | tuple[str, ...]:
+        """The engine to talk to: ``docker_url``, else ``$DOCKER_HOST``, else the local socket (as DockerOperator)."""
+        return self.docker_url or os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_URL
+
+    @property
+    def engine_is_local(self) -> bool:
+        """Whether the engine is on this host (a unix socket), so that it shares this host's GPUs."""
+        return isinstance(self.engine_url, str) and self.engine_url.startswith("unix://")

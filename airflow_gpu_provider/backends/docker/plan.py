@@ -1,0 +1,106 @@
+"""The Docker backend's plan: everything ``run()`` sends to the engine, decided without touching it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_gpu_provider import config
+from airflow_gpu_provider.backends.docker.container import ContainerResources, map_resources
+from airflow_gpu_provider.backends.docker.files import COMMAND
+from airflow_gpu_provider.backends.docker.images.dockerfile import BuildOptions
+from airflow_gpu_provider.backends.docker.options import DockerOptions
+from airflow_gpu_provider.host.allocator import HostGpus
+from airflow_gpu_provider.settings.units import parse_bytes
+from airflow_gpu_provider.task.request import TaskRequest
+
+LABEL = "airflow-gpu-provider"
+
+
+@dataclass(frozen=True)
+class DockerPlan:
+    """The container of one task try.
+
+    :param container: ``create_container`` arguments, except the image (known after the build) and the host config
+    :param resources: host config and environment for the request; ``fallback``: the same on the CPU only
+    :param mapping: the arguments the resources were mapped with, to map them again onto the devices the host
+        allocator hands out
+    """
+
+    request: TaskRequest
+    options: DockerOptions
+    parent_image: str
+    container: dict[str, Any]
+    host_config: dict[str, Any]
+    resources: ContainerResources
+    fallback: ContainerResources | None
+    build: BuildOptions
+    host: HostGpus
+    mapping: dict[str, Any] = field(default_factory=dict)
+
+    def create_kwargs(self, image: str, *, cpu_fallback: bool = False) -> dict[str, Any]:
+        """``create_container`` arguments, with ``host_config`` as ``create_host_config`` arguments."""
+        resources = self.fallback if cpu_fallback and self.fallback is not None else self.resources
+        environment = {**self.container["environment"], **resources.environment, **self.request.image.environment}
+        return {
+            **self.container,
+            "image": image,
+            "environment": environment,
+            "host_config": {**self.host_config, **resources.host_config},
+        }
+
+    def on_devices(self, device_ids: Sequence[str]) -> DockerPlan:
+        """The same plan with the GPUs requested by id (those the host allocator handed out)."""
+        remapped = map_resources(self.request.resources, **{**self.mapping, "device_ids": list(device_ids)})
+        return dataclasses.replace(self, resources=remapped)
+
+
+def plan_container(request: TaskRequest, options: DockerOptions) -> DockerPlan:
+    """Map a request onto container arguments. Reads ``[gpu]`` options only; no engine calls."""
+    mapping: dict[str, Any] = {
+        "shm_size": parse_bytes(config.get("shm_size")),
+        "ipc_mode": options.ipc_mode,
+        "device_ids": list(options.devices),
+        "driver_capabilities": options.driver_capabilities,
+        "group_add": None if options.group_add is None else list(options.group_add),
+    }
+    resources = request.resources
+    fallback = map_resources(resources.without_gpus(), **mapping) if resources.requests_gpus else None
+    container: dict[str, Any] = {
+        "command": list(COMMAND),
+        "environment": {"PYTHONUNBUFFERED": "1"},
+        "labels": {LABEL: "true", **{f"{LABEL}.{key}": value for key, value in request.labels.items()}},
+    }
+    if options.user is not None:
+        container["user"] = options.user
+    if options.working_dir is not None:
+        container["working_dir"] = options.working_dir
+    host_config: dict[str, Any] = {}
+    if options.network_mode is not None:
+        host_config["network_mode"] = options.network_mode
+    if options.mounts:
+        host_config["mounts"] = [
+            {"Target": m["target"], "Source": m.get("source", ""), "Type": m.get("type", "bind"),
+             "ReadOnly": bool(m.get("read_only", False))}
+            for m in options.mounts
+        ]  # fmt: skip
+    return DockerPlan(
+        request=request,
+        options=options,
+        parent_image=request.image.parent_image or config.get("default_parent_image"),
+        container=container,
+        host_config=host_config,
+        resources=map_resources(resources, **mapping),
+        fallback=fallback,
+        build=BuildOptions(
+            repository=options.repository,
+            registry=options.registry or config.get("image_registry") or None,
+            ca_bundle=options.ca_bundle or config.get("ca_bundle") or None,
+            uv_source=options.uv_source,
+            compile_bytecode=options.compile_bytecode,
+        ),
+        host=HostGpus.configured(state_dir=options.state_dir),
+        mapping=mapping,
+    )

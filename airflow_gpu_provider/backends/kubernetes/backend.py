@@ -1,0 +1,89 @@
+"""Kubernetes backend: one pod per task try, run by the cncf-kubernetes provider's KubernetesPodOperator.
+
+``plan()`` is pure (:mod:`.plan`): it maps the request onto the pod's pieces. ``run()`` hands them to
+KubernetesPodOperator (its hook, connection, namespace and in-cluster handling, log streaming and XCom sidecar) and
+turns the outcome into a return value or a typed error; a multi-node launch runs as an Indexed Job
+(:mod:`.multinode_run`). Options: ``docs/kubernetes.md``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, cast
+
+from airflow_gpu_provider.backends.base import Backend
+from airflow_gpu_provider.backends.kubernetes.multinode_run import IndexedJobRun, multinode_manifests
+from airflow_gpu_provider.backends.kubernetes.options import KubernetesOptions
+from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan, plan_pod
+from airflow_gpu_provider.backends.kubernetes.pod_operator import build_operator, to_dict
+from airflow_gpu_provider.exceptions import GpuUnavailableError
+from airflow_gpu_provider.task.request import TaskRequest, TaskResult, result_value
+
+if TYPE_CHECKING:
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+    from airflow.sdk import Context
+
+
+class KubernetesBackend(Backend[KubernetesOptions, KubernetesPlan]):
+    """Run each task try in a pod that asks for the task's GPUs, CPUs and memory."""
+
+    name = "kubernetes"
+
+    def __init__(self, options: KubernetesOptions, log: Any = None) -> None:
+        super().__init__(options, log)
+        self._running: Any = None  # the GpuPodOperator or IndexedJobRun of the current try, for kill()
+
+    def plan(self, request: TaskRequest) -> KubernetesPlan:
+        """Map the request onto the pod's pieces (:func:`.plan.plan_pod`). No cluster access."""
+        return plan_pod(request, self.options)
+
+    def run(self, plan: KubernetesPlan, context: Context) -> TaskResult:
+        """Run the pod with KubernetesPodOperator inside the current task; the pod is deleted on every path."""
+        if plan.num_nodes > 1:
+            return self._run_job(plan, context)
+        try:
+            return self._run_pod(plan, context)
+        except GpuUnavailableError as err:
+            if plan.cpu_fallback is None:
+                raise
+            self.log.warning("%s Running the task on CPU instead (on_missing_gpu='cpu').", err)
+            return self._run_pod(plan.cpu_fallback, context)
+
+    def _run_pod(self, plan: KubernetesPlan, context: Context) -> TaskResult:
+        operator = build_operator(plan)
+        self._running = operator
+        try:
+            envelope = operator.execute_sync(context)
+        except Exception as err:  # KubernetesPodOperator has deleted the pod by now
+            explained = operator.explain_failure(plan)
+            if explained is None:
+                raise
+            raise explained from err
+        finally:
+            self._running = None
+        return TaskResult(result_value(envelope, 0, where=f"pod {operator.pod_label}"))
+
+    def _run_job(self, plan: KubernetesPlan, context: Context) -> TaskResult:
+        """A multi-node launch: an Indexed Job plus its headless Service, removed on every path."""
+        layout, service, job = multinode_manifests(plan, context=context)
+        hook = cast("KubernetesHook", build_operator(plan).hook)
+        run = IndexedJobRun(hook, layout, service, job, log=self.log, pending_timeout=plan.pending_timeout)
+        self._running = run
+        try:
+            result = run.run()
+        finally:
+            self._running = None
+        return TaskResult(result_value(result, 0, where=f"Job {layout.name} (rank 0)"))
+
+    def render(self, request: TaskRequest, context: Context) -> list[dict[str, Any]]:
+        """The objects :meth:`run` would submit, as API dicts (built by KubernetesPodOperator, no cluster)."""
+        plan = self.plan(request)
+        if plan.num_nodes > 1:
+            _, service, job = multinode_manifests(plan, context=context)
+            return [service, job]
+        return [to_dict(build_operator(plan).build_pod_request_obj(context, dry_run=True))]
+
+    def kill(self) -> None:
+        """Delete the running pod (KubernetesPodOperator's ``on_kill``) or the Job and its Service."""
+        running = self._running
+        if running is not None:
+            running.on_kill()

@@ -1,0 +1,83 @@
+"""The pod's containers: the stdlib runtime shipped in environment variables, their commands and environment.
+
+No ConfigMap and no image change: ``AIRFLOW_GPU_BOOTSTRAP`` holds ``runtime/bootstrap.py`` (zlib + base64),
+``AIRFLOW_GPU_ENVELOPE`` the task envelope (base64 JSON, read by the runtime as ``env:AIRFLOW_GPU_ENVELOPE``), and
+the main container runs ``python3 -c <launcher> env:AIRFLOW_GPU_ENVELOPE /airflow/xcom/return.json``: the runtime
+writes its result envelope where KubernetesPodOperator's XCom sidecar reads it. The init container that installs
+requirements runs the same runtime's installer.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+from airflow_gpu_provider.exceptions import GpuTaskError
+from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
+from airflow_gpu_provider.runtime.bootstrap import RESULT_TO_LOG
+from airflow_gpu_provider.settings import ResourceSettings
+from airflow_gpu_provider.task.environment import gpu_free_environment, thread_environment
+
+BOOTSTRAP_ENV = "AIRFLOW_GPU_BOOTSTRAP"
+ENVELOPE_ENV = "AIRFLOW_GPU_ENVELOPE"
+RESULT_PATH = "/airflow/xcom/return.json"  # KubernetesPodOperator's XCom sidecar reads this file
+# Writes the runtime to a file, then runs it as __main__ (launched ranks run that file again) or calls its installer.
+_WRITE_RUNTIME = (
+    "import base64,os,runpy,tempfile,zlib;"
+    "p=os.path.join(tempfile.gettempdir(),'airflow_gpu_bootstrap.py');"
+    f"open(p,'wb').write(zlib.decompress(base64.b64decode(os.environ[{BOOTSTRAP_ENV!r}])));"
+)
+LAUNCHER = _WRITE_RUNTIME + "runpy.run_path(p,run_name='__main__')"
+INSTALLER = _WRITE_RUNTIME + "import sys;sys.exit(runpy.run_path(p)['install_main'](sys.argv[1:]))"
+# Linux caps one environment string at 128 KiB (MAX_ARG_STRLEN); keep a margin for the name.
+MAX_ENV_VALUE = 120 * 1024
+SECURITY_DEFAULTS: dict[str, Any] = {"privileged": False, "allowPrivilegeEscalation": False}
+
+
+@functools.cache
+def bootstrap_payload() -> str:
+    """``runtime/bootstrap.py``, compressed and base64-encoded for an environment variable."""
+    return base64.b64encode(zlib.compress(BOOTSTRAP_PATH.read_bytes(), 9)).decode()
+
+
+def encode_envelope(envelope: Mapping[str, Any]) -> str:
+    """The envelope as base64 JSON; too large for an environment variable is an error that says what to do."""
+    value = base64.b64encode(json.dumps(envelope).encode()).decode()
+    if len(value) > MAX_ENV_VALUE:
+        raise GpuTaskError(
+            f"The task's code and arguments take {len(value) // 1024} KiB encoded, more than the "
+            f"{MAX_ENV_VALUE // 1024} KiB a pod's environment variable can hold. Pass large data by reference "
+            "(a path or URL to object storage) instead of as an argument."
+        )
+    return value
+
+
+def launch_command(*, result_to_log: bool = False) -> tuple[list[str], list[str]]:
+    """``(command, args)`` of the main container.
+
+    :param result_to_log: print the result as the last log line instead (a multi-node Job has no XCom sidecar)
+    """
+    return ["python3", "-c", LAUNCHER], [f"env:{ENVELOPE_ENV}", RESULT_TO_LOG if result_to_log else RESULT_PATH]
+
+
+def task_environment(
+    resources: ResourceSettings, environment: Mapping[str, str], envelope: Mapping[str, Any]
+) -> dict[str, str]:
+    """Environment of the main container, the runtime's two variables last (they win)."""
+    return {
+        "PYTHONUNBUFFERED": "1",
+        **thread_environment(resources),
+        **gpu_free_environment(resources),
+        **environment,
+        BOOTSTRAP_ENV: bootstrap_payload(),
+        ENVELOPE_ENV: encode_envelope(envelope),
+    }
+
+
+def security_context(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Not privileged, no privilege escalation; ``container_security_context`` keys replace the defaults."""
+    return {**SECURITY_DEFAULTS, **(overrides or {})}

@@ -1,0 +1,181 @@
+"""Run the multi-node primitive: create the Indexed Job and its headless Service, follow rank 0, clean up.
+
+Uses the cncf-kubernetes provider's ``KubernetesHook`` (connection, namespace, in-cluster handling) and
+``PodManager`` (log streaming). Cleanup deletes the Job, its pods and the Service on success, on failure and from
+``kill()``; the Job's ``ttlSecondsAfterFinished`` and the Service's owner reference are the safety net when the
+worker itself dies. This module needs a cluster: it has no test that runs it (see docs/kubernetes.md).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
+from kubernetes.client.exceptions import ApiException
+
+from airflow_gpu_provider.backends.kubernetes.multinode import COMPLETION_INDEX, JOB_LABEL, MultiNodeLayout
+from airflow_gpu_provider.backends.kubernetes.multinode import headless_service as service_manifest
+from airflow_gpu_provider.backends.kubernetes.multinode import indexed_job as job_manifest
+from airflow_gpu_provider.backends.kubernetes.pending import unschedulable
+from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan
+from airflow_gpu_provider.backends.kubernetes.pod_operator import build_operator, to_dict
+from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError
+from airflow_gpu_provider.runtime.bootstrap import RESULT_MARKER
+
+MAIN_CONTAINER = "base"
+
+
+def multinode_manifests(
+    plan: KubernetesPlan, *, context: Any = None, namespace: str | None = None
+) -> tuple[MultiNodeLayout, dict[str, Any], dict[str, Any]]:
+    """``(layout, service, job)`` for ``plan.num_nodes`` copies of the plan's pod (built by KubernetesPodOperator).
+
+    The pod has no XCom sidecar: in a Job it would keep every pod running after the task ends.
+    """
+    operator = build_operator(plan)
+    operator.do_xcom_push = False
+    pod = to_dict(operator.build_pod_request_obj(context, dry_run=True))
+    name = pod["metadata"]["name"][: 60 - len(str(plan.num_nodes - 1))].rstrip("-.")
+    layout = MultiNodeLayout(name, namespace or pod["metadata"]["namespace"], plan.num_nodes, plan.port)
+    labels = dict(pod["metadata"].get("labels") or {})
+    return layout, service_manifest(layout, labels), job_manifest(layout, pod, labels)
+
+
+class IndexedJobRun:
+    """One run of an Indexed Job with its headless Service; ``run()`` cleans up on every path, ``kill()`` too."""
+
+    def __init__(
+        self,
+        hook: KubernetesHook,
+        layout: MultiNodeLayout,
+        service: Mapping[str, Any],
+        job: Mapping[str, Any],
+        *,
+        log: logging.Logger | None = None,
+        poll_interval: float = 5.0,
+        pending_timeout: float = 300.0,
+    ) -> None:
+        self.hook, self.layout, self.service, self.job = hook, layout, dict(service), dict(job)
+        self.log = log or logging.getLogger(__name__)
+        self.poll_interval, self.pending_timeout = poll_interval, pending_timeout
+        self._created = False
+
+    @property
+    def selector(self) -> str:
+        """Label selector of this run's pods."""
+        return f"{JOB_LABEL}={self.layout.name}"
+
+    def run(self) -> dict[str, Any] | None:
+        """Create, follow rank 0's log until the Job ends; return rank 0's result envelope; always clean up.
+
+        A failed Job whose rank 0 reported the exception returns that error envelope (with its traceback); any
+        other failure raises.
+        """
+        try:
+            self._create()
+            try:
+                self._follow()
+            except GpuTaskError:
+                result = self._rank0_result()
+                if result is not None and not result.get("ok"):
+                    return result
+                raise
+            return self._rank0_result()
+        finally:
+            self.cleanup()
+
+    def _rank0_result(self) -> dict[str, Any] | None:
+        """The result envelope rank 0 printed as its last ``[gpu] result:`` log line, if any."""
+        rank0 = next((p for p in self._pods() if (p.metadata.annotations or {}).get(COMPLETION_INDEX) == "0"), None)
+        if rank0 is None:
+            return None
+        text = self.hook.core_v1_client.read_namespaced_pod_log(
+            rank0.metadata.name, self.layout.namespace, container=MAIN_CONTAINER, tail_lines=200
+        )
+        return result_from_log(text)
+
+    def _create(self) -> None:
+        namespace = self.layout.namespace
+        self._created = True  # from here on, cleanup has something to delete
+        created = self.hook.batch_v1_client.create_namespaced_job(namespace, self.job)
+        owned = service_manifest(self.layout, self.service["metadata"].get("labels", {}), created.metadata.uid)
+        self.hook.core_v1_client.create_namespaced_service(namespace, owned)
+        self.log.info(
+            "Started Indexed Job %s/%s: %d nodes, main address %s",
+            namespace,
+            self.layout.name,
+            self.layout.num_nodes,
+            self.layout.main_address,
+        )
+
+    def _pods(self) -> list[Any]:
+        return self.hook.core_v1_client.list_namespaced_pod(self.layout.namespace, label_selector=self.selector).items
+
+    def _follow(self) -> None:
+        started = time.monotonic()
+        followed = False
+        manager = PodManager(kube_client=self.hook.core_v1_client)
+        while True:
+            job = self.hook.batch_v1_client.read_namespaced_job_status(self.layout.name, self.layout.namespace)
+            conditions = {c.type: c for c in (job.status.conditions or []) if c.status == "True"}
+            if "Failed" in conditions:
+                failed = conditions["Failed"]
+                raise GpuTaskError(f"Job {self.layout.name} failed: {failed.reason}: {failed.message or ''}".strip())
+            if "Complete" in conditions:
+                self.log.info("Job %s completed on all %d nodes", self.layout.name, self.layout.num_nodes)
+                return
+            pods = self._pods()
+            self._check_pending(pods, time.monotonic() - started)
+            rank0 = next((p for p in pods if (p.metadata.annotations or {}).get(COMPLETION_INDEX) == "0"), None)
+            if not followed and rank0 is not None and rank0.status.phase in ("Running", "Succeeded", "Failed"):
+                manager.fetch_container_logs(rank0, MAIN_CONTAINER, follow=True)
+                followed = True
+            time.sleep(self.poll_interval)
+
+    def _check_pending(self, pods: list[Any], waited: float) -> None:
+        if waited < self.pending_timeout:
+            return
+        for pod in pods:
+            verdict = unschedulable(to_dict(pod))
+            if verdict is not None:
+                limits = to_dict(pod.spec.containers[0].resources).get("limits", {})
+                raise GpuUnavailableError(verdict.explain(waited, limits))
+
+    def cleanup(self) -> None:
+        """Delete the Job, its pods and the Service (missing objects are fine); log what could not be deleted."""
+        if not self._created:
+            return
+        namespace, name = self.layout.namespace, self.layout.name
+        steps = (
+            ("job", lambda: self.hook.batch_v1_client.delete_namespaced_job(
+                name, namespace, propagation_policy="Background")),
+            ("pods", lambda: self.hook.core_v1_client.delete_collection_namespaced_pod(
+                namespace, label_selector=self.selector)),
+            ("service", lambda: self.hook.core_v1_client.delete_namespaced_service(name, namespace)),
+        )  # fmt: skip
+        for what, delete in steps:
+            try:
+                delete()
+            except ApiException as err:
+                if err.status != 404:
+                    self.log.error("Could not delete the %s of %s/%s: %s", what, namespace, name, err)
+        self._created = False
+
+    def kill(self) -> None:
+        """Called from ``on_kill``: delete everything now."""
+        self.cleanup()
+
+    on_kill = kill
+
+
+def result_from_log(text: str) -> dict[str, Any] | None:
+    """The last result envelope the runtime printed in a log (its result argument ``-``)."""
+    for line in reversed(text.splitlines()):
+        if line.startswith(RESULT_MARKER):
+            return dict(json.loads(line[len(RESULT_MARKER) :]))
+    return None

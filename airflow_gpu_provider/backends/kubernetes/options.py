@@ -1,0 +1,157 @@
+"""``backend_options`` of the Kubernetes backend: one typed, frozen dataclass, checked when the DAG is parsed.
+
+Every option is documented in ``docs/kubernetes.md``. Values are checked for shape here (names, types, closed sets);
+whether the cluster accepts them is the API server's business.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from airflow_gpu_provider.backends.kubernetes.labels import LABEL_SCHEMES, accelerator_requirements
+from airflow_gpu_provider.backends.options import BackendOptions, BadOption, boolean, one_of, option, seconds
+from airflow_gpu_provider.settings import ResourceSettings
+
+REQUIREMENTS_MODES: tuple[str, ...] = ("init-container", "image")
+PULL_POLICIES: tuple[str, ...] = ("Always", "IfNotPresent", "Never")
+FINISH_ACTIONS: tuple[str, ...] = ("delete_pod", "delete_succeeded_pod", "keep_pod")
+TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
+TOLERATION_OPERATORS: tuple[str, ...] = ("Exists", "Equal")
+TAINT_EFFECTS: tuple[str, ...] = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_NAME_PART = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+QUALIFIED_NAME = re.compile(rf"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_NAME_PART}$")
+LABEL_VALUE = re.compile(rf"^({_NAME_PART})?$")
+
+RequirementsMode = Literal["init-container", "image"]
+
+
+def _string(pattern: re.Pattern[str] | None = None, accepted: str = "str") -> Any:
+    def check(value: Any) -> str:
+        if not isinstance(value, str) or not value or (pattern is not None and not pattern.match(value)):
+            raise BadOption("not a valid value", accepted)
+        return value
+
+    return check
+
+
+def check_label_key(key: object) -> str:
+    """A label, annotation or node-selector key: ``[prefix/]name``."""
+    accepted = "a qualified name such as 'team' or 'example.com/team' (prefix: DNS subdomain; name: 63 characters)"
+    if not isinstance(key, str) or not QUALIFIED_NAME.match(key) or len(key.partition("/")[2] or key) > 63:
+        raise BadOption("not a Kubernetes label key", accepted, value=key)
+    return key
+
+
+def _string_map(*, label_values: bool) -> Any:
+    """A dict of label keys to strings (label values obey the 63-character label grammar)."""
+
+    def check(value: Any) -> dict[str, str]:
+        if not isinstance(value, Mapping):
+            raise BadOption("expected a mapping", "a dict of str to str")
+        for key, item in value.items():
+            check_label_key(key)
+            if not isinstance(item, str):
+                raise BadOption(f"the value of {key!r} must be a string", "str", value=item)
+            if label_values and not LABEL_VALUE.match(item):
+                raise BadOption(
+                    f"the value of {key!r} is not a label value",
+                    "up to 63 of [A-Za-z0-9-_.], alphanumeric ends",
+                    value=item,
+                )
+        return dict(value)
+
+    return check
+
+
+def _tolerations(value: Any) -> tuple[dict[str, Any], ...]:
+    accepted = "a list of dicts with key, operator (Exists|Equal), value, effect, tolerationSeconds"
+    if isinstance(value, (str, Mapping)) or not isinstance(value, Sequence):
+        raise BadOption("expected a list of tolerations", accepted)
+    for item in value:
+        if not isinstance(item, Mapping) or set(item) - TOLERATION_KEYS:
+            raise BadOption("not a toleration in the Kubernetes API form", accepted, value=item)
+        if item.get("operator", "Equal") not in TOLERATION_OPERATORS:
+            raise BadOption("unknown operator", " or ".join(TOLERATION_OPERATORS), value=item)
+        if "effect" in item and item["effect"] not in TAINT_EFFECTS:
+            raise BadOption("unknown effect", " or ".join(TAINT_EFFECTS), value=item)
+    return tuple(dict(item) for item in value)
+
+
+def _api_dict(value: Any) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise BadOption("expected a dict in the Kubernetes API form", "a dict")
+    return dict(value)
+
+
+def _secret_names(value: Any) -> tuple[str, ...]:
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, Sequence) or not all(isinstance(i, str) and DNS_SUBDOMAIN.match(i) for i in items):
+        raise BadOption("expected secret names", "a list of secret names, or 'secret_a,secret_b'")
+    return tuple(items)
+
+
+def _grace_seconds(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadOption("expected a non-negative integer", "seconds, e.g. 30")
+    return value
+
+
+_dns_label = _string(DNS_LABEL, "a DNS label: lower-case letters, digits and '-'")
+_dns_subdomain = _string(DNS_SUBDOMAIN, "a DNS subdomain name")
+
+
+@dataclass(frozen=True)
+class KubernetesOptions(BackendOptions):
+    """The Kubernetes backend's options (``backend_options=``), with their defaults. See ``docs/kubernetes.md``."""
+
+    backend: ClassVar[str] = "kubernetes"
+
+    kubernetes_conn_id: str = option("kubernetes_default", check=_string())
+    namespace: str | None = option(check=_dns_label)
+    in_cluster: bool | None = option(check=boolean)
+    cluster_context: str | None = option(check=_string())
+    config_file: str | None = option(check=_string())
+    label_scheme: str = option("nvidia-gfd", check=one_of(*LABEL_SCHEMES))
+    accelerator_labels: Mapping[str, str] | None = option(check=_string_map(label_values=True))
+    node_selector: Mapping[str, str] | None = option(check=_string_map(label_values=True))
+    tolerations: tuple[dict[str, Any], ...] = option((), check=_tolerations)
+    gpu_toleration: bool = option(True, check=boolean)
+    affinity: Mapping[str, Any] | None = option(check=_api_dict)
+    pod_template_file: str | None = option(check=_string())
+    pod_template_dict: Mapping[str, Any] | None = option(check=_api_dict)
+    labels: Mapping[str, str] | None = option(check=_string_map(label_values=True))
+    annotations: Mapping[str, str] | None = option(check=_string_map(label_values=False))
+    service_account_name: str | None = option(check=_dns_subdomain)
+    image_pull_secrets: tuple[str, ...] = option((), check=_secret_names)
+    image_pull_policy: str | None = option(check=one_of(*PULL_POLICIES))
+    priority_class_name: str | None = option(check=_dns_subdomain)
+    runtime_class_name: str | None = option(check=_dns_subdomain)
+    container_security_context: Mapping[str, Any] | None = option(check=_api_dict)
+    requirements_mode: RequirementsMode = option("init-container", check=one_of(*REQUIREMENTS_MODES))
+    derived_image: str | None = option(check=_string())
+    installer_image: str | None = option(check=_string(accepted="an image reference with python3"))
+    pending_timeout: float | None = option(check=seconds)
+    startup_timeout: float = option(1800.0, check=seconds)
+    termination_grace_period: int | None = option(check=_grace_seconds)
+    on_finish_action: str = option("delete_pod", check=one_of(*FINISH_ACTIONS))
+
+    def __post_init__(self) -> None:
+        if self.pod_template_file is not None and self.pod_template_dict is not None:
+            raise self.invalid("pod_template_dict", "...", "give pod_template_file or pod_template_dict, not both")
+        if self.requirements_mode == "image" and not self.derived_image:
+            raise self.invalid(
+                "requirements_mode",
+                "image",
+                "needs backend_options['derived_image'], the image the Docker backend pushed to your registry",
+                "derived_image='registry.example.com/team/train:<tag>', or requirements_mode='init-container'",
+            )
+
+    def check(self, resources: ResourceSettings) -> None:
+        """At DAG parse time: the accelerator model must have node labels in the label scheme."""
+        accelerator_requirements(resources, self.label_scheme, self.accelerator_labels)

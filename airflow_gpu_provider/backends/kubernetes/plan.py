@@ -1,0 +1,136 @@
+"""The Kubernetes backend's plan: the pod of one task try, as KubernetesPodOperator arguments (API dicts).
+
+Pure: no cluster and no client; it reads only ``pod_template_file`` when one is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from airflow_gpu_provider import config
+from airflow_gpu_provider.backends.kubernetes import container, resources, scheduling
+from airflow_gpu_provider.backends.kubernetes.options import KubernetesOptions
+from airflow_gpu_provider.backends.kubernetes.requirements import requirements_plan
+from airflow_gpu_provider.settings import ResourceSettings
+from airflow_gpu_provider.task.environment import summary
+from airflow_gpu_provider.task.request import TaskRequest
+
+MANAGED_BY = {"app.kubernetes.io/managed-by": "airflow-gpu-provider"}
+DEFAULT_RENDEZVOUS_PORT = 29500
+
+
+@dataclass(frozen=True)
+class KubernetesPlan:
+    """The pod a task try runs in, as KubernetesPodOperator arguments (Kubernetes API dicts, no client objects).
+
+    :param resources: requests/limits of the main container (also named in pending-pod errors)
+    :param pending_timeout: seconds a pod may stay unscheduled before the task fails
+    :param cpu_fallback: the CPU-only plan to run when no GPU node takes the pod (``on_missing_gpu="cpu"``)
+    :param num_nodes: pods of a multi-node launch (an Indexed Job), meeting on ``port``
+    """
+
+    task_id: str
+    image: str
+    command: list[str]
+    args: list[str]
+    environment: dict[str, str]
+    resources: dict[str, dict[str, str]]
+    options: KubernetesOptions
+    volumes: list[dict[str, Any]] = field(default_factory=list)
+    volume_mounts: list[dict[str, Any]] = field(default_factory=list)
+    init_containers: list[dict[str, Any]] = field(default_factory=list)
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    affinity: dict[str, Any] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    security_context: dict[str, Any] = field(default_factory=dict)
+    pod_template: dict[str, Any] | None = None
+    pending_timeout: float = 300.0
+    cpu_fallback: KubernetesPlan | None = None
+    num_nodes: int = 1
+    port: int = DEFAULT_RENDEZVOUS_PORT
+
+
+def load_pod_template(options: KubernetesOptions) -> dict[str, Any] | None:
+    """The user's pod template as a dict (``pod_template_dict``, or the YAML/JSON in ``pod_template_file``)."""
+    if options.pod_template_dict is not None:
+        return dict(options.pod_template_dict)
+    if options.pod_template_file is None:
+        return None
+    import yaml
+
+    path = Path(options.pod_template_file)
+    if not path.is_file():
+        raise options.invalid("pod_template_file", str(path), "no such file", "a path to a Pod YAML file")
+    template = yaml.safe_load(path.read_text())
+    if not isinstance(template, dict) or template.get("kind", "Pod") != "Pod":
+        raise options.invalid("pod_template_file", str(path), "not a Pod manifest", "kind: Pod")
+    return template
+
+
+def plan_pod(request: TaskRequest, options: KubernetesOptions) -> KubernetesPlan:
+    """Map the request onto the pod's pieces, with a CPU-only fallback pod under ``on_missing_gpu="cpu"``."""
+    primary = _pod(request, options, request.resources)
+    if request.num_nodes > 1:
+        return primary  # every node must get its GPUs: no CPU fallback for a multi-node launch
+    if request.missing_gpu.runs_on_cpu and request.resources.requests_gpus:
+        fallback = _pod(request, options, request.resources.without_gpus(), cpu_fallback=True)
+        primary = dataclasses.replace(primary, cpu_fallback=fallback)
+    return primary
+
+
+def _pod(
+    request: TaskRequest, options: KubernetesOptions, wanted: ResourceSettings, *, cpu_fallback: bool = False
+) -> KubernetesPlan:
+    amounts = resources.container_resources(wanted)
+    security = container.security_context(options.container_security_context)
+    base_image = request.image.parent_image or config.get("default_parent_image")
+    deps = requirements_plan(
+        request.image,
+        mode=options.requirements_mode,
+        base_image=base_image,
+        derived_image=options.derived_image,
+        installer_image=options.installer_image,
+        security_context=security,
+        resources=resources.without_accelerators(amounts),
+    )
+    template = load_pod_template(options)
+    accelerator_key = resources.accelerator_resource(wanted)
+    toleration_key = wanted.gpu_vendor.k8s_resource if accelerator_key else None  # MIG nodes too
+    place = scheduling.placement(wanted, toleration_key, options, (template or {}).get("spec"))
+    # gpus None: the runtime asks nvidia-smi inside the pod
+    task_summary = summary(request, backend="kubernetes", image=deps.image, gpus=None, cpu_fallback=cpu_fallback)
+    shm_volumes, shm_mounts = resources.shm_volume(wanted)
+    command, args = container.launch_command(result_to_log=request.num_nodes > 1)
+    return KubernetesPlan(
+        task_id=request.labels.get("task_id", "gpu-task"),
+        image=deps.image,
+        command=command,
+        args=args,
+        environment=container.task_environment(
+            wanted, {**request.image.environment, **deps.environment}, {**request.envelope, "summary": task_summary}
+        ),
+        resources=amounts,
+        options=options,
+        volumes=[*deps.volumes, *shm_volumes],
+        volume_mounts=[*deps.volume_mounts, *shm_mounts],
+        init_containers=deps.init_containers,
+        node_selector=place.node_selector,
+        tolerations=place.tolerations,
+        affinity=place.affinity,
+        labels={
+            **MANAGED_BY,
+            "airflow-gpu-provider/requirements": request.image.requirements_hash,
+            **(options.labels or {}),
+        },
+        annotations={"airflow-gpu-provider/resources": task_summary["resources"], **(options.annotations or {})},
+        security_context=security,
+        pod_template=template,
+        pending_timeout=options.pending_timeout or request.missing_gpu.pending_timeout,
+        num_nodes=request.num_nodes,
+        port=request.rendezvous_port or DEFAULT_RENDEZVOUS_PORT,
+    )

@@ -1,0 +1,136 @@
+"""The plan -> a KubernetesPodOperator (run time: imports the kubernetes client).
+
+:class:`GpuPodOperator` is KubernetesPodOperator with three small additions: it keeps the runtime's result envelope
+read from the XCom sidecar, it asks the scheduler why a pod never started, and it leaves XCom pushing to
+``GpuStepOperator`` (which pushes the function's return value, not the envelope).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+from airflow.providers.cncf.kubernetes.utils.pod_manager import PodLaunchFailedException
+from kubernetes.client import ApiClient, Configuration
+from kubernetes.client import models as k8s
+from kubernetes.client.exceptions import ApiException
+
+from airflow_gpu_provider.backends.kubernetes.pending import Unschedulable, explain_termination, unschedulable
+from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan
+from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError, RemoteTaskError
+from airflow_gpu_provider.task.request import result_value
+
+_API = ApiClient(configuration=Configuration())
+
+
+def to_dict(obj: Any) -> Any:
+    """A kubernetes client object as the API's plain (camelCase) dict."""
+    return _API.sanitize_for_serialization(obj)
+
+
+def to_model(data: Any, klass: str) -> Any:
+    """An API dict as a kubernetes client object (the deserializer KubernetesPodOperator's templates use)."""
+    return _API._ApiClient__deserialize(data, klass)  # type: ignore[attr-defined]
+
+
+class GpuPodOperator(KubernetesPodOperator):
+    """KubernetesPodOperator that remembers the result envelope and diagnoses pods that never got scheduled."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.result_envelope: dict[str, Any] | None = None
+        self.unschedulable: Unschedulable | None = None
+
+    @property
+    def pod_label(self) -> str:
+        """``namespace/name`` of the pod (once built)."""
+        pod = self.pod or self.pod_request_obj
+        return f"{pod.metadata.namespace}/{pod.metadata.name}" if pod is not None else self.task_id
+
+    def extract_xcom(self, pod: k8s.V1Pod, *, ignore_kill_failure: bool = True) -> dict[Any, Any] | None:
+        """Read the runtime's result envelope through the XCom sidecar and keep it (also when the pod failed)."""
+        self.result_envelope = super().extract_xcom(pod, ignore_kill_failure=ignore_kill_failure)
+        return self.result_envelope
+
+    def await_pod_start(self, pod: k8s.V1Pod) -> None:
+        """Wait for the pod to start; if it never gets a node, record the scheduler's reason and delete it.
+
+        The pod is deleted whatever ``on_finish_action`` says: kept, it could still be scheduled later and run the
+        task a second time, next to the CPU fallback or a retry.
+        """
+        try:
+            super().await_pod_start(pod)
+        except PodLaunchFailedException:
+            try:
+                remote = self.pod_manager.read_pod(pod)
+                events = [e.message or "" for e in self.pod_manager.read_pod_events(pod).items]
+                self.unschedulable = unschedulable(to_dict(remote), events)
+                if self.unschedulable is not None:
+                    self.pod_manager.delete_pod(pod)
+            except ApiException:
+                self.log.warning("Could not read or delete pod %s that did not start", self.pod_label)
+            raise
+
+    def _push_xcom_with_fan_out(self, ti: Any, value: Any) -> None:
+        """No XCom from a failed pod: GpuStepOperator pushes the function's return value itself."""
+
+    def explain_failure(self, plan: KubernetesPlan) -> Exception | None:
+        """A typed error for a failed run: no node, the user's exception, or a killed container; else None."""
+        limits = plan.resources.get("limits", {})
+        if self.unschedulable is not None:
+            return GpuUnavailableError(self.unschedulable.explain(plan.pending_timeout, limits))
+        where = f"pod {self.pod_label}"
+        if self.result_envelope is not None and not self.result_envelope.get("ok", False):
+            try:
+                result_value(self.result_envelope, 1, where=where)
+            except RemoteTaskError as err:
+                return err
+        if self.remote_pod is not None:
+            text = explain_termination(to_dict(self.remote_pod), self.base_container_name, limits)
+            if text is not None:
+                return GpuTaskError(text)
+        return None
+
+
+def build_operator(plan: KubernetesPlan) -> GpuPodOperator:
+    """A :class:`GpuPodOperator` for the plan (not attached to any DAG; run with ``execute_sync``)."""
+    options = plan.options
+    security = to_model(plan.security_context, "V1SecurityContext")
+    return GpuPodOperator(
+        task_id=plan.task_id,
+        kubernetes_conn_id=options.kubernetes_conn_id,
+        namespace=options.namespace,
+        in_cluster=options.in_cluster,
+        cluster_context=options.cluster_context,
+        config_file=options.config_file,
+        image=plan.image,
+        image_pull_policy=options.image_pull_policy,
+        image_pull_secrets=[k8s.V1LocalObjectReference(name=name) for name in options.image_pull_secrets],
+        cmds=list(plan.command),
+        arguments=list(plan.args),
+        env_vars=[k8s.V1EnvVar(name=name, value=value) for name, value in plan.environment.items()],
+        container_resources=to_model(plan.resources, "V1ResourceRequirements"),
+        volumes=[to_model(v, "V1Volume") for v in plan.volumes],
+        volume_mounts=[to_model(m, "V1VolumeMount") for m in plan.volume_mounts],
+        init_containers=[to_model(c, "V1Container") for c in plan.init_containers],
+        node_selector=dict(plan.node_selector),
+        tolerations=[to_model(t, "V1Toleration") for t in plan.tolerations],
+        affinity=to_model(plan.affinity, "V1Affinity") if plan.affinity else None,
+        labels=dict(plan.labels),
+        annotations=dict(plan.annotations),
+        service_account_name=options.service_account_name,
+        priority_class_name=options.priority_class_name,
+        runtime_class_name=options.runtime_class_name,
+        container_security_context=security,
+        xcom_sidecar_container_security_context=to_model(plan.security_context, "V1SecurityContext"),
+        pod_template_dict=plan.pod_template,
+        termination_grace_period=options.termination_grace_period,
+        on_finish_action=options.on_finish_action,
+        do_xcom_push=True,
+        get_logs=True,
+        init_container_logs=True,
+        log_events_on_failure=True,
+        log_pod_spec_on_failure=False,  # the spec carries the shipped code; the events say what went wrong
+        schedule_timeout_seconds=int(plan.pending_timeout),
+        startup_timeout_seconds=int(options.startup_timeout),
+    )

@@ -1,0 +1,91 @@
+"""Injected requirements on Kubernetes, with no registry: an init container installs them into an ``emptyDir``.
+
+``requirements_mode="init-container"`` (default): an init container runs the task's own image (so the same Python
+and the same preinstalled packages, e.g. torch) and the runtime's installer
+(:func:`~airflow_gpu_provider.runtime.bootstrap.install_requirements`, the one the local backend's venvs use too):
+uv installs into ``DEPS_DIR`` only what the image lacks, so ``accelerate`` never drags in a second multi-GB torch.
+The main container mounts the directory read-only and finds it on ``PYTHONPATH``. uv comes from the image if it has
+one, otherwise from PyPI (pip).
+
+``requirements_mode="image"``: run ``backend_options["derived_image"]``, e.g. the image the Docker backend built and
+pushed to your registry; nothing is installed at run time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_gpu_provider.backends.kubernetes.container import BOOTSTRAP_ENV, INSTALLER, bootstrap_payload
+from airflow_gpu_provider.settings import ImageSettings
+
+DEPS_VOLUME = "gpu-deps"
+DEPS_DIR = "/opt/airflow-gpu/site-packages"
+INIT_CONTAINER = "install-requirements"
+
+
+@dataclass(frozen=True)
+class RequirementsPlan:
+    """What the pod needs for the task's requirements.
+
+    :param image: the main container's image
+    :param init_containers: containers that install the requirements (API dicts)
+    :param volumes: volumes they share with the main container
+    :param volume_mounts: the main container's mounts
+    :param environment: the main container's extra environment
+    """
+
+    image: str
+    init_containers: list[dict[str, Any]] = field(default_factory=list)
+    volumes: list[dict[str, Any]] = field(default_factory=list)
+    volume_mounts: list[dict[str, Any]] = field(default_factory=list)
+    environment: dict[str, str] = field(default_factory=dict)
+
+
+def requirements_plan(
+    image: ImageSettings,
+    *,
+    mode: str,
+    base_image: str,
+    derived_image: str | None,
+    installer_image: str | None,
+    security_context: dict[str, Any],
+    resources: dict[str, dict[str, str]],
+) -> RequirementsPlan:
+    """The init container, volume and environment for ``image.requirements`` (nothing when there are none).
+
+    :param base_image: ``image.parent_image`` or ``[gpu] default_parent_image``
+    :param resources: cpu/memory requests and limits for the init container
+    """
+    if mode == "image":
+        return RequirementsPlan(image=derived_image or base_image)
+    if not image.requirements:
+        return RequirementsPlan(image=base_image)
+    init = {
+        "name": INIT_CONTAINER,
+        "image": installer_image or base_image,
+        "command": ["python3", "-c", INSTALLER],
+        "args": [
+            DEPS_DIR,
+            image.python_package_installer,
+            *image.installer_index_args(),
+            "--",
+            *image.requirements,
+        ],
+        "env": [
+            {"name": BOOTSTRAP_ENV, "value": bootstrap_payload()},
+            {"name": "UV_LINK_MODE", "value": "copy"},
+            {"name": "HOME", "value": "/tmp"},
+            {"name": "PIP_DISABLE_PIP_VERSION_CHECK", "value": "1"},
+        ],
+        "volumeMounts": [{"name": DEPS_VOLUME, "mountPath": DEPS_DIR}],
+        "securityContext": dict(security_context),
+        "resources": resources,
+    }
+    return RequirementsPlan(
+        image=base_image,
+        init_containers=[init],
+        volumes=[{"name": DEPS_VOLUME, "emptyDir": {}}],
+        volume_mounts=[{"name": DEPS_VOLUME, "mountPath": DEPS_DIR, "readOnly": True}],
+        environment={"PYTHONPATH": DEPS_DIR},
+    )

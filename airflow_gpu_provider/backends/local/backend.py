@@ -1,0 +1,150 @@
+"""The embedded default: a child process on the worker, holding the GPUs the host allocator gave it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow_gpu_provider.backends.base import Backend
+from airflow_gpu_provider.backends.local.options import LocalOptions
+from airflow_gpu_provider.backends.local.venv import ensure_venv
+from airflow_gpu_provider.host.allocator import Allocation, HostGpus
+from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
+from airflow_gpu_provider.settings.units import format_bytes
+from airflow_gpu_provider.task.environment import summary, thread_environment, visible_devices
+from airflow_gpu_provider.task.request import TaskRequest, TaskResult, result_value
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    """How the child process is started. Built by :meth:`LocalBackend.plan`, without touching the host.
+
+    :param environment: variables added to the worker's environment (visible devices come at run time)
+    """
+
+    request: TaskRequest
+    host: HostGpus
+    environment: Mapping[str, str] = field(default_factory=dict)
+    kill_grace: float = 10.0
+
+
+class LocalBackend(Backend[LocalOptions, LocalPlan]):
+    """Run the task in a child process (its own process group) on the worker."""
+
+    name = "local"
+
+    def __init__(self, options: LocalOptions, log: Any = None) -> None:
+        super().__init__(options, log)
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def plan(self, request: TaskRequest) -> LocalPlan:
+        """Translate a request: thread variables, image environment, the host's GPUs. No I/O."""
+        return LocalPlan(
+            request=request,
+            host=HostGpus.configured(devices=self.options.devices, state_dir=self.options.state_dir),
+            environment={"PYTHONUNBUFFERED": "1", **thread_environment(request.resources), **request.image.environment},
+            kill_grace=self.options.kill_grace,
+        )
+
+    # ------------------------------------------------------------------ run
+    def run(self, plan: LocalPlan, context: Context) -> TaskResult:
+        """Build or reuse the venv, take the GPUs, run the child, stream its output; always clean up."""
+        request = plan.request
+        if request.resources.memory is not None:
+            self.log.info(
+                "memory=%s is not enforced by the local backend (docker and kubernetes enforce it)",
+                format_bytes(request.resources.memory),
+            )
+        python = Path(sys.executable)
+        image_name = f"worker python {platform.python_version()}"
+        if request.image.requirements:
+            python = ensure_venv(request.image, Path(plan.host.state_dir) / "venvs", self.log)
+            image_name += f" + venv {python.parent.parent.name}"
+
+        allocation = plan.host.allocate(request, backend=self.name, log=self.log)
+        with allocation, tempfile.TemporaryDirectory(prefix="airflow-gpu-") as workdir:
+            ids = [device.id for device in allocation.devices]
+            environment = {**os.environ, **plan.environment, **visible_devices(request.resources.gpu_vendor, ids)}
+            envelope = {
+                **request.envelope,
+                "die_with_parent": True,
+                "summary": summary(
+                    request,
+                    backend=self.name,
+                    image=image_name,
+                    gpus=[device.describe() for device in allocation.devices],
+                    cpu_fallback=allocation.cpu_fallback,
+                ),
+            }
+            envelope_path = Path(workdir, "envelope.json")
+            result_path = Path(workdir, "result.json")
+            envelope_path.write_text(json.dumps(envelope))
+            exit_code = self._run_child(
+                [str(python), str(BOOTSTRAP_PATH), str(envelope_path), str(result_path)],
+                environment,
+                workdir,
+                allocation,
+                plan.kill_grace,
+            )
+            result = json.loads(result_path.read_text()) if result_path.exists() else None
+        return TaskResult(result_value(result, exit_code, where="the local task process"))
+
+    def _run_child(
+        self, argv: list[str], environment: Mapping[str, str], workdir: str, allocation: Allocation, kill_grace: float
+    ) -> int:
+        self.log.info("Starting task process on GPUs %s", [d.id for d in allocation.devices] or "none")
+        process = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=dict(environment),
+            cwd=workdir,
+            start_new_session=True,
+            pass_fds=tuple(allocation.fds),
+        )
+        self._process = process
+        try:
+            assert process.stdout is not None
+            for raw in process.stdout:
+                self.log.info("%s", raw.decode(errors="replace").rstrip("\n"))
+            return process.wait()
+        finally:
+            self._stop_group(process, kill_grace)
+            self._process = None
+
+    def _stop_group(self, process: subprocess.Popen[bytes], grace: float) -> None:
+        """Stop the child and everything it started (its process group): SIGTERM, then SIGKILL."""
+        if process.poll() is None:
+            _signal_group(process.pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+        _signal_group(process.pid, signal.SIGKILL)  # also reaps grandchildren left in the group
+        process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+
+    def kill(self) -> None:
+        """Called from ``on_kill``: stop the child's whole process group."""
+        process = self._process
+        if process is not None:
+            self._stop_group(process, self.options.kill_grace)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)

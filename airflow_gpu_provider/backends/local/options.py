@@ -1,0 +1,24 @@
+"""``backend_options`` of the local backend."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from airflow_gpu_provider.backends.options import BackendOptions, option, seconds, text
+
+
+@dataclass(frozen=True)
+class LocalOptions(BackendOptions):
+    """The local backend's options.
+
+    :param devices: this host's GPUs, instead of ``[gpu] devices``
+    :param state_dir: the host-wide GPU locks and venv cache, instead of ``[gpu] state_dir``
+    :param kill_grace: seconds between SIGTERM and SIGKILL when the task is stopped
+    """
+
+    backend: ClassVar[str] = "local"
+
+    devices: str | None = option(check=text)
+    state_dir: str | None = option(check=text)
+    kill_grace: float = option(10.0, check=seconds)

@@ -1,0 +1,139 @@
+"""Cached virtualenvs for injected requirements on the local backend.
+
+A venv holds only what the worker's own environment lacks; the worker's packages (torch, ...) stay visible through
+a ``.pth`` file, so a requirement like ``accelerate`` never drags a second multi-GB torch download in. The install
+is the runtime's :func:`~airflow_gpu_provider.runtime.bootstrap.install_requirements`, the same one Kubernetes init
+containers run: uv resolves against the worker environment and installs the missing pins; pip sees the worker's
+packages through the ``.pth`` file by itself.
+
+Venvs are keyed by the image's requirements hash plus the worker environment, created under a per-key ``flock``
+(concurrent tasks build once) and marked ready only when complete (a crash mid-build is rebuilt).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+from airflow_gpu_provider.exceptions import GpuTaskError
+from airflow_gpu_provider.runtime.bootstrap import InstallError, install_requirements
+from airflow_gpu_provider.settings import ImageSettings
+
+READY_MARKER = ".airflow-gpu-ready"
+
+
+def _worker_site_dirs() -> list[str]:
+    paths = sysconfig.get_paths()
+    return list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
+
+
+def venv_key(image: ImageSettings) -> str:
+    """Cache key: requirements + installer options + this worker's interpreter and installed packages."""
+    worker = {
+        "python": sys.version,
+        "prefix": sys.prefix,
+        "site": {d: os.stat(d).st_mtime_ns for d in _worker_site_dirs() if os.path.isdir(d)},
+    }
+    blob = json.dumps({"image": image.install_options, "worker": worker}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _uv() -> str:
+    try:
+        from uv import find_uv_bin
+    except ImportError:
+        found = shutil.which("uv")
+        if found is None:
+            raise GpuTaskError(
+                "python_package_installer='uv' but uv is not installed on the worker; pip install uv, "
+                "or use python_package_installer='pip'"
+            ) from None
+        return found
+    return find_uv_bin()
+
+
+def _create(path: Path, image: ImageSettings, log: logging.Logger) -> None:
+    """A venv that sees the worker's packages (a ``.pth`` file), with what the worker lacks installed into it."""
+    emit = functools.partial(log.info, "%s")
+    uv = _uv() if image.python_package_installer == "uv" else None
+    try:
+        if uv is not None:
+            emit(f"$ {uv} venv {path}")
+            subprocess.run([uv, "venv", "--quiet", "--python", sys.executable, str(path)], check=True)
+        else:
+            emit(f"$ {sys.executable} -m venv {path}")
+            subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+        python = path / "bin" / "python"
+        purelib = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        Path(purelib, "_airflow_gpu_worker_site.pth").write_text("\n".join(_worker_site_dirs()) + "\n")
+        install_requirements(
+            list(image.requirements),
+            image.installer_index_args(),
+            installer=image.python_package_installer,
+            python=str(python),
+            resolve_with=sys.executable,  # what the worker itself lacks
+            uv=uv,
+            emit=emit,
+            where="the worker environment",
+        )
+    except (InstallError, subprocess.CalledProcessError) as err:
+        raise GpuTaskError(f"Building the virtualenv for the requirements failed: {err}") from None
+
+
+def ensure_venv(image: ImageSettings, cache_dir: str | os.PathLike[str], log: logging.Logger) -> Path:
+    """Return the Python of a ready venv for ``image``'s requirements, creating it once per key."""
+    root = Path(cache_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    key = venv_key(image)
+    path = root / key
+    python = path / "bin" / "python"
+    if (path / READY_MARKER).exists():
+        log.info("Using cached virtualenv %s (requirements %s)", path, image.requirements_hash)
+        return python
+    fd = os.open(root / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        started = time.monotonic()
+        fcntl.flock(fd, fcntl.LOCK_EX)  # concurrent tasks wait here for the one that builds
+        if (path / READY_MARKER).exists():
+            log.info(
+                "Using virtualenv %s, built by another task while this one waited %.1fs",
+                path,
+                time.monotonic() - started,
+            )
+            return python
+        if path.exists():
+            log.warning("Removing incomplete virtualenv %s left by an interrupted build", path)
+            shutil.rmtree(path)
+        try:
+            _create(path, image, log)
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        (path / READY_MARKER).write_text(
+            json.dumps(
+                {
+                    "requirements": list(image.requirements),
+                    "installer": image.python_package_installer,
+                    "created": time.time(),
+                }
+            )
+        )
+        log.info("Built virtualenv %s in %.1fs", path, time.monotonic() - started)
+        return python
+    finally:
+        os.close(fd)

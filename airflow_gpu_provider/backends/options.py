@@ -1,0 +1,118 @@
+"""``backend_options``: each backend's options as one typed, frozen dataclass, checked when the DAG is parsed.
+
+A backend declares every option once, as a field made by :func:`option`: its default, and the check that turns a
+given value into the typed value. ``None`` keeps the default; an unknown name or a bad value raises an error that
+names the backend, the option, the value and the accepted forms. The checks below are shared by the backends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
+from airflow_gpu_provider.settings import ResourceSettings
+
+Check = Callable[[Any], Any]
+OptionsT = TypeVar("OptionsT", bound="BackendOptions")
+
+
+class BadOption(ValueError):
+    """Raised by a check; :meth:`BackendOptions.parse` turns it into an error naming backend and option.
+
+    :param value: the offending part of the value (an item of a list), when not the whole value
+    """
+
+    def __init__(self, reason: str, accepted: str | None = None, *, value: object = dataclasses.MISSING) -> None:
+        super().__init__(reason)
+        self.reason, self.accepted, self.value = reason, accepted, value
+
+
+def option(default: Any = None, *, check: Check) -> Any:
+    """A field of a :class:`BackendOptions` dataclass: its default and its check."""
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("use a tuple or None as the default of an option")  # pragma: no cover - a coding error
+    return dataclasses.field(default=default, metadata={"check": check})
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """Base of every backend's options. Subclasses are frozen dataclasses whose fields come from :func:`option`."""
+
+    backend: ClassVar[str]
+
+    @classmethod
+    def names(cls) -> frozenset[str]:
+        """Every accepted option name."""
+        return frozenset(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def parse(cls: type[OptionsT], options: Mapping[str, Any]) -> OptionsT:
+        """Check names and values of ``backend_options``; return the typed options."""
+        unknown = set(options) - cls.names()
+        if unknown:
+            raise UnknownSettingError(f"backend {cls.backend!r}", unknown, sorted(cls.names()) or ["(none)"])
+        checks = {f.name: f.metadata["check"] for f in dataclasses.fields(cls)}
+        values = {}
+        for name, value in options.items():
+            if value is None:
+                continue
+            try:
+                values[name] = checks[name](value)
+            except BadOption as err:
+                culprit = value if err.value is dataclasses.MISSING else err.value
+                raise cls.invalid(name, culprit, err.reason, err.accepted) from None
+        return cls(**values)
+
+    @classmethod
+    def invalid(cls, name: str, value: object, reason: str, accepted: str | None = None) -> InvalidSettingError:
+        """An error for ``backend_options[name]``."""
+        return InvalidSettingError(f"backend {cls.backend!r}", f"backend_options[{name!r}]", value, reason, accepted)
+
+    def check(self, resources: ResourceSettings) -> None:
+        """At DAG parse time, reject resources this backend cannot express with these options (default: none)."""
+
+
+# ---------------------------------------------------------------------------------------------- shared checks
+def text(value: Any) -> str:
+    """A non-empty string."""
+    if not isinstance(value, str) or not value.strip():
+        raise BadOption("expected a non-empty string", "a string")
+    return value
+
+
+def boolean(value: Any) -> bool:
+    """``True`` or ``False``."""
+    if not isinstance(value, bool):
+        raise BadOption("expected a boolean", "True or False")
+    return value
+
+
+def seconds(value: Any) -> float:
+    """A positive number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise BadOption("expected a positive number of seconds", "e.g. 10 or 2.5")
+    return float(value)
+
+
+def one_of(*choices: str) -> Check:
+    """One of ``choices``."""
+
+    def check(value: Any) -> str:
+        if value not in choices:
+            raise BadOption("unknown value", " or ".join(map(repr, choices)))
+        return str(value)
+
+    return check
+
+
+def string_list(value: Any) -> tuple[str, ...]:
+    """A non-empty list of strings or integers, as strings."""
+    if isinstance(value, str) or not isinstance(value, Sequence) or not value:
+        raise BadOption("expected a non-empty list", "a list such as ['0', '1']")
+    for item in value:
+        if not isinstance(item, (str, int)) or isinstance(item, bool) or not str(item).strip():
+            raise BadOption("every item must be a non-empty string or integer", "strings or integers", value=item)
+    return tuple(str(item) for item in value)

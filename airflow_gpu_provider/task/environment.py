@@ -1,0 +1,64 @@
+"""What every backend gives a task process, decided once: thread counts, device visibility, the summary line.
+
+Backends call these; none of them decides any of it again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from airflow_gpu_provider.settings import NVIDIA, GpuVendor, ResourceSettings
+from airflow_gpu_provider.task.request import TaskRequest
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+# Indices mean what NVML and nvidia-smi say they mean (CUDA's own default orders by speed).
+CUDA_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+# CUDA images set NVIDIA_VISIBLE_DEVICES=all: under a default nvidia runtime a container (or pod) that asked for no
+# GPU would see every GPU of the host; "void" keeps it off them.
+NO_GPUS = {"NVIDIA_VISIBLE_DEVICES": "void"}
+
+
+def thread_environment(resources: ResourceSettings) -> dict[str, str]:
+    """``OMP_NUM_THREADS`` & co. set to the task's CPUs (rounded up), so libraries do not start a thread per core."""
+    if resources.cpu_count is None:
+        return {}
+    return dict.fromkeys(THREAD_VARIABLES, str(max(1, math.ceil(resources.cpu_count))))
+
+
+def visible_devices(vendor: GpuVendor, device_ids: Sequence[str]) -> dict[str, str]:
+    """The variables that restrict a process to ``device_ids`` (none visible for an empty list)."""
+    environment = {vendor.visible_devices_env: ",".join(device_ids)}
+    if vendor == NVIDIA:
+        environment.update(CUDA_ORDER)
+    return environment
+
+
+def gpu_free_environment(resources: ResourceSettings) -> dict[str, str]:
+    """For a container or pod that asked for no GPU: keep it off the host's GPUs."""
+    return {} if resources.requests_gpus else dict(NO_GPUS)
+
+
+def summary(
+    request: TaskRequest, *, backend: str, image: str, gpus: list[dict[str, Any]] | None, cpu_fallback: bool = False
+) -> dict[str, Any]:
+    """The resource summary the runtime prints at the top of every task log.
+
+    :param gpus: the devices the task was given (``Device.describe()``), or ``None`` to let the runtime ask the
+        driver (in a container or pod); a task that runs without GPUs always shows none
+    :param cpu_fallback: the task runs on the CPU because the GPUs were missing (``on_missing_gpu="cpu"``)
+    """
+    with_gpus = request.resources.requests_gpus and not cpu_fallback
+    return {
+        "backend": backend,
+        "image": image,
+        "requirements_hash": request.image.requirements_hash,
+        "resources": request.resources.describe() + (" -> CPU fallback" if cpu_fallback else ""),
+        "gpus": gpus if with_gpus else [],
+    }
+
+
+def lock_holder(request: TaskRequest, backend: str) -> str:
+    """Who holds a GPU lock, as busy-GPU messages name it: ``dag.task run <run_id> (<backend>)``."""
+    return f"{request.display_name} run {request.labels.get('run_id', '?')} ({backend})"

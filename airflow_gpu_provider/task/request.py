@@ -1,0 +1,70 @@
+"""What every backend receives and returns: one task try as a :class:`TaskRequest`, its :class:`TaskResult`.
+
+Operators build the request after templates are rendered; a backend only translates it (``plan``) and runs it
+(``run``). The request holds settings and the runtime envelope, never a backend's own options.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_gpu_provider.exceptions import RemoteTaskError
+from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+from airflow_gpu_provider.task.missing_gpu import POLICIES, MissingGpuPolicy, OnMissingGpu
+
+
+@dataclass(frozen=True)
+class TaskRequest:
+    """Everything a backend needs to run one task try, independent of the backend.
+
+    :param envelope: the runtime envelope from :mod:`airflow_gpu_provider.payload` (the backend adds ``summary``)
+    :param on_missing_gpu: the name of a :data:`~airflow_gpu_provider.task.missing_gpu.POLICIES` entry
+    :param labels: identity of the task try (dag_id, task_id, run_id, try_number, map_index) for names and logs
+    :param num_nodes: machines the envelope runs on at once (a multi-node launch); ``resources`` are per node
+    :param rendezvous_port: the port a multi-node launch meets on (``None``: the backend's default)
+    """
+
+    resources: ResourceSettings
+    image: ImageSettings
+    envelope: Mapping[str, Any]
+    on_missing_gpu: OnMissingGpu = "fail"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    num_nodes: int = 1
+    rendezvous_port: int | None = None
+
+    @property
+    def missing_gpu(self) -> MissingGpuPolicy:
+        """What to do when the GPUs are missing or busy."""
+        return POLICIES[self.on_missing_gpu]
+
+    @property
+    def display_name(self) -> str:
+        """``dag.task`` (plus map index), for log lines and lock holders."""
+        name = f"{self.labels.get('dag_id', '?')}.{self.labels.get('task_id', '?')}"
+        if self.labels.get("map_index", "-1") not in ("-1", ""):
+            name += f"[{self.labels['map_index']}]"
+        return name
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """What a finished run produced: the function's return value (``None`` for a command)."""
+
+    return_value: Any = None
+
+
+def result_value(result: Mapping[str, Any] | None, exit_code: int, *, where: str) -> Any:
+    """Turn the runtime's result envelope and exit status into a return value or a :class:`RemoteTaskError`."""
+    if result is not None and not result.get("ok", False):
+        error = result.get("error") or {}
+        raise RemoteTaskError(
+            f"The task raised {error.get('type', 'an error')} in {where}: {error.get('message', '')}".rstrip(": ")
+            + ". The traceback is in the log above.",
+            error_type=error.get("type", ""),
+            remote_traceback=error.get("traceback", ""),
+        )
+    if exit_code != 0:
+        raise RemoteTaskError(f"The task process in {where} exited with status {exit_code}.")
+    return None if result is None else result.get("return_value")

@@ -1,0 +1,95 @@
+"""Cached virtualenvs, built for real with uv and pip from the package index."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from airflow_gpu_provider.backends.local.venv import READY_MARKER, ensure_venv
+from airflow_gpu_provider.exceptions import GpuTaskError
+from airflow_gpu_provider.settings import ImageSettings
+
+log = logging.getLogger("test")
+SMALL = "tomli-w==1.0.0"
+
+
+def site_packages(python: Path) -> Path:
+    out = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return Path(out.strip())
+
+
+def test_uv_venv_holds_only_what_the_worker_lacks_and_is_reused(tmp_path, caplog):
+    image = ImageSettings(requirements=[SMALL, "packaging>=20"])
+    with caplog.at_level(logging.INFO):
+        python = ensure_venv(image, tmp_path, log)
+    assert "Built virtualenv" in caplog.text
+    names = {p.name.split("-")[0].lower() for p in site_packages(python).glob("*.dist-info")}
+    assert "tomli_w" in names
+    assert "packaging" not in names  # already in the worker environment: not installed twice
+    probe = "import tomli_w, packaging, airflow_gpu_provider; print(tomli_w.dumps({'a': 1}).strip())"
+    assert (
+        subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "a = 1"
+    )
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert ensure_venv(image, tmp_path, log) == python
+    assert "Using cached virtualenv" in caplog.text
+    assert "Built virtualenv" not in caplog.text
+
+
+def _build(cache_dir: str, queue) -> None:
+    logging.basicConfig(level=logging.INFO)
+    records = []
+
+    class Capture(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    logger = logging.getLogger("concurrent")
+    logger.addHandler(Capture())
+    logger.setLevel(logging.INFO)
+    python = ensure_venv(ImageSettings(requirements=[SMALL]), cache_dir, logger)
+    queue.put((str(python), any(r.startswith("Built virtualenv") for r in records)))
+
+
+def test_concurrent_tasks_build_the_venv_once(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_build, args=(str(tmp_path), queue)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(60)
+    assert len({python for python, _ in results}) == 1
+    assert sum(built for _, built in results) == 1
+
+
+def test_pip_installer(tmp_path):
+    python = ensure_venv(ImageSettings(requirements=[SMALL], python_package_installer="pip"), tmp_path, log)
+    subprocess.run([str(python), "-c", "import tomli_w, airflow_gpu_provider"], check=True)
+
+
+def test_failed_install_is_a_clear_error_and_leaves_nothing(tmp_path):
+    image = ImageSettings(requirements=["this-package-does-not-exist-airflow-gpu==0.0.1"])
+    with pytest.raises(GpuTaskError, match="failed with exit status"):
+        ensure_venv(image, tmp_path, log)
+    assert [p for p in tmp_path.iterdir() if p.is_dir()] == []
+
+
+def test_interrupted_build_is_rebuilt(tmp_path):
+    image = ImageSettings(requirements=[SMALL])
+    python = ensure_venv(image, tmp_path, log)
+    (python.parent.parent / READY_MARKER).unlink()  # as if the build had been killed before completing
+    assert ensure_venv(image, tmp_path, log) == python
+    assert (python.parent.parent / READY_MARKER).exists()

@@ -1,0 +1,156 @@
+"""The package's shape, as docs/architecture.md draws it, checked over its source (the AST of every module).
+
+- no import cycle between files, lazy and type-checking imports included;
+- backends depend on ``task/``, ``host/``, ``settings/`` and the runtime, never on each other nor on what uses them
+  (operators, decorators, listeners, hooks, the render CLI);
+- DAG parsing needs only each backend's options half: an options module imports no run-time module;
+- every registry entry names a backend package whose halves exist and agree with it;
+- modules stay small: nothing over 300 lines except the runtime, which is shipped as one file.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from airflow_gpu_provider.backends import BACKENDS
+from airflow_gpu_provider.backends.base import Backend
+from airflow_gpu_provider.backends.options import BackendOptions
+
+PACKAGE = REPO / "airflow_gpu_provider"
+NAME = "airflow_gpu_provider"
+MAX_LINES = 300
+SHIPPED_AS_ONE_FILE = {f"{NAME}.runtime.bootstrap"}
+ABOVE_BACKENDS = ("operators", "decorators", "listeners", "hooks", "render", "plugin", "params", "get_provider_info")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(module: str) -> Iterator[str]:
+    """Every module of the package that ``module`` imports, anywhere in the file."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
+        else:
+            continue
+        for name in targets:
+            found = name
+            while found and found not in MODULES:  # `import a.b.c` names a module or one of its packages
+                found = found.rpartition(".")[0]
+            if found.startswith(NAME) and found != module:
+                yield found
+
+
+GRAPH = {module: set(_imports(module)) for module in MODULES}
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in GRAPH[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in GRAPH:
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_the_import_graph_was_read():
+    assert f"{NAME}.backends.kubernetes.plan" in GRAPH[f"{NAME}.backends.kubernetes.backend"]
+    assert f"{NAME}.backends.docker.options" in GRAPH[f"{NAME}.backends.docker.images.engine"]
+    assert f"{NAME}.render" in GRAPH[f"{NAME}.operators.gpu_step"]  # lazy imports count too
+
+
+def test_no_import_cycles_between_files():
+    assert _cycles() == []
+
+
+def _backend_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[1] == "backends" else None
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_a_backend_imports_no_other_backend_and_nothing_above_it(backend):
+    own = [m for m in MODULES if _backend_of(m) == backend]
+    assert own, f"backends/{backend}/ is empty"
+    for module in own:
+        for target in GRAPH[module]:
+            other = _backend_of(target)
+            assert other in (None, backend), f"{module} imports {target}: backends never import each other"
+            assert not target.startswith(tuple(f"{NAME}.{above}" for above in ABOVE_BACKENDS)), (
+                f"{module} imports {target}, which uses the backends"
+            )
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_the_options_half_imports_no_run_time_module(backend):
+    """DAG parsing imports a backend's options module only; it must not pull the run half in."""
+    options = BACKENDS[backend].options.split(":")[0]
+    seen, todo = set(), [options]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        todo.extend(GRAPH[module])
+    run_half = BACKENDS[backend].backend.split(":")[0]
+    assert run_half not in seen
+    assert not any(m.endswith(("pod_operator", "multinode_run", "images.engine", ".venv")) for m in seen), seen
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_registry_entries_name_their_package_halves(backend):
+    info = BACKENDS[backend]
+    assert info.backend.startswith(f"{NAME}.backends.{backend}.backend:")
+    assert info.options.startswith(f"{NAME}.backends.{backend}.options:")
+    options_class, backend_class = info.options_class(), info.backend_class()
+    assert issubclass(options_class, BackendOptions) and options_class.backend == backend
+    assert issubclass(backend_class, Backend) and backend_class.name == backend
+    assert info.parse_options({}) == options_class()
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_modules_stay_small(module):
+    lines = len(MODULES[module].read_text().splitlines())
+    assert module in SHIPPED_AS_ONE_FILE or lines <= MAX_LINES, f"{module}: {lines} lines"
