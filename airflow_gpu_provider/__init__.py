@@ -2,7 +2,7 @@
 
 Public API::
 
-    from airflow_gpu_provider import GpuStepOperator, ImageSettings, ResourceSettings, gpu_task
+    from airflow_gpu_provider import GpuStepOperator, ImageSettings, ResourceSettings, gpu_task, pytorch_image
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from airflow_gpu_provider.version import __version__
 
 # name -> module; imported on first use so that ``import airflow_gpu_provider`` stays cheap.
 _EXPORTS = {
@@ -23,6 +23,7 @@ _EXPORTS = {
     "AccelerateOperator": "airflow_gpu_provider.operators.accelerate",
     "gpu_task": "airflow_gpu_provider.decorators.gpu",
     "CudaHook": "airflow_gpu_provider.hooks.cuda",
+    "pytorch_image": "airflow_gpu_provider.backends.docker.images.catalogue",
 }
 __all__ = [
     "AccelerateOperator",
@@ -35,9 +36,11 @@ __all__ = [
     "ResourceSettings",
     "__version__",
     "gpu_task",
+    "pytorch_image",
 ]
 
 if TYPE_CHECKING:
+    from airflow_gpu_provider.backends.docker.images.catalogue import pytorch_image
     from airflow_gpu_provider.decorators.gpu import gpu_task
     from airflow_gpu_provider.hooks.cuda import CudaHook
     from airflow_gpu_provider.operators.accelerate import AccelerateOperator

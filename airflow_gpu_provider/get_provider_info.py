@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_gpu_provider import __version__
 from airflow_gpu_provider.config import provider_config
+from airflow_gpu_provider.version import __version__
 
 
 def get_provider_info() -> dict[str, Any]:

@@ -3,7 +3,7 @@
 Shows the Kubernetes backend's options (docs/kubernetes.md). Without a cluster you can still look at the pod this task
 would create::
 
-    python -m airflow_gpu_provider.kubernetes.render dags/example_kubernetes_gpu.py fine_tune
+    python -m airflow_gpu_provider.render dags/example_kubernetes_gpu.py fine_tune
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ One `@gpu_task` in its own pod: one A100 80GB (node selector from NVIDIA GPU Fea
 toleration), 8 CPUs, 64 GiB memory, a 16 GiB `/dev/shm`, and `transformers` installed by an init container at pod
 start (no registry needed). The pod's traceback and the return value come back to the task log and XCom.
 
-Review the pod before deploying: `python -m airflow_gpu_provider.kubernetes.render dags/example_kubernetes_gpu.py
+Review the pod before deploying: `python -m airflow_gpu_provider.render dags/example_kubernetes_gpu.py
 fine_tune`.
 """
 

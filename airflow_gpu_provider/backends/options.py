@@ -108,6 +108,16 @@ def one_of(*choices: str) -> Check:
     return check
 
 
+def dict_list(value: Any, *, keys: frozenset[str], what: str, accepted: str) -> tuple[dict[str, Any], ...]:
+    """A list of dicts, each with only ``keys`` (mounts, tolerations, ...), copied."""
+    if isinstance(value, (str, Mapping)) or not isinstance(value, Sequence):
+        raise BadOption(f"expected a list of {what}s", accepted)
+    for item in value:
+        if not isinstance(item, Mapping) or set(item) - keys:
+            raise BadOption(f"not a {what}", accepted, value=item)
+    return tuple(dict(item) for item in value)
+
+
 def string_list(value: Any) -> tuple[str, ...]:
     """A non-empty list of strings or integers, as strings."""
     if isinstance(value, str) or not isinstance(value, Sequence) or not value:

@@ -1,1 +1,1 @@
-"""Worker-host resources for the local backend: GPU inventory, the GPU allocator, cached virtualenvs."""
+"""The GPUs of this host, shared by the local and Docker backends: the inventory and the allocator."""

@@ -301,8 +301,8 @@ def _exec_command(envelope: dict[str, Any]) -> dict[str, Any]:
     raise AssertionError("unreachable")  # pragma: no cover - execvp does not return
 
 
-def _call_function(envelope: dict[str, Any]) -> tuple[dict[str, Any], float]:
-    """Call the shipped function; return ``(partial result envelope, seconds)``. Never raises."""
+def _call_function(envelope: dict[str, Any]) -> dict[str, Any]:
+    """Call the shipped function; return the result envelope (without the cache report). Never raises."""
     started = time.monotonic()
     try:
         function = _load_function(envelope)
@@ -316,11 +316,11 @@ def _call_function(envelope: dict[str, Any]) -> tuple[dict[str, Any], float]:
             ) from exc
     except SystemExit as exc:  # sys.exit() in user code: 0/None is success
         if exc.code not in (0, None):
-            return _failed(exc), time.monotonic() - started
+            return _failed(exc)
         value = None
     except Exception as exc:  # noqa: BLE001 - everything the user code raises is reported
-        return _failed(exc), time.monotonic() - started
-    return {"ok": True, "return_value": value}, time.monotonic() - started
+        return _failed(exc)
+    return {"ok": True, "return_value": value, "duration_s": time.monotonic() - started}
 
 
 def _failed(exc: BaseException) -> dict[str, Any]:
@@ -538,39 +538,32 @@ def install_main(argv: list[str]) -> int:
 
 
 # --------------------------------------------------------------------------------------------- a task try
-def run(envelope: dict[str, Any], source: str, result_to: str | None, rank_results: str | None = None) -> int:
+def run(envelope: dict[str, Any], source: str, result_to: str, *, rank: bool = False) -> int:
     """Run one envelope (read from ``source``) as the task process, or as one rank of a launch.
 
-    :param result_to: where the result goes (a file or ``-``); ``None`` for a rank
-    :param rank_results: a rank's result folder (``--rank-results``)
+    :param result_to: where the result goes: a file, or ``-`` for the log
+    :param rank: this process is one rank of a launch started by this runtime (no summary, no launcher)
     """
-    if envelope.get("die_with_parent") and rank_results is None:
+    if envelope.get("die_with_parent") and not rank:
         _die_with_parent()
     clear = envelope.get("clear_cache", True)
     before = clear_cuda_cache() if clear else {"status": "skipped", "reason": "disabled", "freed_bytes": 0}
-    if rank_results is None:
+    if not rank:
         print_summary(envelope.get("summary") or {}, before)
         if envelope.get("launch"):
-            return _run_launcher(envelope, source, str(result_to))
-    if envelope["mode"] == "command":
-        result = _exec_command(envelope)
-        duration = 0.0
-    else:
-        result, duration = _call_function(envelope)
+            return _run_launcher(envelope, source, result_to)
+    result = _exec_command(envelope) if envelope["mode"] == "command" else _call_function(envelope)
     after = clear_cuda_cache() if clear else before
     result["cache"] = [before, after]
     if result["ok"]:
-        result["duration_s"] = duration
-        who = f"rank {os.environ.get('RANK', '0')}: " if rank_results is not None else ""
+        who = f"rank {os.environ.get('RANK', '0')}: " if rank else ""
         print(
-            f"{PREFIX} {who}{envelope['function']}() finished in {duration:.2f}s; CUDA cache after task: "
+            f"{PREFIX} {who}{envelope['function']}() finished in {result['duration_s']:.2f}s; CUDA cache after task: "
             f"{_describe_cache(after)}",
             flush=True,
         )
-    if rank_results is not None:
-        write_result(_rank_result_path(rank_results), result)
-    elif os.environ.get("RANK", "0") == "0":
-        write_result(str(result_to), result)
+    if rank or os.environ.get("RANK", "0") == "0":  # under another launcher, rank 0 reports for the group
+        write_result(result_to, result)
     if result["ok"]:
         return 0
     return 127 if envelope["mode"] == "command" else EXIT_USER_ERROR
@@ -590,9 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PREFIX} unusable task envelope {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
         write_result(result_to, {"ok": False, "error": _error(exc)})
         return EXIT_BAD_ENVELOPE
-    if rank:
-        return run(envelope, argv[0], None, rank_results=argv[2])
-    return run(envelope, argv[0], result_to)
+    return run(envelope, argv[0], result_to, rank=rank)
 
 
 if __name__ == "__main__":

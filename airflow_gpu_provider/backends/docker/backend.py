@@ -11,19 +11,17 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import platform
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.docker.hooks.docker import DockerHook
 from docker.errors import APIError
-from uv import find_uv_bin
 
 from airflow_gpu_provider import config
 from airflow_gpu_provider.backends.base import Backend
 from airflow_gpu_provider.backends.docker.files import TaskFiles
 from airflow_gpu_provider.backends.docker.images.catalogue import cpu_only_reason
-from airflow_gpu_provider.backends.docker.images.dockerfile import derived_image_spec
+from airflow_gpu_provider.backends.docker.images.dockerfile import derived_image_spec, worker_uv
 from airflow_gpu_provider.backends.docker.images.engine import ensure_derived_image, resolve_image
 from airflow_gpu_provider.backends.docker.options import DockerOptions
 from airflow_gpu_provider.backends.docker.plan import DockerPlan, plan_container
@@ -37,7 +35,6 @@ from airflow_gpu_provider.task.request import TaskRequest, TaskResult, result_va
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-GO_ARCHITECTURES = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "ppc64le": "ppc64le", "s390x": "s390x"}
 NO_GPU_RUNTIME = "could not select device driver"
 TOOLKIT_FIX = (
     "Install the NVIDIA Container Toolkit on the Docker host and register it with Docker "
@@ -165,9 +162,8 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         parent = resolve_image(client, plan.parent_image, plan.options.pull, self.log)
         image = plan.parent_image
         if plan.request.image.requirements:
-            spec = derived_image_spec(
-                plan.parent_image, plan.request.image, plan.build, uv_binary=self._uv(plan, parent)
-            )
+            uv = worker_uv(plan.request.image, plan.build, parent.get("Architecture"), self.log)
+            spec = derived_image_spec(plan.parent_image, plan.request.image, plan.build, uv_binary=uv)
             image, _ = ensure_derived_image(
                 client,
                 spec,
@@ -188,18 +184,6 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
                     config.get("default_parent_image"),
                 )
         return image
-
-    def _uv(self, plan: DockerPlan, parent: Mapping[str, Any]) -> str | None:
-        """The worker's uv binary when it runs on the parent image's architecture; else ``None`` (pip-install uv)."""
-        if plan.request.image.python_package_installer != "uv" or plan.build.uv_source != "worker":
-            return None
-        worker = GO_ARCHITECTURES.get(platform.machine(), platform.machine())
-        if parent.get("Architecture") != worker:
-            self.log.info(
-                "The image is %s, the worker %s: uv is pip-installed in the image.", parent.get("Architecture"), worker
-            )
-            return None
-        return find_uv_bin()
 
     def _run_container(self, client: Any, plan: DockerPlan, image: str, *, cpu_fallback: bool) -> TaskResult:
         files = self._files(plan, image, cpu_fallback)

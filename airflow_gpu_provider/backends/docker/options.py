@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -12,6 +11,7 @@ from airflow_gpu_provider.backends.options import (
     BackendOptions,
     BadOption,
     boolean,
+    dict_list,
     one_of,
     option,
     seconds,
@@ -26,6 +26,7 @@ PULL_POLICIES: tuple[str, ...] = ("missing", "always", "never")
 AUTO_REMOVE: tuple[str, ...] = ("force", "success", "never")
 UV_SOURCES: tuple[str, ...] = ("worker", "pip")
 MOUNT_TYPES: tuple[str, ...] = ("bind", "volume", "tmpfs")
+MOUNT_KEYS = frozenset({"source", "target", "type", "read_only"})
 DOCKER_SOCKETS: tuple[str, ...] = ("/var/run/docker.sock", "/run/docker.sock")
 DEFAULT_DOCKER_URL = "unix://var/run/docker.sock"
 
@@ -53,11 +54,8 @@ def _user(value: Any) -> str | int:
 
 def _mounts(value: Any) -> tuple[dict[str, Any], ...]:
     accepted = "a list of {'source': ..., 'target': '/abs/path', 'type': 'bind'|'volume'|'tmpfs', 'read_only': bool}"
-    if isinstance(value, (str, Mapping)) or not isinstance(value, Sequence):
-        raise BadOption("expected a list of mounts", accepted)
-    for mount in value:
-        if not isinstance(mount, Mapping) or set(mount) - {"source", "target", "type", "read_only"}:
-            raise BadOption("not a mount description", accepted, value=mount)
+    mounts = dict_list(value, keys=MOUNT_KEYS, what="mount", accepted=accepted)
+    for mount in mounts:
         target, kind = mount.get("target"), mount.get("type", "bind")
         if not isinstance(target, str) or not target.startswith("/"):
             raise BadOption("'target' must be an absolute path in the container", accepted, value=mount)
@@ -72,7 +70,7 @@ def _mounts(value: Any) -> tuple[dict[str, Any], ...]:
                 "mounts of data or model folders",
                 value=mount,
             )
-    return tuple(dict(mount) for mount in value)
+    return mounts
 
 
 @dataclass(frozen=True)

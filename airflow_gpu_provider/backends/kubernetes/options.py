@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from airflow_gpu_provider.backends.kubernetes.labels import LABEL_SCHEMES, accelerator_requirements
-from airflow_gpu_provider.backends.options import BackendOptions, BadOption, boolean, one_of, option, seconds
+from airflow_gpu_provider.backends.options import BackendOptions, BadOption, boolean, dict_list, one_of, option, seconds
 from airflow_gpu_provider.settings import ResourceSettings
 
 REQUIREMENTS_MODES: tuple[str, ...] = ("init-container", "image")
@@ -71,16 +71,13 @@ def _string_map(*, label_values: bool) -> Any:
 
 def _tolerations(value: Any) -> tuple[dict[str, Any], ...]:
     accepted = "a list of dicts with key, operator (Exists|Equal), value, effect, tolerationSeconds"
-    if isinstance(value, (str, Mapping)) or not isinstance(value, Sequence):
-        raise BadOption("expected a list of tolerations", accepted)
-    for item in value:
-        if not isinstance(item, Mapping) or set(item) - TOLERATION_KEYS:
-            raise BadOption("not a toleration in the Kubernetes API form", accepted, value=item)
+    tolerations = dict_list(value, keys=TOLERATION_KEYS, what="toleration", accepted=accepted)
+    for item in tolerations:
         if item.get("operator", "Equal") not in TOLERATION_OPERATORS:
             raise BadOption("unknown operator", " or ".join(TOLERATION_OPERATORS), value=item)
         if "effect" in item and item["effect"] not in TAINT_EFFECTS:
             raise BadOption("unknown effect", " or ".join(TAINT_EFFECTS), value=item)
-    return tuple(dict(item) for item in value)
+    return tolerations
 
 
 def _api_dict(value: Any) -> dict[str, Any]:

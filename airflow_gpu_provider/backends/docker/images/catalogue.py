@@ -1,7 +1,8 @@
 """Official PyTorch CUDA images by torch and CUDA version, and telling a CUDA image from a CPU-only one.
 
 Every tag below is an official ``pytorch/pytorch`` image (``<torch>-cuda<cuda>-cudnn<cudnn>-runtime``, plus a
-``-devel`` twin with the CUDA compiler). Pick one with :func:`pytorch_image`::
+``-devel`` twin with the CUDA compiler). Pick one with :func:`pytorch_image` (``from airflow_gpu_provider import
+pytorch_image``)::
 
     ImageSettings(parent_image=pytorch_image("2.5.1", cuda="12.4"))
 """

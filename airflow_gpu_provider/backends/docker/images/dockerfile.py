@@ -13,23 +13,26 @@ import functools
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
+import platform
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from airflow_gpu_provider import __version__
 from airflow_gpu_provider.backends.docker.options import DockerOptions, UvSource
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.runtime.bootstrap import ENVELOPE_VERSION, uv_ca_variable
 from airflow_gpu_provider.settings import ImageSettings
+from airflow_gpu_provider.version import __version__
 
 SHARE = "/usr/local/share/airflow-gpu"
 CA_PATH = f"{SHARE}/ca-bundle.pem"
 LABEL_PREFIX = "airflow-gpu-provider"
 RUNTIME_VERSION = f"{__version__}/envelope-{ENVELOPE_VERSION}"
 """Part of every tag: a provider release that changes how images are built gets new images."""
+GO_ARCHITECTURES = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "ppc64le": "ppc64le", "s390x": "s390x"}
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,23 @@ class DerivedImageSpec:
         """The image reference for a parent image id: ``name:<16 hex digits>``."""
         blob = json.dumps({"parent_id": parent_id, "inputs": self.fingerprint}, sort_keys=True).encode()
         return f"{self.name}:{hashlib.sha256(blob).hexdigest()[:16]}"
+
+
+def worker_uv(image: ImageSettings, options: BuildOptions, architecture: str | None, log: logging.Logger) -> str | None:
+    """The worker's uv binary, to copy into the build, when it runs on the parent image's ``architecture``.
+
+    ``None`` when the installer is pip, ``uv_source`` is ``pip``, or the architectures differ (uv is then
+    pip-installed in the image).
+    """
+    if image.python_package_installer != "uv" or options.uv_source != "worker":
+        return None
+    worker = GO_ARCHITECTURES.get(platform.machine(), platform.machine())
+    if architecture != worker:
+        log.info("The image is %s, the worker %s: uv is pip-installed in the image.", architecture, worker)
+        return None
+    from uv import find_uv_bin
+
+    return find_uv_bin()
 
 
 def _local_directory(link: str) -> str | None:
