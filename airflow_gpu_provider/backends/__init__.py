@@ -79,7 +79,7 @@ class BackendInfo:
                 num_nodes,
                 f"backend {self.name!r} runs on "
                 + ("one machine" if self.max_nodes == 1 else f"{self.max_nodes} machines"),
-                f"num_machines={self.max_nodes}, or backend={' or '.join(map(repr, spanning))} (one pod per machine)",
+                f"num_machines={self.max_nodes}, or a backend that spans machines: {' or '.join(map(repr, spanning))}",
             )
         if resources is None:
             return

@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from airflow_gpu_provider.backends.options import BackendOptions
 
 RESOURCE_SHORTCUTS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ResourceSettings))
-IMAGE_SHORTCUTS: tuple[str, ...] = ("parent_image", "requirements", "python_package_installer")
 
 
 def is_template(value: object) -> bool:
@@ -150,17 +149,14 @@ class GpuStepOperator(BaseOperator):
             "shm_size": shm_size,
         }
         self.resource_settings, self.resource_overrides = resolve_resources(resources, shortcuts, owner=owner)
+        image = image or ImageSettings()
         image_shortcuts: dict[str, Any] = {
             "parent_image": parent_image,
             "requirements": requirements,
             "python_package_installer": python_package_installer,
         }
         image_changes = {k: v for k, v in image_shortcuts.items() if v is not None}
-        self.image_settings = (
-            dataclasses.replace(image or ImageSettings(), **image_changes)
-            if image_changes
-            else (image or ImageSettings())
-        )
+        self.image_settings = dataclasses.replace(image, **image_changes) if image_changes else image
 
         if on_missing_gpu is not None and not is_template(on_missing_gpu):
             config.check_choice(owner, "on_missing_gpu", on_missing_gpu, missing_gpu.NAMES)

@@ -56,6 +56,7 @@ def test_init_container_installs_requirements_and_main_container_returns_the_val
     run = run_pod(_render(uses_a_requirement, ["six==1.17.0"]))
     assert run.exit_codes == {"install-requirements": 0, "base": 0}, run.logs
     assert "+ six==1.17.0" in run.logs["install-requirements"]
+    assert "deprecated" not in run.logs["install-requirements"]  # the CA variable this uv knows
     log = run.logs["base"]
     assert "[gpu] backend=kubernetes image=airflow-gpu-base:bookworm" in log
     assert "[gpu] resources: no GPU, 1 CPUs, 1.0 GiB memory, 256.0 MiB shm" in log

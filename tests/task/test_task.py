@@ -1,0 +1,91 @@
+"""What every backend shares, decided once in ``task/``: each backend's plan carries the same decision."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from airflow_gpu_provider.backends import BACKENDS
+from airflow_gpu_provider.exceptions import RemoteTaskError
+from airflow_gpu_provider.payload import command_envelope
+from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+from airflow_gpu_provider.task.environment import gpu_free_environment, lock_holder, summary, visible_devices
+from airflow_gpu_provider.task.missing_gpu import POLICIES
+from airflow_gpu_provider.task.request import TaskRequest, result_value
+
+LABELS = {"dag_id": "d", "task_id": "t", "run_id": "r1", "try_number": "1", "map_index": "3"}
+
+
+def request(resources: ResourceSettings, policy: str = "fail") -> TaskRequest:
+    return TaskRequest(resources, ImageSettings(), command_envelope(["true"]), policy, LABELS)  # type: ignore[arg-type]
+
+
+def environments(resources: ResourceSettings) -> dict[str, dict[str, str]]:
+    """The task process's environment as each backend plans it (no engine, no cluster)."""
+    req = request(resources)
+    local = BACKENDS["local"].create().plan(req).environment
+    docker = BACKENDS["docker"].create().plan(req).create_kwargs("img")["environment"]
+    kubernetes = BACKENDS["kubernetes"].create().plan(req).environment
+    return {"local": dict(local), "docker": docker, "kubernetes": kubernetes}
+
+
+def test_every_backend_gives_the_same_thread_count():
+    for backend, environment in environments(ResourceSettings(cpu_count=2.5)).items():
+        assert environment["OMP_NUM_THREADS"] == environment["MKL_NUM_THREADS"] == "3", backend
+
+
+@pytest.mark.parametrize("vendor", ["nvidia", "amd"])
+def test_containers_and_pods_without_gpus_are_kept_off_the_hosts_gpus(vendor):
+    planned = environments(ResourceSettings(cpu_count=1, gpu_vendor=vendor))
+    assert planned["docker"]["NVIDIA_VISIBLE_DEVICES"] == planned["kubernetes"]["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert gpu_free_environment(ResourceSettings(gpu_count=1)) == {}
+
+
+def test_visible_devices_by_vendor():
+    assert visible_devices(ResourceSettings().gpu_vendor, ["GPU-a", "GPU-b"]) == {
+        "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    }
+    assert visible_devices(ResourceSettings(gpu_vendor="amd").gpu_vendor, ["1"]) == {"ROCR_VISIBLE_DEVICES": "1"}
+    assert visible_devices(ResourceSettings().gpu_vendor, [])["CUDA_VISIBLE_DEVICES"] == ""  # none visible
+
+
+def test_the_summary_and_the_lock_holder():
+    req = request(ResourceSettings(gpu_count=2, cpu_count=4))
+    assert summary(req, backend="docker", image="img", gpus=None) == {
+        "backend": "docker",
+        "image": "img",
+        "requirements_hash": "none",
+        "resources": "2x nvidia GPU, 4 CPUs",
+        "gpus": None,
+    }
+    fallback = summary(req, backend="docker", image="img", gpus=None, cpu_fallback=True)
+    assert (fallback["resources"], fallback["gpus"]) == ("2x nvidia GPU, 4 CPUs -> CPU fallback", [])
+    assert summary(request(ResourceSettings()), backend="local", image="i", gpus=None)["gpus"] == []
+    assert lock_holder(req, "docker") == "d.t[3] run r1 (docker)"
+
+
+def test_the_kubernetes_fallback_pod_reports_what_was_asked_for():
+    plan = BACKENDS["kubernetes"].create().plan(request(ResourceSettings(gpu_count=1), policy="cpu"))
+    assert plan.cpu_fallback is not None
+    envelope = json.loads(base64.b64decode(plan.cpu_fallback.environment["AIRFLOW_GPU_ENVELOPE"]))
+    assert envelope["summary"]["resources"] == "1x nvidia GPU -> CPU fallback"
+
+
+def test_one_table_of_policies():
+    assert list(POLICIES) == ["fail", "wait", "cpu"]
+    assert [p.waits for p in POLICIES.values()] == [False, True, False]
+    assert [p.runs_on_cpu for p in POLICIES.values()] == [False, False, True]
+    assert request(ResourceSettings(), "wait").missing_gpu.pending_timeout == 86400.0
+
+
+def test_result_value():
+    assert result_value({"ok": True, "return_value": 7}, 0, where="x") == 7
+    assert result_value(None, 0, where="x") is None
+    with pytest.raises(RemoteTaskError, match="exited with status 3"):
+        result_value(None, 3, where="x")
+    with pytest.raises(RemoteTaskError, match="raised ValueError in x: boom") as err:
+        result_value({"ok": False, "error": {"type": "ValueError", "message": "boom", "traceback": "tb"}}, 1, where="x")
+    assert (err.value.error_type, err.value.remote_traceback) == ("ValueError", "tb")
