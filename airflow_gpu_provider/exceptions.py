@@ -13,7 +13,7 @@ class InvalidSettingError(ValueError):
     """A setting has a bad value. Raised at DAG parse time, before anything starts."""
 
     def __init__(self, owner: str, field: str, value: object, reason: str, accepted: str | None = None) -> None:
-        self.owner, self.field, self.value = owner, field, value
+        self.owner, self.field, self.value, self.reason, self.accepted = owner, field, value, reason, accepted
         message = f"{owner}: {field}={value!r} is invalid: {reason}"
         if accepted:
             message += f". Accepted: {accepted}"
@@ -25,8 +25,9 @@ class UnknownSettingError(InvalidSettingError, TypeError):
 
     def __init__(self, owner: str, names: Iterable[str], supported: Iterable[str], hint: str = "") -> None:
         names = sorted(names)
-        self.owner, self.field, self.value = owner, names[0], None
         supported_text = ", ".join(sorted(supported))
+        self.owner, self.field, self.value = owner, names[0], None
+        self.reason, self.accepted = "unknown option", supported_text
         ValueError.__init__(
             self,
             f"{owner} does not support the option(s) {', '.join(map(repr, names))}. "

@@ -15,6 +15,7 @@ import inspect
 import json
 import linecache
 import os
+import symtable
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -61,40 +62,21 @@ def _known_context_keys() -> frozenset[str]:
     return frozenset(KNOWN_CONTEXT_KEYS)
 
 
-class _FreeNames(ast.NodeVisitor):
-    """Names a function body reads but never binds (approximate, scope-insensitive)."""
+def _global_reads(source: str, name: str) -> set[str]:
+    """Names the function reads from module (or builtin) scope: what no scope of its own binds.
 
-    def __init__(self) -> None:
-        self.loaded: set[str] = set()
-        self.bound: set[str] = set()
-
-    def visit_Name(self, node: ast.Name) -> None:
-        (self.loaded if isinstance(node.ctx, ast.Load) else self.bound).add(node.id)
-
-    def visit_arg(self, node: ast.arg) -> None:
-        self.bound.add(node.arg)
-
-    def _bind_and_visit(self, node: Any) -> None:
-        self.bound.add(node.name)
-        for child in (*node.decorator_list, *getattr(node, "bases", ()), *node.body):
-            self.visit(child)
-        if hasattr(node, "args"):
-            self.visit(node.args)
-
-    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _bind_and_visit
-
-    def visit_alias(self, node: ast.alias) -> None:
-        self.bound.add((node.asname or node.name).split(".")[0])
-
-    def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
-        if node.name:
-            self.bound.add(node.name)
-        self.generic_visit(node)
-
-    def visit_MatchAs(self, node: ast.MatchAs) -> None:
-        if node.name:
-            self.bound.add(node.name)
-        self.generic_visit(node)
+    Scope-aware (``symtable``): a nested function's parameter or a comprehension variable binds the name there only.
+    Defaults are evaluated where the function is defined, so their names count; annotations are not evaluated
+    (the runtime compiles with ``from __future__ import annotations``).
+    """
+    module = symtable.symtable("from __future__ import annotations\n" + source, "<gpu task>", "exec")
+    reads = {s.get_name() for s in module.get_symbols() if s.is_referenced()}  # defaults
+    pending = [t for t in module.get_children() if t.get_name() == name]
+    while pending:
+        table = pending.pop()
+        reads |= {s.get_name() for s in table.get_symbols() if s.is_referenced() and s.is_global()}
+        pending.extend(table.get_children())
+    return reads
 
 
 @functools.lru_cache(maxsize=32)
@@ -152,11 +134,7 @@ def shipped_callable(function: Callable[..., Any], *, owner: str) -> ShippedCall
         raise InvalidSettingError(owner, "python_callable", name, "async functions are not supported", accepted)
     node, source, first_line = _function_source(function, owner)
 
-    visitor = _FreeNames()
-    visitor.visit(node.args)
-    for statement in node.body:
-        visitor.visit(statement)
-    free = visitor.loaded - visitor.bound - set(dir(builtins))
+    free = _global_reads(source, node.name) - set(dir(builtins))
     outside = sorted(n for n in free if n in function.__globals__ or n in function.__code__.co_freevars)
     if outside:
         raise InvalidSettingError(
@@ -186,11 +164,11 @@ def shipped_callable(function: Callable[..., Any], *, owner: str) -> ShippedCall
 
 def _json_checked(owner: str, label: str, value: Any) -> Any:
     try:
-        return json.loads(json.dumps(value))
+        return json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError) as err:
         raise TypeError(
             f"{owner}: {label} is a {type(value).__name__} that cannot travel as JSON ({err}). GPU tasks take "
-            "None, bool, int, float, str, and lists/dicts of those"
+            "None, bool, int, float (finite), str, and lists/dicts of those"
         ) from None
 
 

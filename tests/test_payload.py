@@ -53,6 +53,25 @@ def wants_ti(ti=None):
     return None
 
 
+def shadowed_in_a_nested_function():
+    def helper(json):  # binds json only inside helper
+        return json
+
+    return helper(1), json.dumps({})  # the module's json: not shipped
+
+
+def module_name_in_a_default(indent=json.dumps({})):
+    return indent
+
+
+def module_name_in_a_comprehension_only():
+    return [os.sep for _ in range(2)]
+
+
+def annotated_with_module_names(value: os.PathLike) -> json.JSONDecoder:  # annotations are never evaluated
+    return value
+
+
 def test_decorators_are_stripped_from_the_shipped_source():
     for decorated, expected_first_line in (
         (decorated_with_task_gpu, "def decorated_with_task_gpu(x):"),
@@ -72,7 +91,14 @@ def test_self_contained_function_with_nested_names_ships():
 
 
 @pytest.mark.parametrize(
-    ("function", "names"), [(uses_module_constant, "'MODULE_CONSTANT'"), (uses_module_import, "'os'")]
+    ("function", "names"),
+    [
+        (uses_module_constant, "'MODULE_CONSTANT'"),
+        (uses_module_import, "'os'"),
+        (shadowed_in_a_nested_function, "'json'"),
+        (module_name_in_a_default, "'json'"),
+        (module_name_in_a_comprehension_only, "'os'"),
+    ],
 )
 def test_module_level_names_are_rejected_at_parse_time(function, names):
     with pytest.raises(InvalidSettingError, match=f"it uses {names} from outside the function"):
@@ -98,6 +124,10 @@ def test_closures_lambdas_async_and_context_objects_are_rejected():
         shipped_callable(wants_ti, owner="t")
 
 
+def test_annotations_are_not_names_the_function_reads():
+    assert shipped_callable(annotated_with_module_names, owner="t").name == "annotated_with_module_names"
+
+
 def test_call_arguments_fill_context_values_and_check_json():
     shipped = shipped_callable(self_contained, owner="t")
     signature = inspect.signature(self_contained)
@@ -109,3 +139,5 @@ def test_call_arguments_fill_context_values_and_check_json():
     json.dumps(kwargs)
     with pytest.raises(TypeError, match="argument 'epochs' is a set that cannot travel as JSON"):
         call_arguments(shipped, signature, [], {"epochs": {1}}, {}, owner="t")
+    with pytest.raises(TypeError, match="argument 'epochs' is a float that cannot travel as JSON"):
+        call_arguments(shipped, signature, [], {"epochs": float("nan")}, {}, owner="t")

@@ -2,7 +2,8 @@
 
 The kernel drops a flock when the last descriptor of its open file closes, so the GPUs of a killed task come
 back by themselves. The child process inherits the descriptors (``Allocation.fds``), so a lock is held as long as
-either the worker or the task process lives.
+either the worker or the task process lives. Lock files are the worker's own (0600, in a private folder, never
+opened through a symlink: :mod:`.state`), so no other user can hold or redirect them.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from airflow_gpu_provider import config
 from airflow_gpu_provider.exceptions import GpuUnavailableError
 from airflow_gpu_provider.host.inventory import Device, host_devices, matches_model
+from airflow_gpu_provider.host.state import open_private, private_dir
 from airflow_gpu_provider.settings import GpuVendor, ResourceSettings
 from airflow_gpu_provider.task.environment import lock_holder
 from airflow_gpu_provider.task.missing_gpu import POLICIES, OnMissingGpu
@@ -66,10 +68,10 @@ class GpuAllocator:
 
     def try_acquire(self, candidates: Sequence[Device], count: int, holder: str) -> Allocation | None:
         """Lock ``count`` free devices now, or none at all."""
-        self.lock_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.lock_dir)
         allocation = Allocation(devices=[])
         for device in candidates:
-            fd = os.open(self.lock_path(device), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = open_private(self.lock_path(device))
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -90,7 +92,7 @@ class GpuAllocator:
         path = self.lock_path(device)
         if not path.exists():
             return None
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_private(path, os.O_RDONLY)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
+from airflow_gpu_provider.host.state import UntrustedStateError, open_private, private_dir
 from airflow_gpu_provider.settings import ResourceSettings
 
 SNAPSHOT = Path(__file__).with_name("accelerate_launch_options.json")
@@ -116,8 +117,15 @@ def load_spec(state_dir: str | None = None) -> dict[str, Any]:
 
         state_dir = config.get("state_dir")
     cache = Path(state_dir, f"accelerate-launch-options-{version}-v{SPEC_FORMAT}.json")
-    if cache.exists():
-        return json.loads(cache.read_text())
+    trusted = True
+    try:
+        private_dir(state_dir)
+        with os.fdopen(open_private(cache, os.O_RDONLY)) as cached:
+            return dict(json.load(cached))
+    except FileNotFoundError:
+        pass
+    except UntrustedStateError:
+        trusted = False  # read the table afresh, and cache nothing in a folder another user controls
     import subprocess
     import tempfile
 
@@ -125,10 +133,10 @@ def load_spec(state_dir: str | None = None) -> dict[str, Any]:
         [sys.executable, "-m", __name__], capture_output=True, text=True, check=True, timeout=300
     ).stdout
     spec = json.loads(out)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=cache.parent, delete=False, suffix=".tmp") as handle:
-        handle.write(out)
-    os.replace(handle.name, cache)
+    if trusted:
+        with tempfile.NamedTemporaryFile("w", dir=cache.parent, delete=False, suffix=".tmp") as handle:
+            handle.write(out)
+        os.replace(handle.name, cache)
     return spec
 
 

@@ -15,6 +15,7 @@ from airflow_gpu_provider.backends import BACKENDS, BackendInfo
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.payload import call_arguments, callable_envelope, command_envelope, shipped_callable
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+from airflow_gpu_provider.settings.image import check_environment
 from airflow_gpu_provider.task import missing_gpu
 from airflow_gpu_provider.task.request import TaskRequest
 
@@ -46,6 +47,22 @@ def resolve_resources(
     concrete = {k: v for k, v in given.items() if k not in overrides}
     settings = resources or ResourceSettings()
     return (settings.with_overrides(**concrete) if concrete else settings), overrides
+
+
+def _argv(command: Sequence[str] | str) -> list[str]:
+    return shlex.split(command) if isinstance(command, str) else list(command)
+
+
+def _check_arguments(owner: str, function: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """Arguments that the function cannot take are an error now, not in the GPU process."""
+    signature = inspect.signature(function)
+    try:
+        signature.bind_partial(*args, **kwargs)
+    except TypeError as err:
+        raise InvalidSettingError(
+            owner, "op_args/op_kwargs", {"op_args": list(args), "op_kwargs": dict(kwargs)}, str(err),
+            f"the parameters of {function.__name__}{signature}",
+        ) from None  # fmt: skip
 
 
 def pool_arguments(resources: ResourceSettings, overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -136,6 +153,8 @@ class GpuStepOperator(BaseOperator):
             raise InvalidSettingError(
                 owner, "python_callable/command", None, "give exactly one of them", "python_callable=f or command=[...]"
             )
+        if command is not None and not is_template(command) and not _argv(command):
+            raise InvalidSettingError(owner, "command", command, "an empty command runs nothing", "['python', 'x.py']")
         if image is not None and not isinstance(image, ImageSettings):
             raise InvalidSettingError(owner, "image", image, "expected an ImageSettings", None)
 
@@ -172,10 +191,12 @@ class GpuStepOperator(BaseOperator):
         self.command = command
         self.op_args = list(op_args or [])
         self.op_kwargs = dict(op_kwargs or {})
+        if python_callable is not None:
+            _check_arguments(owner, python_callable, self.op_args, self.op_kwargs)
         self.backend = backend
         self.on_missing_gpu = on_missing_gpu
         self.backend_options = dict(backend_options or {})
-        self.environment = dict(environment or {})
+        self.environment = check_environment(owner, "environment", environment or {})
         self._running_backend: Backend[Any, Any] | None = None
 
         if "pool" not in kwargs:
@@ -187,8 +208,7 @@ class GpuStepOperator(BaseOperator):
         """The runtime envelope for this try, for these (rendered) resources; subclasses wrap the payload."""
         owner = f"{type(self).__name__}({self.task_id!r})"
         if self.shipped is None:
-            command = shlex.split(self.command) if isinstance(self.command, str) else list(self.command or [])
-            return command_envelope(command)
+            return command_envelope(_argv(self.command or []))
         assert self.python_callable is not None
         args, kwargs = call_arguments(
             self.shipped, inspect.signature(self.python_callable), self.op_args, self.op_kwargs, context, owner=owner

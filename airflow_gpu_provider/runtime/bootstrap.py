@@ -308,11 +308,11 @@ def _call_function(envelope: dict[str, Any]) -> dict[str, Any]:
         function = _load_function(envelope)
         value = function(*envelope.get("args", []), **envelope.get("kwargs", {}))
         try:
-            json.dumps(value)
+            json.dumps(value, allow_nan=False)  # NaN and infinity are not JSON: XCom would refuse them later
         except (TypeError, ValueError) as exc:
             raise TypeError(
                 f"the return value of {envelope['function']}() is a {type(value).__name__}, which cannot travel "
-                "back as JSON; return None, bool, int, float, str, or lists/dicts of those"
+                f"back as JSON ({exc}); return None, bool, int, float (finite), str, or lists/dicts of those"
             ) from exc
     except SystemExit as exc:  # sys.exit() in user code: 0/None is success
         if exc.code not in (0, None):

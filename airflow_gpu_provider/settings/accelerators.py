@@ -120,5 +120,6 @@ class MigProfile(str, Enum):
         return self.value
 
 
-ACCELERATOR_PATTERN = re.compile(r"^(?P<model>[A-Za-z0-9][A-Za-z0-9._-]*)(:(?P<count>[^:]*))?$")
-MIG_PATTERN = re.compile(r"^[1-9]\d*g\.[1-9]\d*gb(\+me)?$")
+# Matched whole (fullmatch): "$" alone would let a trailing newline through into a resource name.
+ACCELERATOR_PATTERN = re.compile(r"(?P<model>[A-Za-z0-9][A-Za-z0-9._-]*)(:(?P<count>[^:]*))?", re.ASCII)
+MIG_PATTERN = re.compile(r"[1-9][0-9]*g\.[1-9][0-9]*gb(\+me)?", re.ASCII)

@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+from urllib.parse import urlparse
 
 from packaging.requirements import InvalidRequirement, Requirement
 
@@ -25,10 +26,11 @@ _OWNER = "ImageSettings"
 # A Docker image reference: [registry[:port]/]name[/name...][:tag][@sha256:digest]
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _IMAGE_REFERENCE = re.compile(
-    rf"^(?:[A-Za-z0-9.-]+(?::\d+)?/)?{_COMPONENT}(?:/{_COMPONENT})*"
-    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+    rf"(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?",
+    re.ASCII,
 )
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 
 
 def _invalid(name: str, value: object, reason: str, accepted: str | None = None) -> InvalidSettingError:
@@ -42,6 +44,35 @@ def _string_tuple(name: str, value: object, accepted: str) -> tuple[str, ...]:
         if not isinstance(item, str) or not item.strip():
             raise _invalid(name, item, "every item must be a non-empty string", accepted)
     return tuple(item.strip() for item in value)
+
+
+def check_environment(owner: str, field_name: str, environment: object) -> dict[str, str]:
+    """Environment variables: names of ``[A-Za-z_][A-Za-z0-9_]*``, string values without NUL."""
+    if not isinstance(environment, Mapping):
+        raise InvalidSettingError(owner, field_name, environment, "expected a mapping", "a dict of str to str")
+    checked: dict[str, str] = {}
+    for key, value in environment.items():
+        if not isinstance(key, str) or not ENV_NAME.fullmatch(key):
+            raise InvalidSettingError(
+                owner, field_name, key, "not an environment variable name", "[A-Za-z_][A-Za-z0-9_]*"
+            )
+        if not isinstance(value, str) or "\x00" in value:
+            raise InvalidSettingError(owner, f"{field_name}[{key!r}]", value, "values must be strings", "str")
+        checked[key] = value
+    return checked
+
+
+def _check_location(name: str, value: str, *, paths: bool) -> None:
+    """A package index URL (or, for ``find_links``, a local directory): never an installer option."""
+    accepted = "an http(s) or file:// URL" + (", or an absolute directory path" if paths else "")
+    if not isinstance(value, str) or not value.strip():
+        raise _invalid(name, value, "expected a URL", accepted)
+    parsed = urlparse(value)
+    if (parsed.scheme in ("http", "https") and parsed.netloc) or (parsed.scheme == "file" and parsed.path):
+        return
+    if paths and not parsed.scheme and value.startswith("/"):
+        return
+    raise _invalid(name, value, "not a URL" + (" or an absolute path" if paths else ""), accepted)
 
 
 @dataclass(frozen=True)
@@ -71,7 +102,7 @@ class ImageSettings:
             object.__setattr__(self, name, value)
 
         if self.parent_image is not None and (
-            not isinstance(self.parent_image, str) or not _IMAGE_REFERENCE.match(self.parent_image)
+            not isinstance(self.parent_image, str) or not _IMAGE_REFERENCE.fullmatch(self.parent_image)
         ):
             raise _invalid(
                 "parent_image",
@@ -103,21 +134,16 @@ class ImageSettings:
                 " or ".join(map(repr, INSTALLERS)),
             )
 
-        if not isinstance(self.environment, Mapping):
-            raise _invalid("environment", self.environment, "expected a mapping", "a dict of str to str")
-        env: dict[str, str] = {}
-        for key, value in self.environment.items():
-            if not isinstance(key, str) or not _ENV_NAME.match(key):
-                raise _invalid("environment", key, "not an environment variable name", "[A-Za-z_][A-Za-z0-9_]*")
-            if not isinstance(value, str):
-                raise _invalid(f"environment[{key!r}]", value, "values must be strings", "str")
-            env[key] = value
-        put("environment", env)
+        put("environment", check_environment(_OWNER, "environment", self.environment))
 
-        if self.index_url is not None and (not isinstance(self.index_url, str) or not self.index_url.strip()):
-            raise _invalid("index_url", self.index_url, "expected a URL", "an http(s) or file URL")
+        if self.index_url is not None:
+            _check_location("index_url", self.index_url, paths=False)
         put("extra_index_urls", _string_tuple("extra_index_urls", self.extra_index_urls, "a list of URLs"))
+        for url in self.extra_index_urls:
+            _check_location("extra_index_urls", url, paths=False)
         put("find_links", _string_tuple("find_links", self.find_links, "a list of directories or URLs"))
+        for link in self.find_links:
+            _check_location("find_links", link, paths=True)
 
     @property
     def install_options(self) -> dict[str, Any]:

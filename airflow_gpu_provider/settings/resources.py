@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -18,6 +19,9 @@ from airflow_gpu_provider.settings.accelerators import (
 from airflow_gpu_provider.settings.units import (
     BYTES_ACCEPTED,
     CPU_ACCEPTED,
+    MAX_BYTES,
+    MIN_MEMORY,
+    MIN_SHM,
     format_bytes,
     parse_bytes,
     parse_cpu,
@@ -25,7 +29,9 @@ from airflow_gpu_provider.settings.units import (
 
 ALL_GPUS: Literal["all"] = "all"
 GpuCount = int | Literal["all"]
+MAX_GPUS = 1024  # per machine; more is a typo (or a count in the wrong field)
 _OWNER = "ResourceSettings"
+_DECIMAL = re.compile(r"[0-9]+", re.ASCII)  # "２", "٣" and "¹" are digits to str.isdigit(), not to Kubernetes
 
 
 def _invalid(name: str, value: object, reason: str, accepted: str | None = None) -> InvalidSettingError:
@@ -33,12 +39,12 @@ def _invalid(name: str, value: object, reason: str, accepted: str | None = None)
 
 
 def _parse_count(name: str, value: object, *, allow_all: bool) -> GpuCount:
-    accepted = "a non-negative integer" + (" or 'all'" if allow_all else "")
+    accepted = f"an integer from 0 to {MAX_GPUS}" + (" or 'all'" if allow_all else "")
     if allow_all and value == ALL_GPUS:
         return ALL_GPUS
     if isinstance(value, bool):
         raise _invalid(name, value, "booleans are not counts", accepted)
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
         value = int(value.strip())  # rendered templates arrive as text
     if isinstance(value, float) and value.is_integer():
         value = int(value)
@@ -46,6 +52,8 @@ def _parse_count(name: str, value: object, *, allow_all: bool) -> GpuCount:
         raise _invalid(name, value, "it should be an integer", accepted)
     if value < 0:
         raise _invalid(name, value, "it must not be negative", accepted)
+    if value > MAX_GPUS:
+        raise _invalid(name, value, f"more than {MAX_GPUS} GPUs on one machine", accepted)
     return value
 
 
@@ -83,15 +91,24 @@ class ResourceSettings:
             except (TypeError, ValueError) as err:
                 raise _invalid("cpu_count", self.cpu_count, str(err), CPU_ACCEPTED) from None
 
-        for name in ("memory", "shm_size"):
+        for name, smallest in (("memory", MIN_MEMORY), ("shm_size", MIN_SHM)):
             value = getattr(self, name)
-            if value is not None:
-                try:
-                    put(name, parse_bytes(value))
-                except (TypeError, ValueError) as err:
-                    raise _invalid(name, value, str(err), BYTES_ACCEPTED) from None
-        if self.memory == 0:
-            raise _invalid("memory", 0, "a memory limit of zero bytes cannot run anything", BYTES_ACCEPTED)
+            if value is None:
+                continue
+            try:
+                amount = parse_bytes(value)
+            except (TypeError, ValueError) as err:
+                raise _invalid(name, value, str(err), BYTES_ACCEPTED) from None
+            if amount == 0 and name == "memory":
+                raise _invalid(name, value, "a memory limit of zero bytes cannot run anything", BYTES_ACCEPTED)
+            if not smallest <= amount <= MAX_BYTES:
+                raise _invalid(
+                    name,
+                    value,
+                    f"out of range ({format_bytes(smallest)} to {format_bytes(MAX_BYTES)}; None for the default)",
+                    BYTES_ACCEPTED,
+                )
+            put(name, amount)
 
         vendor = self.gpu_vendor
         if isinstance(vendor, str):
@@ -136,7 +153,7 @@ class ResourceSettings:
 
         if self.mig_profile is not None:
             profile = str(getattr(self.mig_profile, "value", self.mig_profile))
-            if not isinstance(self.mig_profile, str) or not MIG_PATTERN.match(profile):
+            if not isinstance(self.mig_profile, str) or not MIG_PATTERN.fullmatch(profile):
                 raise _invalid(
                     "mig_profile",
                     self.mig_profile,
@@ -161,13 +178,13 @@ class ResourceSettings:
     def _parse_accelerator(value: object) -> tuple[str, int | None]:
         accepted = "a model name such as 'A100' or 'H100-80GB', optionally with a count: 'A100:2'"
         text = str(getattr(value, "value", value)) if isinstance(value, str) else None
-        match = ACCELERATOR_PATTERN.match(text) if text is not None else None
+        match = ACCELERATOR_PATTERN.fullmatch(text) if text is not None else None
         if match is None:
             raise _invalid("accelerator", value, "not an accelerator name", accepted)
         if match["count"] is None:
             return match["model"], None
         count = match["count"]
-        if not count.isdigit() or int(count) < 1:
+        if not _DECIMAL.fullmatch(count) or not 1 <= int(count) <= MAX_GPUS:
             raise _invalid("accelerator", value, f"the count {count!r} is not a positive integer", accepted)
         return match["model"], int(count)
 
@@ -189,7 +206,9 @@ class ResourceSettings:
     def describe(self) -> str:
         """One line for logs: ``2x nvidia A100, 8 CPUs, 16.0 GiB memory``."""
         parts = []
-        if self.requests_gpus:
+        if self.gpu_count == ALL_GPUS:
+            parts.append(f"all {self.gpu_vendor.name} {self.accelerator or 'GPU'}s")
+        elif self.requests_gpus:
             what = self.accelerator or "GPU"
             if self.mig_profile:
                 what += f" MIG {self.mig_profile}"

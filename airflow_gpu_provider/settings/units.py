@@ -51,13 +51,21 @@ _BYTE_SUFFIXES["b"] = None  # type: ignore[assignment]  # plain bytes: "512B"
 _K8S_SUFFIXES = {unit.suffix: unit for unit in Unit}
 _K8S_SUFFIXES["K"] = Unit.K  # a common spelling of kilo
 
-_NUMBER = re.compile(r"^\s*(?P<number>[+]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?)\s*(?P<suffix>[A-Za-z]*)\s*$")
+# ASCII only: str.isdigit() and \d also take "２" or "٣", which Kubernetes and Docker do not.
+_NUMBER = re.compile(
+    r"\s*(?P<number>[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?)\s*(?P<suffix>[A-Za-z]*)\s*", re.ASCII
+)
+MIN_CPUS = Decimal("0.001")  # 1m, the smallest Kubernetes CPU quantity; less means "no limit" to Docker
+MAX_CPUS = 65536
+MIN_MEMORY = 6 * 2**20  # Docker's smallest memory limit
+MIN_SHM = 2**20
+MAX_BYTES = 2**50  # 1 PiB
 
 BYTES_ACCEPTED = (
     "integer bytes, or a number with a unit: binary Ki, Mi, Gi, Ti, Pi, Ei (also KiB, MiB, GiB, ...), "
     "decimal k, M, G, T, P, E (also KB, MB, GB, ...), e.g. '16Gi', '16GB', '512Mi'"
 )
-CPU_ACCEPTED = "a positive number of cores (e.g. 4, 0.5) or a Kubernetes CPU quantity (e.g. '500m', '2')"
+CPU_ACCEPTED = "a number of cores from 0.001 to 65536 (e.g. 4, 0.5) or a Kubernetes CPU quantity (e.g. '500m', '2')"
 
 
 def parse_quantity(value: str) -> Decimal:
@@ -65,7 +73,7 @@ def parse_quantity(value: str) -> Decimal:
 
     :raises ValueError: when the text is not a quantity.
     """
-    match = _NUMBER.match(value)
+    match = _NUMBER.fullmatch(value)
     if match is None:
         raise ValueError(f"{value!r} is not a number with an optional unit")
     try:
@@ -106,9 +114,14 @@ def parse_cpu(value: int | float | str) -> float:
     """Return a CPU count from a number or a Kubernetes CPU quantity (``500m`` is 0.5)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise TypeError(f"expected a number or str, got {type(value).__name__}")
-    amount = Decimal(str(value)) if not isinstance(value, str) else parse_quantity(value)
+    try:
+        amount = Decimal(str(value)) if not isinstance(value, str) else parse_quantity(value)
+    except InvalidOperation:
+        raise ValueError("not a number") from None
     if not amount.is_finite() or amount <= 0:
         raise ValueError("must be a positive number")
+    if not MIN_CPUS <= amount <= MAX_CPUS:
+        raise ValueError(f"out of range ({MIN_CPUS} to {MAX_CPUS} cores)")
     return float(amount)
 
 

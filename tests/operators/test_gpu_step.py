@@ -158,6 +158,18 @@ def test_gpu_pool_slots_follow_gpu_count(monkeypatch):
         ({"python_callable": add, "memory": "16XB"}, InvalidSettingError, "memory='16XB'"),
         ({"python_callable": add, "requirements": ["numpy>="]}, InvalidSettingError, "PEP 508"),
         ({"python_callable": add, "resources": {"gpu_count": 1}}, InvalidSettingError, "expected a ResourceSettings"),
+        # hardening: what used to fail only on the worker, or with a raw error
+        ({"command": []}, InvalidSettingError, "an empty command runs nothing"),
+        ({"command": "  "}, InvalidSettingError, "an empty command runs nothing"),
+        ({"python_callable": add, "op_kwargs": {"c": 1}}, InvalidSettingError, "unexpected keyword argument 'c'"),
+        ({"python_callable": add, "op_args": [1, 2, 3]}, InvalidSettingError, "too many positional arguments"),
+        ({"python_callable": add, "environment": {"NOT OK": "x"}}, InvalidSettingError, "environment='NOT OK'"),
+        ({"python_callable": add, "environment": {"N": 3}}, InvalidSettingError, "environment['N']=3"),
+        (
+            {"python_callable": add, "backend": "local", "backend_options": {"devices": "0,0"}},
+            InvalidSettingError,
+            "backend_options['devices']='0,0' is invalid: device ids must be distinct",
+        ),
         (
             {"python_callable": add, "backend": "local", "backend_options": {"gpus": 1}},
             UnknownSettingError,

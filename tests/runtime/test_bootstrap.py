@@ -31,6 +31,10 @@ def returns_object():
     return object()
 
 
+def returns_nan():
+    return {"loss": float("nan")}
+
+
 def exits(code):
     import sys
 
@@ -92,6 +96,9 @@ def test_non_json_return_value_is_a_clear_error(tmp_path):
     proc, result = run_envelope(tmp_path, envelope_for(returns_object))
     assert proc.returncode == 1
     assert "is a object, which cannot travel back as JSON" in result["error"]["message"]
+    proc, result = run_envelope(tmp_path, envelope_for(returns_nan))  # json.dumps writes NaN; XCom would refuse it
+    assert proc.returncode == 1
+    assert "is a dict, which cannot travel back as JSON (Out of range float values" in result["error"]["message"]
 
 
 @pytest.mark.parametrize(("code", "status", "ok"), [(0, 0, True), (None, 0, True), (3, 1, False)])

@@ -42,6 +42,7 @@ def test_pep508_markers_and_extras_and_urls():
 
 def test_installer_index_args():
     image = ImageSettings(index_url="https://m/simple", extra_index_urls=["https://x/simple"], find_links=["/wheels"])
+    assert ImageSettings(find_links=["file:///srv/w", "https://h/w/"], index_url="file:///srv/simple").find_links
     assert image.installer_index_args() == [
         "--index-url",
         "https://m/simple",
@@ -67,6 +68,16 @@ def test_installer_index_args():
         ({"environment": ["A=1"]}, "environment", "expected a mapping"),
         ({"find_links": "/wheels"}, "find_links", "expected a list"),
         ({"index_url": ""}, "index_url", "expected a URL"),
+        # hardening: installer options and other strings that are not locations
+        ({"index_url": "--no-index"}, "index_url", "not a URL"),
+        ({"index_url": "pypi.example.com/simple"}, "index_url", "not a URL"),
+        ({"extra_index_urls": ["--trusted-host=evil"]}, "extra_index_urls", "not a URL"),
+        ({"extra_index_urls": ["ftp://mirror/simple"]}, "extra_index_urls", "not a URL"),
+        ({"find_links": ["-e"]}, "find_links", "not a URL or an absolute path"),
+        ({"find_links": ["wheels"]}, "find_links", "not a URL or an absolute path"),
+        ({"parent_image": "python\n"}, "parent_image", "not a Docker image reference"),
+        ({"environment": {"BAD\n": "x"}}, "environment", "not an environment variable name"),
+        ({"environment": {"GOOD": "a\x00b"}}, "environment['GOOD']", "values must be strings"),
     ],
 )
 def test_invalid_input_names_field_value_and_accepted_forms(kwargs, field, fragment):

@@ -67,6 +67,7 @@ def test_mig_profile_counts_slices():
 
 def test_gpu_count_all_and_template_strings():
     assert ResourceSettings(gpu_count="all").requests_gpus
+    assert ResourceSettings(gpu_count="all").describe() == "all nvidia GPUs"  # not "allx nvidia GPU"
     assert ResourceSettings(gpu_count="3").gpu_count == 3  # a rendered template arrives as text
     assert ResourceSettings(gpu_count=2.0).gpu_count == 2
 
@@ -113,6 +114,25 @@ def test_with_overrides_validates_again():
         ({"mig_profile": "1g.10gb", "gpu_vendor": "amd"}, "mig_profile", "only on NVIDIA"),
         ({"mig_profile": "big"}, "mig_profile", "not a MIG profile"),
         ({"mig_profile": "1g.10gb", "gpu_count": "all"}, "gpu_count", "cannot be combined"),
+        # hardening: what str.isdigit() and "$" let through, and values without bounds
+        ({"gpu_count": "２"}, "gpu_count", "should be an integer"),
+        ({"gpu_count": "٣"}, "gpu_count", "should be an integer"),
+        ({"gpu_count": "¹"}, "gpu_count", "should be an integer"),
+        ({"gpu_count": 10**30}, "gpu_count", "more than 1024 GPUs"),
+        ({"accelerator": "A100:٣"}, "accelerator", "count '٣'"),
+        ({"accelerator": "A100:2000"}, "accelerator", "count '2000'"),
+        ({"accelerator": "A100\n"}, "accelerator", "not an accelerator name"),
+        ({"mig_profile": "1g.10gb\n"}, "mig_profile", "not a MIG profile"),
+        ({"mig_profile": "1g.１0gb"}, "mig_profile", "not a MIG profile"),
+        ({"cpu_count": 1e-12}, "cpu_count", "out of range"),
+        ({"cpu_count": "1e400"}, "cpu_count", "out of range"),
+        ({"cpu_count": float("inf")}, "cpu_count", "positive number"),
+        ({"cpu_count": float("nan")}, "cpu_count", "positive number"),
+        ({"cpu_count": "２"}, "cpu_count", "not a number"),
+        ({"memory": 1}, "memory", "out of range"),
+        ({"memory": "10Ei"}, "memory", "out of range"),
+        ({"memory": "１Gi"}, "memory", "not a number"),
+        ({"shm_size": 0}, "shm_size", "None for the default"),
     ],
 )
 def test_invalid_input_names_field_value_and_accepted_forms(kwargs, field, fragment):
@@ -131,10 +151,10 @@ def test_invalid_custom_vendor():
 
 
 # --------------------------------------------------------------------------- property-based
-suffixes = st.sampled_from(["", "Ki", "Mi", "Gi", "Ti", "k", "M", "G", "KB", "MB", "GB", "KiB", "MiB", "GiB"])
-memory_values = st.one_of(
-    st.integers(min_value=1, max_value=2**45),
-    st.builds(lambda n, s: f"{n}{s}", st.integers(min_value=1, max_value=4096), suffixes),
+suffixes = st.sampled_from(["Mi", "Gi", "M", "G", "MB", "GB", "MiB", "GiB"])
+memory_values = st.one_of(  # from Docker's smallest limit (6 MiB) up
+    st.integers(min_value=6 * 2**20, max_value=2**45),
+    st.builds(lambda n, s: f"{n}{s}", st.integers(min_value=7, max_value=4096), suffixes),
 )
 accelerators = st.one_of(
     st.none(),

@@ -48,11 +48,11 @@ class MultiNodeLayout:
         if isinstance(self.num_nodes, bool) or not isinstance(self.num_nodes, int) or self.num_nodes < 1:
             raise InvalidSettingError(owner, "num_nodes", self.num_nodes, "expected a positive integer", "e.g. 2")
         longest_host = f"{self.name}-{self.num_nodes - 1}"
-        if not DNS_LABEL.match(self.name) or not DNS_LABEL.match(longest_host):
+        if not DNS_LABEL.fullmatch(self.name) or not DNS_LABEL.fullmatch(longest_host):
             raise InvalidSettingError(
                 owner, "name", self.name, f"hostnames such as {longest_host!r} must be DNS labels", "<= 60 of [a-z0-9-]"
             )
-        if not DNS_LABEL.match(self.namespace):
+        if not DNS_LABEL.fullmatch(self.namespace):
             raise InvalidSettingError(owner, "namespace", self.namespace, "not a DNS label", "e.g. 'default'")
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 1 <= self.port <= 65535:
             raise InvalidSettingError(owner, "port", self.port, "not a TCP port", "1..65535")

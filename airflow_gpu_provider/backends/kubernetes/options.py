@@ -33,7 +33,7 @@ RequirementsMode = Literal["init-container", "image"]
 
 def _string(pattern: re.Pattern[str] | None = None, accepted: str = "str") -> Any:
     def check(value: Any) -> str:
-        if not isinstance(value, str) or not value or (pattern is not None and not pattern.match(value)):
+        if not isinstance(value, str) or not value or (pattern is not None and not pattern.fullmatch(value)):
             raise BadOption("not a valid value", accepted)
         return value
 
@@ -43,7 +43,7 @@ def _string(pattern: re.Pattern[str] | None = None, accepted: str = "str") -> An
 def check_label_key(key: object) -> str:
     """A label, annotation or node-selector key: ``[prefix/]name``."""
     accepted = "a qualified name such as 'team' or 'example.com/team' (prefix: DNS subdomain; name: 63 characters)"
-    if not isinstance(key, str) or not QUALIFIED_NAME.match(key) or len(key.partition("/")[2] or key) > 63:
+    if not isinstance(key, str) or not QUALIFIED_NAME.fullmatch(key) or len(key.partition("/")[2] or key) > 63:
         raise BadOption("not a Kubernetes label key", accepted, value=key)
     return key
 
@@ -58,7 +58,7 @@ def _string_map(*, label_values: bool) -> Any:
             check_label_key(key)
             if not isinstance(item, str):
                 raise BadOption(f"the value of {key!r} must be a string", "str", value=item)
-            if label_values and not LABEL_VALUE.match(item):
+            if label_values and not LABEL_VALUE.fullmatch(item):
                 raise BadOption(
                     f"the value of {key!r} is not a label value",
                     "up to 63 of [A-Za-z0-9-_.], alphanumeric ends",
@@ -88,7 +88,7 @@ def _api_dict(value: Any) -> dict[str, Any]:
 
 def _secret_names(value: Any) -> tuple[str, ...]:
     items = value.split(",") if isinstance(value, str) else value
-    if not isinstance(items, Sequence) or not all(isinstance(i, str) and DNS_SUBDOMAIN.match(i) for i in items):
+    if not isinstance(items, Sequence) or not all(isinstance(i, str) and DNS_SUBDOMAIN.fullmatch(i) for i in items):
         raise BadOption("expected secret names", "a list of secret names, or 'secret_a,secret_b'")
     return tuple(items)
 

@@ -7,10 +7,13 @@ read from the XCom sidecar, it asks the scheduler why a pod never started, and i
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.providers.cncf.kubernetes.utils.pod_manager import PodLaunchFailedException
+from airflow.sdk.definitions._internal.contextmanager import DagContext
 from kubernetes.client import ApiClient, Configuration
 from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
@@ -92,10 +95,25 @@ class GpuPodOperator(KubernetesPodOperator):
         return None
 
 
+@contextlib.contextmanager
+def _outside_any_dag() -> Iterator[None]:
+    """Operators made here join no DAG, even inside a ``with DAG(...)`` block (as Airflow's own helpers do)."""
+    DagContext.push(None)  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        DagContext.pop()
+
+
 def build_operator(plan: KubernetesPlan) -> GpuPodOperator:
     """A :class:`GpuPodOperator` for the plan (not attached to any DAG; run with ``execute_sync``)."""
     options = plan.options
     security = to_model(plan.security_context, "V1SecurityContext")
+    with _outside_any_dag():
+        return _pod_operator(plan, options, security)
+
+
+def _pod_operator(plan: KubernetesPlan, options: Any, security: Any) -> GpuPodOperator:
     return GpuPodOperator(
         task_id=plan.task_id,
         kubernetes_conn_id=options.kubernetes_conn_id,

@@ -5,7 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from airflow_gpu_provider.backends.options import BackendOptions, option, seconds, text
+from airflow_gpu_provider.backends.options import BackendOptions, BadOption, option, seconds, text
+from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.host.inventory import parse_devices
+
+
+def _devices(value: object) -> str:
+    try:
+        parse_devices(text(value))
+    except InvalidSettingError as err:
+        raise BadOption(err.reason, err.accepted) from None
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -19,6 +29,6 @@ class LocalOptions(BackendOptions):
 
     backend: ClassVar[str] = "local"
 
-    devices: str | None = option(check=text)
+    devices: str | None = option(check=_devices)
     state_dir: str | None = option(check=text)
     kill_grace: float = option(10.0, check=seconds)

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from airflow_gpu_provider.exceptions import GpuTaskError
+from airflow_gpu_provider.host.state import check_owned, open_private, private_dir
 from airflow_gpu_provider.runtime.bootstrap import InstallError, install_requirements
 from airflow_gpu_provider.settings import ImageSettings
 
@@ -95,21 +96,33 @@ def _create(path: Path, image: ImageSettings, log: logging.Logger) -> None:
         raise GpuTaskError(f"Building the virtualenv for the requirements failed: {err}") from None
 
 
+def _ready(path: Path) -> bool:
+    """Whether ``path`` is a complete venv that this worker built (its own folder and marker; never another's)."""
+    try:
+        check_owned(path, os.lstat(path), directory=True)
+        os.close(open_private(path / READY_MARKER, os.O_RDONLY))
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def ensure_venv(image: ImageSettings, cache_dir: str | os.PathLike[str], log: logging.Logger) -> Path:
-    """Return the Python of a ready venv for ``image``'s requirements, creating it once per key."""
-    root = Path(cache_dir)
-    root.mkdir(parents=True, exist_ok=True)
+    """Return the Python of a ready venv for ``image``'s requirements, creating it once per key.
+
+    :raises UntrustedStateError: when the cache folder, the venv or its marker is not the worker's own
+    """
+    root = private_dir(cache_dir)
     key = venv_key(image)
     path = root / key
     python = path / "bin" / "python"
-    if (path / READY_MARKER).exists():
+    if _ready(path):
         log.info("Using cached virtualenv %s (requirements %s)", path, image.requirements_hash)
         return python
-    fd = os.open(root / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = open_private(root / f"{key}.lock")
     try:
         started = time.monotonic()
         fcntl.flock(fd, fcntl.LOCK_EX)  # concurrent tasks wait here for the one that builds
-        if (path / READY_MARKER).exists():
+        if _ready(path):
             log.info(
                 "Using virtualenv %s, built by another task while this one waited %.1fs",
                 path,

@@ -104,3 +104,22 @@ def test_render_cli_reports_an_unknown_task(airflow_home):
     assert done.returncode == 1
     assert "'nope': found 0 tasks" in done.stderr
     assert done.stdout == ""
+
+
+def multiply(x: int) -> int:
+    return x * 2
+
+
+def test_render_inside_a_dag_definition(airflow_home):
+    """render_manifests() while the DAG is still being defined: the pod operator must not join that DAG."""
+    import datetime
+
+    from airflow.sdk import DAG
+
+    from airflow_gpu_provider import GpuStepOperator
+
+    with DAG("render_in_block", schedule=None, start_date=datetime.datetime(2024, 1, 1)) as dag:
+        task = GpuStepOperator(task_id="t", python_callable=multiply, op_args=[2], gpu_count=1, backend="kubernetes")
+        [pod] = task.render_manifests()
+    assert pod["kind"] == "Pod"
+    assert list(dag.task_dict) == ["t"]

@@ -26,6 +26,7 @@ from docker.utils import parse_repository_tag
 from airflow_gpu_provider.backends.docker.images.dockerfile import DerivedImageSpec
 from airflow_gpu_provider.backends.docker.options import PullPolicy
 from airflow_gpu_provider.exceptions import GpuTaskError
+from airflow_gpu_provider.host.state import open_private, private_dir
 
 TAIL_LINES = 30
 _RUNNING_IN = re.compile(r"Running in ([0-9a-f]{12,64})")
@@ -119,9 +120,9 @@ def resolve_image(client: Any, reference: str, policy: PullPolicy | str, log: lo
 
 @contextlib.contextmanager
 def _host_lock(path: Path) -> Iterator[float]:
-    """Hold an exclusive ``flock`` on ``path``; yields the seconds spent waiting for it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    """Hold an exclusive ``flock`` on ``path`` (in the private state dir); yields the seconds spent waiting for it."""
+    private_dir(path.parent)
+    fd = open_private(path)
     try:
         started = time.monotonic()
         fcntl.flock(fd, fcntl.LOCK_EX)

@@ -1,0 +1,68 @@
+"""The host-wide state dir (``[gpu] state_dir``), trusted only when it is the worker's own.
+
+Worker hosts are shared, and the default lies in ``/var/tmp``, where every user may create folders. A folder of the
+state dir is used only when it is a real directory (not a symlink) owned by the worker's user and writable by nobody
+else; the provider creates it private (0700). Files in it are opened without following symlinks and must be regular
+files of the worker's own. So another user can neither plant a lock file that points at a file of the worker's, nor
+a "cached" venv that the worker would run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from pathlib import Path
+
+from airflow_gpu_provider.exceptions import GpuTaskError
+
+
+class UntrustedStateError(GpuTaskError):
+    """A folder or file of the state dir that the worker did not make, or that others may change."""
+
+
+def _refuse(path: Path, what: str) -> UntrustedStateError:
+    return UntrustedStateError(
+        f"Refusing {path}: {what}. Another user of this host may have made it. Remove it, or set [gpu] state_dir to "
+        "a folder of the worker's own (created 0700 when missing)."
+    )
+
+
+def check_owned(path: Path, info: os.stat_result, *, directory: bool) -> None:
+    """Raise unless ``info`` (an ``lstat``/``fstat`` of ``path``) is the worker's own and writable by it alone."""
+    kind = stat.S_ISDIR if directory else stat.S_ISREG
+    if not kind(info.st_mode):
+        expected = "a directory" if directory else "a regular file"
+        raise _refuse(path, f"it is not {expected} (a symlink, a FIFO or a device?)")
+    if info.st_uid != os.geteuid():
+        raise _refuse(path, f"it belongs to uid {info.st_uid}, not to this worker (uid {os.geteuid()})")
+    if info.st_mode & 0o022:
+        raise _refuse(path, f"others may write to it (mode {stat.S_IMODE(info.st_mode):04o})")
+
+
+def private_dir(path: str | os.PathLike[str]) -> Path:
+    """The folder ``path``, created 0700 if missing (parents too), else checked: the worker's own, private to it."""
+    folder = Path(path)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(folder, 0o700)
+    check_owned(folder, os.lstat(folder), directory=True)
+    return folder
+
+
+def open_private(path: str | os.PathLike[str], flags: int = os.O_RDWR | os.O_CREAT) -> int:
+    """Open a file of the state dir (created 0600), never through a symlink; it must be the worker's own."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    except OSError as err:
+        if err.errno == errno.ELOOP:  # a symlink where the file should be
+            raise _refuse(Path(path), "it is a symlink") from None
+        raise
+    try:
+        check_owned(Path(path), os.fstat(fd), directory=False)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

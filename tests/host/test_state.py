@@ -1,0 +1,118 @@
+"""The state dir as another local user would attack it: planted folders, symlinked lock files, "cached" venvs."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+
+import pytest
+
+from airflow_gpu_provider.backends.local.venv import READY_MARKER, ensure_venv, venv_key
+from airflow_gpu_provider.host.allocator import GpuAllocator
+from airflow_gpu_provider.host.inventory import Device
+from airflow_gpu_provider.host.state import UntrustedStateError, open_private, private_dir
+from airflow_gpu_provider.settings import ImageSettings
+
+log = logging.getLogger("test")
+OTHER_UID = 4321
+
+
+def _as_root():
+    if os.geteuid() != 0:
+        pytest.skip("making a folder that belongs to another user needs root")
+
+
+def test_a_new_state_dir_is_created_private(tmp_path):
+    folder = private_dir(tmp_path / "state" / "locks")
+    assert stat.S_IMODE(os.lstat(folder).st_mode) & 0o077 == 0
+    fd = open_private(folder / "x.lock")
+    try:
+        assert stat.S_IMODE(os.fstat(fd).st_mode) & 0o077 == 0
+    finally:
+        os.close(fd)
+
+
+def test_a_folder_others_may_write_is_refused(tmp_path):
+    planted = tmp_path / "state"
+    planted.mkdir()
+    planted.chmod(0o777)  # as a state dir pre-created in /var/tmp by another user would be
+    with pytest.raises(UntrustedStateError, match="others may write to it"):
+        private_dir(planted)
+
+
+def test_a_folder_of_another_user_is_refused(tmp_path):
+    _as_root()
+    planted = tmp_path / "state"
+    planted.mkdir(mode=0o755)
+    os.chown(planted, OTHER_UID, OTHER_UID)
+    with pytest.raises(UntrustedStateError, match=f"belongs to uid {OTHER_UID}"):
+        private_dir(planted)
+
+
+def test_a_symlinked_state_dir_is_refused(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (tmp_path / "state").symlink_to(elsewhere)
+    with pytest.raises(UntrustedStateError, match="not a directory"):
+        private_dir(tmp_path / "state")
+
+
+def test_a_lock_file_symlinked_onto_a_victim_is_never_written(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    locks = private_dir(tmp_path / "state" / "locks")
+    allocator = GpuAllocator(locks)
+    allocator.lock_path(Device("0")).symlink_to(victim)
+    with pytest.raises(UntrustedStateError, match="it is a symlink"):
+        allocator.try_acquire([Device("0")], 1, "dag.task run r")
+    assert victim.read_text() == "precious"
+    with pytest.raises(UntrustedStateError, match="it is a symlink"):
+        allocator.holder_of(Device("0"))
+
+
+def test_a_fifo_in_place_of_a_lock_file_does_not_block(tmp_path):
+    locks = private_dir(tmp_path / "locks")
+    os.mkfifo(GpuAllocator(locks).lock_path(Device("0")), 0o600)
+    with pytest.raises(UntrustedStateError, match="not a regular file"):
+        GpuAllocator(locks).try_acquire([Device("0")], 1, "dag.task run r")
+
+
+def test_lock_files_are_the_workers_alone(tmp_path):
+    allocator = GpuAllocator(tmp_path / "locks")
+    allocation = allocator.try_acquire([Device("0")], 1, "dag.task run r")
+    assert allocation is not None
+    try:
+        mode = stat.S_IMODE(os.stat(allocator.lock_path(Device("0"))).st_mode)
+        assert mode & 0o077 == 0  # no other user can open, hence flock, a GPU's lock
+    finally:
+        allocation.release()
+
+
+def test_a_planted_venv_is_never_run(tmp_path):
+    """A "cached" venv in a state dir another user could write: refused before its python could run."""
+    image = ImageSettings(requirements=["tomli-w==1.0.0"])
+    cache = tmp_path / "venvs"
+    planted = cache / venv_key(image)
+    (planted / "bin").mkdir(parents=True)
+    ran = tmp_path / "ran"
+    python = planted / "bin" / "python"
+    python.write_text(f"#!/bin/sh\ntouch {ran}\n")
+    python.chmod(0o755)
+    (planted / READY_MARKER).write_text("{}")
+    cache.chmod(0o777)
+    with pytest.raises(UntrustedStateError):
+        ensure_venv(image, cache, log)
+    assert not ran.exists()
+
+
+def test_a_venv_folder_of_another_user_is_not_trusted(tmp_path):
+    _as_root()
+    image = ImageSettings(requirements=["tomli-w==1.0.0"])
+    cache = private_dir(tmp_path / "venvs")
+    planted = cache / venv_key(image)
+    (planted / "bin").mkdir(parents=True)
+    (planted / READY_MARKER).write_text("{}")
+    os.chown(planted, OTHER_UID, OTHER_UID)
+    with pytest.raises(UntrustedStateError, match=f"belongs to uid {OTHER_UID}"):
+        ensure_venv(image, cache, log)
