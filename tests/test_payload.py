@@ -60,7 +60,7 @@ def shadowed_in_a_nested_function():
     return helper(1), json.dumps({})  # the module's json: not shipped
 
 
-def module_name_in_a_default(indent=json.dumps({})):
+def module_name_in_a_default(indent=json.dumps({})):  # noqa: B008 - a module name in a default, on purpose
     return indent
 
 
