@@ -23,7 +23,7 @@ from airflow_gpu_provider.backends.docker.files import TaskFiles
 from airflow_gpu_provider.backends.docker.images.catalogue import cpu_only_reason
 from airflow_gpu_provider.backends.docker.images.dockerfile import derived_image_spec, worker_uv
 from airflow_gpu_provider.backends.docker.images.engine import ensure_derived_image, resolve_image
-from airflow_gpu_provider.backends.docker.options import DockerOptions
+from airflow_gpu_provider.backends.docker.options import DockerOptions, mount_source_problem
 from airflow_gpu_provider.backends.docker.plan import DockerPlan, plan_container
 from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError
 from airflow_gpu_provider.host.allocator import Allocation
@@ -85,6 +85,10 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
     # ------------------------------------------------------------------ run
     def run(self, plan: DockerPlan, context: Context) -> TaskResult:
         """Find or build the image, run the container to completion, return its result; remove it on every path."""
+        for mount in plan.options.mounts:  # again on the worker: paths may resolve otherwise than at DAG parse
+            problem = mount_source_problem(mount.get("source", ""), read_only=bool(mount.get("read_only")))
+            if mount.get("type", "bind") == "bind" and problem:
+                raise GpuTaskError(f"Refusing the mount {mount}: {problem}.")
         client = self._connect()
         for note in plan.resources.notes:
             self.log.warning("%s", note)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import posixpath
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -27,16 +26,57 @@ AUTO_REMOVE: tuple[str, ...] = ("force", "success", "never")
 UV_SOURCES: tuple[str, ...] = ("worker", "pip")
 MOUNT_TYPES: tuple[str, ...] = ("bind", "volume", "tmpfs")
 MOUNT_KEYS = frozenset({"source", "target", "type", "read_only"})
-DOCKER_SOCKETS: tuple[str, ...] = ("/var/run/docker.sock", "/run/docker.sock")
 DEFAULT_DOCKER_URL = "unix://var/run/docker.sock"
+# Whoever reaches these controls the host (the container runtimes' sockets and state): never mounted, even read-only,
+# nor any folder that holds one.
+RUNTIME_CONTROL: tuple[str, ...] = (
+    "/var/run/docker.sock",
+    "/run/docker.sock",
+    "/run/docker",
+    "/run/containerd",
+    "/var/run/containerd",
+    "/var/lib/docker",
+    "/var/lib/containerd",
+    "/run/crio",
+    "/run/podman",
+)
+# The host itself: never mounted (devices, kernel interfaces, root's home), or never writable (the system's files).
+NEVER: tuple[str, ...] = ("/proc", "/sys", "/dev", "/boot", "/root")
+READ_ONLY: tuple[str, ...] = (
+    "/etc",
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/var/lib",
+    "/var/log",
+    "/run",
+)
 
 
-def exposes_docker_socket(source: str) -> bool:
-    """Whether a bind source is the Docker socket or a folder that holds it."""
-    path = posixpath.normpath(source)
-    return any(socket == path or socket.startswith(path.rstrip("/") + "/") for socket in DOCKER_SOCKETS) or (
-        path.endswith("docker.sock")
-    )
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def mount_source_problem(source: str, *, read_only: bool) -> str | None:
+    """Why a bind mount of ``source`` is refused, or ``None``.
+
+    The path is resolved first (``//var/run``, ``..`` and symlinks all lead to the real place), on the host that
+    checks it: the DAG processor at parse time, the worker again before the container is created.
+    """
+    path = os.path.realpath(source)
+    named = f"{source!r}" + (f" (really {path!r})" if path != source else "")
+    if path.endswith("docker.sock") or any(
+        _inside(control, path) or _inside(path, control) for control in RUNTIME_CONTROL
+    ):
+        return f"{named} is or holds the Docker socket or another container runtime's socket or state (host root)"
+    if any(_inside(path, folder) for folder in NEVER) or path == "/":
+        return f"{named} is a part of the host that no task container may see"
+    if not read_only and any(_inside(path, folder) for folder in READ_ONLY):
+        return f"{named} holds the host's system files: mount it with read_only=True, or mount a data folder"
+    return None
 
 
 def _docker_url(value: Any) -> str | tuple[str, ...]:
@@ -64,12 +104,9 @@ def _mounts(value: Any) -> tuple[dict[str, Any], ...]:
         source = mount.get("source")
         if kind != "tmpfs" and (not isinstance(source, str) or not source):
             raise BadOption("'source' is required for bind and volume mounts", accepted, value=mount)
-        if kind == "bind" and exposes_docker_socket(str(source)):
-            raise BadOption(
-                "the Docker socket is never mounted into task containers (it gives root on the host)",
-                "mounts of data or model folders",
-                value=mount,
-            )
+        problem = mount_source_problem(str(source), read_only=bool(mount.get("read_only"))) if kind == "bind" else None
+        if problem:
+            raise BadOption(problem, "mounts of data or model folders", value=mount)
     return mounts
 
 

@@ -10,7 +10,7 @@ from airflow_gpu_provider.backends import BACKENDS, get_backend_class
 from airflow_gpu_provider.backends.docker.backend import DockerBackend
 from airflow_gpu_provider.backends.docker.container import NVIDIA_ULIMITS, map_resources
 from airflow_gpu_provider.backends.docker.files import COMMAND
-from airflow_gpu_provider.backends.docker.options import DockerOptions, exposes_docker_socket
+from airflow_gpu_provider.backends.docker.options import DockerOptions, mount_source_problem
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
 from airflow_gpu_provider.payload import command_envelope
 from airflow_gpu_provider.settings import GpuVendor, ImageSettings, ResourceSettings
@@ -209,7 +209,45 @@ def test_good_options_pass():
 
 @pytest.mark.parametrize("path", ["/var/run/docker.sock", "/run/docker.sock", "/var/run", "/", "/tmp/x/docker.sock"])
 def test_docker_socket_paths_are_recognised(path):
-    assert exposes_docker_socket(path)
+    assert mount_source_problem(path, read_only=True) is not None
+
+
+@pytest.mark.parametrize(
+    ("source", "read_only", "fragment"),
+    [
+        ("//var/run", True, "container runtime's socket"),  # normpath keeps '//': the old guard let it through
+        ("/var/run/../run/docker.sock", True, "container runtime's socket"),
+        ("/run/containerd", False, "container runtime's socket"),
+        ("/var/lib/docker/volumes", True, "container runtime's socket or state"),
+        ("/proc", True, "no task container may see"),
+        ("/dev", False, "no task container may see"),
+        ("/root/.ssh", True, "no task container may see"),
+        ("/etc", False, "mount it with read_only=True"),
+        ("/usr/lib", False, "mount it with read_only=True"),
+    ],
+)
+def test_mounts_of_the_hosts_sensitive_places_are_refused_at_parse_time(source, read_only, fragment):
+    mount = {"source": source, "target": "/data", "read_only": read_only}
+    with pytest.raises(InvalidSettingError, match=fragment):
+        DockerOptions.parse({"mounts": [mount]})
+
+
+def test_a_symlink_to_the_socket_is_followed_and_refused(tmp_path):
+    (tmp_path / "innocent").symlink_to("/var/run/docker.sock")
+    with pytest.raises(InvalidSettingError, match="really '/run/docker.sock'"):
+        DockerOptions.parse({"mounts": [{"source": str(tmp_path / "innocent"), "target": "/sock"}]})
+
+
+def test_data_folders_and_read_only_system_files_are_fine(tmp_path):
+    DockerOptions.parse(
+        {
+            "mounts": [
+                {"source": str(tmp_path), "target": "/data"},
+                {"source": "/etc/ssl/certs", "target": "/certs", "read_only": True},
+                {"source": "/var/tmp", "target": "/scratch"},
+            ]
+        }
+    )
 
 
 def test_operator_checks_docker_options_when_the_dag_is_parsed():
