@@ -6,10 +6,11 @@ Backends call these; none of them decides any of it again.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow_gpu_provider.settings import NVIDIA, GpuVendor, ResourceSettings
+from airflow_gpu_provider.settings.accelerators import VENDORS
 from airflow_gpu_provider.task.request import TaskRequest
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
@@ -18,6 +19,21 @@ CUDA_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 # CUDA images set NVIDIA_VISIBLE_DEVICES=all: under a default nvidia runtime a container (or pod) that asked for no
 # GPU would see every GPU of the host; "void" keeps it off them.
 NO_GPUS = {"NVIDIA_VISIBLE_DEVICES": "void"}
+# The provider's device isolation: a task's own environment never overrides these.
+ISOLATION = frozenset(
+    {"NVIDIA_VISIBLE_DEVICES", *CUDA_ORDER, *(vendor.visible_devices_env for vendor in VENDORS.values())}
+)
+
+
+def with_user_environment(
+    provider: Mapping[str, str], user: Mapping[str, str], vendor: GpuVendor = NVIDIA
+) -> dict[str, str]:
+    """The task's environment: the user's variables over the provider's defaults (threads, ...).
+
+    Never over the provider's device isolation, though: which GPUs the task sees is the provider's to say.
+    """
+    enforced = ISOLATION | {vendor.visible_devices_env}
+    return {**provider, **user, **{name: value for name, value in provider.items() if name in enforced}}
 
 
 def thread_environment(resources: ResourceSettings) -> dict[str, str]:

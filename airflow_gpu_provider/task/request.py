@@ -6,11 +6,14 @@ Operators build the request after templates are rendered; a backend only transla
 
 from __future__ import annotations
 
+import json
+import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_gpu_provider.exceptions import RemoteTaskError
+from airflow_gpu_provider.exceptions import GpuTaskError, RemoteTaskError
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.task.missing_gpu import POLICIES, MissingGpuPolicy, OnMissingGpu
 
@@ -46,6 +49,35 @@ class TaskRequest:
         if self.labels.get("map_index", "-1") not in ("-1", ""):
             name += f"[{self.labels['map_index']}]"
         return name
+
+
+MAX_RESULT_BYTES = 64 * 2**20  # a result envelope larger than this is not an XCom value
+
+
+class ResultError(GpuTaskError):
+    """Where the task's result should be lies something else: a link, a FIFO, a folder, or too much data."""
+
+
+def read_result_file(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The runtime's result envelope at ``path``, or ``None`` when it wrote none.
+
+    Opened without following a symlink and without blocking on a FIFO; it must be a regular file of bounded size.
+    The task's own code could have put anything there.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise ResultError(f"The result file {path} cannot be read safely ({err.strerror}): it is ignored.") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ResultError(f"The result file {path} is not a regular file: it is ignored.")
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(MAX_RESULT_BYTES + 1)
+    if len(data) > MAX_RESULT_BYTES:
+        raise ResultError(f"The result file {path} is larger than {MAX_RESULT_BYTES} bytes.")
+    return dict(json.loads(data))
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from docker.errors import APIError
 
 from airflow_gpu_provider import config
 from airflow_gpu_provider.backends.base import Backend
-from airflow_gpu_provider.backends.docker.files import TaskFiles
+from airflow_gpu_provider.backends.docker.files import TaskFiles, read_result
 from airflow_gpu_provider.backends.docker.images.catalogue import cpu_only_reason
 from airflow_gpu_provider.backends.docker.images.dockerfile import derived_image_spec, worker_uv
 from airflow_gpu_provider.backends.docker.images.engine import ensure_derived_image, resolve_image
@@ -221,7 +221,7 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
                         f"{exit_code}; memory limit {format_bytes(limit) if limit else 'none'}). Raise memory= or "
                         "reduce the task's memory use."
                     )
-                result = task_files.result(client, container_id)
+                result = read_result(client, container_id)
                 value = result_value(result, exit_code, where=f"container {container_id[:12]}")
                 succeeded = True
                 return TaskResult(value)

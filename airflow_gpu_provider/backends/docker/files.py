@@ -1,9 +1,12 @@
-"""The files a task container shares with the worker at ``/airflow-gpu``: runtime and envelope in, result out.
+"""The files a task container gets from the worker (the runtime and the envelope) and the one it gives back.
 
-The fast path is a fresh worker folder bind-mounted there (as ``DockerOperator``'s ``mount_tmp_dir``). Where the
-engine cannot see the worker's files (a remote engine, a worker in a container), they are copied in before the
-container starts and the result is copied out after it stops, through the Docker API (slower: each copy mounts the
-container's file system).
+Inputs: a fresh folder, mounted **read-only** at ``/airflow-gpu``. It lies in the worker's private state dir (0700),
+so no other user of the host can reach it, read the envelope or plant a module there; being read-only, nothing the
+container writes (a setuid binary, a symlink) ever lands in a host path. Where the engine cannot see the worker's
+files (a remote engine, a worker in a container), the inputs are copied in through the Docker API instead.
+
+Output: the runtime writes its result envelope inside the container (``/tmp``), and the worker reads it through
+the Docker API after the container stopped: a regular file, of bounded size, whatever the container left there.
 """
 
 from __future__ import annotations
@@ -18,29 +21,28 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-CONTAINER_DIR = "/airflow-gpu"
-COMMAND = ["python3", f"{CONTAINER_DIR}/bootstrap.py", f"{CONTAINER_DIR}/envelope.json", f"{CONTAINER_DIR}/result.json"]
-RESULT = "result.json"
+from docker.errors import NotFound
+
+from airflow_gpu_provider.backends.docker.plan import CONTAINER_DIR, RESULT_PATH
+from airflow_gpu_provider.host.state import private_dir
+from airflow_gpu_provider.task.request import MAX_RESULT_BYTES, ResultError
 
 
 class TaskFiles:
-    """A worker folder with the container's input files; removed on exit.
-
-    The folder is writable by everyone, because the container may run as any user (``user=``, or the image's
-    ``USER``), but it lies in a parent folder that others can pass through and not list, so nobody else can find it.
+    """The container's inputs in a fresh folder of the worker's private state dir; removed on exit.
 
     :param files: file name -> content, placed in ``/airflow-gpu``
-    :param parent: where the folder is created (``<state_dir>/docker-tasks``)
+    :param parent: where the folder is created (``<state_dir>/docker-tasks``, private to the worker)
     """
 
     def __init__(self, files: Mapping[str, bytes], *, parent: str | os.PathLike[str]) -> None:
         self.files = dict(files)
-        Path(parent).mkdir(parents=True, exist_ok=True)
-        os.chmod(parent, 0o711)  # noqa: S103 - others may pass through, not list
-        self.path = Path(tempfile.mkdtemp(prefix="task-", dir=parent))
+        self.path = Path(tempfile.mkdtemp(prefix="task-", dir=private_dir(parent)))
         for name, data in self.files.items():
             (self.path / name).write_bytes(data)
-        os.chmod(self.path, 0o777)  # noqa: S103 - unlisted parent; the container's user writes the result here
+            (self.path / name).chmod(0o644)
+        # Readable by the container's user, whoever that is; others cannot reach it through the private parent.
+        self.path.chmod(0o755)
         self.mounted = True
 
     def __enter__(self) -> TaskFiles:
@@ -51,8 +53,8 @@ class TaskFiles:
 
     @property
     def mount(self) -> dict[str, Any]:
-        """The bind mount, in the Docker API's form."""
-        return {"Target": CONTAINER_DIR, "Source": str(self.path), "Type": "bind", "ReadOnly": False}
+        """The read-only bind mount, in the Docker API's form."""
+        return {"Target": CONTAINER_DIR, "Source": str(self.path), "Type": "bind", "ReadOnly": True}
 
     def copy_in(self, client: Any, container_id: str) -> None:
         """Without the mount: unpack the files into the created container."""
@@ -61,7 +63,7 @@ class TaskFiles:
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             folder = tarfile.TarInfo(CONTAINER_DIR.strip("/"))
-            folder.type, folder.mode = tarfile.DIRTYPE, 0o1777
+            folder.type, folder.mode = tarfile.DIRTYPE, 0o755
             tar.addfile(folder)
             for name, data in self.files.items():
                 info = tarfile.TarInfo(f"{folder.name}/{name}")
@@ -69,17 +71,37 @@ class TaskFiles:
                 tar.addfile(info, io.BytesIO(data))
         client.put_archive(container_id, "/", buffer.getvalue())
 
-    def result(self, client: Any, container_id: str) -> dict[str, Any] | None:
-        """The runtime's result envelope, or ``None`` when it wrote none."""
-        if self.mounted:
-            path = self.path / RESULT
-            return json.loads(path.read_text()) if path.exists() else None
-        from docker.errors import NotFound
 
-        try:
-            chunks, _stat = client.get_archive(container_id, f"{CONTAINER_DIR}/{RESULT}")
-        except NotFound:
-            return None
-        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
-            member = tar.extractfile(RESULT)
-            return None if member is None else json.loads(member.read())
+# Go's os.FileMode type bits, as the engine reports a path's stat: anything but a regular file.
+_NOT_REGULAR = (1 << 31) | (1 << 27) | (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)
+
+
+def read_result(client: Any, container_id: str) -> dict[str, Any] | None:
+    """The runtime's result envelope from the stopped container, or ``None`` when it wrote none.
+
+    :raises ResultError: when the container left something else there (a link, a FIFO, a folder) or too much
+    """
+    try:
+        chunks, info = client.get_archive(container_id, RESULT_PATH)
+    except NotFound:
+        return None
+    try:  # the engine streams the archive while the container is locked: always close the stream
+        if int(info.get("mode", 0)) & _NOT_REGULAR:
+            raise ResultError(f"{RESULT_PATH} in the container is not a regular file: it is ignored.")
+        if int(info.get("size", 0)) > MAX_RESULT_BYTES:
+            raise ResultError(f"The result file {RESULT_PATH} is larger than {MAX_RESULT_BYTES} bytes.")
+        archive = io.BytesIO()
+        for chunk in chunks:
+            archive.write(chunk)
+            if archive.tell() > MAX_RESULT_BYTES + 2**16:
+                raise ResultError(f"The result file {RESULT_PATH} is larger than {MAX_RESULT_BYTES} bytes.")
+    finally:
+        chunks.close()
+    archive.seek(0)
+    with tarfile.open(fileobj=archive) as tar:
+        member = tar.next()
+        if member is None or not member.isreg() or member.size > MAX_RESULT_BYTES:
+            raise ResultError(f"{RESULT_PATH} in the container is not a regular file of bounded size: it is ignored.")
+        handle = tar.extractfile(member)
+        assert handle is not None  # a regular file
+        return dict(json.loads(handle.read()))

@@ -92,6 +92,14 @@ def _user(value: Any) -> str | int:
     return value
 
 
+def _capabilities(value: Any) -> tuple[str, ...]:
+    names = string_list(value)
+    for name in names:
+        if not name.isascii() or not name.replace("_", "").isalnum() or not name.isupper():
+            raise BadOption("not a Linux capability name", "names such as ['SYS_PTRACE', 'IPC_LOCK']", value=name)
+    return names
+
+
 def _mounts(value: Any) -> tuple[dict[str, Any], ...]:
     accepted = "a list of {'source': ..., 'target': '/abs/path', 'type': 'bind'|'volume'|'tmpfs', 'read_only': bool}"
     mounts = dict_list(value, keys=MOUNT_KEYS, what="mount", accepted=accepted)
@@ -139,6 +147,8 @@ class DockerOptions(BackendOptions):
     :param group_add: supplementary groups for device access, names or GIDs (AMD default: ``video``, ``render``)
     :param mount_tmp_dir: share the task's files through a bind-mounted worker folder; ``False`` copies them
         through the Docker API (remote engines; tried by itself when the engine cannot see the folder)
+    :param cap_add: Linux capabilities to keep (every one is dropped by default), e.g. ``["SYS_PTRACE"]`` for a
+        profiler, ``["IPC_LOCK"]`` for RDMA
     :param stop_timeout: seconds between SIGTERM and SIGKILL when the task is stopped
     :param state_dir: host folder for the GPU and build locks (default ``[gpu] state_dir``)
     """
@@ -168,6 +178,7 @@ class DockerOptions(BackendOptions):
     driver_capabilities: str = option("compute,utility", check=text)
     group_add: tuple[str, ...] | None = option(check=string_list)
     mount_tmp_dir: bool = option(True, check=boolean)
+    cap_add: tuple[str, ...] = option((), check=_capabilities)
     stop_timeout: float = option(10.0, check=seconds)
     state_dir: str | None = option(check=text)
 

@@ -9,14 +9,17 @@ from typing import Any
 
 from airflow_gpu_provider import config
 from airflow_gpu_provider.backends.docker.container import ContainerResources, map_resources
-from airflow_gpu_provider.backends.docker.files import COMMAND
 from airflow_gpu_provider.backends.docker.images.dockerfile import BuildOptions
 from airflow_gpu_provider.backends.docker.options import DockerOptions
 from airflow_gpu_provider.host.allocator import HostGpus
 from airflow_gpu_provider.settings.units import parse_bytes
+from airflow_gpu_provider.task.environment import with_user_environment
 from airflow_gpu_provider.task.request import TaskRequest
 
 LABEL = "airflow-gpu-provider"
+CONTAINER_DIR = "/airflow-gpu"  # the runtime and the envelope, mounted read-only (or copied in)
+RESULT_PATH = "/tmp/airflow-gpu-result.json"  # read back through the Docker API
+COMMAND = ["python3", f"{CONTAINER_DIR}/bootstrap.py", f"{CONTAINER_DIR}/envelope.json", RESULT_PATH]
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,11 @@ class DockerPlan:
     def create_kwargs(self, image: str, *, cpu_fallback: bool = False) -> dict[str, Any]:
         """``create_container`` arguments, with ``host_config`` as ``create_host_config`` arguments."""
         resources = self.fallback if cpu_fallback and self.fallback is not None else self.resources
-        environment = {**self.container["environment"], **resources.environment, **self.request.image.environment}
+        environment = with_user_environment(
+            {**self.container["environment"], **resources.environment},
+            self.request.image.environment,
+            self.request.resources.gpu_vendor,
+        )
         return {
             **self.container,
             "image": image,
@@ -77,7 +84,10 @@ def plan_container(request: TaskRequest, options: DockerOptions) -> DockerPlan:
         container["user"] = options.user
     if options.working_dir is not None:
         container["working_dir"] = options.working_dir
-    host_config: dict[str, Any] = {}
+    # No privilege can be gained inside (setuid binaries), and no capability is kept unless asked for.
+    host_config: dict[str, Any] = {"security_opt": ["no-new-privileges:true"], "cap_drop": ["ALL"]}
+    if options.cap_add:
+        host_config["cap_add"] = list(options.cap_add)
     if options.network_mode is not None:
         host_config["network_mode"] = options.network_mode
     if options.mounts:

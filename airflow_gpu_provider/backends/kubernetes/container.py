@@ -20,7 +20,7 @@ from airflow_gpu_provider.exceptions import GpuTaskError
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.runtime.bootstrap import RESULT_TO_LOG
 from airflow_gpu_provider.settings import ResourceSettings
-from airflow_gpu_provider.task.environment import gpu_free_environment, thread_environment
+from airflow_gpu_provider.task.environment import gpu_free_environment, thread_environment, with_user_environment
 
 BOOTSTRAP_ENV = "AIRFLOW_GPU_BOOTSTRAP"
 ENVELOPE_ENV = "AIRFLOW_GPU_ENVELOPE"
@@ -67,12 +67,13 @@ def launch_command(*, result_to_log: bool = False) -> tuple[list[str], list[str]
 def task_environment(
     resources: ResourceSettings, environment: Mapping[str, str], envelope: Mapping[str, Any]
 ) -> dict[str, str]:
-    """Environment of the main container, the runtime's two variables last (they win)."""
+    """Environment of the main container: the task's over the provider's defaults.
+
+    Never over the provider's device isolation, nor over the runtime's two variables.
+    """
+    provider = {"PYTHONUNBUFFERED": "1", **thread_environment(resources), **gpu_free_environment(resources)}
     return {
-        "PYTHONUNBUFFERED": "1",
-        **thread_environment(resources),
-        **gpu_free_environment(resources),
-        **environment,
+        **with_user_environment(provider, environment, resources.gpu_vendor),
         BOOTSTRAP_ENV: bootstrap_payload(),
         ENVELOPE_ENV: encode_envelope(envelope),
     }

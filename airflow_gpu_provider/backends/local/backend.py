@@ -23,7 +23,7 @@ from airflow_gpu_provider.host.allocator import Allocation, HostGpus
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.settings.units import format_bytes
 from airflow_gpu_provider.task.environment import summary, thread_environment, visible_devices
-from airflow_gpu_provider.task.request import TaskRequest, TaskResult, result_value
+from airflow_gpu_provider.task.request import TaskRequest, TaskResult, read_result_file, result_value
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -100,7 +100,7 @@ class LocalBackend(Backend[LocalOptions, LocalPlan]):
                 allocation,
                 plan.kill_grace,
             )
-            result = json.loads(result_path.read_text()) if result_path.exists() else None
+            result = read_result_file(result_path)
         return TaskResult(result_value(result, exit_code, where="the local task process"))
 
     def _run_child(

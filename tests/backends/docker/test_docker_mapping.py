@@ -9,8 +9,8 @@ import pytest
 from airflow_gpu_provider.backends import BACKENDS, get_backend_class
 from airflow_gpu_provider.backends.docker.backend import DockerBackend
 from airflow_gpu_provider.backends.docker.container import NVIDIA_ULIMITS, map_resources
-from airflow_gpu_provider.backends.docker.files import COMMAND
 from airflow_gpu_provider.backends.docker.options import DockerOptions, mount_source_problem
+from airflow_gpu_provider.backends.docker.plan import COMMAND
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
 from airflow_gpu_provider.payload import command_envelope
 from airflow_gpu_provider.settings import GpuVendor, ImageSettings, ResourceSettings

@@ -240,9 +240,56 @@ def test_files_through_the_docker_api_when_not_mounted(task_log, tmp_path):
     assert list((tmp_path / "docker-tasks").iterdir()) == []  # the worker folders are gone too
 
 
-def test_worker_folder_is_mounted_private_and_removed(task_log, tmp_path):
-    result = run(task_log, request(call(add, 1)), {"state_dir": str(tmp_path)})
-    assert result.return_value["sum"] == 2
+def test_worker_folder_is_private_read_only_and_removed(task_log, tmp_path):
+    result = run(task_log, request(call(probe_the_task_folder)), {"state_dir": str(tmp_path)})
+    assert result.return_value == {"write": "refused", "inputs": ["bootstrap.py", "envelope.json"]}
     parent = tmp_path / "docker-tasks"
-    assert parent.stat().st_mode & 0o777 == 0o711  # others may pass through, not list
+    assert parent.stat().st_mode & 0o777 == 0o700  # no other user of the host reaches the task's files
     assert list(parent.iterdir()) == []
+
+
+def probe_the_task_folder() -> dict:
+    import os
+
+    try:  # a setuid binary, a planted module, a symlink: the container cannot put anything into a host path
+        with open("/airflow-gpu/planted.py", "w") as handle:
+            handle.write("x")
+        write = "allowed"
+    except OSError:
+        write = "refused"
+    return {"write": write, "inputs": sorted(os.listdir("/airflow-gpu"))}
+
+
+def privileges() -> dict:
+    with open("/proc/self/status") as handle:
+        status = dict(line.split(":\t", 1) for line in handle.read().splitlines() if ":\t" in line)
+    return {"uid": status["Uid"].split()[0], "caps": status["CapEff"], "no_new_privs": status["NoNewPrivs"]}
+
+
+def test_containers_keep_no_capability_and_gain_no_privilege(task_log):
+    value = run(task_log, request(call(privileges))).return_value
+    assert value == {"uid": "0", "caps": "0000000000000000", "no_new_privs": "1"}
+    kept = run(task_log, request(call(privileges)), {"cap_add": ["SYS_PTRACE"]}).return_value
+    assert int(kept["caps"], 16) == 1 << 19  # CAP_SYS_PTRACE alone
+
+
+@pytest.mark.parametrize(
+    ("made", "fragment"),
+    [
+        ("ln -s /etc/passwd /tmp/airflow-gpu-result.json", "not a regular file"),
+        ("mkfifo /tmp/airflow-gpu-result.json", "not a regular file"),
+        ("mkdir /tmp/airflow-gpu-result.json", "not a regular file"),
+        ("head -c 70000000 /dev/zero > /tmp/airflow-gpu-result.json", "larger than"),
+    ],
+)
+def test_whatever_the_container_leaves_at_the_result_path_is_never_followed(task_log, made, fragment):
+    with pytest.raises(GpuTaskError, match=fragment):
+        run(task_log, request(command_envelope(["sh", "-c", made])))
+
+
+def test_the_providers_device_isolation_wins_over_the_tasks_environment(task_log):
+    image = ImageSettings(
+        parent_image=BASE_IMAGE, environment={"NVIDIA_VISIBLE_DEVICES": "all", "OMP_NUM_THREADS": "3"}
+    )
+    value = run(task_log, request(call(add, 1), image=image, cpu_count=1)).return_value
+    assert value["visible"] == "void"  # a CPU task never sees the host's GPUs
