@@ -35,7 +35,8 @@ LAUNCHER = _WRITE_RUNTIME + "runpy.run_path(p,run_name='__main__')"
 INSTALLER = _WRITE_RUNTIME + "import sys;sys.exit(runpy.run_path(p)['install_main'](sys.argv[1:]))"
 # Linux caps one environment string at 128 KiB (MAX_ARG_STRLEN); keep a margin for the name.
 MAX_ENV_VALUE = 120 * 1024
-SECURITY_DEFAULTS: dict[str, Any] = {"privileged": False, "allowPrivilegeEscalation": False}
+BASELINE: dict[str, Any] = {"privileged": False, "allowPrivilegeEscalation": False}
+RUNTIME_DEFAULT_SECCOMP = {"type": "RuntimeDefault"}
 
 
 @functools.cache
@@ -71,7 +72,8 @@ def task_environment(
 
     Never over the provider's device isolation, nor over the runtime's two variables.
     """
-    provider = {"PYTHONUNBUFFERED": "1", **thread_environment(resources), **gpu_free_environment(resources)}
+    provider = {"PYTHONUNBUFFERED": "1", "HOME": "/tmp", **thread_environment(resources)}
+    provider |= gpu_free_environment(resources)  # a non-root user may have no home: caches go to /tmp
     return {
         **with_user_environment(provider, environment, resources.gpu_vendor),
         BOOTSTRAP_ENV: bootstrap_payload(),
@@ -79,6 +81,32 @@ def task_environment(
     }
 
 
-def security_context(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Not privileged, no privilege escalation; ``container_security_context`` keys replace the defaults."""
-    return {**SECURITY_DEFAULTS, **(overrides or {})}
+def security_context(overrides: Mapping[str, Any] | None, *, restricted: bool, user: int) -> dict[str, Any]:
+    """Every container's security context; ``container_security_context`` keys replace the defaults.
+
+    Restricted (the Pod Security Standards profile, the default): a non-root user, the runtime's seccomp profile,
+    no capability, no privilege escalation. Baseline (the opt-out): not privileged, no privilege escalation.
+    """
+    defaults = dict(BASELINE)
+    if restricted:
+        defaults |= {
+            "runAsNonRoot": True,
+            "runAsUser": user,
+            "runAsGroup": user,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": RUNTIME_DEFAULT_SECCOMP,
+        }
+    return {**defaults, **(overrides or {})}
+
+
+def pod_security_context(*, restricted: bool, user: int) -> dict[str, Any]:
+    """The pod's security context (restricted profile): every container's user and group, the volumes' group."""
+    if not restricted:
+        return {}
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": user,
+        "runAsGroup": user,
+        "fsGroup": user,
+        "seccompProfile": RUNTIME_DEFAULT_SECCOMP,
+    }

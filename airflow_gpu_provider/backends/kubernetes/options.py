@@ -29,6 +29,7 @@ QUALIFIED_NAME = re.compile(rf"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0
 LABEL_VALUE = re.compile(rf"^({_NAME_PART})?$")
 
 RequirementsMode = Literal["init-container", "image"]
+POD_SECURITY: tuple[str, ...] = ("restricted", "baseline")
 
 
 def _string(pattern: re.Pattern[str] | None = None, accepted: str = "str") -> Any:
@@ -93,6 +94,12 @@ def _secret_names(value: Any) -> tuple[str, ...]:
     return tuple(items)
 
 
+def _user_id(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**31 - 1:
+        raise BadOption("expected a non-root user id", "an integer such as 1000 (not 0)")
+    return value
+
+
 def _grace_seconds(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise BadOption("expected a non-negative integer", "seconds, e.g. 30")
@@ -130,6 +137,8 @@ class KubernetesOptions(BackendOptions):
     priority_class_name: str | None = option(check=_dns_subdomain)
     runtime_class_name: str | None = option(check=_dns_subdomain)
     container_security_context: Mapping[str, Any] | None = option(check=_api_dict)
+    pod_security: Literal["restricted", "baseline"] = option("restricted", check=one_of(*POD_SECURITY))
+    run_as_user: int = option(1000, check=_user_id)
     requirements_mode: RequirementsMode = option("init-container", check=one_of(*REQUIREMENTS_MODES))
     derived_image: str | None = option(check=_string())
     installer_image: str | None = option(check=_string(accepted="an image reference with python3"))

@@ -48,6 +48,7 @@ class KubernetesPlan:
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     security_context: dict[str, Any] = field(default_factory=dict)
+    pod_security_context: dict[str, Any] = field(default_factory=dict)
     pod_template: dict[str, Any] | None = None
     pending_timeout: float = 300.0
     cpu_fallback: KubernetesPlan | None = None
@@ -87,7 +88,10 @@ def _pod(
     request: TaskRequest, options: KubernetesOptions, wanted: ResourceSettings, *, cpu_fallback: bool = False
 ) -> KubernetesPlan:
     amounts = resources.container_resources(wanted)
-    security = container.security_context(options.container_security_context)
+    restricted = options.pod_security == "restricted"
+    security = container.security_context(
+        options.container_security_context, restricted=restricted, user=options.run_as_user
+    )
     base_image = request.image.parent_image or config.get("default_parent_image")
     deps = requirements_plan(
         request.image,
@@ -129,6 +133,7 @@ def _pod(
         },
         annotations={"airflow-gpu-provider/resources": task_summary["resources"], **(options.annotations or {})},
         security_context=security,
+        pod_security_context=container.pod_security_context(restricted=restricted, user=options.run_as_user),
         pod_template=template,
         pending_timeout=options.pending_timeout or request.missing_gpu.pending_timeout,
         num_nodes=request.num_nodes,

@@ -139,6 +139,9 @@ def _pod_operator(plan: KubernetesPlan, options: Any, security: Any) -> GpuPodOp
         service_account_name=options.service_account_name,
         priority_class_name=options.priority_class_name,
         runtime_class_name=options.runtime_class_name,
+        security_context=to_model(plan.pod_security_context, "V1PodSecurityContext")
+        if plan.pod_security_context
+        else None,
         container_security_context=security,
         xcom_sidecar_container_security_context=to_model(plan.security_context, "V1SecurityContext"),
         pod_template_dict=plan.pod_template,

@@ -56,8 +56,41 @@ def _check_pod_spec(spec: dict[str, Any], where: str) -> None:
             parse_quantity(size)
 
 
-def validate(obj: dict[str, Any]) -> dict[str, Any]:
-    """Validate one API object (Pod, Job, Service) and return it."""
+RESTRICTED_VOLUMES = {
+    "emptyDir",
+    "configMap",
+    "secret",
+    "persistentVolumeClaim",
+    "projected",
+    "downwardAPI",
+    "csi",
+    "ephemeral",
+}
+
+
+def assert_restricted(spec: dict[str, Any], where: str) -> None:
+    """The Pod Security Standards "restricted" profile, for every container (init and sidecars included)."""
+    pod = spec.get("securityContext") or {}
+    for c in [*(spec.get("initContainers") or []), *spec["containers"]]:
+        own = c.get("securityContext") or {}
+        effective = {**pod, **own}
+        name = f"{where}: container {c['name']}"
+        assert effective.get("runAsNonRoot") is True, f"{name} may run as root"
+        assert effective.get("runAsUser", 1) != 0, f"{name} runs as uid 0"
+        seccomp = (own.get("seccompProfile") or pod.get("seccompProfile") or {}).get("type")
+        assert seccomp in ("RuntimeDefault", "Localhost"), f"{name}: seccomp {seccomp}"
+        capabilities = own.get("capabilities") or {}
+        assert "ALL" in (capabilities.get("drop") or []), f"{name} keeps capabilities"
+        assert set(capabilities.get("add") or []) <= {"NET_BIND_SERVICE"}, f"{name} adds capabilities"
+        assert own.get("allowPrivilegeEscalation") is False, f"{name} may escalate"
+        assert not own.get("privileged"), f"{name} is privileged"
+    for volume in spec.get("volumes") or []:
+        kinds = set(volume) - {"name"}
+        assert kinds <= RESTRICTED_VOLUMES, f"{where}: volume {volume['name']} of type {kinds}"
+
+
+def validate(obj: dict[str, Any], *, restricted: bool = True) -> dict[str, Any]:
+    """Validate one API object (Pod, Job, Service) and return it; pods meet the restricted profile by default."""
     for version in KUBERNETES_VERSIONS:
         kubernetes_validate.validate(obj, version, strict=True)
     metadata = obj["metadata"]
@@ -67,10 +100,14 @@ def validate(obj: dict[str, Any]) -> dict[str, Any]:
     _check_labels(metadata.get("labels") or {}, f"{obj['kind']} labels")
     if obj["kind"] == "Pod":
         _check_pod_spec(obj["spec"], "Pod")
+        if restricted:
+            assert_restricted(obj["spec"], "Pod")
     if obj["kind"] == "Job":
         template = obj["spec"]["template"]
         _check_labels(template["metadata"].get("labels") or {}, "Job pod labels")
         _check_pod_spec(template["spec"], "Job pod template")
+        if restricted:
+            assert_restricted(template["spec"], "Job pod template")
     return obj
 
 
@@ -105,5 +142,7 @@ def plan_and_render(
         policy,  # type: ignore[arg-type]
         {"dag_id": "d", "task_id": "train", "run_id": "manual", "try_number": "1", "map_index": "-1"},
     )
-    backend = BACKENDS["kubernetes"].create({"namespace": "ml", **(options or {})})
-    return backend.plan(request), [validate(obj) for obj in backend.render(request, None)]
+    options = {"namespace": "ml", **(options or {})}
+    backend = BACKENDS["kubernetes"].create(options)
+    restricted = options.get("pod_security", "restricted") == "restricted"
+    return backend.plan(request), [validate(obj, restricted=restricted) for obj in backend.render(request, None)]

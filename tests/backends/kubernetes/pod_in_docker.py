@@ -52,9 +52,18 @@ class PodRun:
     result: dict[str, Any] | None
 
 
-def _docker_argv(container: dict[str, Any], volumes: dict[str, Path], shm: str | None) -> list[str]:
+def _docker_argv(
+    container: dict[str, Any], volumes: dict[str, Path], shm: str | None, pod_security: dict[str, Any]
+) -> list[str]:
     name = f"pod-in-docker-{uuid.uuid4().hex[:10]}"
     argv = ["docker", "run", "--rm", "--name", name, "--label", LABEL, "--security-opt", "no-new-privileges"]
+    security = {**pod_security, **(container.get("securityContext") or {})}  # as the kubelet applies them
+    if "runAsUser" in security:
+        argv += ["--user", f"{security['runAsUser']}:{security.get('runAsGroup', security['runAsUser'])}"]
+    if "fsGroup" in pod_security:
+        argv += ["--group-add", str(pod_security["fsGroup"])]
+    for capability in (security.get("capabilities") or {}).get("drop") or []:
+        argv += ["--cap-drop", capability]
     if shm:
         argv += ["--shm-size", str(int(parse_quantity(shm)))]
     for mount in container.get("volumeMounts") or []:
@@ -75,12 +84,17 @@ def run_pod(pod: dict[str, Any], timeout: float = 300) -> PodRun:
         volumes = {v["name"]: workdir / v["name"] for v in spec.get("volumes") or []}
         for path in volumes.values():
             path.mkdir()
+            path.chmod(0o777)  # an emptyDir is writable by the pod's user, whoever that is
         shm = next((v["emptyDir"].get("sizeLimit") for v in spec.get("volumes") or [] if v["name"] == "dshm"), None)
         main = next(c for c in spec["containers"] if c["name"] == "base")
         exit_codes, logs = {}, {}
         for container in [*(spec.get("initContainers") or []), main]:
             done = subprocess.run(
-                _docker_argv(container, volumes, shm), capture_output=True, text=True, timeout=timeout, check=False
+                _docker_argv(container, volumes, shm, spec.get("securityContext") or {}),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
             )
             exit_codes[container["name"]] = done.returncode
             logs[container["name"]] = done.stdout + done.stderr

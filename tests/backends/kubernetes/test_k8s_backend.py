@@ -71,7 +71,7 @@ def test_requirements_are_installed_by_an_init_container_into_a_shared_empty_dir
         "datasets>=3",
     ]
     assert init["resources"]["limits"] == {"cpu": "2", "memory": "8Gi"}  # never a GPU
-    assert init["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False}
+    assert init["securityContext"]["runAsNonRoot"] is True  # the restricted profile, as every container
     base = main_container(pod)
     assert base["image"] == "nvcr.io/nvidia/pytorch:24.10-py3"
     assert env(base)["PYTHONPATH"] == DEPS_DIR
@@ -147,3 +147,25 @@ def test_bad_backend_option_fails_at_parse_time():
 def test_templated_resources_are_checked_when_rendered():
     task = _task(gpu_count="{{ params.gpus }}")
     assert task.resource_overrides == {"gpu_count": "{{ params.gpus }}"}
+
+
+def test_pods_meet_the_restricted_profile_by_default_and_baseline_is_an_opt_out():
+    image = ImageSettings(requirements=["six"])
+    _, [pod] = plan_and_render(ResourceSettings(gpu_count=1), image)  # validate() checks every container
+    names = [c["name"] for c in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]]
+    assert names == ["install-requirements", "base", "airflow-xcom-sidecar"]
+    assert pod["spec"]["securityContext"]["runAsUser"] == 1000
+    assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    _, [pod] = plan_and_render(ResourceSettings(gpu_count=1), image, {"run_as_user": 2000})
+    assert {c["securityContext"]["runAsUser"] for c in pod["spec"]["containers"]} == {2000}
+    _, [pod] = plan_and_render(ResourceSettings(gpu_count=1), image, {"pod_security": "baseline"})
+    assert main_container(pod)["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False}
+    assert "securityContext" not in pod["spec"] or not pod["spec"]["securityContext"]
+
+
+def test_the_providers_device_isolation_wins_over_the_tasks_environment():
+    image = ImageSettings(environment={"NVIDIA_VISIBLE_DEVICES": "all", "OMP_NUM_THREADS": "7"})
+    _, [pod] = plan_and_render(ResourceSettings(cpu_count=2), image)
+    variables = env(main_container(pod))
+    assert variables["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert variables["OMP_NUM_THREADS"] == "7"  # a default the task may change

@@ -75,12 +75,15 @@ def test_security_defaults_on_every_container():
 
 
 def test_security_context_override_merges_over_defaults():
-    _, [pod] = plan_and_render(options={"container_security_context": {"runAsNonRoot": True, "runAsUser": 1000}})
+    _, [pod] = plan_and_render(options={"container_security_context": {"runAsNonRoot": True, "runAsUser": 1500}})
     assert main_container(pod)["securityContext"] == {
         "privileged": False,
         "allowPrivilegeEscalation": False,
         "runAsNonRoot": True,
-        "runAsUser": 1000,
+        "runAsUser": 1500,
+        "runAsGroup": 1000,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
     }
 
 
@@ -89,9 +92,11 @@ resource_settings = st.builds(
     ResourceSettings,
     cpu_count=st.one_of(st.none(), st.integers(1, 256), st.sampled_from([0.25, 0.5, 1.5, "250m", "3"])),
     gpu_count=st.integers(0, 16),
-    memory=st.one_of(st.none(), st.integers(1, 2**40), st.sampled_from(["512Mi", "16Gi", "16GB", "1.5Gi", "3T"])),
+    memory=st.one_of(
+        st.none(), st.integers(6 * 2**20, 2**40), st.sampled_from(["512Mi", "16Gi", "16GB", "1.5Gi", "3T"])
+    ),
     gpu_vendor=st.sampled_from(list(VENDOR_KEYS)),
-    shm_size=st.one_of(st.none(), st.integers(1, 2**36), st.sampled_from(["64Mi", "8Gi", "1G"])),
+    shm_size=st.one_of(st.none(), st.integers(2**20, 2**36), st.sampled_from(["64Mi", "8Gi", "1G"])),
 ) | st.builds(ResourceSettings, mig_profile=st.sampled_from(list(MigProfile)), gpu_count=st.integers(1, 7))
 
 
