@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.exceptions import InvalidSettingError, MissingDependencyError
-from airflow_gpu_provider.settings import ALL_GPUS, ResourceSettings
+from airflow_gpu_provider.settings import ALL_GPUS, ImageSettings, ResourceSettings
 
 if TYPE_CHECKING:
     from airflow_gpu_provider.backends.base import Backend
@@ -66,11 +66,19 @@ class BackendInfo:
             return options
         return options_class.parse(options or {})  # type: ignore[arg-type]  # a mapping (or None)
 
-    def check(self, resources: ResourceSettings | None, num_nodes: int, options: BackendOptions) -> None:
+    def check(
+        self,
+        resources: ResourceSettings | None,
+        num_nodes: int,
+        options: BackendOptions,
+        image: ImageSettings | None = None,
+    ) -> None:
         """Reject, before anything starts, what this backend cannot run: too many machines, "all" GPUs, ...
 
         :param resources: ``None`` while they are templated (checked again when rendered)
         """
+        if image is not None:
+            options.check_image(image)
         if self.max_nodes is not None and num_nodes > self.max_nodes:
             spanning = [b.name for b in BACKENDS.values() if b.max_nodes is None or b.max_nodes >= num_nodes]
             raise InvalidSettingError(

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
-from airflow_gpu_provider.settings import ResourceSettings
+from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 
 Check = Callable[[Any], Any]
 OptionsT = TypeVar("OptionsT", bound="BackendOptions")
@@ -73,6 +73,9 @@ class BackendOptions:
 
     def check(self, resources: ResourceSettings) -> None:
         """At DAG parse time, reject resources this backend cannot express with these options (default: none)."""
+
+    def check_image(self, image: ImageSettings) -> None:
+        """At DAG parse time, reject software settings this backend cannot honour safely (default: none)."""
 
 
 # ---------------------------------------------------------------------------------------------- shared checks

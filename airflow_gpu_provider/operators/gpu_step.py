@@ -183,7 +183,8 @@ class GpuStepOperator(BaseOperator):
         if backend is not None and not is_template(backend):
             info = BACKENDS[config.check_choice(owner, "backend", backend, tuple(BACKENDS))]
             options = info.parse_options(backend_options)
-            info.check(None if self.resource_overrides else self.resource_settings, self.num_nodes, options)
+            resources = None if self.resource_overrides else self.resource_settings
+            info.check(resources, self.num_nodes, options, self.image_settings)
             self._backend_options = (info.name, options)
 
         self.python_callable = python_callable
@@ -238,7 +239,7 @@ class GpuStepOperator(BaseOperator):
             options = self._backend_options[1]
         else:
             options = info.parse_options(self.backend_options)
-        info.check(resources, self.num_nodes, options)
+        info.check(resources, self.num_nodes, options, image)
         ti = context["ti"]
         labels = {
             "dag_id": ti.dag_id,

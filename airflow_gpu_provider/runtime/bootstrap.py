@@ -431,6 +431,13 @@ class InstallError(RuntimeError):
     """An installer command failed; the message ends with its last lines of output."""
 
 
+def redact(text: str) -> str:
+    """``text`` with the credentials of every URL in it replaced: ``https://***@host/...``."""
+    import re
+
+    return re.sub(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@", r"\g<scheme>***@", text)
+
+
 def uv_ca_variable(uv_version: str) -> str:
     """The variable that makes this uv trust the system CA store, as pip does (renamed in uv 0.11)."""
     import re
@@ -443,7 +450,7 @@ def _installer(argv: list[str], emit: Callable[[str], None], environ: dict[str, 
     """Run one installer command, each line of its output to ``emit``; raise with the tail on failure."""
     import subprocess
 
-    emit(f"$ {' '.join(argv)}")
+    emit(redact(f"$ {' '.join(argv)}"))
     process = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environ or dict(os.environ)
     )
@@ -451,8 +458,8 @@ def _installer(argv: list[str], emit: Callable[[str], None], environ: dict[str, 
     lines = []
     try:
         for line in process.stdout:
-            lines.append(line.rstrip())
-            emit(f"  {line.rstrip()}")
+            lines.append(redact(line.rstrip()))
+            emit(f"  {lines[-1]}")
     finally:
         if process.poll() is None:
             process.kill()
@@ -468,6 +475,29 @@ def _uv_from_pip(emit: Callable[[str], None]) -> str:
     target = os.path.join(os.environ.get("TMPDIR", "/tmp"), "airflow-gpu-uv")
     _installer([sys.executable, "-m", "pip", "install", "--quiet", "--target", target, "uv"], emit)
     return os.path.join(target, "bin", "uv")
+
+
+def split_credentials(index_args: list[str]) -> tuple[list[str], str]:
+    """Index arguments with the credentials taken out of their URLs, and those credentials as netrc lines.
+
+    Installers get the credentials from the netrc file (``NETRC``, read by uv and pip alike): never on a command
+    line, which every user of the host can read in ``/proc``, nor in a log.
+    """
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    clean, lines = [], []
+    for arg in index_args:
+        parts = urlsplit(arg) if "://" in arg else None
+        if parts is None or parts.username is None:
+            clean.append(arg)
+            continue
+        host = parts.hostname or ""
+        clean.append(urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else ""))))
+        login, password = unquote(parts.username), unquote(parts.password or "")
+        if any(c.isspace() for c in login + password):
+            raise InstallError(f"credentials for {host} with white space cannot be passed in a netrc file")
+        lines.append(f"machine {host} login {login} password {password or chr(34) * 2}")  # a token alone: ""
+    return clean, "".join(f"{line}\n" for line in lines)
 
 
 def install_requirements(
@@ -487,36 +517,42 @@ def install_requirements(
     uv installs only what is missing: ``uv pip install --dry-run`` against ``resolve_with`` (default ``python``)
     lists the missing packages as exact pins, and those alone are installed with ``--no-deps``, so a requirement
     like ``accelerate`` never brings a second torch next to the one already there. pip installs what ``python``
-    does not see yet.
+    does not see yet. Credentials in index URLs go to a private netrc file for the installers' time only.
 
     :param uv: the uv binary (default: ``uv`` on the PATH, else pip-installed first)
     :param emit: receives each line of the installers' output
     :param where: what ``resolve_with`` is, for the log ("the image", "the worker environment")
     :raises InstallError: when an installer fails
     """
-    into = ["--target", target] if target else []
-    if installer == "pip":
-        _installer(
-            [python, "-m", "pip", "install", "--disable-pip-version-check", *into, *index_args, *requirements], emit
-        )
-        return
     import shutil
+    import tempfile
 
-    uv = uv or shutil.which("uv") or _uv_from_pip(emit)
+    index_args, netrc = split_credentials(index_args)
     environ = {**os.environ}
-    variable = uv_ca_variable(_installer([uv, "--version"], lambda _: None))
-    environ.setdefault(variable, "1")  # the system CA store (a TLS-intercepting proxy), as pip does
-    plan = _installer(
-        [uv, "pip", "install", "--dry-run", "--break-system-packages", "--python", resolve_with or python,
-         *index_args, *requirements],
-        emit,
-        environ,
-    )  # fmt: skip
-    pins = [line.strip()[2:].strip() for line in plan.splitlines() if line.strip().startswith("+ ")]
-    if not pins:
-        emit(f"{where} already satisfies every requirement")
-        return
-    _installer([uv, "pip", "install", "--no-deps", "--python", python, *into, *index_args, *pins], emit, environ)
+    secrets = tempfile.mkdtemp(prefix="airflow-gpu-netrc-") if netrc else None  # 0700
+    try:
+        if secrets is not None:
+            environ["NETRC"] = os.path.join(secrets, "netrc")
+            descriptor = os.open(environ["NETRC"], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "w") as handle:
+                handle.write(netrc)
+        into = ["--target", target] if target else []
+        if installer == "pip":
+            pip = [python, "-m", "pip", "install", "--disable-pip-version-check", *into, *index_args, *requirements]
+            _installer(pip, emit, environ)
+            return
+        uv = uv or shutil.which("uv") or _uv_from_pip(emit)
+        environ.setdefault(uv_ca_variable(_installer([uv, "--version"], lambda _: None)), "1")  # system CA store
+        resolve = [uv, "pip", "install", "--dry-run", "--break-system-packages", "--python", resolve_with or python]
+        plan = _installer([*resolve, *index_args, *requirements], emit, environ)
+        pins = [line.strip()[2:].strip() for line in plan.splitlines() if line.strip().startswith("+ ")]
+        if not pins:
+            emit(f"{where} already satisfies every requirement")
+            return
+        _installer([uv, "pip", "install", "--no-deps", "--python", python, *into, *index_args, *pins], emit, environ)
+    finally:
+        if secrets is not None:
+            shutil.rmtree(secrets, ignore_errors=True)
 
 
 def install_main(argv: list[str]) -> int:

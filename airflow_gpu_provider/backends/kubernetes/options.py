@@ -13,7 +13,8 @@ from typing import Any, ClassVar, Literal
 
 from airflow_gpu_provider.backends.kubernetes.labels import LABEL_SCHEMES, accelerator_requirements
 from airflow_gpu_provider.backends.options import BackendOptions, BadOption, boolean, dict_list, one_of, option, seconds
-from airflow_gpu_provider.settings import ResourceSettings
+from airflow_gpu_provider.runtime.bootstrap import split_credentials
+from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 
 REQUIREMENTS_MODES: tuple[str, ...] = ("init-container", "image")
 PULL_POLICIES: tuple[str, ...] = ("Always", "IfNotPresent", "Never")
@@ -140,6 +141,7 @@ class KubernetesOptions(BackendOptions):
     pod_security: Literal["restricted", "baseline"] = option("restricted", check=one_of(*POD_SECURITY))
     run_as_user: int = option(1000, check=_user_id)
     requirements_mode: RequirementsMode = option("init-container", check=one_of(*REQUIREMENTS_MODES))
+    index_secret: str | None = option(check=_dns_subdomain)
     derived_image: str | None = option(check=_string())
     installer_image: str | None = option(check=_string(accepted="an image reference with python3"))
     pending_timeout: float | None = option(check=seconds)
@@ -161,3 +163,15 @@ class KubernetesOptions(BackendOptions):
     def check(self, resources: ResourceSettings) -> None:
         """At DAG parse time: the accelerator model must have node labels in the label scheme."""
         accelerator_requirements(resources, self.label_scheme, self.accelerator_labels)
+
+    def check_image(self, image: ImageSettings) -> None:
+        """Credentials in index URLs would be in the pod spec, for everyone who may read pods: a Secret holds them."""
+        installs = image.requirements and self.requirements_mode == "init-container"
+        if installs and split_credentials(image.installer_index_args())[1] and self.index_secret is None:
+            raise self.invalid(
+                "index_secret",
+                None,
+                "the index URLs carry credentials, which would be in the pod spec for anyone who may read pods",
+                "index URLs without credentials, and a Secret with a netrc file under the key 'netrc' "
+                "(machine HOST login USER password TOKEN) named in backend_options['index_secret']",
+            )

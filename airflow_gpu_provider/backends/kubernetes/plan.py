@@ -101,6 +101,7 @@ def _pod(
         installer_image=options.installer_image,
         security_context=security,
         resources=resources.without_accelerators(amounts),
+        index_secret=options.index_secret,
     )
     template = load_pod_template(options)
     accelerator_key = resources.accelerator_resource(wanted)

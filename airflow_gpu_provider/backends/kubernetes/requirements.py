@@ -17,11 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_gpu_provider.backends.kubernetes.container import BOOTSTRAP_ENV, INSTALLER, bootstrap_payload
+from airflow_gpu_provider.runtime.bootstrap import split_credentials
 from airflow_gpu_provider.settings import ImageSettings
 
 DEPS_VOLUME = "gpu-deps"
 DEPS_DIR = "/opt/airflow-gpu/site-packages"
 INIT_CONTAINER = "install-requirements"
+NETRC_VOLUME = "index-credentials"
+NETRC_DIR = "/run/airflow-gpu/index"
 
 
 @dataclass(frozen=True)
@@ -51,24 +54,26 @@ def requirements_plan(
     installer_image: str | None,
     security_context: dict[str, Any],
     resources: dict[str, dict[str, str]],
+    index_secret: str | None = None,
 ) -> RequirementsPlan:
     """The init container, volume and environment for ``image.requirements`` (nothing when there are none).
 
     :param base_image: ``image.parent_image`` or ``[gpu] default_parent_image``
     :param resources: cpu/memory requests and limits for the init container
+    :param index_secret: a Secret with a ``netrc`` file of the index credentials, mounted into the init container only
     """
     if mode == "image":
         return RequirementsPlan(image=derived_image or base_image)
     if not image.requirements:
         return RequirementsPlan(image=base_image)
-    init = {
+    init: dict[str, Any] = {
         "name": INIT_CONTAINER,
         "image": installer_image or base_image,
         "command": ["python3", "-c", INSTALLER],
         "args": [
             DEPS_DIR,
             image.python_package_installer,
-            *image.installer_index_args(),
+            *split_credentials(image.installer_index_args())[0],  # never credentials in the pod spec
             "--",
             *image.requirements,
         ],
@@ -82,10 +87,17 @@ def requirements_plan(
         "securityContext": dict(security_context),
         "resources": resources,
     }
+    volumes: list[dict[str, Any]] = [{"name": DEPS_VOLUME, "emptyDir": {}}]
+    if index_secret is not None:
+        init["env"].append({"name": "NETRC", "value": f"{NETRC_DIR}/netrc"})
+        init["volumeMounts"].append({"name": NETRC_VOLUME, "mountPath": NETRC_DIR, "readOnly": True})
+        volumes.append(
+            {"name": NETRC_VOLUME, "secret": {"secretName": index_secret, "items": [{"key": "netrc", "path": "netrc"}]}}
+        )
     return RequirementsPlan(
         image=base_image,
         init_containers=[init],
-        volumes=[{"name": DEPS_VOLUME, "emptyDir": {}}],
+        volumes=volumes,
         volume_mounts=[{"name": DEPS_VOLUME, "mountPath": DEPS_DIR, "readOnly": True}],
         environment={"PYTHONPATH": DEPS_DIR},
     )

@@ -76,8 +76,11 @@ def _docker_argv(
     return [*argv, "--entrypoint", command[0], container["image"], *command[1:], *(container.get("args") or [])]
 
 
-def run_pod(pod: dict[str, Any], timeout: float = 300) -> PodRun:
-    """Run the pod's init containers (stopping at the first failure) and its main container."""
+def run_pod(pod: dict[str, Any], timeout: float = 300, secrets: dict[str, dict[str, str]] | None = None) -> PodRun:
+    """Run the pod's init containers (stopping at the first failure) and its main container.
+
+    :param secrets: the Secrets the pod mounts, by name: key -> content
+    """
     spec = pod["spec"]
     workdir = Path(tempfile.mkdtemp(prefix="pod-in-docker-"))
     try:
@@ -85,6 +88,12 @@ def run_pod(pod: dict[str, Any], timeout: float = 300) -> PodRun:
         for path in volumes.values():
             path.mkdir()
             path.chmod(0o777)  # an emptyDir is writable by the pod's user, whoever that is
+        for volume in spec.get("volumes") or []:
+            if "secret" in volume:  # as the kubelet projects a Secret: one read-only file per item
+                data = (secrets or {})[volume["secret"]["secretName"]]
+                for item in volume["secret"]["items"]:
+                    (volumes[volume["name"]] / item["path"]).write_text(data[item["key"]])
+                    (volumes[volume["name"]] / item["path"]).chmod(0o444)
         shm = next((v["emptyDir"].get("sizeLimit") for v in spec.get("volumes") or [] if v["name"] == "dshm"), None)
         main = next(c for c in spec["containers"] if c["name"] == "base")
         exit_codes, logs = {}, {}

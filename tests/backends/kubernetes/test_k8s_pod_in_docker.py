@@ -6,12 +6,14 @@ Kubernetes itself is not involved (none can be had here): see pod_in_docker.py f
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import subprocess
 
 import pytest
 from pod_in_docker import leftover_containers, require_docker, run_pod
 
-from airflow_gpu_provider.exceptions import RemoteTaskError
+from airflow_gpu_provider.exceptions import InvalidSettingError, RemoteTaskError
 from airflow_gpu_provider.task.request import result_value
 
 pytestmark = pytest.mark.docker
@@ -97,3 +99,61 @@ def test_exception_in_the_pod_shows_its_traceback_and_becomes_a_remote_task_erro
         result_value(run.result, 1, where="pod ml/t-abc")
     assert err.value.error_type == "KeyError"
     assert "test_k8s_pod_in_docker.py" in err.value.remote_traceback
+
+
+def uses_the_private_package(n: int) -> dict:
+    import airflow_gpu_private
+
+    return {"square": n * n, "private": airflow_gpu_private.SECRET_PACKAGE}
+
+
+def _bridge_gateway() -> str:
+    """The address containers on Docker's default bridge reach this host at."""
+    out = subprocess.run(
+        ["docker", "network", "inspect", "bridge", "--format", "{{json .IPAM.Config}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    config = json.loads(out.stdout)[0]
+    if config.get("Gateway"):
+        return str(config["Gateway"])
+    network = ipaddress.ip_network(config["Subnet"])
+    return str(next(network.hosts()))  # the engine gives the bridge the subnet's first address
+
+
+def test_index_credentials_come_from_a_secret_and_never_appear_in_the_pod(tmp_path):
+    from airflow.sdk import DAG
+    from backends.docker.docker_fixtures import make_wheel
+    from private_index import private_index
+
+    from airflow_gpu_provider import GpuStepOperator, ImageSettings
+
+    require_docker()
+    make_wheel(tmp_path / "wheels", "airflow_gpu_private", "1.0", "SECRET_PACKAGE = True\n")
+    gateway = _bridge_gateway()
+    with private_index(tmp_path / "wheels") as index:
+        image = ImageSettings(
+            parent_image=BASE_IMAGE, requirements=["airflow-gpu-private==1.0"], index_url=index.url(gateway)
+        )
+        with DAG("pod_in_docker_private", schedule=None):
+            with pytest.raises(InvalidSettingError, match="index_secret"):  # credentials would be in the pod spec
+                GpuStepOperator(
+                    task_id="t", python_callable=uses_the_private_package, backend="kubernetes", image=image
+                )
+            task = GpuStepOperator(
+                task_id="t2",
+                python_callable=uses_the_private_package,
+                op_args=[6],
+                backend="kubernetes",
+                image=image,
+                backend_options={"index_secret": "pypi-credentials"},
+            )
+        [pod] = task.render_manifests()
+        assert index.password not in json.dumps(pod)
+        netrc = f"machine {gateway} login {index.user} password {index.password}\n"
+        run = run_pod(pod, secrets={"pypi-credentials": {"netrc": netrc}})
+        assert index.authorized, run.logs
+    assert run.exit_codes == {"install-requirements": 0, "base": 0}, run.logs
+    assert index.password not in run.logs["install-requirements"]
+    assert result_value(run.result, 0, where="the pod") == {"square": 36, "private": True}

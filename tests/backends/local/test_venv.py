@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -94,3 +96,45 @@ def test_interrupted_build_is_rebuilt(tmp_path):
     (python.parent.parent / READY_MARKER).unlink()  # as if the build had been killed before completing
     assert ensure_venv(image, tmp_path, log) == python
     assert (python.parent.parent / READY_MARKER).exists()
+
+
+def _command_lines() -> str:
+    """Every process's command line on this host, as another user could read them in /proc."""
+    lines = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                lines.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("installer", ["uv", "pip"])
+def test_credentials_in_the_index_url_never_reach_a_log_or_a_command_line(tmp_path, caplog, installer):
+    from backends.docker.docker_fixtures import make_wheel
+    from private_index import private_index
+
+    make_wheel(tmp_path / "wheels", "airflow_gpu_private", "1.0", "SECRET_PACKAGE = True\n")
+    seen: list[str] = []
+    with private_index(tmp_path / "wheels") as index:
+        image = ImageSettings(
+            requirements=["airflow-gpu-private==1.0"], index_url=index.url(), python_package_installer=installer
+        )
+        done = threading.Event()
+
+        def watch() -> None:  # what a local user sees while the installers run
+            while not done.is_set():
+                seen.append(_command_lines())
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            with caplog.at_level(logging.INFO):
+                python = ensure_venv(image, tmp_path / "venvs", log)
+        finally:
+            done.set()
+            watcher.join()
+        assert index.authorized  # the installer authenticated (from the netrc file)
+    subprocess.run([str(python), "-c", "import airflow_gpu_private"], check=True)
+    assert index.password not in caplog.text
+    assert f"--index-url http://127.0.0.1:{index.port}/simple" in caplog.text  # the URL, without its credentials
+    assert seen and not any(index.password in lines for lines in seen)

@@ -27,6 +27,7 @@ from airflow_gpu_provider.backends.docker.images.dockerfile import DerivedImageS
 from airflow_gpu_provider.backends.docker.options import PullPolicy
 from airflow_gpu_provider.exceptions import GpuTaskError
 from airflow_gpu_provider.host.state import open_private, private_dir
+from airflow_gpu_provider.runtime.bootstrap import redact
 
 TAIL_LINES = 30
 _RUNNING_IN = re.compile(r"Running in ([0-9a-f]{12,64})")
@@ -47,7 +48,7 @@ def _consume(chunks: Iterable[dict[str, Any]], log: logging.Logger) -> list[str]
     pending = ""  # build output arrives in pieces that do not end at line ends
 
     def emit(text: str) -> None:
-        line = _ANSI.sub("", text).rstrip()
+        line = redact(_ANSI.sub("", text).rstrip())
         if line.strip():
             log.info("%s", line)
             tail.append(line)
@@ -55,7 +56,7 @@ def _consume(chunks: Iterable[dict[str, Any]], log: logging.Logger) -> list[str]
     for chunk in chunks:
         if "error" in chunk:
             emit(pending)
-            raise ImageError(f"{str(chunk['error']).strip()}\nLast output:\n" + "\n".join(tail))
+            raise ImageError(f"{redact(str(chunk['error']).strip())}\nLast output:\n" + "\n".join(tail))
         if "stream" in chunk:
             *lines, pending = (pending + str(chunk["stream"])).split("\n")
             for line in lines:
@@ -162,7 +163,7 @@ def _remove_containers(client: Any, ids: Iterable[str], log: logging.Logger) -> 
 
 def build_image(client: Any, spec: DerivedImageSpec, tag: str, log: logging.Logger, *, nocache: bool = False) -> None:
     """Build ``spec`` as ``tag`` through the engine, streaming progress; leave no intermediate container behind."""
-    log.info("Building derived image %s FROM %s:\n%s", tag, spec.parent, spec.dockerfile.rstrip())
+    log.info("Building derived image %s FROM %s:\n%s", tag, spec.parent, redact(spec.dockerfile.rstrip()))
     started = time.monotonic()
     lines: list[str] = []
     built = False
