@@ -7,6 +7,9 @@ that installs authenticate through the provider without the credentials ever sho
 from __future__ import annotations
 
 import base64
+import ipaddress
+import json
+import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -81,3 +84,18 @@ def private_index(wheels: Path, user: str = "alice", password: str = "s3cret-tok
     finally:
         server.shutdown()
         server.server_close()
+
+
+def docker_host_address() -> str:
+    """The address containers on Docker's default bridge reach this host at."""
+    out = subprocess.run(
+        ["docker", "network", "inspect", "bridge", "--format", "{{json .IPAM.Config}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    config = json.loads(out.stdout)[0]
+    if config.get("Gateway"):
+        return str(config["Gateway"])
+    network = ipaddress.ip_network(config["Subnet"])
+    return str(next(network.hosts()))  # the engine gives the bridge the subnet's first address

@@ -136,3 +136,46 @@ def test_unreachable_registry_push_is_a_clear_error(task_log, wheel_dir):
     with pytest.raises(ImageError, match=r"Pushing localhost:1/airflow-gpu-test-derived:.* failed"):
         backend.run(backend.plan(request(image_with(wheels, version))), {})
     assert "is not in the registry yet; building it" in task_log[1].text
+
+
+def uses_the_private_package() -> dict:
+    import airflow_gpu_private
+
+    return {"private": airflow_gpu_private.SECRET_PACKAGE}
+
+
+def test_index_credentials_stay_out_of_the_image_its_history_and_the_log(docker_client, task_log, tmp_path):
+    """The build reaches a password-protected index; the derived image keeps no trace of the password.
+
+    (uv: pip refuses a plain-HTTP index on another host, as this test's index is; pip's netrc use is shown by the
+    local venv test.)
+    """
+    import json
+    import subprocess
+
+    from backends.docker.docker_fixtures import make_wheel
+    from private_index import docker_host_address, private_index
+
+    make_wheel(tmp_path / "wheels", "airflow_gpu_private", "1.0", "SECRET_PACKAGE = True\n")
+    with private_index(tmp_path / "wheels") as index:
+        image = ImageSettings(
+            parent_image=BASE_IMAGE,
+            requirements=["airflow-gpu-private==1.0"],
+            index_url=index.url(docker_host_address()),
+        )
+        envelope = callable_envelope(shipped_callable(uses_the_private_package, owner="test"), [], {})
+        backend = DockerBackend(DockerOptions.parse(OPTIONS), log=task_log[0])
+        plan = backend.plan(TaskRequest(ResourceSettings(), image, envelope, "fail", {"dag_id": "d", "task_id": "t"}))
+        assert backend.run(plan, {}).return_value == {"private": True}
+        assert index.authorized
+    assert index.password not in task_log[1].text
+    derived = next(
+        i for i in docker_client.images(name=TEST_REPOSITORY) if i["Labels"].get("airflow-gpu-provider.derived")
+    )
+    history = subprocess.run(
+        ["docker", "history", "--no-trunc", derived["Id"]], capture_output=True, text=True, check=True
+    ).stdout
+    assert index.password not in history and index.user not in history
+    assert index.password not in json.dumps(docker_client.inspect_image(derived["Id"]))
+    stage = "airflow-gpu-provider.build-stage=airflow-gpu-install"
+    assert docker_client.images(all=True, filters={"label": stage}) == []  # the stage with the netrc is gone

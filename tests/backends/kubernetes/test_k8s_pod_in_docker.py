@@ -6,7 +6,6 @@ Kubernetes itself is not involved (none can be had here): see pod_in_docker.py f
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import subprocess
 
@@ -107,31 +106,16 @@ def uses_the_private_package(n: int) -> dict:
     return {"square": n * n, "private": airflow_gpu_private.SECRET_PACKAGE}
 
 
-def _bridge_gateway() -> str:
-    """The address containers on Docker's default bridge reach this host at."""
-    out = subprocess.run(
-        ["docker", "network", "inspect", "bridge", "--format", "{{json .IPAM.Config}}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    config = json.loads(out.stdout)[0]
-    if config.get("Gateway"):
-        return str(config["Gateway"])
-    network = ipaddress.ip_network(config["Subnet"])
-    return str(next(network.hosts()))  # the engine gives the bridge the subnet's first address
-
-
 def test_index_credentials_come_from_a_secret_and_never_appear_in_the_pod(tmp_path):
     from airflow.sdk import DAG
     from backends.docker.docker_fixtures import make_wheel
-    from private_index import private_index
+    from private_index import docker_host_address, private_index
 
     from airflow_gpu_provider import GpuStepOperator, ImageSettings
 
     require_docker()
     make_wheel(tmp_path / "wheels", "airflow_gpu_private", "1.0", "SECRET_PACKAGE = True\n")
-    gateway = _bridge_gateway()
+    gateway = docker_host_address()
     with private_index(tmp_path / "wheels") as index:
         image = ImageSettings(
             parent_image=BASE_IMAGE, requirements=["airflow-gpu-private==1.0"], index_url=index.url(gateway)

@@ -17,18 +17,24 @@ import logging
 import os
 import platform
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
 from airflow_gpu_provider.backends.docker.options import DockerOptions, UvSource
 from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.runtime.bootstrap import ENVELOPE_VERSION, uv_ca_variable
+from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
+from airflow_gpu_provider.runtime.bootstrap import ENVELOPE_VERSION, split_credentials, uv_ca_variable
 from airflow_gpu_provider.settings import ImageSettings
 from airflow_gpu_provider.version import __version__
 
 SHARE = "/usr/local/share/airflow-gpu"
 CA_PATH = f"{SHARE}/ca-bundle.pem"
+DEPS_DIR = "/opt/airflow-gpu/site-packages"  # where a staged build installs (as Kubernetes init containers do)
+INSTALL_STAGE = "airflow-gpu-install"
+INSTALL_FROM_FILE = (
+    f"import runpy,sys;sys.exit(runpy.run_path({SHARE + '/bootstrap.py'!r})['install_main'](sys.argv[1:]))"
+)
 LABEL_PREFIX = "airflow-gpu-provider"
 RUNTIME_VERSION = f"{__version__}/envelope-{ENVELOPE_VERSION}"
 """Part of every tag: a provider release that changes how images are built gets new images."""
@@ -64,6 +70,8 @@ class DerivedImageSpec:
 
     :param files: ``(name in the build context, path on the worker)``; directories are copied flat
     :param uv_binary: the worker's uv binary, copied in as ``uv`` (not part of the hash: it is only a build tool)
+    :param netrc: the index credentials, as a ``netrc`` file for the install stage (not part of the hash either:
+        new credentials do not change what is installed)
     """
 
     parent: str
@@ -72,6 +80,7 @@ class DerivedImageSpec:
     files: tuple[tuple[str, str], ...] = ()
     fingerprint: str = ""
     uv_binary: str | None = None
+    netrc: str = field(default="", repr=False)
 
     def tag_for(self, parent_id: str) -> str:
         """The image reference for a parent image id: ``name:<16 hex digits>``."""
@@ -120,6 +129,7 @@ def render_dockerfile(
     wheel_dirs: Sequence[str] = (),
     labels: Mapping[str, str] | None = None,
     compile_bytecode: bool = True,
+    credentials: bool = False,
 ) -> str:
     """The Dockerfile text (pure).
 
@@ -129,36 +139,71 @@ def render_dockerfile(
     :param wheel_dirs: build-context directories copied to ``SHARE/<name>`` (local wheel directories)
     :param compile_bytecode: compile ``.pyc`` files in the image (pip's default; uv's ``--compile-bytecode``), so
         that tasks do not compile what they import in every fresh container
+    :param credentials: the index needs credentials (a ``netrc`` file in the build context): they stay in a build
+        stage that is not part of the image (see :func:`_staged`)
     """
-    lines = [f"FROM {parent}"]
+    preamble = []
     if labels:  # first, so the build's intermediate containers carry them too (and can be told apart)
-        lines.append("LABEL " + " ".join(f"{key}={json.dumps(value)}" for key, value in sorted(labels.items())))
+        preamble.append("LABEL " + " ".join(f"{key}={json.dumps(value)}" for key, value in sorted(labels.items())))
     if ca_bundle:
-        lines += [
+        preamble += [
             f"COPY ca-bundle.pem {CA_PATH}",
             f"ENV SSL_CERT_FILE={CA_PATH} REQUESTS_CA_BUNDLE={CA_PATH} PIP_CERT={CA_PATH}",
         ]
     environment = "PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore"
     if uv_source is not None:  # uv trusts the image's CA store like pip does, not only its bundled roots
         environment += f" {uv_ca_variable(uv_version)}=1"
-    lines.append(f"ENV {environment}")
-    index_args = dataclasses.replace(image, find_links=tuple(find_links)).installer_index_args()
+    preamble.append(f"ENV {environment}")
+    index_args = split_credentials(dataclasses.replace(image, find_links=tuple(find_links)).installer_index_args())[0]
     pip = ["python3", "-m", "pip", "install", "--no-cache-dir"]
+    steps = []
+    if uv_source == "worker":
+        steps.append("COPY uv /usr/local/bin/uv")
+    elif uv_source == "pip":
+        steps.append(f"RUN {json.dumps([*pip, f'uv=={uv_version}'])}")
+    steps += [f"COPY {name} {SHARE}/{name}" for name in wheel_dirs]
+    if credentials:
+        return _staged(parent, image, preamble, steps, index_args)
     if uv_source is None:
         installer = pip if compile_bytecode else [*pip, "--no-compile"]
     else:
-        if uv_source == "worker":
-            lines.append("COPY uv /usr/local/bin/uv")
-            installer = ["/usr/local/bin/uv", "pip", "install"]
-        else:
-            lines.append(f"RUN {json.dumps([*pip, f'uv=={uv_version}'])}")
-            installer = ["python3", "-m", "uv", "pip", "install"]
-        installer += ["--system", "--break-system-packages", "--no-cache", "--python", "python3"]
-        if compile_bytecode:
-            installer.append("--compile-bytecode")
-    lines += [f"COPY {name} {SHARE}/{name}" for name in wheel_dirs]
-    lines.append(f"RUN {json.dumps([*installer, *index_args, *image.requirements])}")
-    return "\n".join(lines) + "\n"
+        uv = "/usr/local/bin/uv" if uv_source == "worker" else "python3 -m uv"
+        installer = [*uv.split(), "pip", "install", "--system", "--break-system-packages", "--no-cache"]
+        installer += ["--python", "python3", *(["--compile-bytecode"] if compile_bytecode else [])]
+    steps.append(f"RUN {json.dumps([*installer, *index_args, *image.requirements])}")
+    return "\n".join([f"FROM {parent}", *preamble, *steps]) + "\n"
+
+
+def _staged(parent: str, image: ImageSettings, preamble: list[str], steps: list[str], index_args: list[str]) -> str:
+    """Two stages for an index that needs credentials: the legacy builder has no build secrets.
+
+    The first stage gets the ``netrc`` file and runs the provider's installer (the runtime's, as Kubernetes init
+    containers do: only what the parent image lacks, into ``DEPS_DIR``); the image is the parent plus that folder.
+    Neither its layers nor its history nor its config hold the credentials; the first stage's images are removed
+    after the build.
+    """
+    installer = [
+        "env", f"NETRC={SHARE}/netrc", "python3", "-c", f"{INSTALL_FROM_FILE}", DEPS_DIR,
+        image.python_package_installer, *index_args, "--", *image.requirements,
+    ]  # fmt: skip
+    return (
+        "\n".join(
+            [
+                f"FROM {parent} AS {INSTALL_STAGE}",
+                *preamble,
+                f"LABEL {LABEL_PREFIX}.build-stage={INSTALL_STAGE}",
+                f"COPY bootstrap.py {SHARE}/bootstrap.py",
+                f"COPY netrc {SHARE}/netrc",
+                *steps,
+                f"RUN {json.dumps(installer)}",
+                f"FROM {parent}",
+                *preamble,
+                f"COPY --from={INSTALL_STAGE} {DEPS_DIR} {DEPS_DIR}",
+                f"ENV PYTHONPATH={DEPS_DIR}${{PYTHONPATH:+:$PYTHONPATH}} PATH={DEPS_DIR}/bin:$PATH",
+            ]
+        )
+        + "\n"
+    )
 
 
 @functools.cache
@@ -210,6 +255,9 @@ def derived_image_spec(
     uv_source: UvSource | None = None
     if image.python_package_installer == "uv":
         uv_source = "worker" if uv_binary else "pip"
+    netrc = split_credentials(image.installer_index_args())[1]
+    if netrc:
+        files.append(("bootstrap.py", str(BOOTSTRAP_PATH)))
     labels = {
         f"{LABEL_PREFIX}.derived": "true",
         f"{LABEL_PREFIX}.parent": parent,
@@ -227,6 +275,7 @@ def derived_image_spec(
         wheel_dirs=wheel_dirs,
         labels=labels,
         compile_bytecode=options.compile_bytecode,
+        credentials=bool(netrc),
     )
     fingerprint = json.dumps(
         {
@@ -237,5 +286,11 @@ def derived_image_spec(
         sort_keys=True,
     )
     return DerivedImageSpec(
-        parent, dockerfile, options.image_name, tuple(files), fingerprint, uv_binary if uv_source == "worker" else None
+        parent,
+        dockerfile,
+        options.image_name,
+        tuple(files),
+        fingerprint,
+        uv_binary if uv_source == "worker" else None,
+        netrc,
     )

@@ -23,7 +23,7 @@ from typing import Any
 from docker.errors import APIError, ImageNotFound, NotFound
 from docker.utils import parse_repository_tag
 
-from airflow_gpu_provider.backends.docker.images.dockerfile import DerivedImageSpec
+from airflow_gpu_provider.backends.docker.images.dockerfile import INSTALL_STAGE, LABEL_PREFIX, DerivedImageSpec
 from airflow_gpu_provider.backends.docker.options import PullPolicy
 from airflow_gpu_provider.exceptions import GpuTaskError
 from airflow_gpu_provider.host.state import open_private, private_dir
@@ -141,6 +141,11 @@ def _build_context(spec: DerivedImageSpec, handle: Any) -> None:
         tar.addfile(info, io.BytesIO(dockerfile))
         if spec.uv_binary:
             tar.add(spec.uv_binary, arcname="uv", recursive=False)
+        if spec.netrc:  # from memory: the credentials are never written to a file on the worker
+            secret = spec.netrc.encode()
+            info = tarfile.TarInfo("netrc")
+            info.size, info.mode = len(secret), 0o600
+            tar.addfile(info, io.BytesIO(secret))
         for name, path in spec.files:
             source = Path(path)
             if source.is_dir():
@@ -190,7 +195,17 @@ def build_image(client: Any, spec: DerivedImageSpec, tag: str, log: logging.Logg
         finally:
             if not built:  # failed or interrupted (task timeout): the step's container must not outlive it
                 _remove_containers(client, _RUNNING_IN.findall("\n".join(lines)), log)
+            if spec.netrc:  # the install stage's images hold the credentials: none may stay on the engine
+                _remove_install_stage(client, log)
     log.info("Built derived image %s in %.1fs", tag, time.monotonic() - started)
+
+
+def _remove_install_stage(client: Any, log: logging.Logger) -> None:
+    label = f"{LABEL_PREFIX}.build-stage={INSTALL_STAGE}"
+    for found in client.images(all=True, filters={"label": label}):
+        with contextlib.suppress(NotFound, APIError):  # in use by a concurrent build: that build removes it
+            client.remove_image(found["Id"], force=True, noprune=False)
+            log.info("Removed the install stage's image %s", found["Id"][:19])
 
 
 def _recording(chunks: Iterable[dict[str, Any]], into: list[str]) -> Iterator[dict[str, Any]]:

@@ -12,6 +12,7 @@ from airflow_gpu_provider.backends.docker.images.dockerfile import (
     render_dockerfile,
 )
 from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.settings import ImageSettings
 
 PARENT = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
@@ -149,3 +150,20 @@ def test_missing_local_inputs_are_clear_errors(tmp_path):
         derived_image_spec(
             PARENT, ImageSettings(requirements=["x"], find_links=["wheels"]), BuildOptions(), uv_binary=None
         )
+
+
+def test_credentials_stay_in_a_build_stage_that_is_not_the_image():
+    image = ImageSettings(requirements=["private-pkg==1"], index_url="https://alice:s3cret@pypi.corp/simple")
+    spec = derived_image_spec(PARENT, image, BuildOptions(), uv_binary="/usr/bin/uv")
+    assert "s3cret" not in spec.dockerfile and "alice" not in spec.dockerfile
+    assert "s3cret" not in spec.fingerprint  # new credentials do not make a new image
+    assert spec.netrc == "machine pypi.corp login alice password s3cret\n"
+    install, final = spec.dockerfile.split(f"FROM {PARENT}\n")
+    assert install.startswith(f"FROM {PARENT} AS airflow-gpu-install")
+    assert "COPY netrc" in install and "--index-url" in install and "https://pypi.corp/simple" in install
+    assert "netrc" not in final
+    assert "COPY --from=airflow-gpu-install /opt/airflow-gpu/site-packages /opt/airflow-gpu/site-packages" in final
+    assert "ENV PYTHONPATH=/opt/airflow-gpu/site-packages" in final
+    assert ("bootstrap.py", str(BOOTSTRAP_PATH)) in spec.files
+    plain = derived_image_spec(PARENT, ImageSettings(requirements=["six"]), BuildOptions(), uv_binary=None)
+    assert plain.netrc == "" and plain.dockerfile.count("FROM ") == 1
