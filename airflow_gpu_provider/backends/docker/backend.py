@@ -30,6 +30,7 @@ from airflow_gpu_provider.host.allocator import Allocation
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.settings.units import format_bytes
 from airflow_gpu_provider.task.environment import summary
+from airflow_gpu_provider.task.output import LineSplitter
 from airflow_gpu_provider.task.request import TaskRequest, TaskResult, result_value
 
 if TYPE_CHECKING:
@@ -51,20 +52,18 @@ class _NoGpuRuntime(Exception):
 
 
 def _log_lines(stream: Iterable[tuple[bytes | None, bytes | None]], log: logging.Logger) -> None:
-    """Log a container's output line by line as it comes.
+    """Log a container's output line by line as it comes (:mod:`~airflow_gpu_provider.task.output`).
 
-    stdout and stderr are kept apart, so a line an unbuffered ``print`` writes in two pieces is never cut by the other.
+    stdout and stderr are split apart, so a line an unbuffered ``print`` writes in two pieces is never cut by the other.
     """
-    pending = [b"", b""]
+    splitters = (LineSplitter(), LineSplitter())
     for frames in stream:
-        for index, data in enumerate(frames):
-            if data:
-                *lines, pending[index] = (pending[index] + data).split(b"\n")
-                for line in lines:
-                    log.info("%s", line.decode(errors="replace").rstrip())
-    for rest in pending:
-        if rest:
-            log.info("%s", rest.decode(errors="replace").rstrip())
+        for splitter, data in zip(splitters, frames, strict=False):
+            for line in splitter.feed(data or b""):
+                log.info("%s", line)
+    for splitter in splitters:
+        for line in splitter.flush():
+            log.info("%s", line)
 
 
 class DockerBackend(Backend[DockerOptions, DockerPlan]):

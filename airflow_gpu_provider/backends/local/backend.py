@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import platform
 import signal
-import subprocess
 import sys
 import tempfile
-import time
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.backends.base import Backend
 from airflow_gpu_provider.backends.local.options import LocalOptions
+from airflow_gpu_provider.backends.local.process import TaskProcess
 from airflow_gpu_provider.backends.local.venv import ensure_venv
-from airflow_gpu_provider.host.allocator import Allocation, HostGpus
+from airflow_gpu_provider.host.allocator import HostGpus
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.settings.units import format_bytes
 from airflow_gpu_provider.task.environment import summary, thread_environment, visible_devices
@@ -49,7 +48,7 @@ class LocalBackend(Backend[LocalOptions, LocalPlan]):
 
     def __init__(self, options: LocalOptions, log: Any = None) -> None:
         super().__init__(options, log)
-        self._process: subprocess.Popen[bytes] | None = None
+        self._task: TaskProcess | None = None
 
     def plan(self, request: TaskRequest) -> LocalPlan:
         """Translate a request: thread variables, image environment, the host's GPUs. No I/O."""
@@ -76,75 +75,54 @@ class LocalBackend(Backend[LocalOptions, LocalPlan]):
             image_name += f" + venv {python.parent.parent.name}"
 
         allocation = plan.host.allocate(request, backend=self.name, log=self.log)
-        with allocation, tempfile.TemporaryDirectory(prefix="airflow-gpu-") as workdir:
-            ids = [device.id for device in allocation.devices]
-            environment = {**os.environ, **plan.environment, **visible_devices(request.resources.gpu_vendor, ids)}
-            envelope = {
-                **request.envelope,
-                "die_with_parent": True,
-                "summary": summary(
-                    request,
-                    backend=self.name,
-                    image=image_name,
-                    gpus=[device.describe() for device in allocation.devices],
-                    cpu_fallback=allocation.cpu_fallback,
-                ),
-            }
-            envelope_path = Path(workdir, "envelope.json")
-            result_path = Path(workdir, "result.json")
-            envelope_path.write_text(json.dumps(envelope))
-            exit_code = self._run_child(
-                [str(python), str(BOOTSTRAP_PATH), str(envelope_path), str(result_path)],
-                environment,
-                workdir,
-                allocation,
-                plan.kill_grace,
-            )
-            result = read_result_file(result_path)
+        survivors: list[int] = []
+        try:
+            with tempfile.TemporaryDirectory(prefix="airflow-gpu-") as workdir:
+                ids = [device.id for device in allocation.devices]
+                environment = {**os.environ, **plan.environment, **visible_devices(request.resources.gpu_vendor, ids)}
+                envelope = {
+                    **request.envelope,
+                    "die_with_parent": True,
+                    "summary": summary(
+                        request,
+                        backend=self.name,
+                        image=image_name,
+                        gpus=[device.describe() for device in allocation.devices],
+                        cpu_fallback=allocation.cpu_fallback,
+                    ),
+                }
+                envelope_path = Path(workdir, "envelope.json")
+                result_path = Path(workdir, "result.json")
+                envelope_path.write_text(json.dumps(envelope))
+                argv = [str(python), str(BOOTSTRAP_PATH), str(envelope_path), str(result_path)]
+                self.log.info("Starting task process on GPUs %s", ids or "none")
+                task = TaskProcess(
+                    argv, environment, cwd=workdir, pass_fds=allocation.fds, log=self.log, kill_grace=plan.kill_grace
+                )
+                self._task = task
+                try:
+                    exit_code = task.wait()
+                finally:
+                    survivors = task.stop()  # whatever the task left running, setsid or not
+                    self._task = None
+                result = read_result_file(result_path)
+        finally:
+            if survivors:  # never hand out GPUs that a process of this task may still use
+                self.log.error(
+                    "Processes %s of the task survived SIGKILL: its GPUs stay locked until they end.", survivors
+                )
+            else:
+                allocation.release()
         return TaskResult(result_value(result, exit_code, where="the local task process"))
 
-    def _run_child(
-        self, argv: list[str], environment: Mapping[str, str], workdir: str, allocation: Allocation, kill_grace: float
-    ) -> int:
-        self.log.info("Starting task process on GPUs %s", [d.id for d in allocation.devices] or "none")
-        process = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=dict(environment),
-            cwd=workdir,
-            start_new_session=True,
-            pass_fds=tuple(allocation.fds),
-        )
-        self._process = process
-        try:
-            assert process.stdout is not None
-            for raw in process.stdout:
-                self.log.info("%s", raw.decode(errors="replace").rstrip("\n"))
-            return process.wait()
-        finally:
-            self._stop_group(process, kill_grace)
-            self._process = None
-
-    def _stop_group(self, process: subprocess.Popen[bytes], grace: float) -> None:
-        """Stop the child and everything it started (its process group): SIGTERM, then SIGKILL."""
-        if process.poll() is None:
-            _signal_group(process.pid, signal.SIGTERM)
-            deadline = time.monotonic() + grace
-            while process.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-        _signal_group(process.pid, signal.SIGKILL)  # also reaps grandchildren left in the group
-        process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
-
     def kill(self) -> None:
-        """Called from ``on_kill``: stop the child's whole process group."""
-        process = self._process
-        if process is not None:
-            self._stop_group(process, self.options.kill_grace)
+        """Called from ``on_kill`` (inside a signal handler): SIGTERM the task's whole tree, SIGKILL after the grace.
 
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
+        Signals only: the thread running the task waits for it, stops what is left and releases the GPUs.
+        """
+        task = self._task
+        if task is not None:
+            task.signal(signal.SIGTERM)
+            killer = threading.Timer(task.kill_grace, task.signal, args=(signal.SIGKILL,))
+            killer.daemon = True
+            killer.start()

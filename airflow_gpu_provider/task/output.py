@@ -1,0 +1,79 @@
+r"""A task's output as log lines, for the local and Docker backends: bounded memory, progress bars streamed.
+
+Output arrives in pieces that do not end at line ends. Lines end at ``\n``; a line longer than ``max_line`` bytes
+is logged in pieces (one huge line never sits whole in the worker's memory); a ``\r``-only update (a tqdm progress
+bar) is logged too, at most once a ``progress_interval``, and the last one before a real line end always is.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+MAX_LINE = 8192
+PROGRESS_INTERVAL = 1.0
+
+
+class LineSplitter:
+    """Feed it bytes as they come; it yields the lines to log."""
+
+    def __init__(self, max_line: int = MAX_LINE, progress_interval: float = PROGRESS_INTERVAL) -> None:
+        self.max_line, self.progress_interval = max_line, progress_interval
+        self._pending = b""
+        self._progress: bytes | None = None  # the latest \r update not logged yet
+        self._progress_logged = float("-inf")
+
+    def feed(self, data: bytes) -> Iterator[str]:
+        """The lines ``data`` completes (or fills past ``max_line``)."""
+        self._pending += data
+        while True:
+            end = min((i for i in (self._pending.find(b"\n"), self._pending.find(b"\r")) if i >= 0), default=-1)
+            if end < 0:
+                break
+            line, separator, self._pending = self._pending[:end], self._pending[end : end + 1], self._pending[end + 1 :]
+            if separator == b"\r":
+                if line.strip():
+                    yield from self._update(line[: self.max_line])
+                continue
+            if self._progress is not None:  # the bar's last state is always logged
+                if line.strip():
+                    yield _text(self._progress)
+                else:
+                    line = self._progress  # "...\r\n": the bar's final state ends the line
+                self._progress = None
+            yield from self._pieces(line)
+        while len(self._pending) > self.max_line:
+            piece, self._pending = self._pending[: self.max_line], self._pending[self.max_line :]
+            yield _text(piece)
+
+    def _pieces(self, line: bytes) -> Iterator[str]:
+        for start in range(0, max(len(line), 1), self.max_line):
+            yield _text(line[start : start + self.max_line])
+
+    def _update(self, line: bytes) -> Iterator[str]:
+        self._progress = line
+        now = time.monotonic()
+        if now - self._progress_logged >= self.progress_interval:
+            self._progress_logged, self._progress = now, None
+            yield _text(line)
+
+    def flush(self) -> Iterator[str]:
+        """What is left at the end of the output."""
+        rest = self._pending if self._pending.strip() else self._progress
+        self._pending, self._progress = b"", None
+        if rest:
+            yield _text(rest)
+
+
+def _text(data: bytes) -> str:
+    return data.decode(errors="replace").rstrip()
+
+
+def stream(read: Callable[[], bytes], emit: Callable[[str], object], splitter: LineSplitter | None = None) -> None:
+    """Log everything ``read()`` returns until it returns ``b""``."""
+    splitter = splitter or LineSplitter()
+    while data := read():
+        for line in splitter.feed(data):
+            emit(line)
+    for line in splitter.flush():
+        emit(line)

@@ -1,0 +1,131 @@
+"""The local task's process tree on its failure paths: what it leaves running, how it is stopped, what it prints."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+
+import pytest
+from helpers import alive
+
+from airflow_gpu_provider.backends import BACKENDS
+from airflow_gpu_provider.exceptions import RemoteTaskError
+from airflow_gpu_provider.host.allocator import GpuAllocator
+from airflow_gpu_provider.host.inventory import Device
+from airflow_gpu_provider.payload import callable_envelope, shipped_callable
+from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+from airflow_gpu_provider.task.request import TaskRequest
+
+
+def backend(state_dir, **options):
+    log = logging.getLogger("test.local")
+    return BACKENDS["local"].create({"state_dir": str(state_dir), "devices": "0", "kill_grace": 2, **options}, log)
+
+
+def request(function, *args, gpus=1):
+    envelope = callable_envelope(shipped_callable(function, owner="test"), list(args), {})
+    return TaskRequest(ResourceSettings(gpu_count=gpus), ImageSettings(), envelope)
+
+
+def leaves_a_background_child(pid_file: str) -> str:
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "300"])  # inherits stdout: the pipe stays open after the task returns
+    with open(pid_file, "w") as handle:
+        handle.write(str(child.pid))
+    return "done"
+
+
+def starts_a_setsid_grandchild(pid_file: str) -> str:
+    import os
+    import subprocess
+    import time
+
+    child = subprocess.Popen(["sleep", "300"], start_new_session=True, stdout=subprocess.DEVNULL)  # setsid()
+    with open(pid_file, "w") as handle:
+        handle.write(str(child.pid))
+    os.setpgid(0, 0)  # the task process itself leaves nothing in its original group but itself
+    time.sleep(300)
+    return "never"
+
+
+def prints_a_huge_line_and_progress() -> int:
+    import sys
+    import time
+
+    sys.stdout.write("x" * 3_000_000)  # one line, never ended
+    sys.stdout.write("\n")
+    for percent in range(0, 101, 25):
+        sys.stdout.write(f"\r{percent:3d}%|{'#' * (percent // 10)}")
+        sys.stdout.flush()
+        time.sleep(0.4)
+    sys.stdout.write("\n")
+    return 1
+
+
+def sleeps() -> None:
+    import time
+
+    time.sleep(300)
+
+
+def test_a_background_child_neither_hangs_the_task_nor_outlives_it(tmp_path):
+    pid_file = tmp_path / "pid"
+    started = time.monotonic()
+    local = backend(tmp_path / "state")
+    result = local.run(local.plan(request(leaves_a_background_child, str(pid_file))), {})
+    assert result.return_value == "done"
+    assert time.monotonic() - started < 60  # used to wait for the end of the output: execution_timeout
+    assert not alive(int(pid_file.read_text()))
+    assert GpuAllocator(tmp_path / "state" / "locks").holder_of(Device("0")) is None
+
+
+def test_a_setsid_grandchild_is_stopped_with_the_task_before_its_gpu_is_free(tmp_path):
+    pid_file = tmp_path / "pid"
+    local = backend(tmp_path / "state")
+    plan = local.plan(request(starts_a_setsid_grandchild, str(pid_file)))
+    errors: list[BaseException] = []
+    runner = threading.Thread(target=lambda: errors.append(pytest.raises(RemoteTaskError, local.run, plan, {}).value))
+    runner.start()
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    grandchild = int(pid_file.read_text())
+    assert os.getpgid(grandchild) != os.getpgid(os.getpid())  # out of every process group the task had
+    local.kill()
+    runner.join(60)
+    assert not runner.is_alive()
+    assert not alive(grandchild)
+    assert GpuAllocator(tmp_path / "state" / "locks").holder_of(Device("0")) is None
+
+
+def test_on_kill_from_a_signal_handler_stops_the_task_cleanly(tmp_path):
+    """Airflow calls on_kill from its SIGTERM handler, in the thread that is streaming the task's output."""
+    local = backend(tmp_path / "state")
+    plan = local.plan(request(sleeps))
+    previous = signal.signal(signal.SIGUSR1, lambda *_: local.kill())
+    try:
+        threading.Timer(1.5, os.kill, args=(os.getpid(), signal.SIGUSR1)).start()
+        started = time.monotonic()
+        with pytest.raises(RemoteTaskError, match="exited with status -15"):  # not "reentrant call inside ..."
+            local.run(plan, {})
+        assert time.monotonic() - started < 30
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert GpuAllocator(tmp_path / "state" / "locks").holder_of(Device("0")) is None
+
+
+def test_huge_lines_are_logged_in_pieces_and_progress_bars_stream(tmp_path, caplog):
+    local = backend(tmp_path / "state")
+    with caplog.at_level(logging.INFO, logger="test.local"):
+        assert local.run(local.plan(request(prints_a_huge_line_and_progress, gpus=0)), {}).return_value == 1
+    lines = [r.getMessage() for r in caplog.records if r.name == "test.local"]
+    assert max(len(line) for line in lines) <= 8192  # never 3 MB held and logged whole
+    assert sum(line.count("x") for line in lines) == 3_000_000
+    progress = [line for line in lines if line.endswith("%|") or "%|#" in line]
+    assert len(progress) >= 3  # "\r" updates reach the log while the bar runs, not only at its end
+    assert progress[-1].startswith("100%")
