@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import stat
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from airflow_gpu_provider.exceptions import GpuTaskError
@@ -66,3 +69,41 @@ def open_private(path: str | os.PathLike[str], flags: int = os.O_RDWR | os.O_CRE
         os.close(fd)
         raise
     return fd
+
+
+@contextlib.contextmanager
+def exclusive(path: str | os.PathLike[str]) -> Iterator[float]:
+    """Hold an exclusive ``flock`` on a lock file of the state dir; yield the seconds spent waiting for it.
+
+    The file is removed when the holder is done, so lock files do not pile up: a waiter that got the lock on a file
+    that was removed meanwhile retries on the new one.
+    """
+    lock = Path(path)
+    private_dir(lock.parent)
+    started = time.monotonic()
+    while True:
+        fd = open_private(lock)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            same = os.fstat(fd).st_ino == os.lstat(lock).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        yield time.monotonic() - started
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock)
+        os.close(fd)
+
+
+def stale_folders(parent: Path, prefix: str) -> Iterator[Path]:
+    """Folders ``<prefix><pid>-*`` of ``parent`` whose process is gone (a worker killed before it cleaned up)."""
+    if not parent.is_dir():
+        return
+    for folder in parent.iterdir():
+        pid = folder.name[len(prefix) :].split("-", 1)[0]
+        if folder.name.startswith(prefix) and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            yield folder

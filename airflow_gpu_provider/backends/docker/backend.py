@@ -24,6 +24,7 @@ from airflow_gpu_provider.backends.docker.images.catalogue import cpu_only_reaso
 from airflow_gpu_provider.backends.docker.images.dockerfile import derived_image_spec, worker_uv
 from airflow_gpu_provider.backends.docker.images.engine import ensure_derived_image, resolve_image
 from airflow_gpu_provider.backends.docker.options import DockerOptions, mount_source_problem
+from airflow_gpu_provider.backends.docker.orphans import WORKER_LABEL, reap_orphans, worker_identity
 from airflow_gpu_provider.backends.docker.plan import DockerPlan, plan_container
 from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError
 from airflow_gpu_provider.host.allocator import Allocation
@@ -89,6 +90,7 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
             if mount.get("type", "bind") == "bind" and problem:
                 raise GpuTaskError(f"Refusing the mount {mount}: {problem}.")
         client = self._connect()
+        reap_orphans(client, self.log)  # before any GPU is taken: a dead worker's container may still hold it
         for note in plan.resources.notes:
             self.log.warning("%s", note)
         image = self._image(client, plan)
@@ -230,7 +232,7 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
 
     def _create(self, client: Any, kwargs: dict[str, Any], files: TaskFiles, plan: DockerPlan) -> str:
         """Create the container with the worker folder mounted, or without it where the engine cannot see it."""
-        kwargs = dict(kwargs)
+        kwargs = {**kwargs, "labels": {**kwargs["labels"], WORKER_LABEL: worker_identity()}}
         host_config = kwargs.pop("host_config")
         files.mounted = plan.options.mount_tmp_dir
         while True:

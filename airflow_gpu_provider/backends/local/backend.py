@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import shutil
 import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +21,7 @@ from airflow_gpu_provider.backends.local.options import LocalOptions
 from airflow_gpu_provider.backends.local.process import TaskProcess
 from airflow_gpu_provider.backends.local.venv import ensure_venv
 from airflow_gpu_provider.host.allocator import HostGpus
+from airflow_gpu_provider.host.state import private_dir, stale_folders
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.settings.units import format_bytes
 from airflow_gpu_provider.task.environment import summary, thread_environment, visible_devices
@@ -77,7 +80,7 @@ class LocalBackend(Backend[LocalOptions, LocalPlan]):
         allocation = plan.host.allocate(request, backend=self.name, log=self.log)
         survivors: list[int] = []
         try:
-            with tempfile.TemporaryDirectory(prefix="airflow-gpu-") as workdir:
+            with _task_folder(plan.host.state_dir) as workdir:
                 ids = [device.id for device in allocation.devices]
                 environment = {**os.environ, **plan.environment, **visible_devices(request.resources.gpu_vendor, ids)}
                 envelope = {
@@ -126,3 +129,16 @@ class LocalBackend(Backend[LocalOptions, LocalPlan]):
             killer = threading.Timer(task.kill_grace, task.signal, args=(signal.SIGKILL,))
             killer.daemon = True
             killer.start()
+
+
+@contextlib.contextmanager
+def _task_folder(state_dir: str) -> Iterator[str]:
+    """A private folder for the task's envelope and result, in the state dir; removed after, or by the next task."""
+    parent = private_dir(Path(state_dir) / "tasks")
+    for stale in stale_folders(parent, "task-"):  # left by a worker that was killed
+        shutil.rmtree(stale, ignore_errors=True)
+    folder = tempfile.mkdtemp(prefix=f"task-{os.getpid()}-", dir=parent)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -12,7 +12,6 @@ Venvs are keyed by the image's requirements hash plus the worker environment, cr
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import json
@@ -26,7 +25,7 @@ import time
 from pathlib import Path
 
 from airflow_gpu_provider.exceptions import GpuTaskError
-from airflow_gpu_provider.host.state import check_owned, open_private, private_dir
+from airflow_gpu_provider.host.state import check_owned, exclusive, open_private, private_dir
 from airflow_gpu_provider.runtime.bootstrap import InstallError, install_requirements
 from airflow_gpu_provider.settings import ImageSettings
 
@@ -118,16 +117,10 @@ def ensure_venv(image: ImageSettings, cache_dir: str | os.PathLike[str], log: lo
     if _ready(path):
         log.info("Using cached virtualenv %s (requirements %s)", path, image.requirements_hash)
         return python
-    fd = open_private(root / f"{key}.lock")
-    try:
-        started = time.monotonic()
-        fcntl.flock(fd, fcntl.LOCK_EX)  # concurrent tasks wait here for the one that builds
+    started = time.monotonic()
+    with exclusive(root / f"{key}.lock") as waited:  # concurrent tasks wait here for the one that builds
         if _ready(path):
-            log.info(
-                "Using virtualenv %s, built by another task while this one waited %.1fs",
-                path,
-                time.monotonic() - started,
-            )
+            log.info("Using virtualenv %s, built by another task while this one waited %.1fs", path, waited)
             return python
         if path.exists():
             log.warning("Removing incomplete virtualenv %s left by an interrupted build", path)
@@ -137,16 +130,7 @@ def ensure_venv(image: ImageSettings, cache_dir: str | os.PathLike[str], log: lo
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)
             raise
-        (path / READY_MARKER).write_text(
-            json.dumps(
-                {
-                    "requirements": list(image.requirements),
-                    "installer": image.python_package_installer,
-                    "created": time.time(),
-                }
-            )
-        )
+        marker = {"requirements": list(image.requirements), "installer": image.python_package_installer}
+        (path / READY_MARKER).write_text(json.dumps({**marker, "created": time.time()}))
         log.info("Built virtualenv %s in %.1fs", path, time.monotonic() - started)
         return python
-    finally:
-        os.close(fd)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from backends.docker.docker_fixtures import BASE_IMAGE, TEST_REPOSITORY, container_ids
 
+from airflow_gpu_provider import config
 from airflow_gpu_provider.backends.docker.backend import DockerBackend
 from airflow_gpu_provider.backends.docker.images.dockerfile import CA_PATH, BuildOptions, derived_image_spec
 from airflow_gpu_provider.backends.docker.images.engine import ImageError, ensure_derived_image
@@ -117,9 +119,18 @@ def test_uv_pip_installed_in_the_image_and_a_pypi_requirement(task_log, wheel_di
     assert "+ six==1.16.0" in task_log[1].text
 
 
-def test_failing_requirement_install_is_a_clear_error_and_leaves_no_container(docker_client, task_log):
-    before = container_ids(docker_client)
-    image = ImageSettings(parent_image=BASE_IMAGE, requirements=["airflow-gpu-provider-no-such-package==9.9.9"])
+def _dangling(docker_client) -> set[str]:
+    return {i["Id"] for i in docker_client.images(all=True, filters={"dangling": True})}
+
+
+def test_failing_requirement_install_is_a_clear_error_and_leaves_no_container(docker_client, task_log, tmp_path):
+    before, images_before = container_ids(docker_client), _dangling(docker_client)
+    image = ImageSettings(
+        parent_image=BASE_IMAGE,
+        requirements=["airflow-gpu-provider-no-such-package==9.9.9"],
+        environment={"BUILD_NONCE": str(time.time_ns())},  # not a build input: the steps before RUN are cached
+        find_links=[str(tmp_path)],  # a new, empty wheel folder: steps before the install that no cache has
+    )
     backend = DockerBackend(DockerOptions.parse(OPTIONS), log=task_log[0])
     with pytest.raises(ImageError, match="Could not build the derived image") as excinfo:
         backend.run(backend.plan(request(image)), {})
@@ -127,6 +138,8 @@ def test_failing_requirement_install_is_a_clear_error_and_leaves_no_container(do
     assert "airflow-gpu-provider-no-such-package" in message  # the installer's own words are in the error
     assert "returned a non-zero code" in message
     assert container_ids(docker_client) == before
+    assert _dangling(docker_client) <= images_before  # nor the images of the steps that succeeded
+    assert list((Path(config.get("state_dir")) / "docker-builds").glob("*.lock")) == []  # no lock file piles up
 
 
 def test_unreachable_registry_push_is_a_clear_error(task_log, wheel_dir):

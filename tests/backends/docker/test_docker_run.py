@@ -293,3 +293,45 @@ def test_the_providers_device_isolation_wins_over_the_tasks_environment(task_log
     )
     value = run(task_log, request(call(add, 1), image=image, cpu_count=1)).return_value
     assert value["visible"] == "void"  # a CPU task never sees the host's GPUs
+
+
+WORKER = """
+import logging, sys
+from airflow_gpu_provider.backends import BACKENDS
+from airflow_gpu_provider.payload import command_envelope
+from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+from airflow_gpu_provider.task.request import TaskRequest
+logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+backend = BACKENDS["docker"].create({"state_dir": sys.argv[1]}, logging.getLogger("worker"))
+request = TaskRequest(ResourceSettings(), ImageSettings(parent_image=sys.argv[2]), command_envelope(["sleep", "300"]))
+backend.run(backend.plan(request), {})
+"""
+
+
+def test_a_container_whose_worker_was_killed_is_reaped_before_the_next_task(docker_client, task_log, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    worker = subprocess.Popen(
+        [sys.executable, "-c", WORKER, str(tmp_path), BASE_IMAGE], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    label = {"label": "airflow-gpu-provider.worker"}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        running = [
+            c for c in docker_client.containers(filters=label) if f":{worker.pid}:" in c["Labels"][label["label"]]
+        ]
+        if running:
+            break
+        time.sleep(0.2)
+    assert running, worker.stdout.read1().decode() if worker.stdout else ""
+    worker.send_signal(signal.SIGKILL)  # no chance to clean up: the container keeps running, its folder stays
+    worker.wait()
+    assert docker_client.inspect_container(running[0]["Id"])["State"]["Running"]
+    assert list((tmp_path / "docker-tasks").iterdir())
+
+    assert run(task_log, request(call(add, 1)), {"state_dir": str(tmp_path)}).return_value["sum"] == 2
+    assert not [c for c in docker_client.containers(all=True, filters=label) if c["Id"] == running[0]["Id"]]
+    assert "left running by a worker that died" in task_log[1].text
+    assert list((tmp_path / "docker-tasks").iterdir()) == []  # the killed worker's task folder too

@@ -129,3 +129,19 @@ def test_huge_lines_are_logged_in_pieces_and_progress_bars_stream(tmp_path, capl
     progress = [line for line in lines if line.endswith("%|") or "%|#" in line]
     assert len(progress) >= 3  # "\r" updates reach the log while the bar runs, not only at its end
     assert progress[-1].startswith("100%")
+
+
+def test_what_a_killed_worker_left_is_cleaned_by_the_next_task(tmp_path):
+    state = tmp_path / "state"
+    stale = state / "tasks" / "task-999999999-gone"  # a worker pid that does not exist any more
+    stale.mkdir(parents=True)
+    (stale / "envelope.json").write_text("{}")
+    state.chmod(0o700)
+    (state / "tasks").chmod(0o700)
+    local = backend(state)
+    assert local.run(local.plan(request(returns_one, gpus=0)), {}).return_value == 1
+    assert list((state / "tasks").iterdir()) == []
+
+
+def returns_one() -> int:
+    return 1

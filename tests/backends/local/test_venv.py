@@ -34,6 +34,7 @@ def test_uv_venv_holds_only_what_the_worker_lacks_and_is_reused(tmp_path, caplog
     with caplog.at_level(logging.INFO):
         python = ensure_venv(image, tmp_path, log)
     assert "Built virtualenv" in caplog.text
+    assert list(tmp_path.glob("*.lock")) == []  # lock files do not pile up
     assert "deprecated" not in caplog.text  # uv >= 0.11 is told UV_SYSTEM_CERTS, not the old UV_NATIVE_TLS
     names = {p.name.split("-")[0].lower() for p in site_packages(python).glob("*.dist-info")}
     assert "tomli_w" in names

@@ -7,7 +7,6 @@ pull and push progress to the task log. Run time only: DAG parsing never imports
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import io
 import logging
 import os
@@ -26,11 +25,12 @@ from docker.utils import parse_repository_tag
 from airflow_gpu_provider.backends.docker.images.dockerfile import INSTALL_STAGE, LABEL_PREFIX, DerivedImageSpec
 from airflow_gpu_provider.backends.docker.options import PullPolicy
 from airflow_gpu_provider.exceptions import GpuTaskError
-from airflow_gpu_provider.host.state import open_private, private_dir
+from airflow_gpu_provider.host.state import exclusive
 from airflow_gpu_provider.runtime.bootstrap import redact
 
 TAIL_LINES = 30
 _RUNNING_IN = re.compile(r"Running in ([0-9a-f]{12,64})")
+_STEP_IMAGE = re.compile(r"---> ([0-9a-f]{12,64})\b")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -119,19 +119,6 @@ def resolve_image(client: Any, reference: str, policy: PullPolicy | str, log: lo
         ) from None
 
 
-@contextlib.contextmanager
-def _host_lock(path: Path) -> Iterator[float]:
-    """Hold an exclusive ``flock`` on ``path`` (in the private state dir); yields the seconds spent waiting for it."""
-    private_dir(path.parent)
-    fd = open_private(path)
-    try:
-        started = time.monotonic()
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield time.monotonic() - started
-    finally:
-        os.close(fd)
-
-
 def _build_context(spec: DerivedImageSpec, handle: Any) -> None:
     """Write the build context (Dockerfile, uv, CA bundle, wheel directories) as a tar into ``handle``."""
     with tarfile.open(fileobj=handle, mode="w") as tar:
@@ -194,10 +181,23 @@ def build_image(client: Any, spec: DerivedImageSpec, tag: str, log: logging.Logg
             ) from None
         finally:
             if not built:  # failed or interrupted (task timeout): the step's container must not outlive it
-                _remove_containers(client, _RUNNING_IN.findall("\n".join(lines)), log)
+                output = "\n".join(lines)
+                _remove_containers(client, _RUNNING_IN.findall(output), log)
+                _remove_step_images(client, _STEP_IMAGE.findall(output), log)
             if spec.netrc:  # the install stage's images hold the credentials: none may stay on the engine
                 _remove_install_stage(client, log)
     log.info("Built derived image %s in %.1fs", tag, time.monotonic() - started)
+
+
+def _remove_step_images(client: Any, ids: list[str], log: logging.Logger) -> None:
+    """The images of the steps of a failed build (untagged ones only: the parent is not among them), newest first."""
+    for image_id in reversed(ids):
+        found = inspect_image(client, image_id)
+        if found is None or found.get("RepoTags"):
+            continue
+        with contextlib.suppress(NotFound, APIError):  # still used by another image: it stays with it
+            client.remove_image(image_id, noprune=True)
+            log.info("Removed the image %s of a step of the failed build", image_id)
 
 
 def _remove_install_stage(client: Any, log: logging.Logger) -> None:
@@ -248,7 +248,7 @@ def ensure_derived_image(
             return tag, False
         log.info("%s is not in the registry yet; building it", tag)
     lock = Path(lock_dir) / (re.sub(r"[^A-Za-z0-9_.-]", "_", tag) + ".lock")
-    with _host_lock(lock) as waited:
+    with exclusive(lock) as waited:
         if inspect_image(client, tag) is not None:
             log.info("Using derived image %s, built by another task while this one waited %.1fs", tag, waited)
             return tag, False
