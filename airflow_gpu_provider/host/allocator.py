@@ -101,7 +101,7 @@ class GpuAllocator:
                     info = json.loads(os.pread(fd, 4096, 0) or b"{}")
                 except ValueError:
                     info = {}
-                return f"{info.get('holder', 'unknown task')} (pid {info.get('pid', '?')})"
+                return _describe_holder(info)
             return None
         finally:
             os.close(fd)
@@ -169,6 +169,15 @@ class GpuAllocator:
         if taken:
             parts.append(f"busy: {'; '.join(taken)}")
         return ", ".join(parts)
+
+
+def _describe_holder(info: dict[str, object]) -> str:
+    """Who holds a lock, and for how long: the worker that took it, or what it left running when it is gone."""
+    holder, pid, since = info.get("holder", "an unknown task"), info.get("pid", "?"), info.get("since")
+    held = f", for {time.time() - since:.0f}s" if isinstance(since, (int, float)) else ""
+    if str(pid).isdigit() and not Path(f"/proc/{pid}").exists():
+        return f"a process left by {holder} (its worker, pid {pid}, has exited{held})"
+    return f"{holder} (pid {pid}{held})"
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,7 @@ def test_sigkilled_holder_gpus_are_reusable(tmp_path):
     proc, _ = _start_holder(tmp_path, "alone")
     try:
         assert allocator.try_acquire(DEVICES[:2], 1, "other") is None
-        assert "dag.task run r1" in allocator.holder_of(DEVICES[0])
+        assert allocator.holder_of(DEVICES[0]).startswith(f"dag.task run r1 (pid {proc.pid}, for ")
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -110,6 +110,8 @@ def test_lock_lives_as_long_as_the_task_process_that_inherited_it(tmp_path):
     proc.wait()
     try:
         assert allocator.try_acquire(DEVICES[:2], 1, "other") is None, "the orphaned task process still runs"
+        holder = allocator.holder_of(DEVICES[0])
+        assert holder.startswith(f"a process left by dag.task run r1 (its worker, pid {proc.pid}, has exited, for ")
     finally:
         os.kill(child_pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
