@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk.bases.decorator import DecoratedOperator, task_decorator_factory
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.listeners.gpu_pool import with_gpu_pool
 from airflow_gpu_provider.operators.gpu_step import (
     RESOURCE_SHORTCUTS,
     GpuStepOperator,
-    pool_arguments,
     resolve_resources,
 )
 from airflow_gpu_provider.settings import ResourceSettings
@@ -123,6 +123,5 @@ def mappable_arguments(kwargs: dict[str, Any]) -> dict[str, Any]:
     kwargs = dict(kwargs)
     shortcuts = {name: kwargs.pop(name) for name in RESOURCE_SHORTCUTS if kwargs.get(name) is not None}
     settings, templated = resolve_resources(kwargs.pop("resources", None), shortcuts, owner="@task.gpu")
-    if "pool" not in kwargs:
-        kwargs.update(pool_arguments(settings, templated))
+    kwargs = with_gpu_pool(settings, templated, kwargs)
     return {**kwargs, **templated, "resource_settings": settings}

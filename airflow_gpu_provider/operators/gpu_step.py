@@ -13,6 +13,7 @@ from airflow.sdk import BaseOperator
 from airflow_gpu_provider import config
 from airflow_gpu_provider.backends import BACKENDS, BackendInfo
 from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.listeners.gpu_pool import with_gpu_pool
 from airflow_gpu_provider.payload import call_arguments, callable_envelope, command_envelope, shipped_callable
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.settings.image import check_environment
@@ -63,19 +64,6 @@ def _check_arguments(owner: str, function: Callable[..., Any], args: Sequence[An
             owner, "op_args/op_kwargs", {"op_args": list(args), "op_kwargs": dict(kwargs)}, str(err),
             f"the parameters of {function.__name__}{signature}",
         ) from None  # fmt: skip
-
-
-def pool_arguments(resources: ResourceSettings, overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """``pool`` and ``pool_slots`` of a GPU task under ``[gpu] pool``; empty when unset or no GPU is asked for.
-
-    A templated ``gpu_count`` is known only when the task runs, after the scheduler took the slots: it takes one.
-    """
-    pool = config.get("pool")
-    templated = "gpu_count" in overrides
-    if not pool or not (resources.requests_gpus or templated):
-        return {}
-    count = resources.gpu_count
-    return {"pool": pool, "pool_slots": count if isinstance(count, int) and not templated else 1}
 
 
 class GpuStepOperator(BaseOperator):
@@ -200,9 +188,7 @@ class GpuStepOperator(BaseOperator):
         self.environment = check_environment(owner, "environment", environment or {})
         self._running_backend: Backend[Any, Any] | None = None
 
-        if "pool" not in kwargs:
-            kwargs = {**pool_arguments(self.resource_settings, self.resource_overrides), **kwargs}
-        super().__init__(**kwargs)
+        super().__init__(**with_gpu_pool(self.resource_settings, self.resource_overrides, kwargs))
 
     # ------------------------------------------------------------------ execution
     def build_envelope(self, context: Context, resources: ResourceSettings) -> dict[str, Any]:

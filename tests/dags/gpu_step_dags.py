@@ -131,6 +131,17 @@ with DAG("gpu_pool_check", schedule=None, start_date=START):
     )
     GpuStepOperator(task_id="from_config", python_callable=add, op_args=[1, 1], gpu_count=4)  # [gpu] pool
 
+with DAG("gpu_pool_all", schedule=None, start_date=START):
+    GpuStepOperator(
+        task_id="whole_host", python_callable=add, op_args=[1, 1], gpu_count="all", executor_config={"mine": 1}
+    )
+
+    @task.gpu(gpu_count="all")
+    def mapped_whole_host(x: int) -> int:
+        return x
+
+    mapped_whole_host.expand(x=[1, 2])
+
 with DAG("cuda_listener", schedule=None, start_date=START):
     from airflow.sdk import task
 

@@ -76,6 +76,32 @@ def test_tasks_that_could_never_get_their_gpu_pool_slots_fail_with_a_note(monkey
                 assert ti.note is None
 
 
+@pytest.mark.parametrize("pool_size", [3, 0])
+def test_all_gpus_take_every_slot_of_the_pool(monkeypatch, pool_size):
+    """gpu_count="all" takes the whole pool (the policy sizes it in the scheduler); an empty pool fails it."""
+    from airflow.models.pool import Pool
+    from airflow.utils.session import create_session
+
+    monkeypatch.setenv("AIRFLOW__GPU__POOL", "test_gpu_pool")
+    with create_session() as session:
+        Pool.create_or_update_pool("test_gpu_pool", pool_size, "GPUs", include_deferred=False, session=session)
+    with create_session() as session:
+        dag_run = _running_dag_run("gpu_pool_all", session)
+        failed = fail_unschedulable_gpu_tasks(dag_run, session)
+        tis = dag_run.get_task_instances(session=session)
+        assert {ti.task_id for ti in tis} == {"whole_host", "mapped_whole_host"}
+        assert {(ti.pool, ti.pool_slots) for ti in tis} == {("test_gpu_pool", pool_size or 1)}
+        whole_host = next(ti for ti in tis if ti.task_id == "whole_host")
+        assert whole_host.executor_config["mine"] == 1, "the task's own executor_config is kept"
+        # A cleared or newly mapped task instance is refreshed through the policy (the airflow.policy entry point)
+        from airflow.settings import task_instance_mutation_hook
+
+        whole_host.pool_slots = 1
+        task_instance_mutation_hook(whole_host, dag_run=dag_run)
+        assert whole_host.pool_slots == (pool_size or 1)
+    assert set(failed) == (set() if pool_size else {"whole_host", "mapped_whole_host"})
+
+
 def test_cuda_cache_listener_runs_after_tasks_that_loaded_torch(capfd):
     dr = run_dag(load_dag(DAG_FILE, "cuda_listener"))
     assert task_states(dr) == {"in_process_torch": "success"}

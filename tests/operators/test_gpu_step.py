@@ -20,6 +20,7 @@ from airflow_gpu_provider.backends.local.options import LocalOptions
 from airflow_gpu_provider.exceptions import InvalidSettingError, RemoteTaskError, UnknownSettingError
 from airflow_gpu_provider.host.allocator import GpuAllocator
 from airflow_gpu_provider.host.inventory import Device
+from airflow_gpu_provider.listeners.gpu_pool import ALL_SLOTS_KEY
 from airflow_gpu_provider.payload import callable_envelope, shipped_callable
 from airflow_gpu_provider.task.request import TaskRequest
 
@@ -141,7 +142,9 @@ def test_gpu_pool_slots_follow_gpu_count(monkeypatch):
         two = GpuStepOperator(task_id="two", python_callable=add, op_args=[1, 1], gpu_count=2)
         cpu = GpuStepOperator(task_id="cpu", python_callable=add, op_args=[1, 1])
         own = GpuStepOperator(task_id="own", python_callable=add, op_args=[1, 1], gpu_count=1, pool="mine")
+        every = GpuStepOperator(task_id="all", python_callable=add, op_args=[1, 1], gpu_count="all")
     assert (two.pool, two.pool_slots) == ("gpu", 2)
+    assert (every.pool, every.pool_slots, every.executor_config) == ("gpu", 1, {ALL_SLOTS_KEY: "all"})
     assert cpu.pool == "default_pool"
     assert own.pool == "mine"
 
