@@ -5,6 +5,8 @@
 # Optional:
 #   make airflow - start a real local Airflow (standalone) with the provider, dags/ and a GPU pool
 #                  (AIRFLOW_PORT=8080; AIRFLOW_ARGS="--devices 0,1" to list GPUs by hand)
+#   make reliability - run the failure matrix (every backend x every way a task ends, leftovers counted),
+#                  print it and write it to docs/reliability.md
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := $(CURDIR)/.venv
@@ -20,7 +22,7 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 export AIRFLOW__GPU__STATE_DIR ?= $(AIRFLOW_HOME)/gpu-state
 
-.PHONY: venv demo test lint bench clean airflow
+.PHONY: venv demo test lint bench clean airflow reliability
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +45,9 @@ airflow: venv
 
 test: venv
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+reliability: venv
+	AIRFLOW_GPU_RELIABILITY_REPORT=$(CURDIR)/docs/reliability.md $(PY) -m pytest tests/reliability -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

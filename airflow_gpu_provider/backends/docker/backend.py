@@ -24,10 +24,11 @@ from airflow_gpu_provider.backends.docker.images.catalogue import cpu_only_reaso
 from airflow_gpu_provider.backends.docker.images.dockerfile import derived_image_spec, worker_uv
 from airflow_gpu_provider.backends.docker.images.engine import ensure_derived_image, resolve_image
 from airflow_gpu_provider.backends.docker.options import DockerOptions, mount_source_problem
-from airflow_gpu_provider.backends.docker.orphans import WORKER_LABEL, reap_orphans, worker_identity
+from airflow_gpu_provider.backends.docker.orphans import WORKER_LABEL, reap_orphans
 from airflow_gpu_provider.backends.docker.plan import DockerPlan, plan_container
 from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError
 from airflow_gpu_provider.host.allocator import Allocation
+from airflow_gpu_provider.host.workers import worker_identity
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.settings.units import format_bytes
 from airflow_gpu_provider.task.environment import summary

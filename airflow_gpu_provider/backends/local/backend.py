@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.backends.base import Backend
 from airflow_gpu_provider.backends.local.options import LocalOptions
-from airflow_gpu_provider.backends.local.process import TaskProcess
+from airflow_gpu_provider.backends.local.process import TaskProcess, reap_orphans
 from airflow_gpu_provider.backends.local.venv import ensure_venv
 from airflow_gpu_provider.host.allocator import HostGpus
 from airflow_gpu_provider.host.state import private_dir, stale_folders
@@ -77,6 +77,7 @@ class LocalBackend(Backend[LocalOptions, LocalPlan]):
             python = ensure_venv(request.image, Path(plan.host.state_dir) / "venvs", self.log)
             image_name += f" + venv {python.parent.parent.name}"
 
+        reap_orphans(self.log)  # before any GPU is taken: a dead worker's task process may still hold it
         allocation = plan.host.allocate(request, backend=self.name, log=self.log)
         survivors: list[int] = []
         try:

@@ -5,6 +5,9 @@ them all in ``/proc``, also those that left the process group with ``setsid`` or
 process ends, whatever it left running is stopped (SIGTERM, then SIGKILL after the grace period); the GPUs are
 released only when none of them is left. The worker waits for the task process, not for the end of its output: a
 background child that keeps the pipe open cannot hang the task.
+
+The token starts with the worker's identity: what a worker killed with SIGKILL left running (still holding its GPUs)
+is stopped by the next local task on the host, :func:`reap_orphans`.
 """
 
 from __future__ import annotations
@@ -20,22 +23,58 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from airflow_gpu_provider.host.workers import is_dead, worker_identity
 from airflow_gpu_provider.task.output import stream
 
 TOKEN_VARIABLE = "AIRFLOW_GPU_TASK"  # noqa: S105 - the name of a variable, not a secret
+_PREFIX = f"{TOKEN_VARIABLE}=".encode()
 
 
-def tree(token: str) -> list[int]:
-    """Every process of this host (this user may see) that carries ``token``."""
-    marker = f"{TOKEN_VARIABLE}={token}".encode()
-    found = []
+def _tokens() -> dict[int, str]:
+    """``{pid: token}`` of every process of this host that carries a token (and this user may read)."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError):
-            if marker in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
+            for variable in (entry / "environ").read_bytes().split(b"\0"):
+                if variable.startswith(_PREFIX):
+                    found[int(entry.name)] = variable[len(_PREFIX) :].decode(errors="replace")
+                    break
     return found
+
+
+def tree(token: str) -> list[int]:
+    """Every process of this host (this user may see) that carries ``token``."""
+    return [pid for pid, found in _tokens().items() if found == token]
+
+
+def reap_orphans(log: logging.Logger, grace: float = 5.0) -> list[int]:
+    """Stop the task processes that dead workers of this host left running; return their pids.
+
+    They still hold the GPU locks they inherited; when this returns, those locks are free.
+    """
+    orphans = [pid for pid, token in _tokens().items() if is_dead(token.rsplit("/", 1)[0])]
+    if not orphans:
+        return []
+    log.warning("Stopping processes %s, left running by a worker that died", orphans)
+    _signal(orphans, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(_running(pid) for pid in orphans) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _signal(orphans, signal.SIGKILL)
+    deadline = time.monotonic() + 30  # SIGKILL is not instant for a process in the GPU driver
+    while any(_running(pid) for pid in orphans) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return orphans
+
+
+def _running(pid: int) -> bool:
+    """Whether a process runs (a zombie, which holds no descriptor, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _signal(pids: Sequence[int], sig: signal.Signals) -> None:
@@ -61,7 +100,7 @@ class TaskProcess:
         log: logging.Logger,
         kill_grace: float,
     ) -> None:
-        self.token = uuid.uuid4().hex
+        self.token = f"{worker_identity()}/{uuid.uuid4().hex}"
         self.kill_grace = kill_grace
         self.process = subprocess.Popen(
             list(argv),

@@ -1,8 +1,8 @@
 """Run a rendered pod's containers in Docker, in the kubelet's order: init containers, then the main container.
 
-This checks what the generated commands, arguments, environment and volumes do inside a real container with a real
-Python; it is *not* Kubernetes (no scheduler, no device plugin, no XCom sidecar: the ``xcom`` emptyDir is read
-from the host afterwards, as the sidecar would read it).
+This checks what the generated commands, arguments, environment, volumes and limits (memory and CPU, as the kubelet's
+cgroup would apply them) do inside a real container with a real Python; it is *not* Kubernetes (no scheduler, no
+device plugin, no XCom sidecar: the ``xcom`` emptyDir is read from the host afterwards, as the sidecar would read it).
 """
 
 from __future__ import annotations
@@ -66,6 +66,12 @@ def _docker_argv(
         argv += ["--cap-drop", capability]
     if shm:
         argv += ["--shm-size", str(int(parse_quantity(shm)))]
+    limits = (container.get("resources") or {}).get("limits") or {}
+    if "memory" in limits:  # as the kubelet's cgroup: no swap beyond the limit, the OOM killer at it
+        memory = str(int(parse_quantity(limits["memory"])))
+        argv += ["--memory", memory, "--memory-swap", memory]
+    if "cpu" in limits:
+        argv += ["--cpus", str(float(parse_quantity(limits["cpu"])))]
     for mount in container.get("volumeMounts") or []:
         if mount["mountPath"] == "/dev/shm":
             continue

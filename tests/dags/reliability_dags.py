@@ -1,0 +1,134 @@
+"""DAGs of the failure matrix (tests/reliability): one per backend and scenario, each run by a worker process.
+
+``reliability_<backend>_<scenario>``: one GpuStepOperator that asks for a GPU of the host's configured inventory
+(``AIRFLOW__GPU__DEVICES``, set by the matrix) and does what the scenario says. No retries: one try per run.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any
+
+from airflow.sdk import DAG
+
+from airflow_gpu_provider import GpuStepOperator, ImageSettings
+
+START = datetime.datetime(2024, 1, 1)
+BASE_IMAGE = os.environ.get("AIRFLOW_GPU_TEST_BASE_IMAGE", "airflow-gpu-base:bookworm")
+MISSING_PACKAGE = "airflow-gpu-provider-no-such-package==0.0.1"
+
+
+def succeeds() -> int:
+    return 42
+
+
+def raises() -> None:
+    raise ValueError("the scenario's own error")
+
+
+def exits_abruptly() -> None:
+    import os
+
+    os._exit(7)  # no result, no exception: the process is gone
+
+
+def runs_out_of_memory() -> None:
+    import resource
+
+    # The container's limit stops Docker and Kubernetes tasks first; the local backend does not enforce memory,
+    # so the scenario caps its own address space there (the host's memory is not the test's to exhaust).
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+    hog = []
+    while True:
+        hog.append(bytearray(32 << 20))
+
+
+def sleeps() -> None:
+    import time
+
+    print("sleeping", flush=True)
+    time.sleep(600)
+
+
+def sleeps_beside_a_setsid_grandchild() -> None:
+    import subprocess
+    import time
+
+    # The task process dies with its worker (PR_SET_PDEATHSIG); a grandchild out of its session does not.
+    subprocess.Popen(["sleep", "600"], start_new_session=True, stdout=subprocess.DEVNULL)
+    print("sleeping", flush=True)
+    time.sleep(600)
+
+
+def leaves_a_background_child() -> str:
+    import subprocess
+
+    subprocess.Popen(["sleep", "600"])  # inherits stdout: the pipe stays open after the function returns
+    return "done"
+
+
+def leaves_a_setsid_grandchild() -> str:
+    import subprocess
+
+    subprocess.Popen(["sleep", "600"], start_new_session=True, stdout=subprocess.DEVNULL)
+    return "done"
+
+
+def prints_a_flood() -> int:
+    import sys
+
+    sys.stdout.write("x" * 16_000_000 + "\n")  # one 16 MB line
+    for i in range(20_000):
+        sys.stdout.write(f"line {i}\r" if i % 2 else f"line {i}\n")
+    sys.stdout.flush()
+    return 1
+
+
+#: scenario -> the operator arguments that make it (on top of the common ones)
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "success": {"python_callable": succeeds},
+    "exception": {"python_callable": raises},
+    "non-zero exit": {"command": ["python3", "-c", "import sys; sys.exit(3)"]},
+    "os._exit": {"python_callable": exits_abruptly},
+    "out of memory": {"python_callable": runs_out_of_memory, "memory": "256Mi"},
+    "execution_timeout": {"python_callable": sleeps, "execution_timeout": datetime.timedelta(seconds=4)},
+    "on_kill": {"python_callable": sleeps},
+    "worker SIGKILL": {"python_callable": sleeps_beside_a_setsid_grandchild},
+    "background child": {"python_callable": leaves_a_background_child},
+    "setsid grandchild": {"python_callable": leaves_a_setsid_grandchild},
+    "huge output": {"python_callable": prints_a_flood},
+    "missing GPU": {"python_callable": succeeds, "gpu_count": 3, "on_missing_gpu": "fail"},
+    "failed install": {"python_callable": succeeds, "requirements": [MISSING_PACKAGE]},
+}
+
+
+def dag_id(backend: str, scenario: str) -> str:
+    """The DAG of one cell of the matrix."""
+    return f"reliability_{backend}_{scenario.replace(' ', '_').replace('.', '_')}"
+
+
+def operator_arguments(backend: str, scenario: str) -> dict[str, Any]:
+    """Everything the cell's GpuStepOperator is given (the Kubernetes cells render it instead of running it)."""
+    arguments: dict[str, Any] = {
+        "task_id": "task",
+        "backend": backend,
+        "gpu_count": 1,
+        "on_missing_gpu": "cpu",  # a GPU of the configured inventory, or the CPU where it cannot be used
+        "retries": 0,
+        **SCENARIOS[scenario],
+    }
+    if backend != "local":
+        requirements = arguments.pop("requirements", [])
+        arguments["image"] = ImageSettings(parent_image=BASE_IMAGE, requirements=requirements)
+    if backend == "docker":
+        arguments["backend_options"] = {"stop_timeout": 2}
+    if backend == "local":
+        arguments["backend_options"] = {"kill_grace": 2}
+    return arguments
+
+
+for _backend in ("local", "docker"):
+    for _scenario in SCENARIOS:
+        with DAG(dag_id(_backend, _scenario), schedule=None, start_date=START, tags=["reliability"]):
+            GpuStepOperator(**operator_arguments(_backend, _scenario))

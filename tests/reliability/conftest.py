@@ -1,0 +1,50 @@
+"""Collects the failure matrix's cells and prints them as one table at the end of the session.
+
+With ``AIRFLOW_GPU_RELIABILITY_REPORT=<file>`` (``make reliability``), the table is also written to that file.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+from pathlib import Path
+
+import pytest
+from matrix import Cell, table
+
+_RESULTS: list[Cell] = []
+REPORT_HEADER = """# Reliability: the failure matrix
+
+Every backend through every way a task can end (`tests/reliability/`), and what each one left behind: processes
+carrying a task token, the provider's containers, held GPU locks, task folders and temp dirs, images. Every count
+must be 0. Local and Docker cells run a real Airflow worker (`dag.test()`) on a host with two configured GPUs (no
+NVIDIA runtime here: Docker tasks fall back to the CPU, after the allocator handed them a GPU); Kubernetes cells run
+the rendered pod's containers in Docker. Regenerate with `make reliability`.
+
+"""
+
+
+@pytest.fixture(scope="session")
+def matrix_results() -> list[Cell]:
+    return _RESULTS
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _RESULTS:
+        return
+    text = table(sorted(_RESULTS, key=_order))
+    terminalreporter.write_sep("=", "failure matrix")
+    terminalreporter.write_line(text)
+    report = os.environ.get("AIRFLOW_GPU_RELIABILITY_REPORT")
+    if report:
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        where = f"Last run: {stamp}, {platform.system()} {platform.machine()}, Python {platform.python_version()}.\n\n"
+        Path(report).write_text(REPORT_HEADER + where + text + "\n")
+        terminalreporter.write_line(f"written to {report}")
+
+
+def _order(cell: Cell) -> tuple[int, int]:
+    from matrix import BACKENDS, SCENARIOS
+
+    return list(SCENARIOS).index(cell.scenario), BACKENDS.index(cell.backend)

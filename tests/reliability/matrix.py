@@ -1,0 +1,308 @@
+"""The failure matrix: every backend through every way a task can end, and what each one leaves behind.
+
+Local and Docker cells run a real Airflow worker (``worker.py``: ``dag.test()``, the real task runner) on a DAG of
+``tests/dags/reliability_dags.py``, in a fresh state dir with two configured GPUs. The matrix signals that worker
+as Airflow would (SIGTERM: on_kill) or as the kernel would (SIGKILL, then a re-run of the task on the same host).
+Kubernetes cells render the task's pod with the real provider code and run its containers in Docker
+(``pod_in_docker``); the cells that need a Kubernetes API server are reported as not run, with the reason.
+
+After each cell the leftovers are counted against a snapshot taken before it: processes carrying a task token,
+the provider's containers, held GPU locks, task folders and temp dirs, and images (the provider's and dangling
+ones: a failed build's steps). Every count must be 0. The counts are differences, so the host and its Docker engine
+should be otherwise idle while the matrix runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS / "dags"))
+sys.path.insert(0, str(TESTS / "backends" / "kubernetes"))
+
+from reliability_dags import SCENARIOS, dag_id, operator_arguments  # noqa: E402
+
+BACKENDS = ("local", "docker", "kubernetes")
+LEFTOVERS = ("processes", "containers", "GPU locks", "temp dirs", "images")
+DEVICES = ("0", "1")
+PROVIDER_LABELS = ("airflow-gpu-provider", "airflow-gpu-provider.derived", "airflow-gpu-provider.worker")
+POD_LABEL = "airflow-gpu-provider-test=pod-in-docker"
+TMP_PREFIXES = ("airflow-gpu-netrc-", "airflow-gpu-ranks-", "pod-in-docker-")  # the provider's and the harness's
+WORKER_TIMEOUT = 240
+
+#: scenario -> (state the task must end in, what its log must show: one pattern per backend, or one for all)
+EXPECTED: dict[str, tuple[str, str | dict[str, str]]] = {
+    "success": ("success", ""),
+    "exception": ("failed", r"ValueError.*the scenario's own error"),
+    "non-zero exit": ("failed", r"exited with status 3"),
+    "os._exit": ("failed", r"status 7"),
+    "out of memory": ("failed", {"local": r"MemoryError", "docker": r"out of memory", "kubernetes": r"status 137"}),
+    "execution_timeout": ("failed", r"AirflowTaskTimeout|Timeout"),
+    "on_kill": ("failed", {"local": r"status -15", "docker": r"status 1?43|Killing|stopp"}),
+    "worker SIGKILL": ("success", r"left running by a worker that died"),
+    "background child": ("success", ""),
+    "setsid grandchild": ("success", ""),
+    "huge output": ("success", ""),
+    "missing GPU": ("failed", r"Requested 3x nvidia GPU but this host has 2 GPU"),
+    "failed install": ("failed", r"airflow-gpu-provider-no-such-package"),
+}
+
+#: Kubernetes cells that need an API server (none can be had here): why, and what covers them instead
+NEEDS_API_SERVER = {
+    "execution_timeout": "KPO deletes the pod on timeout: needs an API server",
+    "on_kill": "KPO deletes the pod in on_kill: needs an API server",
+    "worker SIGKILL": "the pod outlives its worker by design; KPO's reattach/cleanup needs an API server",
+    "missing GPU": "an unschedulable pod stays Pending (pending.py reads its events): needs a scheduler",
+}
+
+
+@dataclass
+class Cell:
+    """One run of the matrix: what happened, what it should have been, and what it left."""
+
+    backend: str
+    scenario: str
+    state: str = "not run"
+    expected_state: str = ""
+    evidence: bool = False
+    leftovers: dict[str, list[str]] = field(default_factory=dict)
+    seconds: float = 0.0
+    note: str = ""
+    log: str = ""
+
+    @property
+    def ran(self) -> bool:
+        return self.state != "not run"
+
+    @property
+    def ok(self) -> bool:
+        return self.ran and self.state == self.expected_state and self.evidence and not any(self.leftovers.values())
+
+    def counts(self) -> dict[str, int]:
+        return {name: len(self.leftovers.get(name, ())) for name in LEFTOVERS}
+
+
+# ----------------------------------------------------------------------------------------------- leftovers
+def _token_processes() -> set[str]:
+    """Processes of this user that carry a task token (the local backend's task trees)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if b"AIRFLOW_GPU_TASK=" in (entry / "environ").read_bytes():
+                    stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                    if stat[0] != "Z":
+                        found.add(f"pid {entry.name}")
+            except OSError:
+                continue
+    return found
+
+
+def _docker(*args: str) -> list[str]:
+    done = subprocess.run(["docker", *args], capture_output=True, text=True, check=False)
+    return done.stdout.split() if done.returncode == 0 else []
+
+
+def _containers() -> set[str]:
+    labels = [*PROVIDER_LABELS, POD_LABEL]
+    return {f"container {c[:12]}" for label in labels for c in _docker("ps", "-aq", "--filter", f"label={label}")}
+
+
+def _images() -> set[str]:
+    dangling = _docker("images", "-aq", "--filter", "dangling=true")
+    derived = _docker("images", "-aq", "--filter", "label=airflow-gpu-provider.derived")
+    return {f"image {i[:12]}" for i in dangling + derived}
+
+
+def _locks(state_dir: Path) -> set[str]:
+    from airflow_gpu_provider.host.allocator import GpuAllocator
+    from airflow_gpu_provider.host.inventory import Device
+
+    allocator = GpuAllocator(state_dir / "locks")
+    return {f"GPU {d}: {holder}" for d in DEVICES if (holder := allocator.holder_of(Device(d))) is not None}
+
+
+def _temp_dirs(state_dir: Path) -> set[str]:
+    found = {str(p) for folder in ("tasks", "docker-tasks", "venvs") for p in (state_dir / folder).glob("*")}
+    tmp = Path(tempfile.gettempdir())
+    return found | {str(p) for prefix in TMP_PREFIXES for p in tmp.glob(f"{prefix}*") if p.owner() == _user()}
+
+
+def _user() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def snapshot(state_dir: Path) -> dict[str, set[str]]:
+    """Everything that counts as a leftover, as it is now."""
+    return {
+        "processes": _token_processes(),
+        "containers": _containers(),
+        "GPU locks": _locks(state_dir),
+        "temp dirs": _temp_dirs(state_dir),
+        "images": _images(),
+    }
+
+
+def _settle(state_dir: Path, before: dict[str, set[str]], timeout: float = 10) -> dict[str, list[str]]:
+    """What appeared since ``before`` and is still there (a removal in flight gets ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        after = snapshot(state_dir)
+        left = {name: sorted(after[name] - before[name]) for name in LEFTOVERS}
+        if not any(left.values()) or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+# ----------------------------------------------------------------------------------------------- workers
+def _environment(state_dir: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "AIRFLOW__GPU__DEVICES": ",".join(DEVICES),
+        "AIRFLOW__GPU__STATE_DIR": str(state_dir),
+        "AIRFLOW__GPU__POOL": "",
+    }
+
+
+def _started(backend: str, worker_pid: int) -> bool:
+    """Whether the worker's task runs: its task process (local) or its container (Docker)."""
+    identity = f"{socket.gethostname()}:{worker_pid}:"
+    if backend == "local":
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if f"AIRFLOW_GPU_TASK={identity}".encode() in (entry / "environ").read_bytes():
+                        return True
+                except OSError:
+                    continue
+        return False
+    labels = _docker(
+        "ps", "--filter", "label=airflow-gpu-provider.worker", "--format", '{{.Label "airflow-gpu-provider.worker"}}'
+    )
+    return any(label.startswith(identity) for label in labels)
+
+
+def run_worker(
+    backend: str, scenario: str, state_dir: Path, *, interrupt: signal.Signals | None = None
+) -> tuple[str, str]:
+    """Run one cell's DAG in a worker process; ``interrupt`` it once its task runs. Return (task state, log)."""
+    worker = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("worker.py")), dag_id(backend, scenario)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=_environment(state_dir),
+    )
+    try:
+        if interrupt is not None:
+            deadline = time.monotonic() + 120
+            while not _started(backend, worker.pid) and worker.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(2)  # into the scenario's function
+            worker.send_signal(interrupt)
+        out, _ = worker.communicate(timeout=WORKER_TIMEOUT)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+    log = out.decode(errors="replace")
+    found = re.findall(r"^MATRIX-STATE (\S+)$", log, flags=re.MULTILINE)
+    return (found[-1] if found else f"worker exit {worker.returncode}"), log
+
+
+def _run_kubernetes(scenario: str) -> tuple[str, str]:
+    """Render the cell's pod with the real provider code and run its containers in Docker."""
+    from airflow.sdk import DAG
+    from pod_in_docker import run_pod
+
+    from airflow_gpu_provider import GpuStepOperator
+    from airflow_gpu_provider.exceptions import GpuTaskError
+    from airflow_gpu_provider.task.request import result_value
+
+    with DAG(dag_id("kubernetes", scenario), schedule=None):
+        task = GpuStepOperator(**operator_arguments("kubernetes", scenario))
+    [pod] = task.render_manifests()
+    run = run_pod(pod)
+    log = "\n".join(f"--- {name} (exit {run.exit_codes[name]})\n{text}" for name, text in run.logs.items())
+    failed_init = [name for name, code in run.exit_codes.items() if code != 0 and name != "base"]
+    if failed_init or "base" not in run.exit_codes:
+        return "failed", log
+    try:
+        result_value(run.result, run.exit_codes["base"], where="the pod")
+    except GpuTaskError as err:
+        return "failed", f"{log}\n{err}"
+    return "success", log
+
+
+def run_cell(backend: str, scenario: str, work: Path) -> Cell:
+    """Run one cell and count its leftovers."""
+    expected_state, pattern = EXPECTED[scenario]
+    cell = Cell(backend, scenario, expected_state=expected_state)
+    if backend == "kubernetes" and scenario in NEEDS_API_SERVER:
+        cell.note = NEEDS_API_SERVER[scenario]
+        return cell
+    state_dir = work / f"{backend}-{dag_id(backend, scenario)}"
+    before = snapshot(state_dir)
+    started = time.monotonic()
+    if backend == "kubernetes":
+        cell.state, cell.log = _run_kubernetes(scenario)
+    elif scenario == "on_kill":
+        cell.state, cell.log = run_worker(backend, scenario, state_dir, interrupt=signal.SIGTERM)
+    elif scenario == "worker SIGKILL":
+        killed, first = run_worker(backend, scenario, state_dir, interrupt=signal.SIGKILL)
+        cell.note = f"killed worker: {killed}; then the task ran again"
+        cell.state, rerun = run_worker(backend, "success", state_dir)  # the retry, on the same host
+        cell.log = f"{first}\n--- re-run ---\n{rerun}"
+    else:
+        cell.state, cell.log = run_worker(backend, scenario, state_dir)
+    cell.seconds = time.monotonic() - started
+    wanted = pattern.get(backend, "") if isinstance(pattern, dict) else pattern
+    cell.evidence = not wanted or re.search(wanted, cell.log) is not None
+    cell.leftovers = _settle(state_dir, before)
+    return cell
+
+
+def cells(backends: tuple[str, ...] = BACKENDS) -> list[tuple[str, str]]:
+    """Every (backend, scenario) of the matrix, scenario-major."""
+    return [(backend, scenario) for scenario in SCENARIOS for backend in backends]
+
+
+# ----------------------------------------------------------------------------------------------- report
+def table(results: list[Cell]) -> str:
+    """The matrix as a Markdown table: one row per cell, the leftover counts, and a verdict."""
+    head = ["scenario", "backend", "task", *LEFTOVERS, "seconds", "verdict"]
+    rows = [head, ["---"] * len(head)]
+    for cell in results:
+        counts = cell.counts()
+        verdict = "ok" if cell.ok else ("not run: " + cell.note if not cell.ran else "FAILED")
+        rows.append(
+            [
+                cell.scenario,
+                cell.backend,
+                cell.state if cell.ran else "-",
+                *(str(counts[name]) if cell.ran else "-" for name in LEFTOVERS),
+                f"{cell.seconds:.1f}" if cell.ran else "-",
+                verdict,
+            ]
+        )
+    return "\n".join("| " + " | ".join(row) + " |" for row in rows)
+
+
+def describe_failure(cell: Cell) -> str:
+    """Why a cell failed, for the assertion message."""
+    lines = [f"{cell.backend} / {cell.scenario}: task {cell.state} (expected {cell.expected_state})"]
+    if not cell.evidence:
+        lines.append(f"the log lacks {EXPECTED[cell.scenario][1]!r}")
+    lines += [f"left: {name}: {items}" for name, items in cell.leftovers.items() if items]
+    lines.append("log tail:\n" + "\n".join(cell.log.splitlines()[-40:]))
+    return "\n".join(lines)
