@@ -13,12 +13,15 @@ import contextlib
 import errno
 import fcntl
 import os
+import shutil
 import stat
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from airflow_gpu_provider.exceptions import GpuTaskError
+from airflow_gpu_provider.host.workers import is_dead, worker_identity
 
 
 class UntrustedStateError(GpuTaskError):
@@ -45,13 +48,30 @@ def check_owned(path: Path, info: os.stat_result, *, directory: bool) -> None:
 
 
 def private_dir(path: str | os.PathLike[str]) -> Path:
-    """The folder ``path``, created 0700 if missing (parents too), else checked: the worker's own, private to it."""
+    """The folder ``path``, created 0700 if missing (parents too), else checked: the worker's own, private to it.
+
+    Its parent (the state dir, for the folders in it) must not let others rename or replace it: the worker's or
+    root's, and writable by nobody else unless sticky (``/var/tmp``).
+    """
     folder = Path(path)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(folder, 0o700)
+    _make_private(folder.parent)
+    parent = os.stat(folder.parent)
+    if parent.st_uid not in (os.geteuid(), 0):
+        raise _refuse(folder.parent, f"it belongs to uid {parent.st_uid}, who may replace {folder.name} in it")
+    if parent.st_mode & 0o022 and not parent.st_mode & stat.S_ISVTX:
+        mode = stat.S_IMODE(parent.st_mode)
+        raise _refuse(folder.parent, f"others may write to it (mode {mode:04o}) and replace {folder.name} in it")
+    _make_private(folder)
     check_owned(folder, os.lstat(folder), directory=True)
     return folder
+
+
+def _make_private(folder: Path) -> None:
+    """Create ``folder`` and its missing parents 0700."""
+    if not os.path.lexists(folder):
+        _make_private(folder.parent)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, 0o700)
 
 
 def open_private(path: str | os.PathLike[str], flags: int = os.O_RDWR | os.O_CREAT) -> int:
@@ -99,11 +119,14 @@ def exclusive(path: str | os.PathLike[str]) -> Iterator[float]:
         os.close(fd)
 
 
-def stale_folders(parent: Path, prefix: str) -> Iterator[Path]:
-    """Folders ``<prefix><pid>-*`` of ``parent`` whose process is gone (a worker killed before it cleaned up)."""
-    if not parent.is_dir():
-        return
-    for folder in parent.iterdir():
-        pid = folder.name[len(prefix) :].split("-", 1)[0]
-        if folder.name.startswith(prefix) and pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            yield folder
+def task_folder(parent: str | os.PathLike[str]) -> Path:
+    """A new private folder for one task in ``parent`` (made private), named after its worker.
+
+    The folders that workers of this host left when they were killed are removed first (a worker of another host
+    or container sharing the state dir is never taken for dead).
+    """
+    folder = private_dir(parent)
+    for stale in folder.glob("task-*"):
+        if is_dead(stale.name[len("task-") :].rsplit("-", 1)[0]):
+            shutil.rmtree(stale, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"task-{worker_identity()}-", dir=folder))

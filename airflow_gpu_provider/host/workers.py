@@ -29,6 +29,6 @@ def worker_identity() -> str:
 def is_dead(identity: str) -> bool:
     """Whether ``identity`` names a worker of this host that has exited (never true for another host's)."""
     parts = identity.split(":")
-    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
-        return False  # another host's worker, or not an identity this provider wrote
+    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit() or parts[2] == "None":
+        return False  # another host's worker, not an identity this provider wrote, or a host without /proc
     return _started(int(parts[1])) != parts[2]

@@ -41,6 +41,22 @@ def test_a_folder_others_may_write_is_refused(tmp_path):
         private_dir(planted)
 
 
+def test_a_state_dir_others_may_write_is_refused_for_the_folders_in_it(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    state.chmod(0o777)  # another user could rename "locks" away and put their own in its place
+    with pytest.raises(UntrustedStateError, match=r"state: others may write to it \(mode 0777\) and replace locks"):
+        private_dir(state / "locks")
+    state.chmod(0o1777)  # sticky, as /var/tmp: nobody else may rename what the worker made
+    assert private_dir(state / "locks").is_dir()
+
+
+def test_missing_parents_of_the_state_dir_are_created_private(tmp_path):
+    private_dir(tmp_path / "a" / "b" / "state" / "locks")
+    for folder in ("a", "a/b", "a/b/state"):
+        assert stat.S_IMODE(os.lstat(tmp_path / folder).st_mode) == 0o700
+
+
 def test_a_folder_of_another_user_is_refused(tmp_path):
     _as_root()
     planted = tmp_path / "state"

@@ -24,7 +24,7 @@ from airflow_gpu_provider.backends.docker.images.catalogue import cpu_only_reaso
 from airflow_gpu_provider.backends.docker.images.dockerfile import derived_image_spec, worker_uv
 from airflow_gpu_provider.backends.docker.images.engine import ensure_derived_image, resolve_image
 from airflow_gpu_provider.backends.docker.options import DockerOptions, mount_source_problem
-from airflow_gpu_provider.backends.docker.orphans import WORKER_LABEL, reap_orphans
+from airflow_gpu_provider.backends.docker.orphans import AUTO_REMOVE_LABEL, WORKER_LABEL, reap_orphans
 from airflow_gpu_provider.backends.docker.plan import DockerPlan, plan_container
 from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError
 from airflow_gpu_provider.host.allocator import Allocation
@@ -233,7 +233,8 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
 
     def _create(self, client: Any, kwargs: dict[str, Any], files: TaskFiles, plan: DockerPlan) -> str:
         """Create the container with the worker folder mounted, or without it where the engine cannot see it."""
-        kwargs = {**kwargs, "labels": {**kwargs["labels"], WORKER_LABEL: worker_identity()}}
+        labels = {WORKER_LABEL: worker_identity(), AUTO_REMOVE_LABEL: plan.options.auto_remove}
+        kwargs = {**kwargs, "labels": {**kwargs["labels"], **labels}}
         host_config = kwargs.pop("host_config")
         files.mounted = plan.options.mount_tmp_dir
         while True:

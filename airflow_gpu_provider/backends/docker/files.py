@@ -16,15 +16,13 @@ import json
 import os
 import shutil
 import tarfile
-import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from docker.errors import NotFound
 
 from airflow_gpu_provider.backends.docker.plan import CONTAINER_DIR, RESULT_PATH
-from airflow_gpu_provider.host.state import private_dir, stale_folders
+from airflow_gpu_provider.host.state import task_folder
 from airflow_gpu_provider.task.request import MAX_RESULT_BYTES, ResultError
 
 
@@ -37,10 +35,7 @@ class TaskFiles:
 
     def __init__(self, files: Mapping[str, bytes], *, parent: str | os.PathLike[str]) -> None:
         self.files = dict(files)
-        folder = private_dir(parent)
-        for stale in stale_folders(folder, "task-"):  # left by a worker that was killed
-            shutil.rmtree(stale, ignore_errors=True)
-        self.path = Path(tempfile.mkdtemp(prefix=f"task-{os.getpid()}-", dir=folder))
+        self.path = task_folder(parent)
         for name, data in self.files.items():
             (self.path / name).write_bytes(data)
             (self.path / name).chmod(0o644)

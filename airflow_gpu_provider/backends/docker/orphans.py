@@ -2,8 +2,9 @@
 
 A worker killed with SIGKILL cannot remove its container, and its GPU locks are freed with it while the container
 may still be using the GPUs. Every container is labelled with its worker (:func:`.host.workers.worker_identity`);
-before a task takes GPUs on this host, the containers of dead workers of this host are removed. Containers of
-workers on other hosts (sharing a remote engine) are left to them.
+before a task takes GPUs on this host, the containers of dead workers of this host are removed: those that still run,
+and the ended ones that their ``auto_remove`` policy would have removed (a container kept for inspection stays).
+Containers of workers on other hosts (sharing a remote engine) are left to them.
 """
 
 from __future__ import annotations
@@ -17,19 +18,24 @@ from docker.errors import APIError, NotFound
 from airflow_gpu_provider.host.workers import is_dead
 
 WORKER_LABEL = "airflow-gpu-provider.worker"
+AUTO_REMOVE_LABEL = "airflow-gpu-provider.auto-remove"
+_ENDED = ("exited", "dead")
 
 
 def reap_orphans(client: Any, log: logging.Logger) -> list[str]:
     """Remove the containers of this host's dead workers; return their ids."""
     reaped = []
     for container in client.containers(all=True, filters={"label": WORKER_LABEL}):
-        if is_dead(container["Labels"].get(WORKER_LABEL, "")):
+        labels = container["Labels"]
+        kept = container.get("State") in _ENDED and labels.get(AUTO_REMOVE_LABEL) in ("never", "success")
+        if is_dead(labels.get(WORKER_LABEL, "")) and not kept:
             with contextlib.suppress(NotFound, APIError):
                 client.remove_container(container["Id"], force=True)
                 reaped.append(container["Id"])
                 log.warning(
-                    "Removed container %s, left running by a worker that died (%s)",
+                    "Removed container %s, left %s by a worker that died (%s)",
                     container["Id"][:12],
-                    container["Labels"][WORKER_LABEL],
+                    "behind" if container.get("State") in _ENDED else "running",
+                    labels[WORKER_LABEL],
                 )
     return reaped

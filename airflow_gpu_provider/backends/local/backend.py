@@ -9,7 +9,6 @@ import platform
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from airflow_gpu_provider.backends.local.options import LocalOptions
 from airflow_gpu_provider.backends.local.process import TaskProcess, reap_orphans
 from airflow_gpu_provider.backends.local.venv import ensure_venv
 from airflow_gpu_provider.host.allocator import HostGpus
-from airflow_gpu_provider.host.state import private_dir, stale_folders
+from airflow_gpu_provider.host.state import task_folder
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.settings.units import format_bytes
 from airflow_gpu_provider.task.environment import summary, thread_environment, visible_devices
@@ -135,11 +134,8 @@ class LocalBackend(Backend[LocalOptions, LocalPlan]):
 @contextlib.contextmanager
 def _task_folder(state_dir: str) -> Iterator[str]:
     """A private folder for the task's envelope and result, in the state dir; removed after, or by the next task."""
-    parent = private_dir(Path(state_dir) / "tasks")
-    for stale in stale_folders(parent, "task-"):  # left by a worker that was killed
-        shutil.rmtree(stale, ignore_errors=True)
-    folder = tempfile.mkdtemp(prefix=f"task-{os.getpid()}-", dir=parent)
+    folder = task_folder(Path(state_dir) / "tasks")
     try:
-        yield folder
+        yield str(folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -133,14 +134,17 @@ def test_huge_lines_are_logged_in_pieces_and_progress_bars_stream(tmp_path, capl
 
 def test_what_a_killed_worker_left_is_cleaned_by_the_next_task(tmp_path):
     state = tmp_path / "state"
-    stale = state / "tasks" / "task-999999999-gone"  # a worker pid that does not exist any more
-    stale.mkdir(parents=True)
-    (stale / "envelope.json").write_text("{}")
+    stale = state / "tasks" / f"task-{socket.gethostname()}:999999999:12345-gone"  # a worker that does not exist
+    # A worker of another container sharing the state dir: its pid is not in this pid namespace, but it lives.
+    other = state / "tasks" / "task-another-container:4242:777-live"
+    for folder in (stale, other):
+        folder.mkdir(parents=True)
+        (folder / "envelope.json").write_text("{}")
     state.chmod(0o700)
     (state / "tasks").chmod(0o700)
     local = backend(state)
     assert local.run(local.plan(request(returns_one, gpus=0)), {}).return_value == 1
-    assert list((state / "tasks").iterdir()) == []
+    assert list((state / "tasks").iterdir()) == [other]
 
 
 def returns_one() -> int:
