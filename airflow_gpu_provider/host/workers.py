@@ -12,7 +12,7 @@ import socket
 from pathlib import Path
 
 
-def _started(pid: int) -> str | None:
+def started_at(pid: int) -> str | None:
     """The start time of a process (clock ticks after boot), or ``None`` when it is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -23,7 +23,7 @@ def _started(pid: int) -> str | None:
 
 def worker_identity() -> str:
     """The identity of the calling worker process: ``host:pid:start``."""
-    return f"{socket.gethostname()}:{os.getpid()}:{_started(os.getpid())}"
+    return f"{socket.gethostname()}:{os.getpid()}:{started_at(os.getpid())}"
 
 
 def is_dead(identity: str) -> bool:
@@ -31,4 +31,4 @@ def is_dead(identity: str) -> bool:
     parts = identity.split(":")
     if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit() or parts[2] == "None":
         return False  # another host's worker, not an identity this provider wrote, or a host without /proc
-    return _started(int(parts[1])) != parts[2]
+    return started_at(int(parts[1])) != parts[2]

@@ -14,11 +14,11 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from airflow.providers.docker.hooks.docker import DockerHook
 from docker.errors import APIError
 
 from airflow_gpu_provider import config
 from airflow_gpu_provider.backends.base import Backend
+from airflow_gpu_provider.backends.docker.client import connect
 from airflow_gpu_provider.backends.docker.files import TaskFiles, read_result
 from airflow_gpu_provider.backends.docker.images.catalogue import cpu_only_reason
 from airflow_gpu_provider.backends.docker.images.dockerfile import derived_image_spec, worker_uv
@@ -28,6 +28,7 @@ from airflow_gpu_provider.backends.docker.orphans import AUTO_REMOVE_LABEL, WORK
 from airflow_gpu_provider.backends.docker.plan import DockerPlan, plan_container
 from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError
 from airflow_gpu_provider.host.allocator import Allocation
+from airflow_gpu_provider.host.keeper import Keeper
 from airflow_gpu_provider.host.workers import worker_identity
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.settings.units import format_bytes
@@ -78,6 +79,7 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         self._client: Any = None
         self._container_id: str | None = None
         self._killed = False
+        self._locks: list[int] = []  # the descriptors of this task's GPU locks
 
     def plan(self, request: TaskRequest) -> DockerPlan:
         """Translate the request into container arguments (:func:`.plan.plan_container`)."""
@@ -90,12 +92,13 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
             problem = mount_source_problem(mount.get("source", ""), read_only=bool(mount.get("read_only")))
             if mount.get("type", "bind") == "bind" and problem:
                 raise GpuTaskError(f"Refusing the mount {mount}: {problem}.")
-        client = self._connect()
+        client = self._client = connect(self.options)
         reap_orphans(client, self.log)  # before any GPU is taken: a dead worker's container may still hold it
         for note in plan.resources.notes:
             self.log.warning("%s", note)
         image = self._image(client, plan)
         with self._host_gpus(plan) as allocation:
+            self._locks = allocation.fds
             if allocation.cpu_fallback:
                 return self._run_container(client, plan, image, cpu_fallback=True)
             if allocation.devices:
@@ -140,29 +143,6 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
             )
             return self._run_container(client, plan, image, cpu_fallback=True)
 
-    def _connect(self) -> Any:
-        """A docker-py ``APIClient`` from ``DockerHook`` (which pings the engine and logs in to the registry)."""
-        options = self.options
-        tls = None
-        if options.tls_ca_cert or options.tls_client_cert or options.tls_client_key:
-            tls = DockerHook.construct_tls_config(
-                ca_cert=options.tls_ca_cert, client_cert=options.tls_client_cert, client_key=options.tls_client_key
-            )
-        try:
-            self._client = DockerHook(
-                docker_conn_id=options.docker_conn_id,
-                base_url=url if isinstance(url := options.engine_url, str) else list(url),
-                version=options.api_version,
-                timeout=int(options.timeout),
-                **({"tls": tls} if tls is not None else {}),
-            ).api_client
-        except Exception as err:  # noqa: BLE001 - AirflowException, DockerException, requests errors
-            raise GpuTaskError(
-                f"Cannot reach the Docker engine at {options.engine_url}: {err}. Start the Docker daemon on the "
-                "worker, or point backend_options docker_url (or DOCKER_HOST) at a running engine."
-            ) from None
-        return self._client
-
     def _image(self, client: Any, plan: DockerPlan) -> str:
         """The image to run: the parent image, or its derived image with the requirements installed."""
         parent = resolve_image(client, plan.parent_image, plan.options.pull, self.log)
@@ -198,6 +178,7 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
             container_id = self._create(client, kwargs, task_files, plan)
             self._container_id, self._killed = container_id, False
             started = succeeded = False
+            keeper: Keeper | None = None
             try:
                 task_files.copy_in(client, container_id)
                 stream = client.attach(container_id, stdout=True, stderr=True, stream=True, demux=True)
@@ -211,6 +192,7 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
                         "needs python3 on its PATH."
                     ) from None
                 started = True
+                keeper = self._keep_locks(client, container_id)
                 self.log.info("Started container %s from %s", container_id[:12], image)
                 _log_lines(stream, self.log)
                 if self._killed:
@@ -230,6 +212,20 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
             finally:
                 self._container_id = None
                 self._cleanup(client, container_id, plan, started=started, succeeded=succeeded)
+                if keeper is not None:
+                    keeper.stop()
+
+    def _keep_locks(self, client: Any, container_id: str) -> Keeper | None:
+        """The GPU locks live as long as the container, even if this worker is killed (host/keeper.py)."""
+        if not self._locks:
+            return None
+        try:
+            return Keeper(
+                client.inspect_container(container_id)["State"]["Pid"], self._locks, container_id=container_id
+            )
+        except (OSError, ValueError) as err:
+            self.log.warning("The GPU locks are held by this worker alone (%s): if it dies, so do they.", err)
+            return None
 
     def _create(self, client: Any, kwargs: dict[str, Any], files: TaskFiles, plan: DockerPlan) -> str:
         """Create the container with the worker folder mounted, or without it where the engine cannot see it."""

@@ -39,3 +39,46 @@ def test_a_container_kept_for_inspection_outlives_its_worker(docker_client, task
         assert "by a worker that died" not in task_log[1].text
     finally:
         docker_client.remove_container(kept[0], force=True)
+
+
+GPU_WORKER = """
+import logging, sys
+from airflow_gpu_provider.backends import BACKENDS
+from airflow_gpu_provider.payload import command_envelope
+from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+from airflow_gpu_provider.task.request import TaskRequest
+backend = BACKENDS["docker"].create({"state_dir": sys.argv[1]}, logging.getLogger("w"))
+resources = ResourceSettings(gpu_count=2)
+request = TaskRequest(resources, ImageSettings(parent_image=sys.argv[2]), command_envelope(["sleep", "300"]), "cpu")
+backend.run(backend.plan(request), {})
+"""
+
+
+def test_a_killed_workers_container_keeps_its_gpus_until_it_is_reaped(docker_client, task_log, tmp_path, monkeypatch):
+    """The GPU locks live as long as the container (host/keeper.py), not as long as the worker process."""
+    import signal
+    import time
+
+    from airflow_gpu_provider.host.allocator import GpuAllocator
+    from airflow_gpu_provider.host.inventory import Device
+
+    monkeypatch.setenv("AIRFLOW__GPU__DEVICES", "0,1")
+    worker = subprocess.Popen([sys.executable, "-c", GPU_WORKER, str(tmp_path), BASE_IMAGE])
+    label = {"label": "airflow-gpu-provider.worker"}
+    deadline = time.monotonic() + 60
+    while not (mine := [c for c in docker_client.containers(filters=label) if f":{worker.pid}:" in str(c["Labels"])]):
+        assert time.monotonic() < deadline and worker.poll() is None, "the worker's container never started"
+        time.sleep(0.2)
+    time.sleep(1)
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+    locks = GpuAllocator(tmp_path / "locks")
+    holder = locks.holder_of(Device("0"))
+    assert holder is not None and f"its worker, pid {worker.pid}, has exited" in holder  # the container still runs
+
+    result = run(task_log, request(call(add, 1), gpu_count=2, on_missing_gpu="cpu"), {"state_dir": str(tmp_path)})
+    assert result.return_value["sum"] == 2
+    assert "left running by a worker that died" in task_log[1].text
+    assert "GPUs ['0', '1'] from the host allocator" in task_log[1].text  # free again once the orphan was reaped
+    assert docker_client.containers(all=True, filters={"id": mine[0]["Id"]}) == []
+    assert locks.holder_of(Device("0")) is None and locks.holder_of(Device("1")) is None

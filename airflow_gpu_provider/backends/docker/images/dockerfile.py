@@ -163,7 +163,8 @@ def render_dockerfile(
         steps.append(f"RUN {json.dumps([*pip, f'uv=={uv_version}'])}")
     steps += [f"COPY {name} {SHARE}/{name}" for name in wheel_dirs]
     if credentials:
-        return _staged(parent, image, preamble, steps, index_args)
+        compiled = f"RUN {json.dumps(['python3', '-m', 'compileall', '-q', DEPS_DIR])}\n" if compile_bytecode else ""
+        return _staged(parent, image, preamble, steps, index_args) + compiled
     if uv_source is None:
         installer = pip if compile_bytecode else [*pip, "--no-compile"]
     else:

@@ -165,5 +165,8 @@ def test_credentials_stay_in_a_build_stage_that_is_not_the_image():
     assert "COPY --from=airflow-gpu-install /opt/airflow-gpu/site-packages /opt/airflow-gpu/site-packages" in final
     assert "ENV PYTHONPATH=/opt/airflow-gpu/site-packages" in final
     assert ("bootstrap.py", str(BOOTSTRAP_PATH)) in spec.files
+    assert final.endswith('RUN ["python3", "-m", "compileall", "-q", "/opt/airflow-gpu/site-packages"]\n')
+    uncompiled = derived_image_spec(PARENT, image, BuildOptions(compile_bytecode=False), uv_binary="/usr/bin/uv")
+    assert "compileall" not in uncompiled.dockerfile
     plain = derived_image_spec(PARENT, ImageSettings(requirements=["six"]), BuildOptions(), uv_binary=None)
     assert plain.netrc == "" and plain.dockerfile.count("FROM ") == 1
