@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from pathlib import Path
@@ -170,6 +171,13 @@ def test_index_credentials_stay_out_of_the_image_its_history_and_the_log(docker_
     from private_index import docker_host_address, private_index
 
     make_wheel(tmp_path / "wheels", "airflow_gpu_private", "1.0", "SECRET_PACKAGE = True\n")
+    stage = "airflow-gpu-provider.build-stage=airflow-gpu-install"
+    # The install stage of a concurrent build, still needed by that build: not this build's to remove.
+    dockerfile = io.BytesIO(f"FROM {BASE_IMAGE}\nLABEL {stage}\nLABEL other-build={tmp_path.name}\n".encode())
+    other = list(docker_client.build(fileobj=dockerfile, rm=True, decode=True, forcerm=True))
+    others = docker_client.images(all=True, filters={"label": f"other-build={tmp_path.name}"})
+    assert others, other
+    concurrent = {i["Id"] for i in docker_client.images(all=True, filters={"label": stage})}
     with private_index(tmp_path / "wheels") as index:
         image = ImageSettings(
             parent_image=BASE_IMAGE,
@@ -190,5 +198,5 @@ def test_index_credentials_stay_out_of_the_image_its_history_and_the_log(docker_
     ).stdout
     assert index.password not in history and index.user not in history
     assert index.password not in json.dumps(docker_client.inspect_image(derived["Id"]))
-    stage = "airflow-gpu-provider.build-stage=airflow-gpu-install"
-    assert docker_client.images(all=True, filters={"label": stage}) == []  # the stage with the netrc is gone
+    assert {i["Id"] for i in docker_client.images(all=True, filters={"label": stage})} == concurrent
+    docker_client.remove_image(others[0]["Id"], force=True)  # the stage with the netrc is gone, the other stays

@@ -180,12 +180,12 @@ def build_image(client: Any, spec: DerivedImageSpec, tag: str, log: logging.Logg
                 f"{getattr(err, 'explanation', None) or err}"
             ) from None
         finally:
+            output = "\n".join(lines)
             if not built:  # failed or interrupted (task timeout): the step's container must not outlive it
-                output = "\n".join(lines)
                 _remove_containers(client, _RUNNING_IN.findall(output), log)
                 _remove_step_images(client, _STEP_IMAGE.findall(output), log)
             if spec.netrc:  # the install stage's images hold the credentials: none may stay on the engine
-                _remove_install_stage(client, log)
+                _remove_install_stage(client, _STEP_IMAGE.findall(output), log)
     log.info("Built derived image %s in %.1fs", tag, time.monotonic() - started)
 
 
@@ -200,9 +200,12 @@ def _remove_step_images(client: Any, ids: list[str], log: logging.Logger) -> Non
             log.info("Removed the image %s of a step of the failed build", image_id)
 
 
-def _remove_install_stage(client: Any, log: logging.Logger) -> None:
+def _remove_install_stage(client: Any, steps: list[str], log: logging.Logger) -> None:
+    """The install stage's images of this build (its steps), not those of a concurrent build."""
     label = f"{LABEL_PREFIX}.build-stage={INSTALL_STAGE}"
     for found in client.images(all=True, filters={"label": label}):
+        if not any(found["Id"].split(":")[-1].startswith(step) for step in steps):
+            continue
         with contextlib.suppress(NotFound, APIError):  # in use by a concurrent build: that build removes it
             client.remove_image(found["Id"], force=True, noprune=False)
             log.info("Removed the install stage's image %s", found["Id"][:19])
