@@ -54,8 +54,9 @@ OPTIONS: tuple[Option, ...] = (
         "state_dir",
         "string",
         "/var/tmp/airflow-gpu-provider",
-        "Host-wide directory shared by every worker on a host: one lock file per GPU, and the cached "
-        "virtualenvs of injected requirements.",
+        "Host-wide directory shared by every worker of one user on a host: one lock file per GPU, the cached "
+        "virtualenvs of injected requirements, the tasks' private folders, build locks and Accelerate's option "
+        "cache. Created 0700 when missing; refused when another user owns it or may write to it.",
         "/srv/airflow-gpu",
     ),
     Option(
