@@ -79,13 +79,16 @@ def gpu_training_demo() -> None:
 
         initial_loss = full_loss()
         started = time.perf_counter()
+        compute_dtype = None  # what the forward pass really computed in (bfloat16 under bf16 autocast)
         for epoch in range(int(params.get("epochs", 20))):
             order = torch.randperm(dataset["n_samples"], device=device)
             for start in range(0, dataset["n_samples"], batch_size):
                 batch = order[start : start + batch_size]
                 optimizer.zero_grad()
                 with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-                    loss = loss_fn(model(features[batch]), targets[batch])
+                    output = model(features[batch])
+                    loss = loss_fn(output, targets[batch])
+                compute_dtype = str(output.dtype).removeprefix("torch.")
                 loss.backward()
                 optimizer.step()
             print(f"epoch {epoch + 1}: loss {full_loss():.4f}")
@@ -95,6 +98,7 @@ def gpu_training_demo() -> None:
             "epochs": int(params.get("epochs", 20)),
             "batch_size": batch_size,
             "mixed_precision": params.get("mixed_precision", "no"),
+            "compute_dtype": compute_dtype,
             "device": str(device),
             "gpu_name": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
             "train_seconds": round(time.perf_counter() - started, 3),

@@ -1,6 +1,11 @@
 """Shared test set-up: a real Airflow home on SQLite, migrated once per session.
 
 The environment is set before anything imports Airflow, which reads its configuration at import time.
+
+The suite's outcome must not depend on the host's GPUs: the provider's inventory is pinned to none
+(``AIRFLOW__GPU__DEVICES=none``; a test that needs GPUs lists fake ids) and torch in the test processes sees none
+(``CUDA_VISIBLE_DEVICES=""``; the provider sets its own value for the tasks it starts). Tests marked ``gpu`` check
+the real GPU paths; they lift those pins themselves, and skip (saying why) where no NVIDIA GPU is present.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from gpu_support import REQUIRE_GPU, nvidia_gpus
 
 REPO = Path(__file__).resolve().parents[1]
 pytest_plugins = ("backends.docker.docker_fixtures",)  # Docker engine fixtures (skip, or fail in CI, without one)
@@ -38,9 +44,31 @@ os.environ.update(
         "AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL": "0",
         "AIRFLOW__GPU__STATE_DIR": str(_HOME / "gpu-state"),
         "AIRFLOW__GPU__DEVICES": "none",
+        "CUDA_VISIBLE_DEVICES": "",  # torch sees no GPU unless a test (marked gpu) or the provider says otherwise
         "AIRFLOW__GPU__WAIT_POLL_INTERVAL": "0.2",
     }
 )
+
+
+@pytest.fixture
+def real_gpus(monkeypatch: pytest.MonkeyPatch) -> tuple[str, ...]:
+    """For ``gpu`` tests: the provider's inventory from NVML in this process too; the host's GPU UUIDs."""
+    monkeypatch.setenv("AIRFLOW__GPU__DEVICES", "auto")
+    return nvidia_gpus()[0]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tests marked ``gpu`` skip without an NVIDIA GPU (fail instead with ``AIRFLOW_GPU_REQUIRE_GPU=1``)."""
+    if item.get_closest_marker("gpu") is None:
+        return
+    gpus, why = nvidia_gpus()
+    if gpus:
+        return
+    reason = f"needs an NVIDIA GPU: {why}"
+    if REQUIRE_GPU:
+        pytest.fail(f"AIRFLOW_GPU_REQUIRE_GPU=1 but this test {reason}", pytrace=False)
+    pytest.skip(f"{reason} (it runs on GPU machines; AIRFLOW_GPU_REQUIRE_GPU=1 makes this an error)")
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,9 @@
 """The images in docker/ build on the local Debian base image (``ARG BASE_IMAGE``) and work.
 
-Without a Docker engine these tests skip, unless ``AIRFLOW_GPU_REQUIRE_DOCKER=1`` (set by ``.ci/run``): then they
-fail. The training image gets torch from the local CPU wheel (``AIRFLOW_GPU_TORCH_WHEELS``, default /opt/wheels),
-because the public CUDA PyTorch base cannot be pulled here. Both images are removed at the end.
+They go through the Docker tests' guard (the ``docker`` marker, ``tests/backends/docker/docker_fixtures.py``): it
+builds a missing base image, and without an engine the tests skip, unless ``AIRFLOW_GPU_REQUIRE_DOCKER=1`` (set by
+``.ci/run``): then they fail. The training image gets torch from the local CPU wheel (``AIRFLOW_GPU_TORCH_WHEELS``,
+default /opt/wheels), because the public CUDA PyTorch base cannot be pulled here. Both images are removed at the end.
 """
 
 from __future__ import annotations
@@ -18,27 +19,17 @@ import uuid
 from pathlib import Path
 
 import pytest
+from backends.docker.docker_fixtures import BASE_IMAGE
 from conftest import REPO
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-BASE_IMAGE = os.environ.get("AIRFLOW_GPU_TEST_BASE_IMAGE", "airflow-gpu-base:bookworm")
 TORCH_WHEELS = Path(os.environ.get("AIRFLOW_GPU_TORCH_WHEELS", "/opt/wheels"))
 BUILD_TIMEOUT = 900
 
 
 def _docker(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=check)
-
-
-def _require_engine() -> None:
-    try:
-        _docker("image", "inspect", BASE_IMAGE, timeout=60)
-    except (OSError, subprocess.SubprocessError) as err:
-        reason = f"no Docker engine with the base image {BASE_IMAGE} ({err}; docker/base/build.sh builds it)"
-        if os.environ.get("AIRFLOW_GPU_REQUIRE_DOCKER") == "1":
-            pytest.fail(f"AIRFLOW_GPU_REQUIRE_DOCKER=1 but {reason}", pytrace=False)
-        pytest.skip(reason)
 
 
 def _build(kind: str, *build_args: str, extra_wheels: Path | None = None) -> str:
@@ -62,7 +53,6 @@ def _build(kind: str, *build_args: str, extra_wheels: Path | None = None) -> str
 
 @pytest.fixture
 def image(request: pytest.FixtureRequest):
-    _require_engine()
     kind, args, wheels = request.param
     if wheels is not None and not list(wheels.glob("torch-*.whl")):
         pytest.skip(f"no local torch wheel in {wheels}: the public CUDA base image brings its own torch")
@@ -136,6 +126,7 @@ def test_training_image_runs_the_runtime_and_accelerate(image):
         image,
         "python3 -m airflow_gpu_provider.runtime.bootstrap env:ENVELOPE /tmp/result.json && cat /tmp/result.json",
         f"ENVELOPE={_envelope()}",
+        "NVIDIA_VISIBLE_DEVICES=void",  # as the provider starts a CPU container: no GPU even where the runtime gives all
     )
     assert "[gpu] backend=docker image=training" in out
     assert "[gpu] GPUs assigned: none (running on CPU)" in out

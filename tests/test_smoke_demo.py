@@ -1,6 +1,9 @@
 from __future__ import annotations
 
-from helpers import run_dag, task_states, xcom
+from pathlib import Path
+
+import pytest
+from helpers import load_dag, run_dag, task_states, xcom
 
 
 def test_demo_dag_trains_on_cpu_fallback(airflow_home):
@@ -15,4 +18,18 @@ def test_demo_dag_trains_on_cpu_fallback(airflow_home):
     metrics = xcom(dr, "train")
     assert metrics["epochs"] == 3
     assert metrics["device"] == "cpu"
+    assert metrics["compute_dtype"] == "float32"  # mixed_precision "no"
+    assert metrics["final_loss"] < metrics["initial_loss"]
+
+
+@pytest.mark.gpu
+def test_demo_dag_trains_on_the_gpu_in_bf16(airflow_home, real_gpus):
+    demo = Path(__file__).resolve().parents[1] / "dags" / "gpu_training_demo.py"
+    dag = load_dag(demo, "gpu_training_demo")
+    dr = run_dag(dag, conf={"epochs": 3, "gpu_count": 1, "mixed_precision": "bf16", "on_missing_gpu": "fail"})
+    assert task_states(dr) == {"make_dataset": "success", "train": "success", "report": "success"}
+    metrics = xcom(dr, "train")
+    assert metrics["device"].startswith("cuda")
+    assert metrics["compute_dtype"] == "bfloat16"  # the forward pass really ran in bf16
+    assert metrics["gpu_name"]
     assert metrics["final_loss"] < metrics["initial_loss"]

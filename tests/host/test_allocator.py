@@ -189,3 +189,25 @@ def test_configured_inventory_and_model_matching():
     assert not matches_model(a100, "A10")
     assert not matches_model(a100, "H100")
     assert matches_model(Device("1"), "H100")  # unknown model: configured by id
+
+
+@pytest.mark.gpu
+def test_the_nvml_inventory_hands_out_the_hosts_real_gpus_one_task_each(real_gpus, tmp_path):
+    from airflow_gpu_provider.host.allocator import HostGpus
+    from airflow_gpu_provider.payload import command_envelope
+    from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+    from airflow_gpu_provider.task.request import TaskRequest
+
+    host = HostGpus(devices="auto", state_dir=str(tmp_path))
+
+    def request(count):
+        return TaskRequest(ResourceSettings(gpu_count=count), ImageSettings(), command_envelope(["true"]), "fail")
+
+    assert [d.id for d in host.present(ResourceSettings().gpu_vendor)] == list(real_gpus)
+    with host.allocate(request(1), backend="test", log=log) as first:
+        (given,) = first.devices
+        assert given.id in real_gpus
+        with pytest.raises(GpuUnavailableError, match="held by"):  # the held one is never given twice
+            host.allocate(request(len(real_gpus)), backend="test", log=log)
+    with host.allocate(request(len(real_gpus)), backend="test", log=log) as every:  # released: all of them again
+        assert sorted(d.id for d in every.devices) == sorted(real_gpus)

@@ -103,6 +103,7 @@ def test_all_gpus_take_every_slot_of_the_pool(monkeypatch, pool_size):
 
 
 def test_cuda_cache_listener_runs_after_tasks_that_loaded_torch(capfd):
+    """The task runs in this process, whose torch sees no GPU on any host (conftest: CUDA_VISIBLE_DEVICES="")."""
     dr = run_dag(load_dag(DAG_FILE, "cuda_listener"))
     assert task_states(dr) == {"in_process_torch": "success"}
     assert "CUDA cache clear skipped: CUDA is not available" in capfd.readouterr().out
@@ -112,3 +113,26 @@ def test_cuda_cache_listener_can_be_disabled(capfd, monkeypatch):
     monkeypatch.setenv("AIRFLOW__GPU__CLEAR_CACHE_BETWEEN_TASKS", "False")
     run_dag(load_dag(DAG_FILE, "cuda_listener"))
     assert "CUDA cache clear" not in capfd.readouterr().out
+
+
+@pytest.mark.gpu
+def test_cuda_cache_listener_frees_what_a_task_left_on_the_gpu():
+    """The listener's hook, after a task that used CUDA in this process: the cache goes back to zero."""
+    import subprocess
+    import sys
+
+    from gpu_support import gpu_environment
+
+    code = (
+        "import torch; from airflow_gpu_provider.listeners import cuda_cache;"
+        "block = torch.empty(32 * 2**20, dtype=torch.uint8, device='cuda'); del block;"
+        "held = torch.cuda.memory_reserved(); cuda_cache.on_task_instance_success(None, None);"
+        "print(held, torch.cuda.memory_reserved())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True, env=gpu_environment()
+    )
+    held, after = map(int, done.stdout.split()[-2:])
+    assert held >= 32 * 2**20
+    assert after == 0
+    assert "CUDA cache cleared:" in done.stdout + done.stderr

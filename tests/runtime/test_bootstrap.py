@@ -172,13 +172,41 @@ def test_runtime_is_stdlib_only():
     assert out.strip() == "[]"
 
 
-def test_clear_cuda_cache_with_torch_loaded_on_a_cpu_machine():
+def test_clear_cuda_cache_with_torch_loaded_and_no_gpu_visible():
+    """torch in the test process sees no GPU on any host (conftest: CUDA_VISIBLE_DEVICES="")."""
     import torch  # noqa: F401 - loaded on purpose
 
     result = clear_cuda_cache()
     assert result["status"] == "skipped"
     assert result["reason"] == "CUDA is not available"
     assert result["freed_bytes"] == 0
+
+
+def fills_the_cuda_cache(megabytes):
+    import torch
+
+    block = torch.empty(megabytes * 2**20, dtype=torch.uint8, device="cuda")
+    del block  # freed, but kept by the caching allocator
+    return torch.cuda.memory_reserved()
+
+
+@pytest.mark.gpu
+def test_the_runtime_clears_the_cuda_cache_after_the_task_on_a_gpu(tmp_path):
+    from gpu_support import nvidia_gpus
+
+    from airflow_gpu_provider.settings.units import format_bytes
+
+    first_gpu = nvidia_gpus()[0][0]
+    proc, result = run_envelope(
+        tmp_path, envelope_for(fills_the_cuda_cache, 64), env={"CUDA_VISIBLE_DEVICES": first_gpu}
+    )
+    assert proc.returncode == 0, proc.stderr
+    held = result["return_value"]
+    assert held >= 64 * 2**20
+    before, after = result["cache"]
+    assert before["reason"] == "torch is not loaded"  # nothing to clear before the task
+    assert (after["status"], after["freed_bytes"]) == ("cleared", held)
+    assert f"CUDA cache after task: cleared, {format_bytes(held)} freed" in proc.stdout
 
 
 def test_result_to_the_log_when_no_file_can_travel_back(tmp_path):

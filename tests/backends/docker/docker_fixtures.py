@@ -1,6 +1,12 @@
 """Fixtures and helpers for tests on a real Docker engine.
 
-Without an engine these tests skip, unless ``AIRFLOW_GPU_REQUIRE_DOCKER=1`` (set by ``.ci/run``): then they fail.
+Every test that needs Docker goes through one guard, :func:`require_docker`: the ``docker`` marker calls it before
+the test's fixtures are set up, and the ``docker_client`` fixture calls it too. It checks that an engine is reachable
+(``DockerOptions().engine_url``: ``$DOCKER_HOST`` or the local socket) by docker-py and by the ``docker`` command, and
+that the base image (``AIRFLOW_GPU_TEST_BASE_IMAGE``, default ``airflow-gpu-base:bookworm``) exists; a missing base
+image is built once with ``docker/base/build.sh`` (it needs root and debootstrap; concurrent sessions build it once).
+When any of that cannot be had, the tests skip saying why and how to fix it, unless ``AIRFLOW_GPU_REQUIRE_DOCKER=1``
+(set by ``.ci/run``): then they fail.
 Derived images they build are named ``airflow-gpu-test-derived:*`` and removed at the end of the session, with the
 dangling layers that derived-image builds left behind. Containers and images of other users of the engine are never
 counted or touched: only those with the provider's labels.
@@ -10,10 +16,17 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
+import functools
 import hashlib
 import io
 import logging
 import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
 import zipfile
@@ -30,25 +43,123 @@ TASK_LABEL = "airflow-gpu-provider"
 DERIVED_LABEL = "airflow-gpu-provider.derived"
 
 
+BUILD_SCRIPT = Path(__file__).resolve().parents[3] / "docker" / "base" / "build.sh"
+BUILD_TIMEOUT = 540  # debootstrap takes about a minute with a nearby mirror; within pytest-timeout's 600 s
+
+
 def _unavailable(reason: str) -> None:
     if REQUIRE_DOCKER:
         pytest.fail(f"AIRFLOW_GPU_REQUIRE_DOCKER=1 but {reason}", pytrace=False)
     pytest.skip(f"{reason} (set AIRFLOW_GPU_REQUIRE_DOCKER=1 to make this an error)")
 
 
-@pytest.fixture(scope="session")
-def docker_client() -> Iterator[Any]:
-    """A docker-py client of the engine, with the base image present; cleans up the session's test images."""
+def _build_base_image(client: Any) -> str | None:
+    """Build the missing base image with docker/base/build.sh; return why it could not be, or None."""
+    needs = []
+    if os.geteuid() != 0:
+        needs.append("root (debootstrap runs as root)")
+    if shutil.which("debootstrap") is None:
+        needs.append("debootstrap (apt-get install debootstrap)")
+    if needs:
+        return (
+            f"the base image {BASE_IMAGE} is missing, and the tests cannot build it here: docker/base/build.sh needs "
+            f"{' and '.join(needs)}. Build it once with `sudo bash docker/base/build.sh {BASE_IMAGE}`"
+        )
+    name = hashlib.sha256(BASE_IMAGE.encode()).hexdigest()[:16]
+    lock = os.open(
+        Path(tempfile.gettempdir(), f"airflow-gpu-base-{name}.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600
+    )
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another test session may be building the same image: wait for it
+        if client.images(name=BASE_IMAGE):
+            return None
+        print(
+            f"\nbuilding the missing base image {BASE_IMAGE} with {BUILD_SCRIPT} ...", file=sys.__stderr__, flush=True
+        )
+        started = time.monotonic()
+        build = subprocess.Popen(
+            ["bash", str(BUILD_SCRIPT), BASE_IMAGE],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # debootstrap and its children: stopped as one group on timeout
+        )
+        try:
+            output, _ = build.communicate(timeout=BUILD_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(build.pid, signal.SIGTERM)  # build.sh's EXIT trap removes its temporary root
+            try:
+                build.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(build.pid, signal.SIGKILL)
+                build.communicate()
+            return f"the base image {BASE_IMAGE} was missing and docker/base/build.sh took over {BUILD_TIMEOUT}s"
+    finally:
+        os.close(lock)
+    if build.returncode != 0 or not client.images(name=BASE_IMAGE):
+        output = output.strip()[-2000:]
+        return f"the base image {BASE_IMAGE} was missing and docker/base/build.sh failed (exit {build.returncode}):\n{output}"
+    print(f"built {BASE_IMAGE} in {time.monotonic() - started:.0f}s", file=sys.__stderr__, flush=True)
+    return None
+
+
+@functools.cache
+def _docker_state() -> tuple[Any, str | None]:
+    """``(client, None)`` when Docker tests can run (the base image built if it was missing), else ``(None, why)``.
+
+    Checked once per session: every test that needs Docker asks again, and gets the same answer at no cost.
+    """
+    url: Any = "the default socket"
     try:
         import docker
         from airflow_gpu_provider.backends.docker.options import DockerOptions
 
-        client = docker.APIClient(base_url=DockerOptions().engine_url, version="auto", timeout=60)
+        url = DockerOptions().engine_url
+        client = docker.APIClient(base_url=url, version="auto", timeout=60)
         client.ping()
     except Exception as err:
-        _unavailable(f"no Docker engine is reachable ({err})")
+        return None, (
+            f"no Docker engine is reachable at {url} ({err}); start one (dockerd, as root) or point DOCKER_HOST at it"
+        )
+    if shutil.which("docker") is None:
+        return (
+            None,
+            "the docker command is not installed (apt-get install docker.io): the tests and build scripts use it",
+        )
+    try:
+        cli = subprocess.run(["docker", "version"], capture_output=True, text=True, timeout=60, check=False)
+    except subprocess.TimeoutExpired:
+        return None, "the docker command did not answer within 60s"
+    if cli.returncode != 0:
+        return None, f"the docker command cannot reach the engine: {cli.stderr.strip()[-500:]}"
     if not client.images(name=BASE_IMAGE):
-        _unavailable(f"the base image {BASE_IMAGE} is missing (build it with docker/base/build.sh)")
+        problem = _build_base_image(client)
+        if problem:
+            return None, problem
+    return client, None
+
+
+def require_docker() -> Any:
+    """The guard of every test that needs Docker: a docker-py client, or skip (fail in CI) saying why."""
+    client, problem = _docker_state()
+    if problem:
+        _unavailable(problem)
+    return client
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tests marked ``docker`` go through the guard before any of their fixtures runs."""
+    if item.get_closest_marker("docker") is not None:
+        require_docker()
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[Any]:
+    """A docker-py client of the engine, with the base image present; cleans up the session's test images."""
+    import docker
+
+    client = require_docker()
     yield client
     for image in client.images(filters={"label": DERIVED_LABEL}) + client.images(name=TEST_REPOSITORY):
         if any(TEST_REPOSITORY in tag for tag in image.get("RepoTags") or ()):
@@ -57,6 +168,47 @@ def docker_client() -> Iterator[Any]:
     for image in client.images(all=True, filters={"dangling": True, "label": DERIVED_LABEL}):
         with contextlib.suppress(docker.errors.APIError):  # still used by another image
             client.remove_image(image["Id"])
+
+
+@pytest.fixture(scope="session")
+def gpu_runtime_problem(docker_client: Any) -> str | None:
+    """Why this engine cannot start GPU containers (no NVIDIA runtime), or ``None`` when it can.
+
+    Found by doing it: a container from the base image with a one-GPU device request, started and removed.
+    """
+    import docker
+
+    host_config = docker_client.create_host_config(
+        device_requests=[docker.types.DeviceRequest(count=1, capabilities=[["gpu"]])]
+    )
+    container = docker_client.create_container(
+        BASE_IMAGE, command=["true"], host_config=host_config, labels={"airflow-gpu-provider-test": "gpu-runtime-probe"}
+    )
+    try:
+        docker_client.start(container["Id"])
+        docker_client.wait(container["Id"], timeout=120)
+    except docker.errors.APIError as err:
+        return str(err.explanation)
+    finally:
+        docker_client.remove_container(container["Id"], force=True)
+    return None
+
+
+@pytest.fixture
+def no_gpu_runtime(gpu_runtime_problem: str | None) -> None:
+    """For tests of what happens on an engine without the NVIDIA runtime (the gpu-marked twins cover the other)."""
+    if gpu_runtime_problem is None:
+        pytest.skip(
+            "this engine starts GPU containers (the NVIDIA runtime is installed): it cannot show the path "
+            "of an engine without one; the gpu-marked tests check the GPU path instead"
+        )
+
+
+@pytest.fixture
+def gpu_runtime(gpu_runtime_problem: str | None) -> None:
+    """For gpu-marked tests that start GPU containers."""
+    if gpu_runtime_problem is not None:
+        pytest.skip(f"this host has a GPU, but the Docker engine cannot start GPU containers: {gpu_runtime_problem}")
 
 
 def container_ids(client: Any) -> set[str]:

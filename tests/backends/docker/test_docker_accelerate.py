@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.usefixtures("no_
 REPO = Path(__file__).resolve().parents[3]
 
 
-def test_two_cpu_processes_in_a_container_with_cpu_fallback(airflow_home, torch_image, monkeypatch):
+def test_two_cpu_processes_in_a_container_with_cpu_fallback(airflow_home, torch_image, monkeypatch, no_gpu_runtime):
     """gpu_count=2 on a host without the NVIDIA runtime: the container runs on CPU, and accelerate starts 2 ranks."""
     monkeypatch.setenv("AIRFLOW__GPU__DEFAULT_PARENT_IMAGE", torch_image)
 

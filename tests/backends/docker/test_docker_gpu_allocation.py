@@ -1,6 +1,12 @@
-"""On a host whose GPUs are known, Docker tasks take devices from the same host allocator as local tasks."""
+"""On a host whose GPUs are known, Docker tasks take devices from the same host allocator as local tasks.
+
+Most tests list fake device ids and run on an engine without the NVIDIA runtime; the gpu-marked one uses the host's
+real GPUs and an engine that can start GPU containers.
+"""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 from backends.docker.test_docker_run import add, call, request, run
@@ -19,7 +25,7 @@ def two_gpus(monkeypatch, tmp_path):
     return GpuAllocator(tmp_path / "locks")
 
 
-def test_a_gpu_held_by_a_local_task_is_not_given_to_a_container(two_gpus, task_log):
+def test_a_gpu_held_by_a_local_task_is_not_given_to_a_container(two_gpus, task_log, no_gpu_runtime):
     held = two_gpus.try_acquire([Device("0")], 1, "dag.local_task run r1")
     try:
         result = run(task_log, request(call(add, 1), gpu_count=1, on_missing_gpu="cpu"))
@@ -52,3 +58,25 @@ def test_cpu_policy_with_busy_gpus_runs_a_cpu_container(two_gpus, task_log):
         held.release()
     assert result.return_value == {"sum": 5, "user": 0, "visible": "void"}
     assert "running on CPU instead" in task_log[1].text
+
+
+def gpu_identity() -> dict:
+    import os
+    import subprocess
+
+    listed = subprocess.run(
+        ["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return {"visible": os.environ.get("NVIDIA_VISIBLE_DEVICES"), "listed": listed}
+
+
+@pytest.mark.gpu
+def test_a_gpu_container_sees_exactly_the_gpu_the_host_allocator_gave_it(real_gpus, gpu_runtime, state_dir, task_log):
+    result = run(task_log, request(call(gpu_identity), gpu_count=1))
+    text = task_log[1].text
+    given = re.search(r"GPUs \['([^']+)'\] from the host allocator", text)
+    assert given is not None, text
+    assert given.group(1) in real_gpus
+    assert result.return_value == {"visible": given.group(1), "listed": [given.group(1)]}
+    assert "[gpu] GPUs assigned: none" not in text  # the runtime in the container found the GPU too
+    assert GpuAllocator(state_dir / "locks").holder_of(Device(given.group(1))) is None  # released after the run

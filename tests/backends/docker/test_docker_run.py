@@ -90,14 +90,14 @@ def test_oom_kill_is_reported_as_oom(task_log):
         run(task_log, request(call(allocate, 512), memory="48Mi"))
 
 
-def test_gpu_request_without_nvidia_runtime_is_a_clear_error(task_log):
+def test_gpu_request_without_nvidia_runtime_is_a_clear_error(task_log, no_gpu_runtime):
     with pytest.raises(GpuUnavailableError, match="NVIDIA Container Toolkit") as excinfo:
         run(task_log, request(call(add, 1), gpu_count=1))
     assert 'could not select device driver "" with capabilities: [[gpu]]' in str(excinfo.value)
     assert "on_missing_gpu='cpu'" in str(excinfo.value)
 
 
-def test_gpu_request_without_nvidia_runtime_falls_back_to_cpu(task_log):
+def test_gpu_request_without_nvidia_runtime_falls_back_to_cpu(task_log, no_gpu_runtime):
     result = run(task_log, request(call(add, 1), gpu_count=2, on_missing_gpu="cpu"))
     assert result.return_value["sum"] == 2
     assert result.return_value["visible"] == "void"

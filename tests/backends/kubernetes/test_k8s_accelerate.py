@@ -17,7 +17,6 @@ import pytest
 from conftest import REPO
 from helpers import load_dag
 from k8s_manifests import env, validate
-from pod_in_docker import require_docker
 
 from airflow_gpu_provider.backends.kubernetes.container import ENVELOPE_ENV
 from airflow_gpu_provider.backends.kubernetes.multinode import COMPLETION_INDEX
@@ -89,7 +88,6 @@ def test_two_nodes_times_four_gpus_bf16_job_service_and_command_lines():
 @pytest.mark.slow
 def test_the_jobs_container_runs_as_two_nodes(monkeypatch, torch_image):
     """Two containers from the Job's pod template, NODE_RANK 0 and 1, pod 0 under its Service DNS name."""
-    require_docker()
     monkeypatch.setenv("AIRFLOW__GPU__DEFAULT_PARENT_IMAGE", torch_image)
 
     _, job = render("two_cpu_nodes")

@@ -10,13 +10,13 @@ import json
 import subprocess
 
 import pytest
-from pod_in_docker import leftover_containers, require_docker, run_pod
+from backends.docker.docker_fixtures import BASE_IMAGE
+from pod_in_docker import leftover_containers, run_pod
 
 from airflow_gpu_provider.exceptions import InvalidSettingError, RemoteTaskError
 from airflow_gpu_provider.task.request import result_value
 
-pytestmark = pytest.mark.docker
-BASE_IMAGE = "airflow-gpu-base:bookworm"
+pytestmark = pytest.mark.docker  # the Docker guard: an engine and the base image (built when missing), or skip
 
 
 def uses_a_requirement(n: int) -> dict:
@@ -52,14 +52,13 @@ def _render(function, requirements=(), image=BASE_IMAGE):
 
 
 def test_init_container_installs_requirements_and_main_container_returns_the_value():
-    require_docker()
     before = leftover_containers()
     run = run_pod(_render(uses_a_requirement, ["six==1.17.0"]))
     assert run.exit_codes == {"install-requirements": 0, "base": 0}, run.logs
     assert "+ six==1.17.0" in run.logs["install-requirements"]
     assert "deprecated" not in run.logs["install-requirements"]  # the CA variable this uv knows
     log = run.logs["base"]
-    assert "[gpu] backend=kubernetes image=airflow-gpu-base:bookworm" in log
+    assert f"[gpu] backend=kubernetes image={BASE_IMAGE}" in log
     assert "[gpu] resources: no GPU, 1 CPUs, 1.0 GiB memory, 256.0 MiB shm" in log
     assert "[gpu] GPUs assigned: none (running on CPU)" in log
     assert result_value(run.result, 0, where="the pod") == {"square": 49, "six": "1.17.0"}
@@ -69,7 +68,6 @@ def test_init_container_installs_requirements_and_main_container_returns_the_val
 @pytest.fixture
 def image_with_six(tmp_path):
     """The base image plus six installed with pip: a stand-in for a CUDA image that ships packages."""
-    require_docker()
     tag = "airflow-gpu-test-six:latest"
     (tmp_path / "Dockerfile").write_text(
         f"FROM {BASE_IMAGE}\nRUN python3 -m pip install --quiet --break-system-packages six==1.17.0\n"
@@ -87,7 +85,6 @@ def test_requirements_the_image_already_has_are_not_installed_again(image_with_s
 
 
 def test_exception_in_the_pod_shows_its_traceback_and_becomes_a_remote_task_error():
-    require_docker()
     run = run_pod(_render(raises_inside_the_pod))
     assert run.exit_codes == {"base": 1}
     log = run.logs["base"]
@@ -113,7 +110,6 @@ def test_index_credentials_come_from_a_secret_and_never_appear_in_the_pod(tmp_pa
 
     from airflow_gpu_provider import GpuStepOperator, ImageSettings
 
-    require_docker()
     make_wheel(tmp_path / "wheels", "airflow_gpu_private", "1.0", "SECRET_PACKAGE = True\n")
     gateway = docker_host_address()
     with private_index(tmp_path / "wheels") as index:
