@@ -7,6 +7,8 @@
 #                  (AIRFLOW_PORT=8080; AIRFLOW_ARGS="--devices 0,1" to list GPUs by hand)
 #   make reliability - run the failure matrix (every backend x every way a task ends, leftovers counted),
 #                  print it and write it to docs/reliability.md
+#   make gpu-check - on a machine with an NVIDIA GPU: verify every GPU path for real and print a table
+#                  (GPU_CHECK_ARGS="--only inventory,local-task"; exits 2 on a machine without a GPU)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := $(CURDIR)/.venv
@@ -22,7 +24,7 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 export AIRFLOW__GPU__STATE_DIR ?= $(AIRFLOW_HOME)/gpu-state
 
-.PHONY: venv demo test lint bench clean airflow reliability
+.PHONY: venv demo test lint bench clean airflow reliability gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,6 +47,9 @@ airflow: venv
 
 test: venv
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+gpu-check: venv
+	$(PY) scripts/gpu_check.py $(GPU_CHECK_ARGS)
 
 reliability: venv
 	AIRFLOW_GPU_RELIABILITY_REPORT=$(CURDIR)/docs/reliability.md $(PY) -m pytest tests/reliability -p no:cacheprovider $(PYTEST_ARGS)

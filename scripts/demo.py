@@ -8,27 +8,40 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def main() -> int:
-    """Run the DAG, print the report task's XCom; exit 1 unless the run succeeded."""
+def run_example(file_name: str, dag_id: str, conf: dict[str, Any], task_id: str) -> tuple[Any, Any]:
+    """Run an example DAG of dags/ with ``dag.test()``; return the DagRun and ``task_id``'s XCom value.
+
+    :raises RuntimeError: when the file does not parse
+    """
     from airflow.dag_processing.dagbag import DagBag
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
-    conf = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
-    bag = DagBag(dag_folder=str(REPO / "dags" / "gpu_training_demo.py"))
+    bag = DagBag(dag_folder=str(REPO / "dags" / file_name))
     if bag.import_errors:
-        print(json.dumps(bag.import_errors, indent=2), file=sys.stderr)
-        return 1
-    dag_run = bag.get_dag("gpu_training_demo").test(run_conf=conf)
+        raise RuntimeError(json.dumps(bag.import_errors, indent=2))
+    dag_run = bag.get_dag(dag_id).test(run_conf=conf)
     with create_session() as session:
         rows = session.scalars(
-            XComModel.get_many(run_id=dag_run.run_id, dag_ids=dag_run.dag_id, task_ids="report", key="return_value")
+            XComModel.get_many(run_id=dag_run.run_id, dag_ids=dag_run.dag_id, task_ids=task_id, key="return_value")
         ).all()
-        result = XComModel.deserialize_value(rows[0]) if rows else None
+        value = XComModel.deserialize_value(rows[0]) if rows else None
+    return dag_run, value
+
+
+def main() -> int:
+    """Run the DAG, print the report task's XCom; exit 1 unless the run succeeded."""
+    conf = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+    try:
+        dag_run, result = run_example("gpu_training_demo.py", "gpu_training_demo", conf, "report")
+    except RuntimeError as err:
+        print(err, file=sys.stderr)
+        return 1
     print("\n=== gpu_training_demo result ===")
     print(json.dumps({"state": str(dag_run.state), "run_id": dag_run.run_id, "metrics": result}, indent=2))
     return 0 if str(dag_run.state) == "success" else 1
