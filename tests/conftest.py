@@ -21,7 +21,8 @@ import pytest
 from gpu_support import REQUIRE_GPU, nvidia_gpus
 
 REPO = Path(__file__).resolve().parents[1]
-pytest_plugins = ("backends.docker.docker_fixtures",)  # Docker engine fixtures (skip, or fail in CI, without one)
+# Docker engine fixtures (skip, or fail in CI, without one); the failure matrix's report
+pytest_plugins = ("backends.docker.docker_fixtures", "reliability.report")
 _HOME = Path(tempfile.mkdtemp(prefix="airflow-gpu-tests-"))
 os.environ.update(
     {

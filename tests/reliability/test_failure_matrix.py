@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import pytest
-from matrix import BACKENDS, NEEDS_API_SERVER, cells, describe_failure, run_cell
+from reliability.matrix import BACKENDS, NEEDS_API_SERVER, cells, describe_failure, run_cell
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("airflow_home")]
 

@@ -1,4 +1,4 @@
-"""Collects the failure matrix's cells and prints them as one table at the end of the session.
+"""A pytest plugin (loaded by tests/conftest.py): the failure matrix's cells, printed as one table at the end.
 
 With ``AIRFLOW_GPU_RELIABILITY_REPORT=<file>`` (``make reliability``), the table is also written to that file.
 """
@@ -11,7 +11,7 @@ import platform
 from pathlib import Path
 
 import pytest
-from matrix import Cell, table
+from reliability.matrix import BACKENDS, SCENARIOS, Cell, table
 
 _RESULTS: list[Cell] = []
 REPORT_HEADER = """# Reliability: the failure matrix
@@ -45,6 +45,4 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 def _order(cell: Cell) -> tuple[int, int]:
-    from matrix import BACKENDS, SCENARIOS
-
     return list(SCENARIOS).index(cell.scenario), BACKENDS.index(cell.backend)
