@@ -68,6 +68,7 @@ def prepared_image(base_image: str) -> tuple[str, int, float]:
     :return: the image, the builds the re-checks started, and the slowest re-check
     """
     from airflow_gpu_provider.backends import BACKENDS
+    from airflow_gpu_provider.backends.docker.client import connect
     from airflow_gpu_provider.payload import command_envelope
     from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
     from airflow_gpu_provider.task.request import TaskRequest
@@ -76,7 +77,7 @@ def prepared_image(base_image: str) -> tuple[str, int, float]:
     backend = BACKENDS["docker"].create({"repository": REPOSITORY}, log=log)
     image = ImageSettings(parent_image=base_image, requirements=SMALL_REQUIREMENTS)
     plan = backend.plan(TaskRequest(ResourceSettings(), image, command_envelope(COMMAND)))
-    client = backend._connect()
+    client = connect(backend.options)
     tag = backend._image(client, plan)
     builds_before, slowest = counter.count("Building derived image"), 0.0
     for _ in range(5):
