@@ -52,8 +52,9 @@ class Keeper:
             [sys.executable, "-m", __name__, str(pid), start],
             pass_fds=tuple(fds),
             start_new_session=True,  # a kill of the worker's process group leaves it
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,  # none of the worker's streams: a pipe it holds would outlive the worker
             stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
 
     def stop(self) -> None:

@@ -61,3 +61,20 @@ def test_a_process_that_is_not_the_container_is_refused(tmp_path):
         target.wait()
     with pytest.raises(ValueError, match="is not here"):
         Keeper(target.pid, [])  # gone
+
+
+def test_the_keeper_holds_none_of_the_workers_streams(tmp_path):
+    """Whoever reads a killed worker's output (Airflow's supervisor) must see its end, though the keeper stays."""
+    import sys
+
+    target = subprocess.Popen(["sleep", "600"])
+    worker = subprocess.Popen(
+        [sys.executable, "-c", f"from airflow_gpu_provider.host.keeper import Keeper; Keeper({target.pid}, [])"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        worker.communicate(timeout=30)  # EOF: the keeper (still running) holds no end of this pipe
+    finally:
+        target.kill()
+        target.wait()
