@@ -30,10 +30,12 @@ def with_user_environment(
 ) -> dict[str, str]:
     """The task's environment: the user's variables over the provider's defaults (threads, ...).
 
-    Never over the provider's device isolation, though: which GPUs the task sees is the provider's to say.
+    Never the user's device isolation, though: which GPUs the task sees is the provider's to say. Where the provider
+    leaves it to the platform (a GPU pod: the device plugin), the user's value is dropped too: a pod's own
+    ``NVIDIA_VISIBLE_DEVICES=all`` could otherwise show it every GPU of the node.
     """
     enforced = ISOLATION | {vendor.visible_devices_env}
-    return {**provider, **user, **{name: value for name, value in provider.items() if name in enforced}}
+    return {**provider, **{name: value for name, value in user.items() if name not in enforced}}
 
 
 def thread_environment(resources: ResourceSettings) -> dict[str, str]:

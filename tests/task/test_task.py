@@ -43,6 +43,17 @@ def test_containers_and_pods_without_gpus_are_kept_off_the_hosts_gpus(vendor):
     assert gpu_free_environment(ResourceSettings(gpu_count=1)) == {}
 
 
+def test_a_gpu_pod_cannot_widen_what_it_sees_with_its_own_environment():
+    """On a GPU pod the device plugin says which GPUs it gets; NVIDIA_VISIBLE_DEVICES=all must not say otherwise."""
+    image = ImageSettings(environment={"NVIDIA_VISIBLE_DEVICES": "all", "CUDA_VISIBLE_DEVICES": "0,1,2", "X": "1"})
+    req = TaskRequest(ResourceSettings(gpu_count=1), image, command_envelope(["true"]), "fail", LABELS)
+    for backend in ("docker", "kubernetes"):
+        plan = BACKENDS[backend].create().plan(req)
+        environment = plan.create_kwargs("img")["environment"] if backend == "docker" else plan.environment
+        assert "NVIDIA_VISIBLE_DEVICES" not in environment and "CUDA_VISIBLE_DEVICES" not in environment, backend
+        assert environment["X"] == "1"
+
+
 def test_visible_devices_by_vendor():
     assert visible_devices(ResourceSettings().gpu_vendor, ["GPU-a", "GPU-b"]) == {
         "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b",
