@@ -15,9 +15,10 @@ import inspect
 import json
 import linecache
 import os
+import shlex
 import symtable
 import textwrap
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -162,6 +163,32 @@ def shipped_callable(function: Callable[..., Any], *, owner: str) -> ShippedCall
     return ShippedCallable(name, source, inspect.getsourcefile(function) or "<gpu task>", first_line, context_params)
 
 
+JSON_ACCEPTED = "None, bool, int, float (finite), str, and lists/dicts of those (or an upstream task's XCom)"
+
+
+def _unresolved_as_none(value: Any) -> Any:
+    """``value`` with upstream XCom references (resolved when the task runs) replaced by ``None``."""
+    from airflow.sdk.definitions._internal.mixins import ResolveMixin
+
+    if isinstance(value, ResolveMixin):
+        return None
+    if isinstance(value, (list, tuple)):
+        return [_unresolved_as_none(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _unresolved_as_none(item) for key, item in value.items()}
+    return value
+
+
+def _check_json_argument(owner: str, field: str, value: Any) -> None:
+    """At DAG parse time: an argument that can never travel as JSON is an error now, not when the task starts."""
+    try:
+        json.dumps(_unresolved_as_none(value), allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as err:
+        raise InvalidSettingError(
+            owner, field, value, f"a {type(value).__name__} cannot travel as JSON ({err})", JSON_ACCEPTED
+        ) from None
+
+
 def _json_checked(owner: str, label: str, value: Any) -> Any:
     try:
         return json.loads(json.dumps(value, allow_nan=False))
@@ -213,3 +240,47 @@ def command_envelope(command: Sequence[str]) -> dict[str, Any]:
     from airflow_gpu_provider.runtime.bootstrap import ENVELOPE_VERSION
 
     return {"version": ENVELOPE_VERSION, "mode": "command", "command": [str(part) for part in command]}
+
+
+def check_command(owner: str, command: object) -> None:
+    """An argument list (or a string to split as a shell would, without one) that runs something."""
+    accepted = "a list of strings such as ['python', 'train.py'], or one string split with shlex"
+    if isinstance(command, str):
+        try:
+            argv = shlex.split(command)
+        except ValueError as err:  # "No closing quotation"
+            raise InvalidSettingError(
+                owner, "command", command, f"cannot be split into arguments ({err})", accepted
+            ) from None
+    elif isinstance(command, Sequence) and not isinstance(command, (bytes, bytearray)):
+        argv = list(command)
+    else:
+        raise InvalidSettingError(owner, "command", command, "expected a list of arguments or a string", accepted)
+    for part in argv:
+        if isinstance(part, bool) or not isinstance(part, (str, int, float, os.PathLike)) or "\x00" in str(part):
+            raise InvalidSettingError(
+                owner, "command", part, "arguments are strings (or numbers) without NUL", accepted
+            )
+    if not argv:
+        raise InvalidSettingError(owner, "command", command, "an empty command runs nothing", accepted)
+
+
+def check_call_arguments(owner: str, function: Callable[..., Any], args: object, kwargs: object) -> None:
+    """Arguments that the function cannot take, or that cannot travel as JSON, are an error now, not on the GPU."""
+    if isinstance(args, (str, bytes, bytearray, Mapping)) or not isinstance(args, Collection):
+        raise InvalidSettingError(owner, "op_args", args, "expected a list of positional arguments", "a list")
+    if not isinstance(kwargs, Mapping) or not all(isinstance(key, str) for key in kwargs):
+        raise InvalidSettingError(owner, "op_kwargs", kwargs, "expected a dict of keyword arguments", "a dict of str")
+    args, kwargs = list(args), dict(kwargs)
+    for index, value in enumerate(args):
+        _check_json_argument(owner, f"op_args[{index}]", value)
+    for key, value in kwargs.items():
+        _check_json_argument(owner, f"op_kwargs[{key!r}]", value)
+    signature = inspect.signature(function)
+    try:
+        signature.bind_partial(*args, **kwargs)
+    except TypeError as err:
+        raise InvalidSettingError(
+            owner, "op_args/op_kwargs", {"op_args": list(args), "op_kwargs": dict(kwargs)}, str(err),
+            f"the parameters of {function.__name__}{signature}",
+        ) from None  # fmt: skip

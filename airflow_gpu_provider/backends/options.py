@@ -17,6 +17,7 @@ from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 
 Check = Callable[[Any], Any]
 OptionsT = TypeVar("OptionsT", bound="BackendOptions")
+MAX_SECONDS = 10**9  # about 31 years: more is a unit mistake
 
 
 class BadOption(ValueError):
@@ -51,9 +52,18 @@ class BackendOptions:
     @classmethod
     def parse(cls: type[OptionsT], options: Mapping[str, Any]) -> OptionsT:
         """Check names and values of ``backend_options``; return the typed options."""
-        unknown = set(options) - cls.names()
+        if not isinstance(options, Mapping):
+            raise InvalidSettingError(
+                f"backend {cls.backend!r}",
+                "backend_options",
+                options,
+                "expected a mapping of option names to values",
+                "a dict such as {'timeout': 30}",
+            )
+        unknown = {name for name in options if name not in cls.names()}
         if unknown:
-            raise UnknownSettingError(f"backend {cls.backend!r}", unknown, sorted(cls.names()) or ["(none)"])
+            names = (name if isinstance(name, str) else repr(name) for name in unknown)  # sortable, as typed
+            raise UnknownSettingError(f"backend {cls.backend!r}", names, sorted(cls.names()) or ["(none)"])
         checks = {f.name: f.metadata["check"] for f in dataclasses.fields(cls)}
         values = {}
         for name, value in options.items():
@@ -94,9 +104,9 @@ def boolean(value: Any) -> bool:
 
 
 def seconds(value: Any) -> float:
-    """A positive number of seconds."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise BadOption("expected a positive number of seconds", "e.g. 10 or 2.5")
+    """A positive number of seconds, up to :data:`MAX_SECONDS` (NaN and infinities are not durations)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_SECONDS:
+        raise BadOption(f"expected a positive number of seconds, at most {MAX_SECONDS:.0e}", "e.g. 10 or 2.5")
     return float(value)
 
 

@@ -14,7 +14,14 @@ from airflow_gpu_provider import config
 from airflow_gpu_provider.backends import BACKENDS, BackendInfo
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.listeners.gpu_pool import with_gpu_pool
-from airflow_gpu_provider.payload import call_arguments, callable_envelope, command_envelope, shipped_callable
+from airflow_gpu_provider.payload import (
+    call_arguments,
+    callable_envelope,
+    check_call_arguments,
+    check_command,
+    command_envelope,
+    shipped_callable,
+)
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.settings.image import check_environment
 from airflow_gpu_provider.task import missing_gpu
@@ -52,18 +59,6 @@ def resolve_resources(
 
 def _argv(command: Sequence[str] | str) -> list[str]:
     return shlex.split(command) if isinstance(command, str) else list(command)
-
-
-def _check_arguments(owner: str, function: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
-    """Arguments that the function cannot take are an error now, not in the GPU process."""
-    signature = inspect.signature(function)
-    try:
-        signature.bind_partial(*args, **kwargs)
-    except TypeError as err:
-        raise InvalidSettingError(
-            owner, "op_args/op_kwargs", {"op_args": list(args), "op_kwargs": dict(kwargs)}, str(err),
-            f"the parameters of {function.__name__}{signature}",
-        ) from None  # fmt: skip
 
 
 class GpuStepOperator(BaseOperator):
@@ -141,8 +136,8 @@ class GpuStepOperator(BaseOperator):
             raise InvalidSettingError(
                 owner, "python_callable/command", None, "give exactly one of them", "python_callable=f or command=[...]"
             )
-        if command is not None and not is_template(command) and not _argv(command):
-            raise InvalidSettingError(owner, "command", command, "an empty command runs nothing", "['python', 'x.py']")
+        if command is not None and not is_template(command):
+            check_command(owner, command)
         if image is not None and not isinstance(image, ImageSettings):
             raise InvalidSettingError(owner, "image", image, "expected an ImageSettings", None)
 
@@ -167,9 +162,15 @@ class GpuStepOperator(BaseOperator):
 
         if on_missing_gpu is not None and not is_template(on_missing_gpu):
             config.check_choice(owner, "on_missing_gpu", on_missing_gpu, missing_gpu.NAMES)
+        if backend_options is not None and not isinstance(backend_options, Mapping):
+            raise InvalidSettingError(
+                owner, "backend_options", backend_options, "expected a mapping of option names to values",
+                "a dict such as {'namespace': 'ml'}",
+            )  # fmt: skip
         self._backend_options: tuple[str, BackendOptions] | None = None  # parsed once, for the backend they are for
-        if backend is not None and not is_template(backend):
-            info = BACKENDS[config.check_choice(owner, "backend", backend, tuple(BACKENDS))]
+        chosen = config.get("backend") if backend is None else backend  # no backend: [gpu] backend runs the task
+        if not is_template(chosen):
+            info = BACKENDS[config.check_choice(owner, "backend", chosen, tuple(BACKENDS))]
             options = info.parse_options(backend_options)
             resources = None if self.resource_overrides else self.resource_settings
             info.check(resources, self.num_nodes, options, self.image_settings)
@@ -178,10 +179,10 @@ class GpuStepOperator(BaseOperator):
         self.python_callable = python_callable
         self.shipped = shipped_callable(python_callable, owner=owner) if python_callable is not None else None
         self.command = command
+        if python_callable is not None:
+            check_call_arguments(owner, python_callable, op_args or [], op_kwargs or {})
         self.op_args = list(op_args or [])
         self.op_kwargs = dict(op_kwargs or {})
-        if python_callable is not None:
-            _check_arguments(owner, python_callable, self.op_args, self.op_kwargs)
         self.backend = backend
         self.on_missing_gpu = on_missing_gpu
         self.backend_options = dict(backend_options or {})

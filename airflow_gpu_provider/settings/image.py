@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 from packaging.requirements import InvalidRequirement, Requirement
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.runtime.bootstrap import redact
 
 Installer = Literal["uv", "pip"]
 INSTALLERS: tuple[str, ...] = ("uv", "pip")
@@ -67,7 +68,10 @@ def _check_location(name: str, value: str, *, paths: bool) -> None:
     accepted = "an http(s) or file:// URL" + (", or an absolute directory path" if paths else "")
     if not isinstance(value, str) or not value.strip():
         raise _invalid(name, value, "expected a URL", accepted)
-    parsed = urlparse(value)
+    try:
+        parsed = urlparse(value)
+    except ValueError as err:  # "https://[::1/simple": an unclosed IPv6 host
+        raise _invalid(name, value, f"not a URL ({err})", accepted) from None
     if (parsed.scheme in ("http", "https") and parsed.netloc) or (parsed.scheme == "file" and parsed.path):
         return
     if paths and not parsed.scheme and value.startswith("/"):
@@ -147,13 +151,17 @@ class ImageSettings:
 
     @property
     def install_options(self) -> dict[str, Any]:
-        """Everything that decides what gets installed, in a stable order."""
+        """Everything that decides what gets installed, in a stable order, without the credentials of any URL.
+
+        It keys cached venvs and derived images (and their labels): a rotated token must not rebuild them, and no
+        digest of a secret goes into a label.
+        """
         return {
-            "requirements": sorted(self.requirements),
+            "requirements": sorted(redact(requirement) for requirement in self.requirements),
             "installer": self.python_package_installer,
-            "index_url": self.index_url,
-            "extra_index_urls": list(self.extra_index_urls),
-            "find_links": list(self.find_links),
+            "index_url": redact(self.index_url) if self.index_url else None,
+            "extra_index_urls": [redact(url) for url in self.extra_index_urls],
+            "find_links": [redact(link) for link in self.find_links],
         }
 
     @property

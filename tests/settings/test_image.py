@@ -33,6 +33,29 @@ def test_hash_changes_with_installer_and_index():
     )
 
 
+def test_credentials_change_neither_the_hash_nor_the_install_options():
+    """A rotated token must not rebuild cached venvs and images, and no digest of a secret goes into their labels."""
+
+    def image(token: str) -> ImageSettings:
+        return ImageSettings(
+            requirements=[f"name @ https://{token}@example.org/name-1.0.tar.gz"],
+            index_url=f"https://user:{token}@mirror.example/simple",
+            extra_index_urls=[f"https://{token}@extra.example/simple"],
+            find_links=[f"https://user:{token}@links.example/wheels/"],
+        )
+
+    old, new = image("s3cr3t-old"), image("s3cr3t-new")
+    assert old.requirements_hash == new.requirements_hash
+    assert "s3cr3t" not in repr(old.install_options)
+    assert old.install_options["index_url"] == "https://***@mirror.example/simple"
+    assert old.installer_index_args()[1] == "https://user:s3cr3t-old@mirror.example/simple"  # the installer gets them
+    assert old.requirements_hash != image_without_index().requirements_hash
+
+
+def image_without_index() -> ImageSettings:
+    return ImageSettings(requirements=["name @ https://example.org/name-1.0.tar.gz"])
+
+
 def test_pep508_markers_and_extras_and_urls():
     image = ImageSettings(
         requirements=['pkg[extra]>=1; python_version >= "3.10"', "name @ https://example.org/name-1.0.tar.gz"]

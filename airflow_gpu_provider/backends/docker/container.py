@@ -10,12 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_gpu_provider.backends.docker.options import DockerOptions
-from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.settings import ALL_GPUS, AMD, INTEL, NVIDIA, ResourceSettings
+from airflow_gpu_provider.backends.docker.options import DockerOptions, check_gpu_request
+from airflow_gpu_provider.settings import ALL_GPUS, AMD, NVIDIA, ResourceSettings
 from airflow_gpu_provider.task.environment import CUDA_ORDER, gpu_free_environment, thread_environment, visible_devices
 
-SUPPORTED_VENDORS: tuple[str, ...] = (NVIDIA.name, AMD.name, INTEL.name)
 # NVIDIA's recommendation for PyTorch in containers: unlimited locked memory, a 64 MiB stack.
 NVIDIA_ULIMITS: tuple[dict[str, Any], ...] = (
     {"name": "memlock", "soft": -1, "hard": -1},
@@ -40,10 +38,6 @@ class ContainerResources:
     notes: tuple[str, ...] = field(default=())
 
 
-def _unsupported(field_name: str, value: object, reason: str, accepted: str) -> InvalidSettingError:
-    return InvalidSettingError("backend 'docker'", field_name, value, reason, accepted)
-
-
 def gpu_mapping(
     resources: ResourceSettings,
     *,
@@ -59,14 +53,7 @@ def gpu_mapping(
     vendor = resources.gpu_vendor
     if not resources.requests_gpus:
         return {}, gpu_free_environment(resources), []
-    if vendor.name not in SUPPORTED_VENDORS:
-        raise _unsupported(
-            "gpu_vendor", vendor.name, "the docker backend cannot expose these devices", ", ".join(SUPPORTED_VENDORS)
-        )
-    if device_ids and isinstance(count, int) and len(device_ids) < count:
-        raise _unsupported(
-            "devices", list(device_ids), f"fewer device ids than gpu_count={count}", f"at least {count} ids"
-        )
+    check_gpu_request(resources, device_ids)
     notes = []
     if resources.accelerator:
         notes.append(
@@ -76,13 +63,6 @@ def gpu_mapping(
     ids = list(device_ids) if count == ALL_GPUS else list(device_ids)[: int(count)]
     environment: dict[str, str] = {}
     if vendor == NVIDIA:
-        if resources.mig_profile and not ids:
-            raise _unsupported(
-                "mig_profile",
-                resources.mig_profile,
-                "Docker requests GPUs by count and cannot pick MIG slices by profile",
-                "backend_options={'devices': ['MIG-<uuid>', ...]} with the slices' UUIDs (nvidia-smi -L)",
-            )
         request: dict[str, Any] = {"driver": "", "capabilities": [["gpu"]]}
         if ids:
             request["device_ids"] = ids

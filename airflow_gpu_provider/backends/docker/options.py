@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import posixpath
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -17,6 +19,8 @@ from airflow_gpu_provider.backends.options import (
     string_list,
     text,
 )
+from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.settings import AMD, INTEL, NVIDIA, ResourceSettings
 
 PullPolicy = Literal["missing", "always", "never"]
 AutoRemove = Literal["force", "success", "never"]
@@ -27,6 +31,8 @@ UV_SOURCES: tuple[str, ...] = ("worker", "pip")
 MOUNT_TYPES: tuple[str, ...] = ("bind", "volume", "tmpfs")
 MOUNT_KEYS = frozenset({"source", "target", "type", "read_only"})
 DEFAULT_DOCKER_URL = "unix://var/run/docker.sock"
+CONTAINER_DIR = "/airflow-gpu"  # the runtime and the envelope, mounted read-only (or copied in): no mount goes there
+SUPPORTED_VENDORS: tuple[str, ...] = (NVIDIA.name, AMD.name, INTEL.name)
 # Whoever reaches these controls the host (the container runtimes' sockets and state): never mounted, even read-only,
 # nor any folder that holds one.
 RUNTIME_CONTROL: tuple[str, ...] = (
@@ -92,6 +98,12 @@ def _user(value: Any) -> str | int:
     return value
 
 
+def _absolute_path(value: Any) -> str:
+    if not isinstance(value, str) or not value.startswith("/") or "\x00" in value:
+        raise BadOption("Docker needs an absolute path in the container", "a path such as '/workspace'")
+    return value
+
+
 def _capabilities(value: Any) -> tuple[str, ...]:
     names = string_list(value)
     for name in names:
@@ -100,22 +112,69 @@ def _capabilities(value: Any) -> tuple[str, ...]:
     return names
 
 
+def _container_path(path: str) -> str:
+    """A path as the engine compares mount targets: ``//data/`` and ``/data/x/..`` are ``/data``."""
+    return "/" + posixpath.normpath(path).lstrip("/")
+
+
 def _mounts(value: Any) -> tuple[dict[str, Any], ...]:
     accepted = "a list of {'source': ..., 'target': '/abs/path', 'type': 'bind'|'volume'|'tmpfs', 'read_only': bool}"
     mounts = dict_list(value, keys=MOUNT_KEYS, what="mount", accepted=accepted)
+    targets: set[str] = set()
     for mount in mounts:
-        target, kind = mount.get("target"), mount.get("type", "bind")
-        if not isinstance(target, str) or not target.startswith("/"):
+        target, kind, source = mount.get("target"), mount.get("type", "bind"), mount.get("source")
+        if not isinstance(target, str) or not target.startswith("/") or "\x00" in target:
             raise BadOption("'target' must be an absolute path in the container", accepted, value=mount)
+        path = _container_path(target)
+        if path == "/" or _inside(path, CONTAINER_DIR):
+            raise BadOption(f"'target' must not be '/' nor the task's own {CONTAINER_DIR}", accepted, value=mount)
+        if path in targets:
+            raise BadOption(f"two mounts at {path!r}", accepted, value=mount)
+        targets.add(path)
         if kind not in MOUNT_TYPES:
             raise BadOption(f"unknown mount type {kind!r}", accepted, value=mount)
-        source = mount.get("source")
-        if kind != "tmpfs" and (not isinstance(source, str) or not source):
+        if not isinstance(mount.get("read_only", False), bool):
+            raise BadOption("'read_only' must be True or False", accepted, value=mount)
+        if kind == "tmpfs" and source is not None:
+            raise BadOption("a tmpfs mount takes no 'source'", accepted, value=mount)
+        if kind != "tmpfs" and (not isinstance(source, str) or not source or "\x00" in source):
             raise BadOption("'source' is required for bind and volume mounts", accepted, value=mount)
         problem = mount_source_problem(str(source), read_only=bool(mount.get("read_only"))) if kind == "bind" else None
         if problem:
             raise BadOption(problem, "mounts of data or model folders", value=mount)
     return mounts
+
+
+def check_gpu_request(resources: ResourceSettings, device_ids: Sequence[str]) -> None:
+    """What Docker cannot give: another vendor's devices, MIG slices by profile, fewer device ids than GPUs.
+
+    Asked at DAG parse time (:meth:`DockerOptions.check`) and again when the GPUs are mapped, on the devices the host
+    allocator handed out.
+    """
+    if not resources.requests_gpus:
+        return
+    count, vendor = resources.gpu_count, resources.gpu_vendor
+    if vendor.name not in SUPPORTED_VENDORS:
+        raise InvalidSettingError(
+            "backend 'docker'",
+            "gpu_vendor",
+            vendor.name,
+            "the docker backend cannot expose these devices",
+            ", ".join(SUPPORTED_VENDORS),
+        )
+    if device_ids and isinstance(count, int) and len(device_ids) < count:
+        raise InvalidSettingError(
+            "backend 'docker'", "devices", list(device_ids), f"fewer device ids than gpu_count={count}",
+            f"at least {count} ids",
+        )  # fmt: skip
+    if vendor == NVIDIA and resources.mig_profile and not device_ids:
+        raise InvalidSettingError(
+            "backend 'docker'",
+            "mig_profile",
+            resources.mig_profile,
+            "Docker requests GPUs by count and cannot pick MIG slices by profile",
+            "backend_options={'devices': ['MIG-<uuid>', ...]} with the slices' UUIDs (nvidia-smi -L)",
+        )
 
 
 @dataclass(frozen=True)
@@ -166,7 +225,7 @@ class DockerOptions(BackendOptions):
     mounts: tuple[dict[str, Any], ...] = option((), check=_mounts)
     ipc_mode: str | None = option(check=text)
     user: str | int | None = option(check=_user)
-    working_dir: str | None = option(check=text)
+    working_dir: str | None = option(check=_absolute_path)
     auto_remove: AutoRemove = option("force", check=one_of(*AUTO_REMOVE))
     pull: PullPolicy = option("missing", check=one_of(*PULL_POLICIES))
     registry: str | None = option(check=text)
@@ -181,6 +240,10 @@ class DockerOptions(BackendOptions):
     cap_add: tuple[str, ...] = option((), check=_capabilities)
     stop_timeout: float = option(10.0, check=seconds)
     state_dir: str | None = option(check=text)
+
+    def check(self, resources: ResourceSettings) -> None:
+        """At DAG parse time: GPUs that Docker cannot hand out with these options."""
+        check_gpu_request(resources, self.devices)
 
     @property
     def engine_url(self) -> str | tuple[str, ...]:

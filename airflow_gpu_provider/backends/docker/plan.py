@@ -10,14 +10,13 @@ from typing import Any
 from airflow_gpu_provider import config
 from airflow_gpu_provider.backends.docker.container import ContainerResources, map_resources
 from airflow_gpu_provider.backends.docker.images.dockerfile import BuildOptions
-from airflow_gpu_provider.backends.docker.options import DockerOptions
+from airflow_gpu_provider.backends.docker.options import CONTAINER_DIR, DockerOptions
 from airflow_gpu_provider.host.allocator import HostGpus
 from airflow_gpu_provider.settings.units import parse_bytes
 from airflow_gpu_provider.task.environment import with_user_environment
 from airflow_gpu_provider.task.request import TaskRequest
 
 LABEL = "airflow-gpu-provider"
-CONTAINER_DIR = "/airflow-gpu"  # the runtime and the envelope, mounted read-only (or copied in)
 RESULT_PATH = "/tmp/airflow-gpu-result.json"  # read back through the Docker API
 COMMAND = ["python3", f"{CONTAINER_DIR}/bootstrap.py", f"{CONTAINER_DIR}/envelope.json", RESULT_PATH]
 

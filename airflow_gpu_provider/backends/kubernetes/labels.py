@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.settings import ResourceSettings
@@ -138,3 +139,50 @@ def accelerator_requirements(
             "backend_options={'accelerator_labels': {'<label>': '<value>'}}; or label_scheme='none'",
         )
     return dict(found)
+
+
+def merge_node_selectors(*sources: tuple[str, Mapping[str, str]]) -> dict[str, str]:
+    """Unite ``(origin, selector)`` pairs; one key with two values is an error naming both origins."""
+    merged: dict[str, str] = {}
+    origin_of: dict[str, str] = {}
+    for origin, selector in sources:
+        for key, value in selector.items():
+            if key in merged and merged[key] != value:
+                raise InvalidSettingError(
+                    "backend 'kubernetes'",
+                    "backend_options['node_selector']",
+                    {key: value},
+                    f"{origin} sets {key}={value!r} but {origin_of[key]} sets {key}={merged[key]!r}; "
+                    "no node can have both",
+                    "one value per label key (drop one of them, or use accelerator_labels)",
+                )
+            merged[key] = value
+            origin_of.setdefault(key, origin)
+    return merged
+
+
+def node_selector(
+    resources: ResourceSettings,
+    scheme_name: str,
+    explicit: Mapping[str, str] | None,
+    *,
+    template: Mapping[str, str],
+    user: Mapping[str, str],
+) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """The pod's nodeSelector and the accelerator's required node-affinity expressions.
+
+    The selector unites the pod template's, the accelerator's (a model with one label value) and ``node_selector``;
+    a model with several label values becomes an ``In`` expression. Asked at DAG parse time (the options' check,
+    with ``pod_template_dict``) and when the pod is planned (with the template file too).
+    """
+    required = accelerator_requirements(resources, scheme_name, explicit)
+    derived = {key: values[0] for key, values in required.items() if len(values) == 1}
+    expressions: list[dict[str, Any]] = [
+        {"key": key, "operator": "In", "values": list(values)} for key, values in required.items() if len(values) > 1
+    ]
+    selector = merge_node_selectors(
+        ("the pod template", template),
+        (f"accelerator={resources.accelerator!r}", derived),
+        ("backend_options['node_selector']", user),
+    )
+    return selector, expressions

@@ -5,6 +5,7 @@ Pure: no cluster and no client; it reads only ``pod_template_file`` when one is 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,8 +13,9 @@ from typing import Any
 
 from airflow_gpu_provider import config
 from airflow_gpu_provider.backends.kubernetes import container, resources, scheduling
-from airflow_gpu_provider.backends.kubernetes.options import KubernetesOptions
+from airflow_gpu_provider.backends.kubernetes.options import KubernetesOptions, check_pod_template
 from airflow_gpu_provider.backends.kubernetes.requirements import requirements_plan
+from airflow_gpu_provider.backends.options import BadOption
 from airflow_gpu_provider.settings import ResourceSettings
 from airflow_gpu_provider.task.environment import summary
 from airflow_gpu_provider.task.request import TaskRequest
@@ -57,19 +59,27 @@ class KubernetesPlan:
 
 
 def load_pod_template(options: KubernetesOptions) -> dict[str, Any] | None:
-    """The user's pod template as a dict (``pod_template_dict``, or the YAML/JSON in ``pod_template_file``)."""
-    if options.pod_template_dict is not None:
-        return dict(options.pod_template_dict)
-    if options.pod_template_file is None:
-        return None
-    import yaml
+    """The user's pod template as a dict (``pod_template_dict``, or the YAML/JSON in ``pod_template_file``).
 
-    path = Path(options.pod_template_file)
-    if not path.is_file():
-        raise options.invalid("pod_template_file", str(path), "no such file", "a path to a Pod YAML file")
-    template = yaml.safe_load(path.read_text())
-    if not isinstance(template, dict) or template.get("kind", "Pod") != "Pod":
-        raise options.invalid("pod_template_file", str(path), "not a Pod manifest", "kind: Pod")
+    A template without containers gets an empty ``base`` one, for KubernetesPodOperator to merge the task's into.
+    """
+    if options.pod_template_dict is not None:
+        template = copy.deepcopy(dict(options.pod_template_dict))
+    elif options.pod_template_file is None:
+        return None
+    else:
+        import yaml
+
+        path = Path(options.pod_template_file)
+        if not path.is_file():
+            raise options.invalid("pod_template_file", str(path), "no such file", "a path to a Pod YAML file")
+        try:
+            template = check_pod_template(yaml.safe_load(path.read_text()))
+        except BadOption as err:
+            raise options.invalid("pod_template_file", str(path), err.reason, err.accepted) from None
+    spec = template["spec"] = dict(template.get("spec") or {})
+    if spec.get("containers") is None:
+        spec["containers"] = [{"name": "base"}]
     return template
 
 

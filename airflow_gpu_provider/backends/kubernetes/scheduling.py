@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_gpu_provider.backends.kubernetes.labels import accelerator_requirements
+from airflow_gpu_provider.backends.kubernetes.labels import node_selector
 from airflow_gpu_provider.backends.kubernetes.options import KubernetesOptions
 from airflow_gpu_provider.settings import ResourceSettings
 
@@ -34,25 +34,6 @@ class Placement:
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[dict[str, Any]] = field(default_factory=list)
     affinity: dict[str, Any] = field(default_factory=dict)
-
-
-def merge_node_selectors(*sources: tuple[str, Mapping[str, str]]) -> dict[str, str]:
-    """Unite ``(origin, selector)`` pairs; one key with two values is an error naming both origins."""
-    merged: dict[str, str] = {}
-    origin_of: dict[str, str] = {}
-    for origin, selector in sources:
-        for key, value in selector.items():
-            if key in merged and merged[key] != value:
-                raise KubernetesOptions.invalid(
-                    "node_selector",
-                    {key: value},
-                    f"{origin} sets {key}={value!r} but {origin_of[key]} sets {key}={merged[key]!r}; "
-                    "no node can have both",
-                    "one value per label key (drop one of them, or use accelerator_labels)",
-                )
-            merged[key] = value
-            origin_of.setdefault(key, origin)
-    return merged
 
 
 def _dedupe(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -86,15 +67,12 @@ def placement(
 ) -> Placement:
     """Merge the provider's scheduling fields with the pod template's and the user's (rules in the module doc)."""
     template_spec = template_spec or {}
-    required = accelerator_requirements(resources, options.label_scheme, options.accelerator_labels)
-    derived = {key: values[0] for key, values in required.items() if len(values) == 1}
-    expressions = [
-        {"key": key, "operator": "In", "values": list(values)} for key, values in required.items() if len(values) > 1
-    ]
-    selector = merge_node_selectors(
-        ("the pod template", template_spec.get("nodeSelector") or {}),
-        (f"accelerator={resources.accelerator!r}", derived),
-        ("backend_options['node_selector']", options.node_selector or {}),
+    selector, expressions = node_selector(
+        resources,
+        options.label_scheme,
+        options.accelerator_labels,
+        template=template_spec.get("nodeSelector") or {},
+        user=options.node_selector or {},
     )
     own = [gpu_toleration(toleration_key)] if options.gpu_toleration and toleration_key else []
     template_tolerations = [dict(t) for t in template_spec.get("tolerations") or []]
