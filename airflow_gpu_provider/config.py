@@ -109,6 +109,24 @@ OPTIONS: tuple[Option, ...] = (
         "(a no-op when the task never loaded torch).",
         "False",
     ),
+    Option(
+        "profile",
+        "boolean",
+        "True",
+        "Whether GPU tasks are profiled while they run: GPU utilisation, memory, power and temperature through NVML "
+        "(or CPU and memory of the task's processes where there is no GPU), summarised with advice at the end of "
+        "the log, stored in XCom under gpu_profile and shown in the UI's GPU tab.",
+        "False",
+    ),
+    Option("profile_interval", "float", "1.0", "Seconds between two samples of a task's profile.", "5.0"),
+    Option(
+        "prices",
+        "string",
+        "",
+        "Price per device-hour of each accelerator model, for the cost in task profiles (on-prem too: your own "
+        "amortised cost): comma-separated MODEL=PRICE; cpu=PRICE prices CPU profiles. Empty: no cost shown.",
+        "A100-80GB=3.04, H100=4.10, L4=0.71",
+    ),
 )
 _BY_NAME = {option.name: option for option in OPTIONS}
 

@@ -6,7 +6,8 @@ the value and what is accepted. Run-time errors are ``RuntimeError`` subclasses 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 
 class InvalidSettingError(ValueError):
@@ -56,9 +57,18 @@ class RemoteTaskError(GpuTaskError):
 
     :param error_type: the exception's class name in the remote process
     :param remote_traceback: the formatted traceback from the remote process
+    :param profile: the try's profile (``telemetry``), if it was sampled
     """
 
-    def __init__(self, message: str, *, error_type: str = "", remote_traceback: str = "") -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        error_type: str = "",
+        remote_traceback: str = "",
+        profile: Mapping[str, Any] | None = None,
+    ) -> None:
         self.error_type = error_type
         self.remote_traceback = remote_traceback
+        self.profile = profile
         super().__init__(message)

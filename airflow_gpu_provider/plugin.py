@@ -1,14 +1,21 @@
-"""Airflow plugin (``airflow.plugins`` entry point): registers the provider's listeners."""
+"""Airflow plugin (``airflow.plugins`` entry point): the provider's listeners and its GPU telemetry UI."""
 
 from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
 from airflow_gpu_provider.listeners import cuda_cache, gpu_pool
+from airflow_gpu_provider.ui import EXTERNAL_VIEWS, FASTAPI_APPS
 
 
 class GpuProviderPlugin(AirflowPlugin):
-    """CUDA cache clearing between tasks on workers; GPU-pool checks in the scheduler."""
+    """CUDA cache clearing between tasks on workers; GPU-pool checks in the scheduler; the GPU tab and GPUs page.
+
+    The UI's app (``ui/app.py``) is built on its first request in the API server: importing this plugin stays cheap
+    for every other component.
+    """
 
     name = "airflow_gpu_provider"
     listeners = [cuda_cache, gpu_pool]
+    fastapi_apps = FASTAPI_APPS
+    external_views = EXTERNAL_VIEWS

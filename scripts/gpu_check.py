@@ -14,6 +14,8 @@ cuda-cache     in such a task, CudaHook().clear_cache(), the cache listener and 
                each bring torch.cuda.memory_reserved() back to 0
 demo-bf16      the demo DAG (dags/gpu_training_demo.py) trains on cuda with bf16 autocast (its forward pass computes
                in bfloat16) and its loss goes down
+profile        the demo's train task comes back with a GPU profile (NVML through ctypes): its samples, utilisation,
+               peak memory and energy, the real figures of this card
 accelerate     a 1-GPU launch of dags/accelerate_training.py (AccelerateOperator): accelerate launch with one
                process, world size 1, device cuda
 =============  ====================================================================================================
@@ -271,16 +273,16 @@ def _ensure_migrated() -> None:
     marker.touch()
 
 
-def _run_example(file_name: str, dag_id: str, conf: dict[str, Any], task_id: str) -> Any:
+def _run_example(file_name: str, dag_id: str, conf: dict[str, Any], task_id: str, key: str = "return_value") -> Any:
     if str(REPO / "scripts") not in sys.path:
         sys.path.insert(0, str(REPO / "scripts"))
-    from demo import run_example  # what make demo runs
+    from demo import run_example, xcom  # what make demo runs
 
     _ensure_migrated()
-    dag_run, value = run_example(file_name, dag_id, conf, task_id)
+    dag_run = run_example(file_name, dag_id, conf)
     if str(dag_run.state) != "success":
         raise Failed(f"{dag_id} run {dag_run.run_id} ended {dag_run.state}")
-    return value
+    return xcom(dag_run, task_id, key)
 
 
 def check_demo_bf16(ctx: Context) -> str:
@@ -297,6 +299,23 @@ def check_demo_bf16(ctx: Context) -> str:
     return (
         f"{metrics['epochs']} epochs on {metrics['device']} ({metrics['gpu_name']}), forward in bfloat16, "
         f"loss {metrics['initial_loss']:.3f} -> {metrics['final_loss']:.3f}"
+    )
+
+
+def check_profile(ctx: Context) -> str:
+    """The demo's train task profiled through NVML: a GPU profile in XCom with the card's real figures."""
+    conf = {"epochs": ctx.epochs, "gpu_count": 1, "backend": "local", "on_missing_gpu": "fail"}
+    profile = _run_example("gpu_training_demo.py", "gpu_training_demo", conf, "train", key="gpu_profile")
+    if not profile or profile.get("kind") != "gpu":
+        raise Failed(f"expected a GPU profile in XCom, got {profile and profile.get('kind')}: {profile}")
+    device = profile["devices"][0]
+    if not device.get("peak_memory") or device.get("mean_util") is None:
+        raise Failed(f"the profile has no memory or utilisation figures: {device}")
+    energy = "" if device.get("energy_wh") is None else f", {device['energy_wh']:.3f} Wh"
+    return (
+        f"{device['name']}: {profile['samples']} samples in {profile['duration_s']:.1f}s, utilisation mean "
+        f"{device['mean_util']:.0f} % p95 {device['p95_util']:.0f} %, peak {device['peak_memory'] / 2**30:.2f} GiB "
+        f"({device['peak_memory_pct']:.1f} %){energy}"
     )
 
 
@@ -322,6 +341,7 @@ CHECKS: dict[str, Callable[[Context], str]] = {
     "local-task": check_local_task,
     "cuda-cache": check_cuda_cache,
     "demo-bf16": check_demo_bf16,
+    "profile": check_profile,
     "accelerate": check_accelerate,
 }
 

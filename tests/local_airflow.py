@@ -125,12 +125,16 @@ class LocalAirflow:
             return "(no log)"
 
     # ------------------------------------------------------------------ REST API
-    def api(self, method: str, path: str, body: Any = None) -> Any:
-        """Call the REST API as admin (a token from ``POST /auth/token``); return the decoded JSON."""
+    def token(self) -> str:
+        """The admin's API token (``POST /auth/token``), fetched once."""
         if self._token is None:
             credentials = {"username": self.ready["username"], "password": self.ready["password"]}
             self._token = self._request("POST", "/auth/token", credentials)["access_token"]
-        return self._request(method, path, body, {"Authorization": f"Bearer {self._token}"})
+        return self._token
+
+    def api(self, method: str, path: str, body: Any = None) -> Any:
+        """Call the REST API as admin (a token from ``POST /auth/token``); return the decoded JSON."""
+        return self._request(method, path, body, {"Authorization": f"Bearer {self.token()}"})
 
     def _request(self, method: str, path: str, body: Any, headers: dict[str, str] | None = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
@@ -180,11 +184,11 @@ class LocalAirflow:
         quoted = urllib.request.quote(run_id, safe="")
         return self.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances?limit=100")["task_instances"]
 
-    def xcom(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> Any:
-        """A task's ``return_value`` XCom, deserialized."""
+    def xcom(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1, key: str = "return_value") -> Any:
+        """A task's XCom (``return_value`` unless ``key`` says otherwise), deserialized."""
         quoted = urllib.request.quote(run_id, safe="")
         path = (
-            f"/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances/{task_id}/xcomEntries/return_value"
+            f"/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances/{task_id}/xcomEntries/{key}"
             f"?map_index={map_index}&deserialize=true&stringify=false"
         )
         return self.api("GET", path)["value"]

@@ -2,7 +2,8 @@
 
 One standalone Airflow serves the whole module: API server, scheduler, DAG processor and triggerer on SQLite with
 the LocalExecutor, two configured GPUs (``[gpu] devices=0,1``; the host has none, so torch runs on the CPU) and a
-two-slot GPU pool. The browser test drives the real UI in Debian's Chromium through Playwright.
+two-slot GPU pool. The browser tests drive the real UI in Debian's Chromium through Playwright; the GPU telemetry
+UI's test keeps its screenshots in ``$AIRFLOW_GPU_TEST_ARTIFACTS/ui`` (default ``test-artifacts/ui``).
 """
 
 from __future__ import annotations
@@ -13,11 +14,16 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from urllib.parse import quote, unquote
 
 import pytest
-from local_airflow import LocalAirflow
+from local_airflow import REPO, LocalAirflow
+from ui.profiles import GPU_PROFILE as SAMPLE_GPU_PROFILE
+
+from airflow_gpu_provider.ui.profile import Profile, gib, pct
 
 pytestmark = pytest.mark.slow
 
@@ -217,3 +223,133 @@ def test_browser_trigger_with_changed_param_shows_gpu_summary_and_xcom(airflow, 
         raise AssertionError(f"browser step {step!r} failed: {error}; screenshot and HTML in {shots}") from error
     else:
         shutil.rmtree(shots, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- the GPU telemetry UI (ui/)
+ARTIFACTS = Path(os.environ.get("AIRFLOW_GPU_TEST_ARTIFACTS") or REPO / "test-artifacts") / "ui"
+
+
+def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    """GET a page of the GPU app: its status and text (no exception on 4xx)."""
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def _push_sample_profile(airflow: LocalAirflow, run_id: str, task_id: str) -> dict:
+    """TEST DATA: store the two-GPU sample of tests/ui/profiles.py as ``task_id``'s profile (through the REST API).
+
+    These machines have no GPU, so a real run only ever stores a CPU profile; this puts a multi-GPU one in front of
+    the real UI too.
+    """
+    quoted = quote(run_id, safe="")
+    entries = f"/api/v2/dags/{DEMO}/dagRuns/{quoted}/taskInstances/{task_id}/xcomEntries"
+    airflow.api("POST", entries, {"key": "gpu_profile", "value": SAMPLE_GPU_PROFILE, "map_index": -1})
+    return airflow.xcom(DEMO, run_id, task_id, key="gpu_profile")
+
+
+def test_gpu_pages_need_a_signed_in_user(airflow):
+    plugin = next(p for p in airflow.api("GET", "/api/v2/plugins")["plugins"] if p["name"] == "airflow_gpu_provider")
+    assert [app["url_prefix"] for app in plugin["fastapi_apps"]] == ["/gpu"]
+    assert {(view["name"], view["destination"]) for view in plugin["external_views"]} == {
+        ("GPU", "task_instance"),
+        ("GPUs", "nav"),
+    }
+    task_page = f"{airflow.url}/gpu/dags/{DEMO}/runs/no-such-run/tasks/train"
+    for url in (f"{airflow.url}/gpu/", task_page):
+        assert _get(url)[0] == 401, url
+        assert _get(url, {"Authorization": "Bearer forged"})[0] == 403, url
+        assert _get(url, {"Cookie": "_token=forged"})[0] == 403, url
+    signed_in = {"Authorization": f"Bearer {airflow.token()}"}
+    status, body = _get(f"{airflow.url}/gpu/", signed_in)
+    assert status == 200 and "<h1>GPUs</h1>" in body
+    status, body = _get(task_page, signed_in)
+    assert status == 404 and "No such task instance" in body
+
+
+def _log_in(page, airflow: LocalAirflow) -> None:
+    page.goto(airflow.url)
+    page.get_by_label("Username").fill(airflow.ready["username"])
+    page.get_by_label("Password").fill(airflow.ready["password"])
+    page.get_by_role("button", name="Sign in").click()
+    page.get_by_role("button", name="Sign in").wait_for(state="detached")
+
+
+def _check_gpu_tab(page, airflow: LocalAirflow, run_id: str, task_id: str, value: dict, shot: str) -> None:
+    """Open the task instance's GPU tab; check the charts (a line per device) and the numbers; take a screenshot."""
+    profile = Profile.read(value)
+    assert profile is not None and profile.devices, value
+    page.goto(f"{airflow.url}/dags/{DEMO}/runs/{quote(run_id, safe='')}/tasks/{task_id}")
+    page.get_by_role("link", name="GPU", exact=True).click()
+    page.wait_for_url(f"**/tasks/{task_id}/plugin/gpu")
+    tab = page.frame_locator('iframe[title="GPU"]')
+    charts = tab.locator("figure.chart svg")
+    charts.nth(1).wait_for()
+    assert charts.count() == 2  # utilisation, memory
+    indexes = [device.index for device in profile.devices]
+    for chart in charts.all():
+        lines = chart.locator("path.series")
+        assert [line.get_attribute("data-device") for line in lines.all()] == indexes
+        assert all(len(line.get_attribute("d") or "") > 20 for line in lines.all())
+    text = tab.locator("body").inner_text()
+    assert f"{DEMO} / {task_id}" in text and f"run {run_id}" in text
+    for device in profile.devices:
+        assert device.name in text
+        assert pct(device.mean_util) in text and pct(device.p95_util) in text
+        assert gib(device.peak_memory) in text
+    assert all(advice in text for advice in profile.advice)
+    assert ("CPU profile (no GPU on this host)" in text) == profile.is_cpu
+    page.screenshot(path=str(ARTIFACTS / shot), full_page=True)
+
+
+def test_browser_gpu_tab_and_gpus_page_show_the_profile(airflow, browser):
+    airflow.unpause(DEMO)
+    run_id = airflow.trigger(DEMO, {"epochs": 1})
+    run = airflow.wait_for_run(DEMO, run_id)
+    assert run["state"] == "success", airflow.task_instances(DEMO, run_id)
+    real = airflow.xcom(DEMO, run_id, "train", key="gpu_profile")  # stored by the operator
+    assert real["kind"] == "cpu" and real["task"]["task_id"] == "train", real
+    sample = _push_sample_profile(airflow, run_id, "report")
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": 1400, "height": 1500})
+    page.set_default_timeout(30_000)
+    step = "start"
+    try:
+        step = "1. log in"
+        _log_in(page, airflow)
+
+        step = "2. the GPU tab of the train task: its real (CPU) profile"
+        _check_gpu_tab(page, airflow, run_id, "train", real, "gpu-tab.png")
+
+        step = "3. the GPU tab with the two-GPU sample profile"
+        _check_gpu_tab(page, airflow, run_id, "report", sample, "gpu-tab-two-gpus.png")
+
+        step = "4. the GPUs page lists both tries, their hosts and their models"
+        page.goto(airflow.url)
+        page.get_by_role("link", name="GPUs", exact=True).click()
+        page.wait_for_url("**/plugin/gpus**")
+        overview = page.frame_locator('iframe[title="GPUs"]')
+        row_link = overview.locator(f'a[href*="/runs/{quote(run_id, safe="")}/tasks/train?"]')
+        row_link.wait_for()
+        text = overview.locator("body").inner_text()
+        assert f"{DEMO} / train" in text and f"{DEMO} / report" in text
+        for value in (real, sample):
+            assert value["host"] in text
+            assert all(device["name"] in text for device in value["devices"])
+        page.screenshot(path=str(ARTIFACTS / "gpus-page.png"), full_page=True)
+
+        step = "5. a row opens the try's page inside the same view"
+        row_link.click()
+        overview.locator("figure.chart svg").nth(1).wait_for()
+        assert f"run {run_id}" in overview.locator("body").inner_text()
+        assert "/plugin/gpus/gpu/dags/" in page.url
+    except Exception as error:
+        page.screenshot(path=str(ARTIFACTS / "failure.png"), full_page=True)
+        (ARTIFACTS / "failure.html").write_text(page.content())
+        raise AssertionError(f"browser step {step!r} failed: {error}; screenshot and HTML in {ARTIFACTS}") from error
+    finally:
+        page.close()

@@ -20,6 +20,10 @@ def test_demo_dag_trains_on_cpu_fallback(airflow_home):
     assert metrics["device"] == "cpu"
     assert metrics["compute_dtype"] == "float32"  # mixed_precision "no"
     assert metrics["final_loss"] < metrics["initial_loss"]
+    profile = xcom(dr, "train", "gpu_profile")  # no GPU here: a CPU profile of the training process
+    assert profile["kind"] == "cpu" and profile["task"]["task_id"] == "train" and profile["samples"] >= 1
+    assert profile["devices"][0]["peak_memory"] > 2**20 and profile["requested"]["gpu_count"] == 1
+    assert xcom(dr, "make_dataset", "gpu_profile") is None  # a plain @task is not a GPU task
 
 
 @pytest.mark.gpu
@@ -33,3 +37,6 @@ def test_demo_dag_trains_on_the_gpu_in_bf16(airflow_home, real_gpus):
     assert metrics["compute_dtype"] == "bfloat16"  # the forward pass really ran in bf16
     assert metrics["gpu_name"]
     assert metrics["final_loss"] < metrics["initial_loss"]
+    profile = xcom(dr, "train", "gpu_profile")  # NVML through ctypes, on the GPU the task was given
+    assert profile["kind"] == "gpu" and len(profile["devices"]) == 1 and profile["devices"][0]["uuid"] in real_gpus
+    assert profile["devices"][0]["name"] == metrics["gpu_name"] and profile["devices"][0]["peak_memory"] > 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.runtime.bootstrap import list_gpus
 from airflow_gpu_provider.settings.accelerators import NVIDIA, GpuVendor
 
 DEVICES_ACCEPTED = "'auto' (NVML), 'none', or comma-separated device ids such as '0,1,2,3' or MIG UUIDs"
@@ -50,6 +49,8 @@ def host_devices(option: str, vendor: GpuVendor = NVIDIA) -> list[Device]:
         return configured
     if vendor != NVIDIA:
         return []  # only NVIDIA GPUs are discovered; list other vendors' devices in [gpu] devices
+    from airflow_gpu_provider.runtime.bootstrap import list_gpus  # the runtime's one NVML probe, when asked
+
     return [Device(g.get("uuid") or g["index"], g["name"], g["memory_total"]) for g in list_gpus()]
 
 

@@ -12,7 +12,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_gpu_provider import config
 from airflow_gpu_provider.backends import BACKENDS, BackendInfo
-from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.exceptions import InvalidSettingError, RemoteTaskError
 from airflow_gpu_provider.listeners.gpu_pool import with_gpu_pool
 from airflow_gpu_provider.payload import (
     call_arguments,
@@ -26,6 +26,8 @@ from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.settings.image import check_environment
 from airflow_gpu_provider.task import missing_gpu
 from airflow_gpu_provider.task.request import TaskRequest
+from airflow_gpu_provider.telemetry import report
+from airflow_gpu_provider.telemetry.lineage import LineageMixin
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -61,7 +63,7 @@ def _argv(command: Sequence[str] | str) -> list[str]:
     return shlex.split(command) if isinstance(command, str) else list(command)
 
 
-class GpuStepOperator(BaseOperator):
+class GpuStepOperator(LineageMixin, BaseOperator):
     """Run a Python callable or a command on GPUs, on the local, Docker or Kubernetes backend.
 
     Declare resources once (``resources=ResourceSettings(...)`` or the shortcuts) and the backend maps them:
@@ -238,7 +240,7 @@ class GpuStepOperator(BaseOperator):
         request = TaskRequest(
             resources,
             image,
-            self.build_envelope(context, resources),
+            {**self.build_envelope(context, resources), "profile": report.envelope_section()},
             policy,  # type: ignore[arg-type]  # checked against missing_gpu.NAMES above
             labels,
             num_nodes=self.num_nodes,
@@ -259,10 +261,17 @@ class GpuStepOperator(BaseOperator):
             request.on_missing_gpu,
         )
         self._running_backend = backend
+        profile = None
         try:
-            return backend.run(backend.plan(request), context).return_value
+            result = backend.run(backend.plan(request), context)
+            profile = result.profile
+            return result.return_value
+        except RemoteTaskError as err:
+            profile = err.profile
+            raise
         finally:
             self._running_backend = None
+            self.gpu_profile = report.publish(profile, request, info.name, context, self.log)
 
     def render_manifests(
         self, context: Context | None = None, *, params: Mapping[str, Any] | None = None, backend: str = "kubernetes"

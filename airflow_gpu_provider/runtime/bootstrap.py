@@ -42,6 +42,7 @@ from __future__ import annotations
 import __future__
 
 import base64
+import contextlib
 import gc
 import json
 import linecache
@@ -237,6 +238,385 @@ def print_summary(summary: dict[str, Any], cache: dict[str, Any]) -> None:
         print(f"{PREFIX} {line}", flush=True)
 
 
+# --------------------------------------------------------------------------------------------- profile
+PROFILE_POINTS = 600  # the series that comes back has at most this many points, whatever the duration
+IDLE_UTILISATION = 10.0  # below this (%), a GPU counts as idle
+NVML_LIBRARY = "libnvidia-ml.so.1"  # mounted into GPU containers by the NVIDIA container toolkit
+METRICS = ("util", "memory_used", "power_w", "temperature_c", "sm_clock_mhz")
+_PEAK_METRICS = frozenset({"memory_used", "temperature_c"})  # merged by max when the series is thinned; others mean
+_NO_DEVICES = ("", "-1", "none", "void", "nodevfiles")
+
+
+class _Nvml:
+    """The task's visible GPUs through NVML, called with ``ctypes`` (no nvidia-ml-py in the image).
+
+    Visible means ``CUDA_VISIBLE_DEVICES`` (UUIDs or indices, as CUDA reads it), or every device NVML shows (in a
+    container, the ones it was given).
+    """
+
+    def __init__(self) -> None:
+        import ctypes
+
+        class Utilization(ctypes.Structure):
+            _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+        class Memory(ctypes.Structure):
+            _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+        self.ctypes, self.utilization, self.memory = ctypes, Utilization, Memory
+        self.lib = ctypes.CDLL(NVML_LIBRARY)
+        self.lib.nvmlErrorString.restype = ctypes.c_char_p
+        self._call("nvmlInit_v2")
+        try:
+            self.devices = self._visible()
+        except BaseException:
+            self.close()
+            raise
+
+    def _call(self, name: str, *args: Any) -> None:
+        status = getattr(self.lib, name)(*args)
+        if status != 0:
+            raise OSError(f"{name}: {self.lib.nvmlErrorString(status).decode(errors='replace')} ({status})")
+
+    def _read(self, name: str, handle: Any, *args: Any) -> int | None:
+        """One ``unsigned int`` metric, or ``None`` where the device does not report it (a MIG slice's power)."""
+        value = self.ctypes.c_uint()
+        status = getattr(self.lib, name)(handle, *args, self.ctypes.byref(value))
+        return int(value.value) if status == 0 else None
+
+    def _visible(self) -> list[tuple[dict[str, Any], Any]]:
+        c = self.ctypes
+        wanted = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if wanted is None:
+            count = c.c_uint()
+            self._call("nvmlDeviceGetCount_v2", c.byref(count))
+            ids = [str(i) for i in range(count.value)]
+        elif wanted.strip().lower() in _NO_DEVICES:
+            ids = []
+        else:
+            ids = [part.strip() for part in wanted.split(",")]
+        devices = []
+        for position, device_id in enumerate(ids):
+            handle = c.c_void_p()
+            if device_id.isdigit():
+                status = self.lib.nvmlDeviceGetHandleByIndex_v2(c.c_uint(int(device_id)), c.byref(handle))
+            else:
+                status = self.lib.nvmlDeviceGetHandleByUUID(device_id.encode(), c.byref(handle))
+            if status != 0:
+                break  # as CUDA: the devices before the first id that names none
+            text = c.create_string_buffer(96)
+            name = text.value.decode() if self.lib.nvmlDeviceGetName(handle, text, 96) == 0 else "?"
+            uuid = text.value.decode() if self.lib.nvmlDeviceGetUUID(handle, text, 96) == 0 else device_id
+            index = self._read("nvmlDeviceGetIndex", handle)
+            memory = self.memory()
+            total = memory.total if self.lib.nvmlDeviceGetMemoryInfo(handle, c.byref(memory)) == 0 else None
+            info = {"index": str(position if index is None else index), "uuid": uuid, "name": name}
+            devices.append(({**info, "memory_total": total}, handle))
+        return devices
+
+    def sample(self) -> list[list[float | None]]:
+        """Per device, the :data:`METRICS` now (utilisation first: it is the sampling period's)."""
+        c, rows = self.ctypes, []
+        for _, handle in self.devices:
+            utilization, memory = self.utilization(), self.memory()
+            util = (
+                utilization.gpu if self.lib.nvmlDeviceGetUtilizationRates(handle, c.byref(utilization)) == 0 else None
+            )
+            used = memory.used if self.lib.nvmlDeviceGetMemoryInfo(handle, c.byref(memory)) == 0 else None
+            power = self._read("nvmlDeviceGetPowerUsage", handle)
+            temperature = self._read("nvmlDeviceGetTemperature", handle, c.c_int(0))  # NVML_TEMPERATURE_GPU
+            clock = self._read("nvmlDeviceGetClockInfo", handle, c.c_int(1))  # NVML_CLOCK_SM
+            rows.append([util, used, None if power is None else power / 1000, temperature, clock])
+        return rows
+
+    def energy_joules(self) -> list[float | None]:
+        """Per device, the energy counter (J since the driver loaded; ``None`` before Volta)."""
+        value, energies = self.ctypes.c_ulonglong(), []
+        for _, handle in self.devices:
+            ok = self.lib.nvmlDeviceGetTotalEnergyConsumption(handle, self.ctypes.byref(value)) == 0
+            energies.append(value.value / 1000 if ok else None)
+        return energies
+
+    def close(self) -> None:
+        self.lib.nvmlShutdown()
+
+
+class _ProcessTree:
+    """CPU % and RSS of this process and its descendants, from ``/proc``: the profile of a task without GPUs."""
+
+    def __init__(self) -> None:
+        self.root = os.getpid()
+        self.cpus = _cpu_limit()
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.page = os.sysconf("SC_PAGE_SIZE")
+        self.children_files = os.path.exists(f"/proc/{self.root}/task/{self.root}/children")
+        self.last: tuple[float, float] | None = None
+        self.devices = [
+            (
+                {"index": "cpu", "uuid": "", "name": f"CPU (task process tree, {self.cpus:g} cores)",
+                 "memory_total": _memory_limit()},
+                None,
+            )
+        ]  # fmt: skip
+
+    def _children(self, pid: int, parents: dict[int, list[int]] | None) -> list[int]:
+        """``pid``'s children: from its threads' ``children`` files, else from a scan of every process's parent."""
+        if parents is not None:
+            return parents.get(pid, [])
+        found: list[int] = []
+        for thread in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{thread}/children", encoding="ascii") as handle:
+                found.extend(int(child) for child in handle.read().split())
+        return found
+
+    @staticmethod
+    def _parents() -> dict[int, list[int]]:
+        """Children by parent, for kernels without ``/proc/PID/task/TID/children``."""
+        parents: dict[int, list[int]] = {}
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as handle:
+                    parent = int(handle.read().rpartition(")")[2].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(parent, []).append(int(entry))
+        return parents
+
+    def _tree(self) -> tuple[float, int]:
+        """CPU seconds (with those of its finished children) and resident bytes of the tree now."""
+        parents = None if self.children_files else self._parents()
+        cpu, rss, todo = 0.0, 0, [self.root]
+        while todo:
+            pid = todo.pop()
+            try:
+                with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+                    fields = handle.read().rpartition(")")[2].split()
+                todo.extend(self._children(pid, parents))
+            except OSError:
+                continue  # it ended meanwhile
+            cpu += sum(int(fields[i]) for i in (11, 12, 13, 14)) / self.tick  # utime stime cutime cstime
+            rss += int(fields[21]) * self.page
+        return cpu, rss
+
+    def sample(self) -> list[list[float | None]]:
+        now, (cpu, rss) = time.monotonic(), self._tree()
+        util = None
+        if self.last is not None and now > self.last[0]:
+            util = min(100.0, max(0.0, (cpu - self.last[1]) / (now - self.last[0]) / self.cpus * 100))
+        self.last = (now, cpu)
+        return [[util, rss, None, None, None]]
+
+    def energy_joules(self) -> list[float | None]:
+        return [None]
+
+    def close(self) -> None:
+        pass
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def _cpu_limit() -> float:
+    """The CPUs this task may use: its cgroup's quota (cgroup v2, as in a container), else its affinity mask."""
+    quota, _, period = (_read_text("/sys/fs/cgroup/cpu.max") or "max").partition(" ")
+    if quota.isdigit() and period.isdigit() and int(period):
+        return max(0.01, int(quota) / int(period))
+    return float(len(os.sched_getaffinity(0)))
+
+
+def _memory_limit() -> int | None:
+    """The memory this task may use: its cgroup's limit (cgroup v2), else the host's."""
+    limit = _read_text("/sys/fs/cgroup/memory.max") or ""
+    if limit.isdigit():
+        return int(limit)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError):
+        return None
+
+
+class _Stats:
+    """Exact per-device statistics over every sample (the series is thinned; these are not)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0.0
+        self.histogram = [0] * 101  # utilisation, by whole percent: an exact p95 in constant memory
+        self.idle_s = 0.0
+        self.peak_memory: float | None = None
+        self.peak_power: float | None = None
+        self.max_temperature: float | None = None
+        self.energy_j = 0.0
+
+    def add(self, row: list[float | None], seconds: float) -> None:
+        util, used, power, temperature, _ = row
+        if util is not None:
+            self.count += 1
+            self.total += util
+            self.histogram[min(100, max(0, round(util)))] += 1
+            if util < IDLE_UTILISATION:
+                self.idle_s += seconds
+        self.peak_memory = _max(self.peak_memory, used)
+        self.peak_power = _max(self.peak_power, power)
+        self.max_temperature = _max(self.max_temperature, temperature)
+        if power is not None:
+            self.energy_j += power * seconds
+
+    def summary(self, memory_total: float | None, joules: float | None) -> dict[str, Any]:
+        """The device's figures in the profile (``joules``: its energy over the task, if known)."""
+        peak = self.peak_memory
+        return {
+            "mean_util": None if not self.count else round(self.total / self.count, 1),
+            "p95_util": self.percentile(0.95),
+            "peak_memory": None if peak is None else int(peak),
+            "peak_memory_pct": round(100 * peak / memory_total, 1) if memory_total and peak is not None else None,
+            "energy_wh": None if joules is None else round(joules / 3600, 4),
+            "idle_s": round(self.idle_s, 1),
+            "peak_power_w": self.peak_power,
+            "max_temperature_c": self.max_temperature,
+        }
+
+    def percentile(self, fraction: float) -> float | None:
+        if not self.count:
+            return None
+        rank, seen = fraction * self.count, 0
+        for value, hits in enumerate(self.histogram):
+            seen += hits
+            if seen >= rank:
+                return float(value)
+        return 100.0
+
+
+def _max(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def _merge(points: list[list[float | None]]) -> list[float | None]:
+    """One point for several: the first time, the max of peak metrics, the mean of the others."""
+    merged: list[float | None] = [points[0][0]]
+    for column in range(1, len(points[0])):
+        values = [p[column] for p in points if p[column] is not None]
+        if not values:
+            merged.append(None)
+        elif METRICS[(column - 1) % len(METRICS)] in _PEAK_METRICS:
+            merged.append(max(values))  # type: ignore[type-var]
+        else:
+            merged.append(sum(values) / len(values))  # type: ignore[arg-type]
+    return merged
+
+
+class Profiler:
+    """Samples the task's GPUs (NVML), or its process tree's CPU and memory, in a background thread.
+
+    It never delays or breaks the task: a sampling error ends the sampling with one log line. The series is
+    thinned as it grows (pairs of points merged), so memory and the result stay bounded whatever the duration.
+    """
+
+    def __init__(self, interval_s: float) -> None:
+        import threading
+
+        self.interval_s = max(0.05, float(interval_s))
+        reason = "no GPU visible to the task"
+        try:
+            self.source: Any = _Nvml()
+        except (OSError, AttributeError) as exc:  # no driver here, or one without a symbol we call
+            self.source, reason = None, str(exc)
+        if self.source is None or not self.source.devices:
+            if self.source is not None:
+                self.source.close()
+            self.source = _ProcessTree()
+            print(f"{PREFIX} profile: CPU profile of the task's processes (no GPU telemetry: {reason})", flush=True)
+        self.kind = "cpu" if isinstance(self.source, _ProcessTree) else "gpu"
+        self.stats = [_Stats() for _ in self.source.devices]
+        self.points: list[list[float | None]] = []
+        self.pending: list[list[float | None]] = []
+        self.width = 1  # samples per point
+        self.samples = 0
+        self.started = time.time()
+        self.clock = time.monotonic()
+        self.last = self.clock
+        self.energy = self.source.energy_joules()
+        self.error: str | None = None
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._loop, name="gpu-profile", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                self._sample()
+                if self.stopping.wait(self.interval_s):
+                    return
+        except Exception as exc:  # noqa: BLE001 - the task goes on without its profile
+            self.error = f"{type(exc).__name__}: {exc}"
+            print(f"{PREFIX} profile: sampling stopped ({self.error})", flush=True)
+
+    def _sample(self) -> None:
+        with self.lock:  # the thread's samples, and stop()'s last one
+            self._sample_locked()
+
+    def _sample_locked(self) -> None:
+        rows = self.source.sample()
+        now = time.monotonic()
+        seconds, self.last = now - self.last, now
+        self.samples += 1
+        for stats, row in zip(self.stats, rows, strict=False):
+            stats.add(row, seconds)
+        self.pending.append([round(now - self.clock, 3)] + [value for row in rows for value in row])
+        if len(self.pending) == self.width:
+            self.points.append(_merge(self.pending))
+            self.pending = []
+        if len(self.points) >= 2 * PROFILE_POINTS:
+            self.points = [_merge(self.points[i : i + 2]) for i in range(0, len(self.points), 2)]
+            self.width *= 2
+
+    def stop(self) -> dict[str, Any]:
+        """End the sampling (one last sample) and return the profile that travels with the result envelope."""
+        self.stopping.set()
+        self.thread.join(timeout=5)
+        if not self.thread.is_alive() and self.error is None:
+            with contextlib.suppress(Exception):  # the samples so far still make a profile
+                self._sample()
+        energy = self.source.energy_joules()
+        self.source.close()
+        points = self.points + ([_merge(self.pending)] if self.pending else [])
+        while len(points) > PROFILE_POINTS:
+            points = [_merge(points[i : i + 2]) for i in range(0, len(points), 2)]
+        devices: list[dict[str, Any]] = []
+        series: dict[str, Any] = {"t": [p[0] for p in points]}
+        for position, ((info, _), stats) in enumerate(zip(self.source.devices, self.stats, strict=True)):
+            start, end = self.energy[position], energy[position]
+            joules = (
+                end - start if start is not None and end is not None else stats.energy_j if stats.peak_power else None
+            )
+            devices.append({**info, **stats.summary(info.get("memory_total"), joules)})
+            first = 1 + position * len(METRICS)
+            columns = {metric: [_round(p[first + i]) for p in points] for i, metric in enumerate(METRICS)}
+            series[info["index"]] = {m: values for m, values in columns.items() if any(v is not None for v in values)}
+        return {
+            "version": 1,
+            "kind": self.kind,
+            "host": os.uname().nodename,
+            "interval_s": self.interval_s,
+            "started": self.started,
+            "duration_s": round(time.monotonic() - self.clock, 3),
+            "samples": self.samples,
+            "devices": devices,
+            "series": series,
+            "error": self.error,
+        }
+
+
+def _round(value: float | None) -> float | None:
+    return value if value is None else round(value, 1) if value < 1e6 else int(value)
+
+
 # --------------------------------------------------------------------------------------------- the protocol
 def load_envelope(source: str) -> dict[str, Any]:
     """Read an envelope from a file or from ``env:NAME``; raise for one this runtime cannot read."""
@@ -289,16 +669,47 @@ def _load_function(envelope: dict[str, Any]) -> Any:
     return namespace[envelope["function"]]
 
 
-def _exec_command(envelope: dict[str, Any]) -> dict[str, Any]:
-    """Replace this process with the command (no shell); return the error result if it cannot start."""
+def _run_command(envelope: dict[str, Any], profiler: Profiler | None) -> tuple[dict[str, Any], int]:
+    """Run the command (no shell): this process becomes it, or, while a sampler runs here, it runs as a child.
+
+    :return: the result envelope and the exit status (the command's; 127 when it cannot start)
+    """
     command = [str(part) for part in envelope["command"]]
     sys.stdout.flush()
     try:
-        os.execvp(command[0], command)  # noqa: S606 - an argument list, no shell
+        if profiler is None:
+            os.execvp(command[0], command)  # noqa: S606 - an argument list, no shell; does not return
+        status = _child(command)
     except OSError as exc:
         print(f"{PREFIX} cannot run {command[0]!r}: {exc}", file=sys.stderr, flush=True)
-        return {"ok": False, "error": _error(exc)}
-    raise AssertionError("unreachable")  # pragma: no cover - execvp does not return
+        return {"ok": False, "error": _error(exc)}, 127
+    return _command_result(status), status
+
+
+def _command_result(status: int) -> dict[str, Any]:
+    """A command's result envelope: its exit status decides (``result_value`` words the failure)."""
+    return {"ok": True, "return_value": None} if status == 0 else {"ok": False, "exit_status": status}
+
+
+def _child(argv: list[str], environ: dict[str, str] | None = None) -> int:
+    """Run ``argv`` to its end, passing SIGTERM and SIGINT on (``docker stop`` reaches PID 1, ``on_kill`` the group).
+
+    :return: its exit status; 128 + N when signal N ended it, as a shell reports it
+    """
+    import signal
+    import subprocess
+
+    process = subprocess.Popen(argv, env=environ)  # the task's own command, no shell
+    forward = {
+        sig: signal.signal(sig, lambda number, _: process.send_signal(number))
+        for sig in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        status = process.wait()
+    finally:
+        for sig, previous in forward.items():
+            signal.signal(sig, previous)
+    return 128 - status if status < 0 else status
 
 
 def _call_function(envelope: dict[str, Any]) -> dict[str, Any]:
@@ -375,10 +786,8 @@ def _has_gpus(envelope: dict[str, Any]) -> bool:
     return bool(gpus) if gpus is not None else bool(list_gpus())
 
 
-def _run_launcher(envelope: dict[str, Any], source: str, result_to: str) -> int:
+def _run_launcher(envelope: dict[str, Any], source: str, result_to: str, profiler: Profiler | None) -> int:
     """Run the payload under the envelope's launcher; rank 0's result, or the earliest error of any rank, wins."""
-    import signal
-    import subprocess
     import tempfile
 
     launch = envelope["launch"]
@@ -391,13 +800,11 @@ def _run_launcher(envelope: dict[str, Any], source: str, result_to: str) -> int:
         argv = launch_command(envelope, source, rank_results, environ)
         cpu_note = f" (CPU: {' '.join(f'{k}={v}' for k, v in no_gpu.items())})" if on_cpu else ""
         print(f"{PREFIX} launching{cpu_note}: {' '.join(argv)}", flush=True)
-        process = subprocess.Popen(argv, env=environ)
-        previous = signal.signal(signal.SIGTERM, lambda *_: process.terminate())  # e.g. docker stop on PID 1
-        try:
-            status = process.wait()
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        status = _child(argv, environ)
+        profile = None if profiler is None else profiler.stop()
         if envelope["mode"] != "callable":
+            if profile is not None:
+                write_result(result_to, {**_command_result(status), "profile": profile})
             return status
         results = {}
         for name in os.listdir(rank_results):
@@ -405,6 +812,8 @@ def _run_launcher(envelope: dict[str, Any], source: str, result_to: str) -> int:
                 with open(os.path.join(rank_results, name), encoding="utf-8") as handle:
                     results[int(name[4:-5])] = json.load(handle)
     result, status = _merge_ranks(results, status, launch["module"])
+    if profile is not None:
+        result["profile"] = profile
     write_result(result_to, result)
     return status
 
@@ -574,24 +983,44 @@ def install_main(argv: list[str]) -> int:
 
 
 # --------------------------------------------------------------------------------------------- a task try
+def _start_profiler(envelope: dict[str, Any]) -> Profiler | None:
+    """The task's sampler, when the envelope asks for one; one per node (``LOCAL_RANK`` 0 under a launcher)."""
+    settings = envelope.get("profile")
+    if not settings or os.environ.get("LOCAL_RANK", "0") != "0":
+        return None
+    try:
+        return Profiler(float(settings.get("interval_s", 1.0)))
+    except Exception as exc:  # noqa: BLE001 - the task runs without its profile
+        print(f"{PREFIX} profile: not sampled ({type(exc).__name__}: {exc})", flush=True)
+        return None
+
+
 def run(envelope: dict[str, Any], source: str, result_to: str, *, rank: bool = False) -> int:
     """Run one envelope (read from ``source``) as the task process, or as one rank of a launch.
 
     :param result_to: where the result goes: a file, or ``-`` for the log
-    :param rank: this process is one rank of a launch started by this runtime (no summary, no launcher)
+    :param rank: this process is one rank of a launch started by this runtime (no summary, no launcher, no sampler)
     """
     if envelope.get("die_with_parent") and not rank:
         _die_with_parent()
     clear = envelope.get("clear_cache", True)
     before = clear_cuda_cache() if clear else {"status": "skipped", "reason": "disabled", "freed_bytes": 0}
+    profiler = None
     if not rank:
         print_summary(envelope.get("summary") or {}, before)
+        profiler = _start_profiler(envelope)
         if envelope.get("launch"):
-            return _run_launcher(envelope, source, result_to)
-    result = _exec_command(envelope) if envelope["mode"] == "command" else _call_function(envelope)
+            return _run_launcher(envelope, source, result_to, profiler)
+    if envelope["mode"] == "command":
+        result, status = _run_command(envelope, profiler)
+    else:
+        result = _call_function(envelope)
+        status = 0 if result["ok"] else EXIT_USER_ERROR
     after = clear_cuda_cache() if clear else before
     result["cache"] = [before, after]
-    if result["ok"]:
+    if profiler is not None:
+        result["profile"] = profiler.stop()
+    if result["ok"] and envelope["mode"] == "callable":
         who = f"rank {os.environ.get('RANK', '0')}: " if rank else ""
         print(
             f"{PREFIX} {who}{envelope['function']}() finished in {result['duration_s']:.2f}s; CUDA cache after task: "
@@ -600,9 +1029,7 @@ def run(envelope: dict[str, Any], source: str, result_to: str, *, rank: bool = F
         )
     if rank or os.environ.get("RANK", "0") == "0":  # under another launcher, rank 0 reports for the group
         write_result(result_to, result)
-    if result["ok"]:
-        return 0
-    return 127 if envelope["mode"] == "command" else EXIT_USER_ERROR
+    return status
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -98,6 +98,31 @@ MODEL_VENDORS: dict[str, GpuVendor] = {
 }
 
 
+# Memory of one card (GiB, as the vendor states it): what right-sizing advice compares a task's peak with.
+MEMORY_GIB: dict[str, float] = {
+    "T4": 16,
+    "V100": 16,
+    "A10": 24,
+    "A10G": 24,
+    "L4": 24,
+    "L40S": 48,
+    "A100": 40,
+    "A100-80GB": 80,
+    "H100": 80,
+    "H200": 141,
+    "B200": 180,
+    "MI250X": 128,
+    "MI300X": 192,
+}
+# The MIG slices of each MIG-capable card, by their memory (GiB).
+MIG_MEMORY_GIB: dict[str, dict[str, float]] = {
+    "A100": {"1g.5gb": 5, "2g.10gb": 10, "3g.20gb": 20, "4g.20gb": 20, "7g.40gb": 40},
+    "A100-80GB": {"1g.10gb": 10, "2g.20gb": 20, "3g.40gb": 40, "4g.40gb": 40, "7g.80gb": 80},
+    "H100": {"1g.10gb": 10, "1g.20gb": 20, "2g.20gb": 20, "3g.40gb": 40, "4g.40gb": 40, "7g.80gb": 80},
+    "H200": {"1g.18gb": 18, "1g.35gb": 35, "2g.35gb": 35, "3g.71gb": 71, "4g.71gb": 71, "7g.141gb": 141},
+}
+
+
 class MigProfile(str, Enum):
     """Common NVIDIA MIG profiles (A100 40/80 GB, H100 80 GB, H200). Other ``<n>g.<m>gb`` strings work too."""
 

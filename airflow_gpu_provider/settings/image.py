@@ -18,7 +18,6 @@ from urllib.parse import urlparse
 from packaging.requirements import InvalidRequirement, Requirement
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.runtime.bootstrap import redact
 
 Installer = Literal["uv", "pip"]
 INSTALLERS: tuple[str, ...] = ("uv", "pip")
@@ -156,6 +155,8 @@ class ImageSettings:
         It keys cached venvs and derived images (and their labels): a rotated token must not rebuild them, and no
         digest of a secret goes into a label.
         """
+        from airflow_gpu_provider.runtime.bootstrap import redact  # the one redaction; not on the DAG-parse path
+
         return {
             "requirements": sorted(redact(requirement) for requirement in self.requirements),
             "installer": self.python_package_installer,

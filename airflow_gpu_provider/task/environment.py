@@ -19,6 +19,9 @@ CUDA_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 # CUDA images set NVIDIA_VISIBLE_DEVICES=all: under a default nvidia runtime a container (or pod) that asked for no
 # GPU would see every GPU of the host; "void" keeps it off them.
 NO_GPUS = {"NVIDIA_VISIBLE_DEVICES": "void"}
+# The NVIDIA container toolkit mounts the driver's libraries by capability: compute is CUDA, utility is NVML
+# (libnvidia-ml.so.1, which the runtime's profile samples) and nvidia-smi.
+DRIVER_CAPABILITIES = "compute,utility"
 # The provider's device isolation: a task's own environment never overrides these.
 ISOLATION = frozenset(
     {"NVIDIA_VISIBLE_DEVICES", *CUDA_ORDER, *(vendor.visible_devices_env for vendor in VENDORS.values())}
@@ -51,6 +54,12 @@ def visible_devices(vendor: GpuVendor, device_ids: Sequence[str]) -> dict[str, s
     if vendor == NVIDIA:
         environment.update(CUDA_ORDER)
     return environment
+
+
+def driver_environment(resources: ResourceSettings) -> dict[str, str]:
+    """For a container or pod with NVIDIA GPUs: the driver's CUDA and NVML libraries (:data:`DRIVER_CAPABILITIES`)."""
+    wanted = resources.requests_gpus and resources.gpu_vendor == NVIDIA
+    return {"NVIDIA_DRIVER_CAPABILITIES": DRIVER_CAPABILITIES} if wanted else {}
 
 
 def gpu_free_environment(resources: ResourceSettings) -> dict[str, str]:

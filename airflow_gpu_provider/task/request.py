@@ -82,21 +82,36 @@ def read_result_file(path: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 @dataclass(frozen=True)
 class TaskResult:
-    """What a finished run produced: the function's return value (``None`` for a command)."""
+    """What a finished run produced: the function's return value (``None`` for a command) and its profile.
+
+    :param profile: the runtime's profile of the try (``telemetry``), ``None`` when it was not sampled
+    """
 
     return_value: Any = None
+    profile: Mapping[str, Any] | None = None
 
 
 def result_value(result: Mapping[str, Any] | None, exit_code: int, *, where: str) -> Any:
     """Turn the runtime's result envelope and exit status into a return value or a :class:`RemoteTaskError`."""
-    if result is not None and not result.get("ok", False):
+    return task_result(result, exit_code, where=where).return_value
+
+
+def task_result(result: Mapping[str, Any] | None, exit_code: int, *, where: str) -> TaskResult:
+    """The :class:`TaskResult` of the runtime's result envelope and exit status, or a :class:`RemoteTaskError`.
+
+    The error carries the try's profile too: a failed try's (an OOM's) is the one that explains it.
+    """
+    profile = None if result is None else result.get("profile")
+    if result is not None and not result.get("ok", False) and "exit_status" not in result:
         error = result.get("error") or {}
         raise RemoteTaskError(
             f"The task raised {error.get('type', 'an error')} in {where}: {error.get('message', '')}".rstrip(": ")
             + ". The traceback is in the log above.",
             error_type=error.get("type", ""),
             remote_traceback=error.get("traceback", ""),
+            profile=profile,
         )
-    if exit_code != 0:
-        raise RemoteTaskError(f"The task process in {where} exited with status {exit_code}.")
-    return None if result is None else result.get("return_value")
+    status = exit_code or (0 if result is None or result.get("ok") else int(result["exit_status"]))
+    if status != 0:
+        raise RemoteTaskError(f"The task process in {where} exited with status {status}.", profile=profile)
+    return TaskResult(None if result is None else result.get("return_value"), profile)

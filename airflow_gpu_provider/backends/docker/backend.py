@@ -34,7 +34,7 @@ from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.settings.units import format_bytes
 from airflow_gpu_provider.task.environment import summary
 from airflow_gpu_provider.task.output import LineSplitter
-from airflow_gpu_provider.task.request import TaskRequest, TaskResult, result_value
+from airflow_gpu_provider.task.request import TaskRequest, TaskResult, task_result
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -206,9 +206,9 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
                         "reduce the task's memory use."
                     )
                 result = read_result(client, container_id)
-                value = result_value(result, exit_code, where=f"container {container_id[:12]}")
+                outcome = task_result(result, exit_code, where=f"container {container_id[:12]}")
                 succeeded = True
-                return TaskResult(value)
+                return outcome
             finally:
                 self._container_id = None
                 self._cleanup(client, container_id, plan, started=started, succeeded=succeeded)

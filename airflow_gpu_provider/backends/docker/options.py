@@ -21,6 +21,7 @@ from airflow_gpu_provider.backends.options import (
 )
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.settings import AMD, INTEL, NVIDIA, ResourceSettings
+from airflow_gpu_provider.task.environment import DRIVER_CAPABILITIES
 
 PullPolicy = Literal["missing", "always", "never"]
 AutoRemove = Literal["force", "success", "never"]
@@ -234,7 +235,7 @@ class DockerOptions(BackendOptions):
     uv_source: UvSource = option("worker", check=one_of(*UV_SOURCES))
     compile_bytecode: bool = option(True, check=boolean)
     devices: tuple[str, ...] = option((), check=string_list)
-    driver_capabilities: str = option("compute,utility", check=text)
+    driver_capabilities: str = option(DRIVER_CAPABILITIES, check=text)
     group_add: tuple[str, ...] | None = option(check=string_list)
     mount_tmp_dir: bool = option(True, check=boolean)
     cap_add: tuple[str, ...] = option((), check=_capabilities)

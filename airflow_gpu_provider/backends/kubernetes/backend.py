@@ -16,7 +16,7 @@ from airflow_gpu_provider.backends.kubernetes.options import KubernetesOptions
 from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan, plan_pod
 from airflow_gpu_provider.backends.kubernetes.pod_operator import build_operator, to_dict
 from airflow_gpu_provider.exceptions import GpuUnavailableError
-from airflow_gpu_provider.task.request import TaskRequest, TaskResult, result_value
+from airflow_gpu_provider.task.request import TaskRequest, TaskResult, task_result
 
 if TYPE_CHECKING:
     from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
@@ -60,7 +60,7 @@ class KubernetesBackend(Backend[KubernetesOptions, KubernetesPlan]):
             raise explained from err
         finally:
             self._running = None
-        return TaskResult(result_value(envelope, 0, where=f"pod {operator.pod_label}"))
+        return task_result(envelope, 0, where=f"pod {operator.pod_label}")
 
     def _run_job(self, plan: KubernetesPlan, context: Context) -> TaskResult:
         """A multi-node launch: an Indexed Job plus its headless Service, removed on every path."""
@@ -72,7 +72,7 @@ class KubernetesBackend(Backend[KubernetesOptions, KubernetesPlan]):
             result = run.run()
         finally:
             self._running = None
-        return TaskResult(result_value(result, 0, where=f"Job {layout.name} (rank 0)"))
+        return task_result(result, 0, where=f"Job {layout.name} (rank 0)")
 
     def render(self, request: TaskRequest, context: Context) -> list[dict[str, Any]]:
         """The objects :meth:`run` would submit, as API dicts (built by KubernetesPodOperator, no cluster)."""

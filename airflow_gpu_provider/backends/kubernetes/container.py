@@ -20,7 +20,12 @@ from airflow_gpu_provider.exceptions import GpuTaskError
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.runtime.bootstrap import RESULT_TO_LOG
 from airflow_gpu_provider.settings import ResourceSettings
-from airflow_gpu_provider.task.environment import gpu_free_environment, thread_environment, with_user_environment
+from airflow_gpu_provider.task.environment import (
+    driver_environment,
+    gpu_free_environment,
+    thread_environment,
+    with_user_environment,
+)
 
 BOOTSTRAP_ENV = "AIRFLOW_GPU_BOOTSTRAP"
 ENVELOPE_ENV = "AIRFLOW_GPU_ENVELOPE"
@@ -72,8 +77,9 @@ def task_environment(
 
     Never over the provider's device isolation, nor over the runtime's two variables.
     """
+    # a non-root user may have no home: caches go to /tmp
     provider = {"PYTHONUNBUFFERED": "1", "HOME": "/tmp", **thread_environment(resources)}
-    provider |= gpu_free_environment(resources)  # a non-root user may have no home: caches go to /tmp
+    provider |= gpu_free_environment(resources) | driver_environment(resources)
     return {
         **with_user_environment(provider, environment, resources.gpu_vendor),
         BOOTSTRAP_ENV: bootstrap_payload(),

@@ -24,7 +24,7 @@ from airflow_gpu_provider.host.state import task_folder
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.settings.units import format_bytes
 from airflow_gpu_provider.task.environment import summary, thread_environment, visible_devices
-from airflow_gpu_provider.task.request import TaskRequest, TaskResult, read_result_file, result_value
+from airflow_gpu_provider.task.request import TaskRequest, TaskResult, read_result_file, task_result
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -116,7 +116,7 @@ class LocalBackend(Backend[LocalOptions, LocalPlan]):
                 )
             else:
                 allocation.release()
-        return TaskResult(result_value(result, exit_code, where="the local task process"))
+        return task_result(result, exit_code, where="the local task process")
 
     def kill(self) -> None:
         """Called from ``on_kill`` (inside a signal handler): SIGTERM the task's whole tree, SIGKILL after the grace.

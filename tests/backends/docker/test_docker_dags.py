@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -86,3 +87,7 @@ def test_demo_dag_trains_in_docker_with_cpu_fallback(airflow_home, torch_image, 
     assert metrics["epochs"] == 3
     assert metrics["device"] == "cpu"
     assert metrics["final_loss"] < metrics["initial_loss"]
+    profile = xcom(dag_run, "train", "gpu_profile")  # sampled inside the container, its processes only
+    assert profile["kind"] == "cpu" and profile["task"]["backend"] == "docker"
+    assert profile["host"] != os.uname().nodename  # the container's hostname
+    assert profile["devices"][0]["peak_memory"] > 2**20 and profile["samples"] >= 1

@@ -1,0 +1,148 @@
+"""What a profile means: right-sizing advice and the cost of the GPU time, from the runtime's per-device summary.
+
+Pure: the profile in, strings and numbers out. The rules, each from one figure of one device:
+
+========================  ==================================================================================
+peak memory < 50 %        the smallest card (and, on a MIG-capable card, the smallest MIG slice) that holds
+                          the peak with 20 % headroom
+peak memory >= 90 %       close to OOM
+mean utilisation < 10 %   mostly idle (data loading?)
+10 % <= mean < 40 %       waiting on something (input pipeline, small batches)
+a device never used       fewer GPUs would do
+========================  ==================================================================================
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow_gpu_provider.settings.accelerators import MEMORY_GIB, MIG_MEMORY_GIB, MODEL_VENDORS
+
+GIB = 2**30
+HEADROOM = 1.2  # a smaller card must hold the peak and a fifth more
+IDLE_MEAN = 10.0
+BUSY_MEAN = 40.0
+FULL_PCT = 90.0
+ROOMY_PCT = 50.0
+
+
+def model_of(name: str, memory_total: float | None) -> str | None:
+    """The accelerator model of an NVML device name: ``NVIDIA A100-SXM4-80GB`` is ``A100-80GB``."""
+    upper = name.upper()
+    for model in sorted(MEMORY_GIB, key=len, reverse=True):  # "A100-80GB" before "A100", "L40S" before "L4"
+        base, large = (model.removesuffix("-80GB"), model.endswith("-80GB"))
+        if not re.search(rf"(?<![A-Z0-9]){re.escape(base)}(?![A-Z0-9])", upper):
+            continue
+        if large and not (memory_total and memory_total > 48 * GIB):
+            continue
+        return model
+    return None
+
+
+def _gib(amount: float) -> str:
+    return f"{amount / GIB:.1f} GiB"
+
+
+def smaller_fits(peak: float, total: float, model: str | None, vendor_models: Sequence[str]) -> list[str]:
+    """The smallest card of ``vendor_models`` and MIG slice of ``model`` that hold ``peak`` with headroom."""
+    need = peak * HEADROOM / GIB
+    own = MEMORY_GIB.get(model or "", total / GIB)
+    cards = sorted((MEMORY_GIB[m], m) for m in vendor_models if need <= MEMORY_GIB[m] < own)
+    fits = [cards[0][1]] if cards else []
+    slices = sorted((gib, profile) for profile, gib in MIG_MEMORY_GIB.get(model or "", {}).items() if need <= gib)
+    if slices:
+        fits.append(f"MIG {slices[0][1]}")
+    return fits
+
+
+def device_advice(device: Mapping[str, Any], *, cpu: bool, vendor_models: Sequence[str]) -> list[str]:
+    """The advice for one device of a profile (a GPU, or the task's CPUs for a CPU profile)."""
+    subject = "the CPUs" if cpu else "the GPU"
+    what = f"{subject} {'were' if cpu else 'was'}"
+    label = "" if cpu else f"GPU {device['index']}: "
+    notes: list[str] = []
+    mean, peak, pct = device.get("mean_util"), device.get("peak_memory"), device.get("peak_memory_pct")
+    total = device.get("memory_total")
+    if peak is not None and total and pct is not None:
+        if pct >= FULL_PCT:
+            notes.append(f"{label}memory {pct:.0f} % full ({_gib(peak)} of {_gib(total)}): close to OOM")
+        elif pct < ROOMY_PCT and not cpu:
+            fits = smaller_fits(peak, total, model_of(str(device.get("name", "")), total), vendor_models)
+            if fits:
+                notes.append(f"{label}peak {_gib(peak)} of {_gib(total)} ({pct:.0f} %): {' or '.join(fits)} would do")
+    if mean is not None:
+        if mean < IDLE_MEAN:
+            notes.append(f"{label}mean utilisation {mean:.0f} %: {what} mostly idle (data loading? waiting?)")
+        elif mean < BUSY_MEAN:
+            notes.append(
+                f"{label}mean utilisation {mean:.0f} %: {subject} often waited (input pipeline, small batches?)"
+            )
+    return notes
+
+
+def advice(profile: Mapping[str, Any], *, gpu_count: int | None = None) -> list[str]:
+    """Right-sizing advice for a whole profile; an empty list when the task fit its resources well."""
+    cpu = profile.get("kind") == "cpu"
+    devices = list(profile.get("devices") or [])
+    vendor_models = [m for m in MEMORY_GIB if m not in MODEL_VENDORS]  # NVML reports NVIDIA cards
+    notes = [note for device in devices for note in device_advice(device, cpu=cpu, vendor_models=vendor_models)]
+    unused = [
+        d["index"] for d in devices if not cpu and (d.get("p95_util") or 0) == 0 and (d.get("mean_util") or 0) < 1
+    ]
+    if len(devices) > 1 and unused:
+        notes.append(
+            f"GPU {', '.join(unused)} never ran a kernel: the task used {len(devices) - len(unused)} of "
+            f"{len(devices)} GPUs (ask for fewer, or spread the work with Accelerate)"
+        )
+    if gpu_count and not cpu and len(devices) < gpu_count:
+        notes.append(f"{len(devices)} of the {gpu_count} GPUs asked for were visible to the task")
+    return notes
+
+
+def parse_prices(text: str) -> dict[str, float]:
+    """``[gpu] prices``: ``A100-80GB=3.2, H100=4.1`` (model names case-insensitive; ``cpu`` prices a CPU profile)."""
+    prices: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        model, sep, amount = item.partition("=")
+        try:
+            value = float(amount)
+        except ValueError:
+            value = -1.0
+        if not sep or not model.strip() or not 0 <= value < float("inf"):
+            raise ValueError(
+                f"[gpu] prices: {item!r} is not MODEL=PRICE; accepted: 'A100-80GB=3.2, H100=4.1' (price per GPU-hour)"
+            )
+        prices[model.strip().upper()] = value
+    return prices
+
+
+def cost(
+    profile: Mapping[str, Any], prices: Mapping[str, float], *, accelerator: str | None = None
+) -> dict[str, Any] | None:
+    """What the try's devices cost at ``prices`` per device-hour, or ``None`` when no price applies.
+
+    A device is priced by the model NVML names, else by the task's ``accelerator``; a CPU profile by ``cpu``.
+    """
+    hours = float(profile.get("duration_s") or 0) / 3600
+    amount, models, rates = 0.0, [], set()
+    for device in profile.get("devices") or []:
+        if profile.get("kind") == "cpu":
+            model: str | None = "cpu"
+        else:
+            model = model_of(str(device.get("name", "")), device.get("memory_total")) or accelerator
+        rate = prices.get((model or "").upper())
+        if rate is None:
+            return None
+        amount += rate * hours
+        models.append(model)
+        rates.add(rate)
+    if not models:
+        return None
+    return {
+        "model": ", ".join(sorted(set(map(str, models)))),
+        "price_per_gpu_hour": rates.pop() if len(rates) == 1 else None,
+        "gpu_hours": round(hours * len(models), 6),
+        "amount": round(amount, 4),
+    }

@@ -1,0 +1,113 @@
+"""The worker's half of a GPU task's profile: ask for it in the envelope, complete it, log it, store it in XCom.
+
+The runtime samples (``runtime/bootstrap.py``, :class:`Profiler`) and returns the series and a per-device summary
+with the result envelope; here the profile gets the task's identity, what it asked for, the advice and the cost,
+then goes to XCom under :data:`XCOM_KEY` (the return value keeps ``return_value``) and to the end of the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from airflow_gpu_provider import config
+from airflow_gpu_provider.settings.accelerators import MODEL_VENDORS
+from airflow_gpu_provider.task.request import TaskRequest
+from airflow_gpu_provider.telemetry import XCOM_KEY
+from airflow_gpu_provider.telemetry.advice import advice, cost, parse_prices
+
+GIB = 2**30
+
+
+def envelope_section() -> dict[str, Any] | None:
+    """What the runtime needs to sample (``envelope["profile"]``), or ``None`` when ``[gpu] profile`` is off."""
+    if not config.get("profile"):
+        return None
+    return {"interval_s": config.get("profile_interval")}
+
+
+def complete(profile: Mapping[str, Any], request: TaskRequest, backend: str) -> dict[str, Any]:
+    """The runtime's profile with the task's identity, its request, GPU-seconds, advice and cost."""
+    resources = request.resources
+    gpu_count = resources.gpu_count if isinstance(resources.gpu_count, int) else None
+    labels = request.labels
+    devices = list(profile.get("devices") or [])
+    prices = parse_prices(config.get("prices"))
+    completed = dict(profile)
+    completed.update(
+        task={
+            "dag_id": labels.get("dag_id"),
+            "run_id": labels.get("run_id"),
+            "task_id": labels.get("task_id"),
+            "map_index": int(labels.get("map_index", "-1") or -1),
+            "try_number": int(labels.get("try_number", "0") or 0),
+            "backend": backend,
+        },
+        requested={
+            "gpu_count": resources.gpu_count,
+            "accelerator": resources.accelerator,
+            "mig_profile": resources.mig_profile,
+            "memory": resources.memory,
+            "cpu_count": resources.cpu_count,
+        },
+        gpu_seconds=0.0 if profile.get("kind") == "cpu" else round(len(devices) * profile.get("duration_s", 0), 3),
+        advice=advice(profile, gpu_count=gpu_count),
+        cost=cost(profile, prices, accelerator=_nvidia(resources.accelerator)),
+    )
+    return completed
+
+
+def _nvidia(model: str | None) -> str | None:
+    return None if model is None or model in MODEL_VENDORS else model
+
+
+def _gib(amount: float | None) -> str:
+    return "?" if amount is None else f"{amount / GIB:.1f} GiB"
+
+
+def summary_lines(profile: Mapping[str, Any]) -> list[str]:
+    """The lines that end the task log: one per device, then the advice and the cost."""
+    cpu = profile.get("kind") == "cpu"
+    kind = "CPU profile (no GPU telemetry)" if cpu else "GPU profile"
+    lines = [
+        f"profile: {kind} of {profile.get('duration_s', 0):.1f}s, {profile.get('samples', 0)} samples every "
+        f"{profile.get('interval_s', 0):g}s on {profile.get('host')}"
+    ]
+    for device in profile.get("devices") or []:
+        mean, p95 = device.get("mean_util"), device.get("p95_util")
+        util = "?" if mean is None else f"mean {mean:.0f} %, p95 {p95:.0f} %"
+        pct = device.get("peak_memory_pct")
+        memory = f"peak {_gib(device.get('peak_memory'))} of {_gib(device.get('memory_total'))}"
+        memory += "" if pct is None else f" ({pct:.0f} %)"
+        energy = "" if device.get("energy_wh") is None else f", {device['energy_wh']:.2f} Wh"
+        what = device["name"] if cpu else f"GPU {device['index']} {device['name']}"
+        lines.append(f"  {what}: utilisation {util}; memory {memory}; idle {device.get('idle_s', 0):.0f}s{energy}")
+    for note in profile.get("advice") or []:
+        lines.append(f"advice: {note}")
+    spent = profile.get("cost")
+    if spent:
+        rate = spent.get("price_per_gpu_hour")
+        lines.append(
+            f"cost: {spent['amount']:.4f} for {spent['gpu_hours']:.4f} device-hours of {spent['model']}"
+            + ("" if rate is None else f" at {rate:g} per hour")
+        )
+    if profile.get("error"):
+        lines.append(f"profile incomplete: {profile['error']}")
+    return lines
+
+
+def publish(
+    profile: Mapping[str, Any] | None, request: TaskRequest, backend: str, context: Any, log: Any
+) -> dict[str, Any] | None:
+    """Complete the profile, push it to XCom and log its summary. Never raises: a task never fails for its profile."""
+    if not profile:
+        return None
+    try:
+        completed = complete(profile, request, backend)
+        for line in summary_lines(completed):
+            log.info("[gpu] %s", line)
+        context["ti"].xcom_push(key=XCOM_KEY, value=completed)
+    except Exception as err:  # noqa: BLE001 - the task's own outcome stands
+        log.warning("[gpu] The task's profile could not be stored: %s: %s", type(err).__name__, err)
+        return None
+    return completed

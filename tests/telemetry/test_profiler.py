@@ -1,0 +1,185 @@
+"""The runtime's sampler (runtime/bootstrap.py ``Profiler``), in real task processes.
+
+Without a GPU here, the NVML path runs against a replay of recorded nvidia-smi streams: ``libnvidia-ml.so.1``
+built from ``tests/nvml_replay`` (real RTX 4090/4080 values, see its recordings/README.md), loaded by the
+runtime's own ``ctypes`` code exactly as the driver's library would be.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+from nvml_replay import RECORDINGS, built_or_skip, replay_environment
+
+from airflow_gpu_provider.runtime import bootstrap
+from airflow_gpu_provider.runtime.bootstrap import PROFILE_POINTS, Profiler
+
+BOOTSTRAP = REPO / "airflow_gpu_provider" / "runtime" / "bootstrap.py"
+TWO_GPUS = RECORDINGS / "rtx4090_rtx4080_2gpu.csv"
+MIB = 2**20
+
+
+def recorded(recording: Path) -> dict[str, list[dict[str, str]]]:
+    """The recording's rows by UUID, in order."""
+    with recording.open() as handle:
+        rows = [{k.strip(): v.strip() for k, v in row.items()} for row in csv.DictReader(handle, skipinitialspace=True)]
+    by_uuid: dict[str, list[dict[str, str]]] = {}
+    for row in rows:
+        by_uuid.setdefault(row["uuid"], []).append(row)
+    return by_uuid
+
+
+def run_task(tmp_path: Path, body: str, *, env: dict[str, str] | None = None, interval: float = 0.1, **envelope):
+    """Run a callable in a real runtime process with profiling on; return (result envelope, stdout)."""
+    source = "def task():\n" + textwrap.indent(textwrap.dedent(body), "    ")
+    envelope = {
+        "version": 2,
+        "mode": "callable",
+        "function": "task",
+        "source": source,
+        "summary": {"backend": "test", "gpus": []},
+        "profile": {"interval_s": interval},
+        **envelope,
+    }
+    (tmp_path / "envelope.json").write_text(json.dumps(envelope))
+    done = subprocess.run(
+        [sys.executable, str(BOOTSTRAP), str(tmp_path / "envelope.json"), str(tmp_path / "result.json")],
+        env={**{k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return json.loads((tmp_path / "result.json").read_text()), done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def replay_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return built_or_skip(tmp_path_factory.mktemp("nvml"))
+
+
+def test_a_cpu_profile_of_the_whole_process_tree(tmp_path):
+    """No NVML here: CPU % of the task and of the child it starts, and their memory, clearly labelled."""
+    body = """
+        import subprocess, sys, time
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            pass
+        burn = "import time\\nend = time.monotonic() + 1.5\\nwhile time.monotonic() < end: pass"
+        subprocess.run([sys.executable, "-c", burn], check=True)
+        return "done"
+    """
+    result, out = run_task(tmp_path, body, env={"CUDA_VISIBLE_DEVICES": ""})
+    assert result["ok"] and result["return_value"] == "done"
+    profile = result["profile"]
+    assert profile["kind"] == "cpu"
+    assert "[gpu] profile: CPU profile of the task's processes (no GPU telemetry" in out
+    [device] = profile["devices"]
+    assert device["index"] == "cpu" and device["name"].startswith("CPU (task process tree, ")
+    assert profile["samples"] >= 20 and profile["duration_s"] >= 3.0
+    cpus = len(os.sched_getaffinity(0))
+    # one busy core of `cpus`, in the task and then in its child: about 100/cpus %, never 0 while the child ran
+    utils = [u for u in profile["series"]["cpu"]["util"] if u is not None]
+    assert device["mean_util"] > 50 / cpus, utils
+    assert min(utils[len(utils) // 2 + 2 : -2]) > 25 / cpus, utils  # the child's CPU is the task's
+    assert device["peak_memory"] > 10 * MIB and device["memory_total"] > device["peak_memory"]
+    assert device["energy_wh"] is None and device["peak_power_w"] is None
+    assert set(profile["series"]["cpu"]) == {"util", "memory_used"}  # no power, temperature or clock on a CPU
+
+
+def test_a_replayed_nvml_stream_gives_the_recorded_figures(tmp_path, replay_lib):
+    """Every visible GPU (no CUDA_VISIBLE_DEVICES: a container's), its recorded values row after row."""
+    env = replay_environment(TWO_GPUS, replay_lib)
+    result, out = run_task(tmp_path, "import time\ntime.sleep(1.5)\nreturn 1", env=env)
+    profile = result["profile"]
+    assert profile["kind"] == "gpu" and "CPU profile" not in out
+    rows = recorded(TWO_GPUS)
+    assert [d["uuid"] for d in profile["devices"]] == list(rows)
+    samples = profile["samples"]
+    for device, (uuid, stream) in zip(profile["devices"], rows.items(), strict=True):
+        seen = stream[: min(samples, len(stream))]  # one row per sample, then the last row again
+        seen += [stream[-1]] * (samples - len(seen))
+        utils = [float(r["utilization.gpu [%]"]) for r in seen]
+        assert device["name"] == stream[0]["name"] and device["uuid"] == uuid
+        assert device["memory_total"] == int(stream[0]["memory.total [MiB]"]) * MIB
+        assert device["mean_util"] == round(sum(utils) / len(utils), 1)
+        assert device["peak_memory"] == max(int(r["memory.used [MiB]"]) for r in seen) * MIB
+        assert device["peak_power_w"] == max(float(r["power.draw [W]"]) for r in seen)
+        assert device["energy_wh"] > 0  # the driver's counter (the replay's: over the recording's own timestamps)
+        assert device["p95_util"] == sorted(utils)[max(0, -(-len(utils) * 95 // 100) - 1)]
+        assert profile["series"][device["index"]]["util"][1:4] == utils[1:4]
+
+
+def test_only_the_gpus_the_task_was_given_by_uuid(tmp_path, replay_lib):
+    """The local backend sets CUDA_VISIBLE_DEVICES to the allocated GPUs' UUIDs: those, and only those, are sampled."""
+    second = list(recorded(TWO_GPUS))[1]
+    env = {**replay_environment(TWO_GPUS, replay_lib), "CUDA_VISIBLE_DEVICES": second}
+    result, _ = run_task(tmp_path, "return 1", env=env)
+    assert [d["uuid"] for d in result["profile"]["devices"]] == [second]
+    assert result["profile"]["devices"][0]["index"] == "1"  # NVML's index, as the summary names the GPU
+
+
+def test_no_visible_gpu_means_a_cpu_profile_even_with_nvml(tmp_path, replay_lib):
+    env = {**replay_environment(TWO_GPUS, replay_lib), "CUDA_VISIBLE_DEVICES": ""}
+    result, out = run_task(tmp_path, "return 1", env=env)
+    assert result["profile"]["kind"] == "cpu"
+    assert "no GPU telemetry: no GPU visible to the task" in out
+
+
+def test_profiling_off_samples_nothing(tmp_path):
+    result, out = run_task(tmp_path, "return 1", profile=None)
+    assert "profile" not in result and "[gpu] profile" not in out
+
+
+def test_a_command_runs_as_a_child_while_sampled_and_keeps_its_exit_status(tmp_path):
+    envelope = {
+        "mode": "command",
+        "command": [sys.executable, "-c", "import time; time.sleep(0.5); raise SystemExit(3)"],
+    }
+    result, _ = run_task(tmp_path, "", **envelope)
+    assert result["ok"] is False and result["exit_status"] == 3
+    assert result["profile"]["samples"] >= 3
+
+
+def test_the_series_stays_bounded_and_the_figures_exact_over_many_samples(monkeypatch):
+    """Hours of samples: at most PROFILE_POINTS points come back; the mean and p95 are over every sample."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    profiler = Profiler(interval_s=3600)  # the thread takes its first sample, then waits: the test samples
+    fed: list[float] = []
+
+    def sample() -> list[list[float | None]]:
+        fed.append(float(len(fed) * 37 % 101))
+        return [[fed[-1], 2.0**40 + len(fed), None, None, None]]  # above any real RSS
+
+    profiler.source.sample = sample
+    for _ in range(10_001):
+        profiler._sample()
+    profile = profiler.stop()
+    assert profile["samples"] == 10_003  # the thread's first (util unknown yet), the test's, and stop()'s last
+    assert len(fed) == 10_002
+    assert len(profile["series"]["t"]) <= PROFILE_POINTS
+    assert len(profile["series"]["cpu"]["util"]) == len(profile["series"]["t"])
+    device = profile["devices"][0]
+    assert device["p95_util"] == sorted(fed)[-(-len(fed) * 95 // 100) - 1]  # nearest rank
+    assert device["mean_util"] == round(sum(fed) / len(fed), 1)
+    assert device["peak_memory"] == 2**40 + len(fed)
+    assert max(profile["series"]["cpu"]["memory_used"]) == device["peak_memory"]  # memory thins by max
+    assert profile["series"]["t"] == sorted(profile["series"]["t"])
+
+
+def test_a_sampling_error_is_one_log_line_and_the_task_goes_on(monkeypatch, capsys):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(bootstrap._ProcessTree, "sample", lambda self: 1 / 0)
+    profiler = Profiler(interval_s=0.01)
+    profiler.thread.join(timeout=5)
+    profile = profiler.stop()
+    assert profile["error"] == "ZeroDivisionError: division by zero"
+    assert profile["samples"] == 0
+    assert capsys.readouterr().out.count("[gpu] profile: sampling stopped (ZeroDivisionError") == 1
