@@ -32,7 +32,10 @@ def test_real_accelerator_loop_on_two_cpu_processes(capfd):
         assert result["pids_differ"]
         assert result["backend"] == "gloo"
         assert result["last_loss"] < result["first_loss"]
+        profile = xcom(dr, task_id, "gpu_profile")  # one sampler for the node, in the process that launched
+        assert profile["kind"] == "cpu" and profile["task"]["task_id"] == task_id
     out = capfd.readouterr().out
+    assert out.count("[gpu] profile: CPU profile of the task's processes") == 2  # not one per rank
     assert "[gpu] launching (CPU: ACCELERATE_USE_CPU=1):" in out
     assert "-m accelerate.commands.launch --num_processes 2 --multi_gpu" in out
     assert "[gpu] rank 1: train_with_accelerator() finished" in out
