@@ -15,7 +15,7 @@ a runtime that cannot read its envelope still reports why. The envelope::
      "filename": "/dags/demo.py", "first_line": 12, "args": [...], "kwargs": {...}, "clear_cache": true,
      "summary": {"backend": "local", "image": "...", "requirements_hash": "...", "resources": "...",
                  "gpus": [{"index": "0", "name": "...", "memory_total": 85899345920}] | null},
-     "die_with_parent": false,
+     "die_with_parent": false, "profile": {"interval_s": 1.0} | null,
      "launch": {"module": "accelerate.commands.launch", "args": ["--num_processes", "2", ...],
                 "environment": {...}, "cpu_environment": {"ACCELERATE_USE_CPU": "1"},
                 "rank_arguments": {"--machine_rank": "NODE_RANK"}, "free_port_argument": "--main_process_port"}}
@@ -29,8 +29,12 @@ too when the task has no GPU, ``rank_arguments`` take their values from the envi
 rank 0's value, or the earliest error of any rank. A process that another launcher started as a rank other than 0
 (``RANK``) reports nothing: rank 0 reports for the group.
 
+``profile`` (optional) starts a :class:`Profiler` for the try (one per node under a launcher): NVML through
+``ctypes``, else a CPU profile from ``/proc``; a command then runs as this process's child instead of replacing it.
+
 The result envelope: ``{"ok": true, "return_value": ..., "cache": [...]}`` or
-``{"ok": false, "error": {"type": ..., "message": ..., "traceback": ...}}``. Exit status 0 on success,
+``{"ok": false, "error": {"type": ..., "message": ..., "traceback": ...}}`` (a command's failure:
+``{"ok": false, "exit_status": N}``), with ``"profile": {...}`` when the try was sampled. Exit status 0 on success,
 1 when the user code raised, 2 when the envelope itself is unusable.
 
 The same file installs a task's requirements (:func:`install_requirements`: the local backend's venvs, the
