@@ -10,7 +10,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "record_nvml.py"
-RECORDING = REPO / "tests" / "runtime" / "nvml_replay" / "recordings" / "rtx4090_1gpu.csv"
+RECORDING = REPO / "tests" / "nvml_replay" / "recordings" / "rtx4090_1gpu.csv"
 QUERY = (
     "--query-gpu=timestamp,index,uuid,name,utilization.gpu,utilization.memory,memory.used,memory.total,"
     "power.draw,temperature.gpu,clocks.sm"
