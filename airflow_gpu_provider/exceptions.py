@@ -72,3 +72,7 @@ class RemoteTaskError(GpuTaskError):
         self.remote_traceback = remote_traceback
         self.profile = profile
         super().__init__(message)
+
+
+class GpuOutOfMemoryError(RemoteTaskError):
+    """The user code ran out of GPU memory (a CUDA OOM, in any rank of a launch): a distinct kind of failure."""

@@ -652,10 +652,36 @@ def _rank_result_path(rank_results: str) -> str:
     return os.path.join(rank_results, f"rank{os.environ.get('RANK', '0')}.json")
 
 
+# What accelerator libraries raise when the device's memory runs out: torch's OutOfMemoryError (torch.cuda's too),
+# or the error text of CUDA, ROCm/HIP, XPU, cuBLAS and XLA. Python's own MemoryError is the host's memory, not this.
+GPU_OOM_TYPES = ("OutOfMemoryError",)
+GPU_OOM_TEXTS = (
+    "CUDA out of memory",
+    "CUDA error: out of memory",
+    "HIP out of memory",
+    "XPU out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "RESOURCE_EXHAUSTED: Out of memory",
+)
+GPU_OOM = "gpu_oom"
+
+
+def is_gpu_oom(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an exception it was raised from, says the GPU's memory ran out."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if type(exc).__name__ in GPU_OOM_TYPES or any(text in str(exc) for text in GPU_OOM_TEXTS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def _error(exc: BaseException) -> dict[str, Any]:
     return {
         "time": time.time(),  # the earliest error of several ranks is the root cause
         "type": type(exc).__name__,
+        "kind": GPU_OOM if is_gpu_oom(exc) else "error",
         "message": str(exc),
         "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
     }
@@ -740,8 +766,12 @@ def _call_function(envelope: dict[str, Any]) -> dict[str, Any]:
 
 def _failed(exc: BaseException) -> dict[str, Any]:
     traceback.print_exc()
+    error = _error(exc)
+    if error["kind"] == GPU_OOM:
+        rank = f"rank {os.environ['RANK']}: " if "RANK" in os.environ else ""
+        print(f"{PREFIX} {rank}the task ran out of GPU memory ({error['type']})", file=sys.stderr)
     sys.stderr.flush()
-    return {"ok": False, "error": _error(exc)}
+    return {"ok": False, "error": error}
 
 
 def _die_with_parent() -> None:

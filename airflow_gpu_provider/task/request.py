@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_gpu_provider.exceptions import GpuTaskError, RemoteTaskError
+from airflow_gpu_provider.exceptions import GpuOutOfMemoryError, GpuTaskError, RemoteTaskError
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.task.missing_gpu import POLICIES, MissingGpuPolicy, OnMissingGpu
 
@@ -101,15 +101,23 @@ def task_result(result: Mapping[str, Any] | None, exit_code: int, *, where: str)
 
     The error carries the try's profile too: a failed try's (an OOM's) is the one that explains it.
     """
+    from airflow_gpu_provider.runtime.bootstrap import GPU_OOM  # the protocol's; the runtime is not on the parse path
+
     profile = None if result is None else result.get("profile")
     if result is not None and not result.get("ok", False) and "exit_status" not in result:
         error = result.get("error") or {}
+        details: dict[str, Any] = {"error_type": error.get("type", ""), "profile": profile}
+        details["remote_traceback"] = error.get("traceback", "")
+        if error.get("kind") == GPU_OOM:
+            raise GpuOutOfMemoryError(
+                f"The task ran out of GPU memory in {where} ({error.get('type')}: {error.get('message', '')}): it "
+                "needs a GPU with more memory, or to use less (a smaller batch). The traceback is in the log above.",
+                **details,
+            )
         raise RemoteTaskError(
             f"The task raised {error.get('type', 'an error')} in {where}: {error.get('message', '')}".rstrip(": ")
             + ". The traceback is in the log above.",
-            error_type=error.get("type", ""),
-            remote_traceback=error.get("traceback", ""),
-            profile=profile,
+            **details,
         )
     status = exit_code or (0 if result is None or result.get("ok") else int(result["exit_status"]))
     if status != 0:

@@ -26,13 +26,14 @@ def envelope_section() -> dict[str, Any] | None:
     return {"interval_s": config.get("profile_interval")}
 
 
-def complete(profile: Mapping[str, Any], request: TaskRequest, backend: str) -> dict[str, Any]:
-    """The runtime's profile with the task's identity, its request, GPU-seconds, advice and cost."""
+def complete(
+    profile: Mapping[str, Any], request: TaskRequest, backend: str, prices: Mapping[str, float]
+) -> dict[str, Any]:
+    """The runtime's profile with the task's identity, its request, GPU-seconds, advice and cost (at ``prices``)."""
     resources = request.resources
     gpu_count = resources.gpu_count if isinstance(resources.gpu_count, int) else None
     labels = request.labels
     devices = list(profile.get("devices") or [])
-    prices = parse_prices(config.get("prices"))
     completed = dict(profile)
     completed.update(
         task={
@@ -103,7 +104,12 @@ def publish(
     if not profile:
         return None
     try:
-        completed = complete(profile, request, backend)
+        prices = parse_prices(config.get("prices"))
+    except ValueError as err:
+        log.warning("[gpu] No cost in the profile: %s", err)
+        prices = {}
+    try:
+        completed = complete(profile, request, backend, prices)
         for line in summary_lines(completed):
             log.info("[gpu] %s", line)
         context["ti"].xcom_push(key=XCOM_KEY, value=completed)

@@ -65,6 +65,7 @@ def test_a_failed_try_keeps_its_profile_too(capfd):
     assert exited["task"]["task_id"] == "exits" and exited["samples"] >= 3
     log = capfd.readouterr().out
     assert "The task process in the local task process exited with status 3." in log
+    assert "GpuOutOfMemoryError: The task ran out of GPU memory in the local task process (MemoryError: CUDA" in log
 
 
 def test_profile_off_samples_and_stores_nothing(capfd, monkeypatch):
@@ -132,3 +133,12 @@ def test_the_rendered_pod_carries_what_the_runtime_needs_to_sample():
     [cpu_pod] = task.render_manifests(params={"gpu_count": 0})
     cpu_env = {v["name"] for v in cpu_pod["spec"]["containers"][0]["env"]}
     assert "NVIDIA_DRIVER_CAPABILITIES" not in cpu_env
+
+
+def test_a_bad_price_list_costs_the_cost_only(capfd, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__GPU__PRICES", "A100")
+    dag_run = run_dag(load_dag(DAG_FILE, "telemetry_local"))
+    profile = xcom(dag_run, "busy", "gpu_profile")
+    assert profile["cost"] is None and profile["samples"] >= 1
+    out = capfd.readouterr()
+    assert "No cost in the profile: [gpu] prices: 'A100' is not MODEL=PRICE" in out.out + out.err

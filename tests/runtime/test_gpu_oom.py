@@ -1,0 +1,97 @@
+"""A GPU out-of-memory failure is a distinct kind of failure: recognised by the runtime, raised as such on the worker.
+
+The first step of OOM-aware retries (issue 13): the kind travels in the result envelope (``error.kind``), from the
+task process or from any rank of a launch, and the worker raises :class:`GpuOutOfMemoryError`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import REPO
+
+from airflow_gpu_provider.exceptions import GpuOutOfMemoryError, RemoteTaskError
+from airflow_gpu_provider.runtime.bootstrap import GPU_OOM, _error, _merge_ranks, is_gpu_oom
+from airflow_gpu_provider.task.request import task_result
+
+BOOTSTRAP = REPO / "airflow_gpu_provider" / "runtime" / "bootstrap.py"
+
+
+def run_task(tmp_path, body: str) -> tuple[dict, str]:
+    envelope = {
+        "version": 2,
+        "mode": "callable",
+        "function": "task",
+        "source": "def task():\n" + textwrap.indent(textwrap.dedent(body), "    "),
+        "summary": {"backend": "test", "gpus": []},
+    }
+    (tmp_path / "envelope.json").write_text(json.dumps(envelope))
+    done = subprocess.run(
+        [sys.executable, str(BOOTSTRAP), str(tmp_path / "envelope.json"), str(tmp_path / "result.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return json.loads((tmp_path / "result.json").read_text()), done.stderr
+
+
+def test_torchs_out_of_memory_error_is_a_gpu_oom(tmp_path):
+    body = """
+        import torch
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.15 GiB total)")
+    """
+    result, stderr = run_task(tmp_path, body)
+    assert result["error"]["kind"] == GPU_OOM and result["error"]["type"] == "OutOfMemoryError"
+    assert "[gpu] the task ran out of GPU memory (OutOfMemoryError)" in stderr
+    with pytest.raises(GpuOutOfMemoryError, match=r"ran out of GPU memory in the pod \(OutOfMemoryError: CUDA out"):
+        task_result(result, 1, where="the pod")
+
+
+def test_an_oom_wrapped_by_the_users_code_is_still_one(tmp_path):
+    body = """
+        try:
+            raise RuntimeError("CUDA error: out of memory")
+        except RuntimeError as err:
+            raise ValueError("the batch failed") from err
+    """
+    result, _ = run_task(tmp_path, body)
+    assert result["error"]["type"] == "ValueError" and result["error"]["kind"] == GPU_OOM
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [MemoryError("the host is out of memory"), ValueError("bad value"), RuntimeError("out of patience")],
+    ids=["host MemoryError", "ValueError", "other RuntimeError"],
+)
+def test_other_failures_are_plain_errors(exc):
+    assert not is_gpu_oom(exc)
+    error = _error(exc)
+    assert error["kind"] == "error"
+    with pytest.raises(RemoteTaskError) as raised:
+        task_result({"ok": False, "error": error}, 1, where="x")
+    assert type(raised.value) is RemoteTaskError
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "HIP out of memory. Tried to allocate",
+        "CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate",
+        "XPU out of memory",
+    ],
+)
+def test_other_accelerators_oom_texts(text):
+    assert is_gpu_oom(RuntimeError(text))
+
+
+def test_an_oom_in_any_rank_of_a_launch_is_the_launchs():
+    ok = {"ok": True, "return_value": 1}
+    oom = {"ok": False, "error": _error(RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB"))}
+    result, status = _merge_ranks({0: ok, 1: oom}, 1, "accelerate.commands.launch")
+    assert status == 1 and result["error"]["kind"] == GPU_OOM
+    with pytest.raises(GpuOutOfMemoryError, match="rank 1: CUDA out of memory"):
+        task_result(result, 1, where="the local task process")
