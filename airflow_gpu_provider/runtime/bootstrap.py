@@ -22,7 +22,8 @@ a runtime that cannot read its envelope still reports why. The envelope::
 
     {"version": 2, "mode": "command", "command": ["python", "train.py"], "summary": {...}}
 
-``summary`` (added by the backend) starts the log; ``gpus: null`` asks the driver. ``launch`` (optional) runs the
+``summary`` (added by the backend) starts the log; ``gpus: null`` asks the driver; its ``effective`` resources
+(after a CPU fallback) are exported to the task as ``AIRFLOW_GPU_RESOURCES`` (JSON). ``launch`` (optional) runs the
 payload once per rank under a launcher: ``environment`` is added to the ranks' environment, ``cpu_environment``
 too when the task has no GPU, ``rank_arguments`` take their values from the environment (a pod's node rank), and
 ``free_port_argument`` gets a free local port unless given. Each rank writes ``DIR/rank<RANK>.json``; the result is
@@ -64,6 +65,7 @@ EXIT_BAD_ENVELOPE = 2
 RESULT_TO_LOG = "-"
 RESULT_MARKER = f"{PREFIX} result: "
 RANK_RESULTS = "--rank-results"
+RESOURCES_ENV = "AIRFLOW_GPU_RESOURCES"  # the resources the task runs with, as JSON (the summary's "effective")
 
 
 # --------------------------------------------------------------------------------------------- CUDA helpers
@@ -1041,7 +1043,10 @@ def run(envelope: dict[str, Any], source: str, result_to: str, *, rank: bool = F
     before = clear_cuda_cache() if clear else {"status": "skipped", "reason": "disabled", "freed_bytes": 0}
     profiler = None
     if not rank:
-        print_summary(envelope.get("summary") or {}, before)
+        summary = envelope.get("summary") or {}
+        if "effective" in summary:  # for the user's code, its commands and a launcher's ranks
+            os.environ[RESOURCES_ENV] = json.dumps(summary["effective"])
+        print_summary(summary, before)
         profiler = _start_profiler(envelope)
         if envelope.get("launch"):
             return _run_launcher(envelope, source, result_to, profiler)

@@ -223,6 +223,11 @@ class ResourceSettings:
             parts.append(f"{format_bytes(self.shm_size)} shm")
         return ", ".join(parts)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as JSON values (the vendor by name): what a task finds in ``AIRFLOW_GPU_RESOURCES``."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {**values, "gpu_vendor": self.gpu_vendor.name}
+
     def without_gpus(self) -> ResourceSettings:
         """The same request on the CPU only: what a task falls back to under ``on_missing_gpu="cpu"``."""
         return self.with_overrides(gpu_count=0, accelerator=None, mig_profile=None)

@@ -75,14 +75,18 @@ def summary(
     :param gpus: the devices the task was given (``Device.describe()``), or ``None`` to let the runtime ask the
         driver (in a container or pod); a task that runs without GPUs always shows none
     :param cpu_fallback: the task runs on the CPU because the GPUs were missing (``on_missing_gpu="cpu"``)
+
+    ``effective`` is what the task really runs with (the runtime exports it as ``AIRFLOW_GPU_RESOURCES``).
     """
     with_gpus = request.resources.requests_gpus and not cpu_fallback
+    effective = request.resources.without_gpus() if cpu_fallback else request.resources
     return {
         "backend": backend,
         "image": image,
         "requirements_hash": request.image.requirements_hash,
         "resources": request.resources.describe() + (" -> CPU fallback" if cpu_fallback else ""),
         "gpus": gpus if with_gpus else [],
+        "effective": {**effective.to_dict(), "cpu_fallback": cpu_fallback},
     }
 
 

@@ -152,3 +152,19 @@ with DAG("cuda_listener", schedule=None, start_date=START):
         return float(torch.ones(3).sum())
 
     in_process_torch()
+
+
+def effective_resources():
+    import json
+    import os
+
+    return json.loads(os.environ["AIRFLOW_GPU_RESOURCES"])
+
+
+with DAG("gpu_step_resources", schedule=None, start_date=START):
+    GpuStepOperator(
+        task_id="given", python_callable=effective_resources, gpu_count=1, cpu_count=2, memory="1Gi", shm_size="256Mi"
+    )
+    GpuStepOperator(
+        task_id="fallback", python_callable=effective_resources, gpu_count=2, accelerator="A100", on_missing_gpu="cpu"
+    )

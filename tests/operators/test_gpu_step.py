@@ -184,3 +184,22 @@ def test_bad_input_fails_at_dag_parse_time(kwargs, error, fragment):
     with pytest.raises(error) as info, DAG("gpu_step_bad", schedule=None):
         GpuStepOperator(task_id="bad", **kwargs)
     assert fragment in str(info.value)
+
+
+def test_the_task_sees_the_resources_it_runs_with(monkeypatch, state_dir):
+    """AIRFLOW_GPU_RESOURCES: what the task was given, and after a CPU fallback what it really runs with."""
+    monkeypatch.setenv("AIRFLOW__GPU__DEVICES", "0")
+    dr = run_dag(dag("gpu_step_resources"))
+    assert task_states(dr) == {"given": "success", "fallback": "success"}
+    assert xcom(dr, "given") == {
+        "cpu_count": 2.0,
+        "gpu_count": 1,
+        "memory": 2**30,
+        "accelerator": None,
+        "gpu_vendor": "nvidia",
+        "mig_profile": None,
+        "shm_size": 256 * 2**20,
+        "cpu_fallback": False,
+    }
+    fallback = xcom(dr, "fallback")  # two A100s asked for, one unknown GPU here: on the CPU
+    assert (fallback["gpu_count"], fallback["accelerator"], fallback["cpu_fallback"]) == (0, None, True)

@@ -71,9 +71,20 @@ def test_the_summary_and_the_lock_holder():
         "requirements_hash": "none",
         "resources": "2x nvidia GPU, 4 CPUs",
         "gpus": None,
+        "effective": {
+            "cpu_count": 4.0,
+            "gpu_count": 2,
+            "memory": None,
+            "accelerator": None,
+            "gpu_vendor": "nvidia",
+            "mig_profile": None,
+            "shm_size": None,
+            "cpu_fallback": False,
+        },
     }
     fallback = summary(req, backend="docker", image="img", gpus=None, cpu_fallback=True)
     assert (fallback["resources"], fallback["gpus"]) == ("2x nvidia GPU, 4 CPUs -> CPU fallback", [])
+    assert fallback["effective"]["gpu_count"] == 0 and fallback["effective"]["cpu_fallback"] is True
     assert summary(request(ResourceSettings()), backend="local", image="i", gpus=None)["gpus"] == []
     assert lock_holder(req, "docker") == "d.t[3] run r1 (docker)"
 

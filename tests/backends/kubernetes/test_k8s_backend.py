@@ -33,6 +33,7 @@ def test_main_container_runs_the_shipped_runtime_and_writes_to_the_xcom_sidecar(
         "requirements_hash": "none",
         "resources": "1x nvidia GPU",
         "gpus": None,
+        "effective": {**ResourceSettings(gpu_count=1).to_dict(), "cpu_fallback": False},
     }
     sidecars = [c["name"] for c in pod["spec"]["containers"]]
     assert sidecars == ["base", "airflow-xcom-sidecar"]
