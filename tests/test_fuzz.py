@@ -1050,6 +1050,13 @@ def _resolve(operator: GpuStepOperator, kwargs: dict[str, Any], value: Any, back
         return None
 
 
+def _accepted(kwargs: dict[str, Any], value: Any, backend: str) -> Any:
+    """The operator for ``backend``, resolved as when its task starts; ``None`` when refused (naming the field)."""
+    kwargs = {**kwargs, "backend": backend}
+    operator = _construct(kwargs)
+    return None if operator is None else _resolve(operator, kwargs, value)
+
+
 @settings(FUZZ, max_examples=CASES["kubernetes"])
 @given(kwargs=operator_kwargs(KUBERNETES_OPTIONS), value=TEMPLATE_PARAM)
 # Regressions: each of these escaped as another exception type, or was accepted and then refused or rendered invalid.
@@ -1092,11 +1099,7 @@ def _resolve(operator: GpuStepOperator, kwargs: dict[str, Any], value: Any, back
     value=None,
 )  # AttributeError when planned
 def test_kubernetes_operator_accepts_and_renders_valid_pods_or_names_the_field(kwargs: dict[str, Any], value: Any):
-    kwargs = {**kwargs, "backend": "kubernetes"}
-    operator = _construct(kwargs)
-    if operator is None:
-        return
-    resolved = _resolve(operator, kwargs, value)
+    resolved = _accepted(kwargs, value, "kubernetes")
     if resolved is None:
         return
     _, context, (info, options, request) = resolved
@@ -1140,11 +1143,7 @@ def test_kubernetes_operator_accepts_and_renders_valid_pods_or_names_the_field(k
 )
 @example(kwargs={"command": ["true"], "backend_options": {"stop_timeout": INF}}, value=None)
 def test_docker_operator_accepts_and_plans_a_valid_container_or_names_the_field(kwargs: dict[str, Any], value: Any):
-    kwargs = {**kwargs, "backend": "docker"}
-    operator = _construct(kwargs)
-    if operator is None:
-        return
-    resolved = _resolve(operator, kwargs, value)
+    resolved = _accepted(kwargs, value, "docker")
     if resolved is None:
         return
     _, _, (info, options, request) = resolved

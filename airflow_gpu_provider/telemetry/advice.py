@@ -41,8 +41,9 @@ def model_of(name: str, memory_total: float | None) -> str | None:
     return None
 
 
-def _gib(amount: float) -> str:
-    return f"{amount / GIB:.1f} GiB"
+def gib(amount: float | None) -> str:
+    """An amount of memory as the profile's lines show it: ``6.1 GiB`` (``?`` when unknown)."""
+    return "?" if amount is None else f"{amount / GIB:.1f} GiB"
 
 
 def smaller_fits(peak: float, total: float, model: str | None, vendor_models: Sequence[str]) -> list[str]:
@@ -67,11 +68,11 @@ def device_advice(device: Mapping[str, Any], *, cpu: bool, vendor_models: Sequen
     total = device.get("memory_total")
     if peak is not None and total and pct is not None:
         if pct >= FULL_PCT:
-            notes.append(f"{label}memory {pct:.0f} % full ({_gib(peak)} of {_gib(total)}): close to OOM")
+            notes.append(f"{label}memory {pct:.0f} % full ({gib(peak)} of {gib(total)}): close to OOM")
         elif pct < ROOMY_PCT and not cpu:
             fits = smaller_fits(peak, total, model_of(str(device.get("name", "")), total), vendor_models)
             if fits:
-                notes.append(f"{label}peak {_gib(peak)} of {_gib(total)} ({pct:.0f} %): {' or '.join(fits)} would do")
+                notes.append(f"{label}peak {gib(peak)} of {gib(total)} ({pct:.0f} %): {' or '.join(fits)} would do")
     if mean is not None:
         if mean < IDLE_MEAN:
             notes.append(f"{label}mean utilisation {mean:.0f} %: {what} mostly idle (data loading? waiting?)")

@@ -14,9 +14,7 @@ from airflow_gpu_provider import config
 from airflow_gpu_provider.settings.accelerators import MODEL_VENDORS
 from airflow_gpu_provider.task.request import TaskRequest
 from airflow_gpu_provider.telemetry import XCOM_KEY
-from airflow_gpu_provider.telemetry.advice import advice, cost, parse_prices
-
-GIB = 2**30
+from airflow_gpu_provider.telemetry.advice import advice, cost, gib, parse_prices
 
 
 def envelope_section() -> dict[str, Any] | None:
@@ -62,10 +60,6 @@ def _nvidia(model: str | None) -> str | None:
     return None if model is None or model in MODEL_VENDORS else model
 
 
-def _gib(amount: float | None) -> str:
-    return "?" if amount is None else f"{amount / GIB:.1f} GiB"
-
-
 def summary_lines(profile: Mapping[str, Any]) -> list[str]:
     """The lines that end the task log: one per device, then the advice and the cost."""
     cpu = profile.get("kind") == "cpu"
@@ -78,7 +72,7 @@ def summary_lines(profile: Mapping[str, Any]) -> list[str]:
         mean, p95 = device.get("mean_util"), device.get("p95_util")
         util = "?" if mean is None else f"mean {mean:.0f} %, p95 {p95:.0f} %"
         pct = device.get("peak_memory_pct")
-        memory = f"peak {_gib(device.get('peak_memory'))} of {_gib(device.get('memory_total'))}"
+        memory = f"peak {gib(device.get('peak_memory'))} of {gib(device.get('memory_total'))}"
         memory += "" if pct is None else f" ({pct:.0f} %)"
         energy = "" if device.get("energy_wh") is None else f", {device['energy_wh']:.2f} Wh"
         what = device["name"] if cpu else f"GPU {device['index']} {device['name']}"
