@@ -19,6 +19,7 @@ _EXPORTS = {
     "GpuVendor": "airflow_gpu_provider.settings",
     "Accelerator": "airflow_gpu_provider.settings",
     "MigProfile": "airflow_gpu_provider.settings",
+    "OomEscalation": "airflow_gpu_provider.settings",
     "GpuStepOperator": "airflow_gpu_provider.operators.gpu_step",
     "AccelerateOperator": "airflow_gpu_provider.operators.accelerate",
     "gpu_task": "airflow_gpu_provider.decorators.gpu",
@@ -33,6 +34,7 @@ __all__ = [
     "GpuVendor",
     "ImageSettings",
     "MigProfile",
+    "OomEscalation",
     "ResourceSettings",
     "__version__",
     "gpu_task",
@@ -45,7 +47,14 @@ if TYPE_CHECKING:
     from airflow_gpu_provider.hooks.cuda import CudaHook
     from airflow_gpu_provider.operators.accelerate import AccelerateOperator
     from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
-    from airflow_gpu_provider.settings import Accelerator, GpuVendor, ImageSettings, MigProfile, ResourceSettings
+    from airflow_gpu_provider.settings import (
+        Accelerator,
+        GpuVendor,
+        ImageSettings,
+        MigProfile,
+        OomEscalation,
+        ResourceSettings,
+    )
 
 
 def __getattr__(name: str) -> Any:

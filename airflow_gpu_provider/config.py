@@ -47,7 +47,8 @@ OPTIONS: tuple[Option, ...] = (
         "string",
         "auto",
         "GPU inventory of a worker host for the local backend: auto (ask NVML, from the nvml extra), none, "
-        "or a comma-separated list of device ids such as 0,1,2,3.",
+        "or a comma-separated list of device ids such as 0,1,2,3, each optionally with its model (0=L4,1=A100-80GB: "
+        "a known model gives the device's memory, which OOM escalation compares).",
         "0,1",
     ),
     Option(

@@ -6,7 +6,7 @@ the value and what is accepted. Run-time errors are ``RuntimeError`` subclasses 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 
@@ -58,7 +58,10 @@ class RemoteTaskError(GpuTaskError):
     :param error_type: the exception's class name in the remote process
     :param remote_traceback: the formatted traceback from the remote process
     :param profile: the try's profile (``telemetry``), if it was sampled
+    :param gpus: the GPUs the try ran on (``Device.describe()`` / NVML's view), when the runtime said
     """
+
+    kind = "error"  # the runtime's error kind; OOM escalation climbs on the two below
 
     def __init__(
         self,
@@ -67,12 +70,22 @@ class RemoteTaskError(GpuTaskError):
         error_type: str = "",
         remote_traceback: str = "",
         profile: Mapping[str, Any] | None = None,
+        gpus: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         self.error_type = error_type
         self.remote_traceback = remote_traceback
         self.profile = profile
+        self.gpus = list(gpus or [])
         super().__init__(message)
 
 
 class GpuOutOfMemoryError(RemoteTaskError):
     """The user code ran out of GPU memory (a CUDA OOM, in any rank of a launch): a distinct kind of failure."""
+
+    kind = "gpu_oom"
+
+
+class HostOutOfMemoryError(RemoteTaskError):
+    """The task ran out of host memory: its container or pod was OOM-killed, or Python raised ``MemoryError``."""
+
+    kind = "host_oom"

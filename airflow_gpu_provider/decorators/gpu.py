@@ -10,11 +10,8 @@ from airflow.sdk.bases.decorator import DecoratedOperator, task_decorator_factor
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.listeners.gpu_pool import with_gpu_pool
-from airflow_gpu_provider.operators.gpu_step import (
-    RESOURCE_SHORTCUTS,
-    GpuStepOperator,
-    resolve_resources,
-)
+from airflow_gpu_provider.operators.arguments import RESOURCE_SHORTCUTS, resolve_resources
+from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
 from airflow_gpu_provider.settings import ResourceSettings
 
 if TYPE_CHECKING:

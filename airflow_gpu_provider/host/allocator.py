@@ -220,8 +220,19 @@ class HostGpus:
         if present is None:
             present = self.present(resources.gpu_vendor)
         candidates = _candidates(resources, present)
-        count = len(candidates) if isinstance(resources.gpu_count, str) else resources.gpu_count
         requested = resources.describe().split(",")[0]
+        if request.min_gpu_memory is not None:  # a try after a GPU out-of-memory failure
+            larger = [d for d in candidates if d.memory_total is not None and d.memory_total > request.min_gpu_memory]
+            if not larger:
+                known = ", ".join(f"{d.id}: {_gib(d.memory_total)}" for d in present) or "none"
+                raise GpuUnavailableError(
+                    f"Requested {requested} with more than {_gib(request.min_gpu_memory)} of memory, after a try "
+                    f"ran out of GPU memory, but no GPU of this host has more ({known}). Give the task a smaller "
+                    "batch, an on_oom ladder of accelerators on Kubernetes, or list the GPUs' models in [gpu] devices "
+                    "(0=L4,1=A100-80GB) when NVML cannot tell their memory."
+                )
+            candidates = sorted(larger, key=lambda d: d.memory_total or 0)  # the smallest GPU that is larger
+        count = len(candidates) if isinstance(resources.gpu_count, str) else resources.gpu_count
         if count == 0:  # "all" on a host with none
             if request.missing_gpu.runs_on_cpu:
                 log.warning("Requested %s but this host has none; running on CPU.", requested)
@@ -237,6 +248,10 @@ class HostGpus:
             present=present,
             log=log,
         )
+
+
+def _gib(amount: int | None) -> str:
+    return "unknown memory" if amount is None else f"{amount / 2**30:.0f} GiB"
 
 
 def _candidates(resources: ResourceSettings, present: Sequence[Device]) -> list[Device]:

@@ -5,9 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.settings.accelerators import NVIDIA, GpuVendor
+from airflow_gpu_provider.settings.accelerators import ACCELERATOR_PATTERN, NVIDIA, GpuVendor, card_memory_gib
 
-DEVICES_ACCEPTED = "'auto' (NVML), 'none', or comma-separated device ids such as '0,1,2,3' or MIG UUIDs"
+DEVICES_ACCEPTED = (
+    "'auto' (NVML), 'none', or comma-separated device ids such as '0,1,2,3' or MIG UUIDs, each optionally with its "
+    "model: '0=L4,1=A100-80GB' (a known model gives the device's memory)"
+)
+GIB = 2**30
 
 
 @dataclass(frozen=True)
@@ -34,12 +38,20 @@ def parse_devices(option: str) -> list[Device] | None:
         return None
     if text.lower() in ("none", ""):
         return []
-    ids = [part.strip() for part in text.split(",")]
+    parts = [part.strip().partition("=") for part in text.split(",")]
+    ids = [device_id.strip() for device_id, _, _ in parts]
     if any(not part or any(c.isspace() for c in part) for part in ids) or len(set(ids)) != len(ids):
         raise InvalidSettingError(
             "[gpu]", "devices", option, "device ids must be distinct and non-empty", DEVICES_ACCEPTED
         )
-    return [Device(part) for part in ids]
+    devices = []
+    for device_id, given, text in parts:
+        model = text.strip()
+        if given and (not ACCELERATOR_PATTERN.fullmatch(model) or ":" in model):
+            raise InvalidSettingError("[gpu]", "devices", option, f"{model!r} is not a model name", DEVICES_ACCEPTED)
+        gib = card_memory_gib(model) if model else None
+        devices.append(Device(device_id.strip(), model or None, None if gib is None else int(gib * GIB)))
+    return devices
 
 
 def host_devices(option: str, vendor: GpuVendor = NVIDIA) -> list[Device]:

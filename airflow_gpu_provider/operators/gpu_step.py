@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import shlex
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_gpu_provider import config
 from airflow_gpu_provider.backends import BACKENDS, BackendInfo
-from airflow_gpu_provider.exceptions import InvalidSettingError, RemoteTaskError
+from airflow_gpu_provider.exceptions import GpuUnavailableError, InvalidSettingError, RemoteTaskError
 from airflow_gpu_provider.listeners.gpu_pool import with_gpu_pool
+from airflow_gpu_provider.operators.arguments import argv, check_on_oom, is_template, resolve_resources
 from airflow_gpu_provider.payload import (
     call_arguments,
     callable_envelope,
@@ -23,9 +24,10 @@ from airflow_gpu_provider.payload import (
     shipped_callable,
 )
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+from airflow_gpu_provider.settings.escalation import OomEscalation
 from airflow_gpu_provider.settings.image import check_environment
-from airflow_gpu_provider.task import missing_gpu
-from airflow_gpu_provider.task.request import TaskRequest
+from airflow_gpu_provider.task import escalation, missing_gpu
+from airflow_gpu_provider.task.request import TaskRequest, task_labels
 from airflow_gpu_provider.telemetry import report
 from airflow_gpu_provider.telemetry.lineage import LineageMixin
 
@@ -34,33 +36,6 @@ if TYPE_CHECKING:
 
     from airflow_gpu_provider.backends.base import Backend
     from airflow_gpu_provider.backends.options import BackendOptions
-
-RESOURCE_SHORTCUTS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ResourceSettings))
-
-
-def is_template(value: object) -> bool:
-    """Whether a value is a Jinja template to be rendered when the task runs."""
-    return isinstance(value, str) and ("{{" in value or "{%" in value)
-
-
-def resolve_resources(
-    resources: ResourceSettings | None, shortcuts: Mapping[str, Any], *, owner: str
-) -> tuple[ResourceSettings, dict[str, Any]]:
-    """Apply the resource shortcuts to ``resources``: templated ones are returned apart, to apply when rendered.
-
-    Settings are validated when they change only: ``resources`` alone comes back as it is.
-    """
-    if resources is not None and not isinstance(resources, ResourceSettings):
-        raise InvalidSettingError(owner, "resources", resources, "expected a ResourceSettings", None)
-    given = {k: v for k, v in shortcuts.items() if v is not None}
-    overrides = {k: v for k, v in given.items() if is_template(v)}
-    concrete = {k: v for k, v in given.items() if k not in overrides}
-    settings = resources or ResourceSettings()
-    return (settings.with_overrides(**concrete) if concrete else settings), overrides
-
-
-def _argv(command: Sequence[str] | str) -> list[str]:
-    return shlex.split(command) if isinstance(command, str) else list(command)
 
 
 class GpuStepOperator(LineageMixin, BaseOperator):
@@ -82,6 +57,8 @@ class GpuStepOperator(LineageMixin, BaseOperator):
     :param on_missing_gpu: ``"fail"``, ``"wait"`` or ``"cpu"``; default ``[gpu] on_missing_gpu`` (templated)
     :param backend_options: backend-specific options (connection ids, namespace, ...), checked at parse time
     :param environment: extra environment variables for the task process (templated)
+    :param on_oom: an :class:`OomEscalation` ladder: after an out-of-memory failure the next try asks for its next
+        step (a larger GPU, MIG slice or memory limit); other failures retry unchanged
     :param cpu_count: shortcut for ``resources.cpu_count`` (a template is validated when rendered); likewise
         ``gpu_count``, ``memory``, ``accelerator``, ``gpu_vendor``, ``mig_profile``, ``shm_size``
     :param requirements: shortcut for ``image.requirements``; likewise ``parent_image``,
@@ -121,6 +98,7 @@ class GpuStepOperator(LineageMixin, BaseOperator):
         on_missing_gpu: str | None = None,
         backend_options: Mapping[str, Any] | None = None,
         environment: Mapping[str, str] | None = None,
+        on_oom: OomEscalation | None = None,
         cpu_count: float | str | None = None,
         gpu_count: int | str | None = None,
         memory: int | str | None = None,
@@ -189,6 +167,7 @@ class GpuStepOperator(LineageMixin, BaseOperator):
         self.on_missing_gpu = on_missing_gpu
         self.backend_options = dict(backend_options or {})
         self.environment = check_environment(owner, "environment", environment or {})
+        self.on_oom = check_on_oom(owner, on_oom, None if self.resource_overrides else self.resource_settings)
         self._running_backend: Backend[Any, Any] | None = None
 
         super().__init__(**with_gpu_pool(self.resource_settings, self.resource_overrides, kwargs))
@@ -198,7 +177,7 @@ class GpuStepOperator(LineageMixin, BaseOperator):
         """The runtime envelope for this try, for these (rendered) resources; subclasses wrap the payload."""
         owner = f"{type(self).__name__}({self.task_id!r})"
         if self.shipped is None:
-            return command_envelope(_argv(self.command or []))
+            return command_envelope(argv(self.command or []))
         assert self.python_callable is not None
         args, kwargs = call_arguments(
             self.shipped, inspect.signature(self.python_callable), self.op_args, self.op_kwargs, context, owner=owner
@@ -206,11 +185,12 @@ class GpuStepOperator(LineageMixin, BaseOperator):
         return callable_envelope(self.shipped, args, kwargs)
 
     def resolved_request(
-        self, context: Context, *, backend: str | None = None
+        self, context: Context, *, backend: str | None = None, tries: escalation.Tries | None = None
     ) -> tuple[BackendInfo, BackendOptions, TaskRequest]:
         """The backend, its options and the backend-independent request, after templates are rendered.
 
         :param backend: a backend other than the task's own (``render_manifests``)
+        :param tries: the tries so far, with an ``on_oom`` ladder: the request is this try's rung
         """
         owner = f"{type(self).__name__}({self.task_id!r})"
         resources = self.resource_settings
@@ -228,29 +208,34 @@ class GpuStepOperator(LineageMixin, BaseOperator):
             options = self._backend_options[1]
         else:
             options = info.parse_options(self.backend_options)
+        rung = None
+        if tries is not None:
+            check_on_oom(owner, tries.on_oom, resources)
+            rung = tries.rung(resources)
+            self.log.info("%s", rung.line)
+            if rung.exhausted:
+                raise AirflowFailException(
+                    f"{rung.line}: the on_oom ladder has no larger {rung.exhausted} step. Add one, or make the "
+                    "task use less memory (a smaller batch)."
+                )
+            resources = rung.resources
         info.check(resources, self.num_nodes, options, image)
-        ti = context["ti"]
-        labels = {
-            "dag_id": ti.dag_id,
-            "task_id": ti.task_id,
-            "run_id": ti.run_id,
-            "try_number": str(ti.try_number),
-            "map_index": str(getattr(ti, "map_index", -1)),
-        }
         request = TaskRequest(
             resources,
             image,
             {**self.build_envelope(context, resources), "profile": report.envelope_section()},
             policy,  # type: ignore[arg-type]  # checked against missing_gpu.NAMES above
-            labels,
+            task_labels(context["ti"]),
             num_nodes=self.num_nodes,
             rendezvous_port=self.rendezvous_port,
+            min_gpu_memory=rung.min_gpu_memory if rung is not None else None,
         )
         return info, options, request
 
     def execute(self, context: Context) -> Any:
         """Plan the task on its backend and run it; the callable's return value goes to XCom."""
-        info, options, request = self.resolved_request(context)
+        tries = escalation.Tries.start(self.on_oom, task_labels(context["ti"])) if self.on_oom is not None else None
+        info, options, request = self.resolved_request(context, tries=tries)
         backend = info.backend_class()(options, log=self.log)
         self.log.info(
             "GPU task %s on backend %r: %s; requirements %s; on_missing_gpu=%s",
@@ -261,32 +246,47 @@ class GpuStepOperator(LineageMixin, BaseOperator):
             request.on_missing_gpu,
         )
         self._running_backend = backend
-        profile = None
+        profile: Mapping[str, Any] | None = None
+        failure: BaseException | None = None
         try:
             result = backend.run(backend.plan(request), context)
             profile = result.profile
             return result.return_value
-        except RemoteTaskError as err:
-            profile = err.profile
+        except BaseException as err:
+            failure, profile = err, err.profile if isinstance(err, RemoteTaskError) else None
+            if isinstance(err, GpuUnavailableError) and request.min_gpu_memory is not None:
+                raise AirflowFailException(str(err)) from err  # no GPU of this host is larger: retrying cannot help
             raise
         finally:
             self._running_backend = None
             self.gpu_profile = report.publish(profile, request, info.name, context, self.log)
+            if tries is not None:
+                context["ti"].xcom_push(escalation.XCOM_KEY, tries.finish(request.resources, failure))
 
     def render_manifests(
-        self, context: Context | None = None, *, params: Mapping[str, Any] | None = None, backend: str = "kubernetes"
+        self,
+        context: Context | None = None,
+        *,
+        params: Mapping[str, Any] | None = None,
+        backend: str = "kubernetes",
+        after: Sequence[str] = (),
     ) -> list[dict[str, Any]]:
         """What this task would submit to a backend that renders (Kubernetes), as plain dicts; no cluster needed.
 
         :param context: a task context; without one, templates use the DAG's default params updated by ``params``
         :param backend: the backend to render for, whatever the task's own backend is
+        :param after: how earlier tries ended (``"gpu_oom"``, ``"host_oom"``, ``"error"``): render the try that
+            follows them on the ``on_oom`` ladder
         """
         task, rendering = self, context
         if rendering is None:
             from airflow_gpu_provider.render import stand_in
 
             task, rendering = stand_in(self, params)
-        info, options, request = task.resolved_request(rendering, backend=backend)
+        tries = escalation.Tries.after(self.on_oom, {}, after) if self.on_oom is not None else None
+        if after and tries is None:
+            raise InvalidSettingError(f"{type(self).__name__}({self.task_id!r})", "after", list(after), "no on_oom")
+        info, options, request = task.resolved_request(rendering, backend=backend, tries=tries)
         if not info.renders:
             able = [name for name, other in BACKENDS.items() if other.renders]
             raise InvalidSettingError(

@@ -224,8 +224,8 @@ def _describe_cache(result: dict[str, Any]) -> str:
     return f"skipped ({result['reason']})"
 
 
-def print_summary(summary: dict[str, Any], cache: dict[str, Any]) -> None:
-    """Print the resource summary that starts every GPU task's log."""
+def print_summary(summary: dict[str, Any], cache: dict[str, Any]) -> list[dict[str, Any]]:
+    """Print the resource summary that starts every GPU task's log; return the task's GPUs."""
     gpus = summary.get("gpus")
     if gpus is None:  # containers and pods: ask the device itself
         gpus = list_gpus()
@@ -242,6 +242,7 @@ def print_summary(summary: dict[str, Any], cache: dict[str, Any]) -> None:
     ]
     for line in lines:
         print(f"{PREFIX} {line}", flush=True)
+    return list(gpus or [])
 
 
 # --------------------------------------------------------------------------------------------- profile
@@ -666,6 +667,17 @@ GPU_OOM_TEXTS = (
     "RESOURCE_EXHAUSTED: Out of memory",
 )
 GPU_OOM = "gpu_oom"
+HOST_OOM = "host_oom"  # Python's MemoryError; a container or pod OOM-killed is one too, told by its backend
+
+
+def _in_chain(exc: BaseException | None, kind: type[BaseException]) -> bool:
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, kind):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def is_gpu_oom(exc: BaseException | None) -> bool:
@@ -683,7 +695,7 @@ def _error(exc: BaseException) -> dict[str, Any]:
     return {
         "time": time.time(),  # the earliest error of several ranks is the root cause
         "type": type(exc).__name__,
-        "kind": GPU_OOM if is_gpu_oom(exc) else "error",
+        "kind": GPU_OOM if is_gpu_oom(exc) else HOST_OOM if _in_chain(exc, MemoryError) else "error",
         "message": str(exc),
         "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
     }
@@ -769,9 +781,10 @@ def _call_function(envelope: dict[str, Any]) -> dict[str, Any]:
 def _failed(exc: BaseException) -> dict[str, Any]:
     traceback.print_exc()
     error = _error(exc)
-    if error["kind"] == GPU_OOM:
+    if error["kind"] in (GPU_OOM, HOST_OOM):
         rank = f"rank {os.environ['RANK']}: " if "RANK" in os.environ else ""
-        print(f"{PREFIX} {rank}the task ran out of GPU memory ({error['type']})", file=sys.stderr)
+        what = "GPU" if error["kind"] == GPU_OOM else "host"
+        print(f"{PREFIX} {rank}the task ran out of {what} memory ({error['type']})", file=sys.stderr)
     sys.stderr.flush()
     return {"ok": False, "error": error}
 
@@ -822,7 +835,9 @@ def _has_gpus(envelope: dict[str, Any]) -> bool:
     return bool(gpus) if gpus is not None else bool(list_gpus())
 
 
-def _run_launcher(envelope: dict[str, Any], source: str, result_to: str, profiler: Profiler | None) -> int:
+def _run_launcher(
+    envelope: dict[str, Any], source: str, result_to: str, profiler: Profiler | None, gpus: list[dict[str, Any]]
+) -> int:
     """Run the payload under the envelope's launcher; rank 0's result, or the earliest error of any rank, wins."""
     import tempfile
 
@@ -850,15 +865,22 @@ def _run_launcher(envelope: dict[str, Any], source: str, result_to: str, profile
     result, status = _merge_ranks(results, status, launch["module"])
     if profile is not None:
         result["profile"] = profile
+    if not result.get("ok"):
+        result["gpus"] = gpus  # what an OOM escalation compares the next try's GPU with
     write_result(result_to, result)
     return status
 
 
 def _merge_ranks(results: dict[int, dict[str, Any]], status: int, launcher: str) -> tuple[dict[str, Any], int]:
     """One result for the launch: the earliest error of any rank, else rank 0's value."""
-    errors = sorted((r["error"].get("time", 0), rank) for rank, r in results.items() if not r.get("ok"))
+    # an out-of-memory error of any rank is the cause; the other ranks' errors (a broken collective) follow it
+    errors = sorted(
+        (r["error"].get("kind") not in (GPU_OOM, HOST_OOM), r["error"].get("time", 0), rank)
+        for rank, r in results.items()
+        if not r.get("ok")
+    )
     if errors:
-        rank = errors[0][1]
+        rank = errors[0][2]
         failed = results[rank]
         failed["error"]["message"] = f"rank {rank}: {failed['error']['message']}"
         return failed, EXIT_USER_ERROR
@@ -1041,15 +1063,15 @@ def run(envelope: dict[str, Any], source: str, result_to: str, *, rank: bool = F
         _die_with_parent()
     clear = envelope.get("clear_cache", True)
     before = clear_cuda_cache() if clear else {"status": "skipped", "reason": "disabled", "freed_bytes": 0}
-    profiler = None
+    profiler, gpus = None, []
     if not rank:
         summary = envelope.get("summary") or {}
         if "effective" in summary:  # for the user's code, its commands and a launcher's ranks
             os.environ[RESOURCES_ENV] = json.dumps(summary["effective"])
-        print_summary(summary, before)
+        gpus = print_summary(summary, before)
         profiler = _start_profiler(envelope)
         if envelope.get("launch"):
-            return _run_launcher(envelope, source, result_to, profiler)
+            return _run_launcher(envelope, source, result_to, profiler, gpus)
     if envelope["mode"] == "command":
         result, status = _run_command(envelope, profiler)
     else:
@@ -1059,6 +1081,8 @@ def run(envelope: dict[str, Any], source: str, result_to: str, *, rank: bool = F
     result["cache"] = [before, after]
     if profiler is not None:
         result["profile"] = profiler.stop()
+    if not result["ok"] and not rank:
+        result["gpus"] = gpus  # what an OOM escalation compares the next try's GPU with
     if result["ok"] and envelope["mode"] == "callable":
         who = f"rank {os.environ.get('RANK', '0')}: " if rank else ""
         print(

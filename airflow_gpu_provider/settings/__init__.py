@@ -12,6 +12,7 @@ from airflow_gpu_provider.settings.accelerators import (
     GpuVendor,
     MigProfile,
 )
+from airflow_gpu_provider.settings.escalation import OomEscalation
 from airflow_gpu_provider.settings.image import ImageSettings
 from airflow_gpu_provider.settings.resources import ALL_GPUS, ResourceSettings
 
@@ -26,5 +27,6 @@ __all__ = [
     "GpuVendor",
     "ImageSettings",
     "MigProfile",
+    "OomEscalation",
     "ResourceSettings",
 ]

@@ -114,6 +114,18 @@ MEMORY_GIB: dict[str, float] = {
     "MI250X": 128,
     "MI300X": 192,
 }
+# Other names of the same cards (the Kubernetes label tables know both).
+_MEMORY_ALIASES = {"A100-40GB": "A100", "H100-80GB": "H100", "H100-SXM": "H100", "H200-141GB": "H200"}
+
+
+def card_memory_gib(model: str | None) -> float | None:
+    """The memory of one card of ``model`` (GiB), or ``None`` when the table does not know it."""
+    if model is None:
+        return None
+    name = model.upper()
+    return MEMORY_GIB.get(_MEMORY_ALIASES.get(name, name))
+
+
 # The MIG slices of each MIG-capable card, by their memory (GiB).
 MIG_MEMORY_GIB: dict[str, dict[str, float]] = {
     "A100": {"1g.5gb": 5, "2g.10gb": 10, "3g.20gb": 20, "4g.20gb": 20, "7g.40gb": 40},

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_gpu_provider.exceptions import GpuOutOfMemoryError, GpuTaskError, RemoteTaskError
+from airflow_gpu_provider.exceptions import GpuOutOfMemoryError, GpuTaskError, HostOutOfMemoryError, RemoteTaskError
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.task.missing_gpu import POLICIES, MissingGpuPolicy, OnMissingGpu
 
@@ -27,6 +27,8 @@ class TaskRequest:
     :param labels: identity of the task try (dag_id, task_id, run_id, try_number, map_index) for names and logs
     :param num_nodes: machines the envelope runs on at once (a multi-node launch); ``resources`` are per node
     :param rendezvous_port: the port a multi-node launch meets on (``None``: the backend's default)
+    :param min_gpu_memory: GPUs must have more memory than this (bytes): a try after a GPU out-of-memory failure,
+        on the backends that pick devices themselves (local, Docker)
     """
 
     resources: ResourceSettings
@@ -36,6 +38,7 @@ class TaskRequest:
     labels: Mapping[str, str] = field(default_factory=dict)
     num_nodes: int = 1
     rendezvous_port: int | None = None
+    min_gpu_memory: int | None = None
 
     @property
     def missing_gpu(self) -> MissingGpuPolicy:
@@ -49,6 +52,12 @@ class TaskRequest:
         if self.labels.get("map_index", "-1") not in ("-1", ""):
             name += f"[{self.labels['map_index']}]"
         return name
+
+
+def task_labels(ti: Any) -> dict[str, str]:
+    """The identity of a task try, from its task instance: :attr:`TaskRequest.labels`."""
+    names = ("dag_id", "task_id", "run_id", "try_number")
+    return {**{name: str(getattr(ti, name)) for name in names}, "map_index": str(getattr(ti, "map_index", -1))}
 
 
 MAX_RESULT_BYTES = 64 * 2**20  # a result envelope larger than this is not an XCom value
@@ -101,17 +110,23 @@ def task_result(result: Mapping[str, Any] | None, exit_code: int, *, where: str)
 
     The error carries the try's profile too: a failed try's (an OOM's) is the one that explains it.
     """
-    from airflow_gpu_provider.runtime.bootstrap import GPU_OOM  # the protocol's; the runtime is not on the parse path
+    from airflow_gpu_provider.runtime.bootstrap import GPU_OOM, HOST_OOM  # the protocol's; not on the parse path
 
     profile = None if result is None else result.get("profile")
     if result is not None and not result.get("ok", False) and "exit_status" not in result:
         error = result.get("error") or {}
         details: dict[str, Any] = {"error_type": error.get("type", ""), "profile": profile}
-        details["remote_traceback"] = error.get("traceback", "")
+        details.update(remote_traceback=error.get("traceback", ""), gpus=result.get("gpus"))
         if error.get("kind") == GPU_OOM:
             raise GpuOutOfMemoryError(
                 f"The task ran out of GPU memory in {where} ({error.get('type')}: {error.get('message', '')}): it "
                 "needs a GPU with more memory, or to use less (a smaller batch). The traceback is in the log above.",
+                **details,
+            )
+        if error.get("kind") == HOST_OOM:
+            raise HostOutOfMemoryError(
+                f"The task ran out of host memory in {where} ({error.get('type')}: {error.get('message', '')}). The "
+                "traceback is in the log above.",
                 **details,
             )
         raise RemoteTaskError(

@@ -26,7 +26,7 @@ from airflow_gpu_provider.backends.docker.images.engine import ensure_derived_im
 from airflow_gpu_provider.backends.docker.options import DockerOptions, mount_source_problem
 from airflow_gpu_provider.backends.docker.orphans import AUTO_REMOVE_LABEL, WORKER_LABEL, reap_orphans
 from airflow_gpu_provider.backends.docker.plan import DockerPlan, plan_container
-from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError
+from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError, HostOutOfMemoryError
 from airflow_gpu_provider.host.allocator import Allocation
 from airflow_gpu_provider.host.keeper import Keeper
 from airflow_gpu_provider.host.workers import worker_identity
@@ -46,8 +46,8 @@ TOOLKIT_FIX = (
 )
 
 
-class ContainerOomError(GpuTaskError):
-    """The container was killed because it ran out of memory (its memory limit)."""
+class ContainerOomError(HostOutOfMemoryError):
+    """The container was killed because it ran out of memory (its memory limit): an ``on_oom`` memory step."""
 
 
 class _NoGpuRuntime(Exception):
