@@ -90,8 +90,8 @@ class OomEscalation:
         """The resource changes after each GPU OOM, in order: MIG slices first, then whole cards."""
         steps: list[dict[str, Any]] = []
         if resources.mig_profile is not None:
-            own = mig_memory_gib(resources.mig_profile)
-            steps += [{"mig_profile": p} for p in self.mig_profiles if mig_memory_gib(p) > own]
+            slice_gib = mig_memory_gib(resources.mig_profile)
+            steps += [{"mig_profile": p} for p in self.mig_profiles if mig_memory_gib(p) > slice_gib]
         names = [m.upper() for m in self.accelerators]
         own = (resources.accelerator or "").upper()
         if own in names:  # the ladder names the task's own card: the steps after it
