@@ -62,8 +62,9 @@ def rung_for(
     else:
         last = next(entry for entry in reversed(history) if entry.get("kind") in (GPU_OOM, HOST_OOM))
         what = "GPU" if last["kind"] == GPU_OOM else "host"
-        ran = last.get("gpu_model") or last.get("resources", {}).get("accelerator") or "its GPU"
-        on = f" on {ran} ({_gib(last.get('gpu_memory'))})" if what == "GPU" else ""
+        ran = last.get("gpu_model") or last.get("resources", {}).get("accelerator")
+        on = f" on {ran}" if what == "GPU" and ran else ""
+        on += f" ({_gib(last['gpu_memory'])})" if what == "GPU" and last.get("gpu_memory") else ""
         why = f"try {last.get('try')} ran out of {what} memory{on}"
         if minimum is not None:
             why += f"; this try needs a GPU with more than {_gib(minimum)}"

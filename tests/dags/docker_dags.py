@@ -32,3 +32,31 @@ with DAG("docker_timeout", schedule=None, start_date=START):
         execution_timeout=datetime.timedelta(seconds=5),
         backend_options={"stop_timeout": 2},
     )
+
+
+def use_memory(megabytes: int) -> dict:
+    """Hold ``megabytes`` of memory: more than the first try's container may have."""
+    import json
+    import os
+
+    blocks = [bytearray(1024 * 1024) for _ in range(megabytes)]
+    return {"held_mb": len(blocks), "resources": json.loads(os.environ["AIRFLOW_GPU_RESOURCES"])}
+
+
+with DAG(
+    "docker_oom_escalation",
+    schedule=None,
+    start_date=START,
+    default_args={"retries": 1, "retry_delay": datetime.timedelta(0)},
+):
+    from airflow_gpu_provider import OomEscalation
+
+    GpuStepOperator(
+        task_id="grow",
+        python_callable=use_memory,
+        op_args=[160],
+        backend="docker",
+        image=IMAGE,
+        memory="64Mi",
+        on_oom=OomEscalation(memory=["512Mi"]),
+    )

@@ -14,8 +14,8 @@ import textwrap
 import pytest
 from conftest import REPO
 
-from airflow_gpu_provider.exceptions import GpuOutOfMemoryError, RemoteTaskError
-from airflow_gpu_provider.runtime.bootstrap import GPU_OOM, _error, _merge_ranks, is_gpu_oom
+from airflow_gpu_provider.exceptions import GpuOutOfMemoryError, HostOutOfMemoryError, RemoteTaskError
+from airflow_gpu_provider.runtime.bootstrap import GPU_OOM, HOST_OOM, _error, _merge_ranks, is_gpu_oom
 from airflow_gpu_provider.task.request import task_result
 
 BOOTSTRAP = REPO / "airflow_gpu_provider" / "runtime" / "bootstrap.py"
@@ -64,8 +64,8 @@ def test_an_oom_wrapped_by_the_users_code_is_still_one(tmp_path):
 
 @pytest.mark.parametrize(
     "exc",
-    [MemoryError("the host is out of memory"), ValueError("bad value"), RuntimeError("out of patience")],
-    ids=["host MemoryError", "ValueError", "other RuntimeError"],
+    [ValueError("bad value"), RuntimeError("out of patience")],
+    ids=["ValueError", "other RuntimeError"],
 )
 def test_other_failures_are_plain_errors(exc):
     assert not is_gpu_oom(exc)
@@ -95,3 +95,29 @@ def test_an_oom_in_any_rank_of_a_launch_is_the_launchs():
     assert status == 1 and result["error"]["kind"] == GPU_OOM
     with pytest.raises(GpuOutOfMemoryError, match="rank 1: CUDA out of memory"):
         task_result(result, 1, where="the local task process")
+
+
+def test_pythons_memory_error_is_a_host_oom(tmp_path):
+    result, stderr = run_task(tmp_path, "raise MemoryError('no more host memory')")
+    assert result["error"]["kind"] == HOST_OOM
+    assert "[gpu] the task ran out of host memory (MemoryError)" in stderr
+    with pytest.raises(HostOutOfMemoryError, match="ran out of host memory"):
+        task_result(result, 1, where="x")
+
+
+def test_a_failed_try_names_the_gpus_it_ran_on(tmp_path):
+    """What OOM escalation compares the next try's GPU with."""
+    result, _ = run_task(tmp_path, "raise RuntimeError('CUDA out of memory')")
+    assert result["gpus"] == []  # the summary's GPUs (none here); a success does not carry them
+    gpus = [{"index": "0", "name": "L4", "memory_total": 24 * 2**30}]
+    with pytest.raises(GpuOutOfMemoryError) as raised:
+        task_result({**result, "gpus": gpus}, 1, where="x")
+    assert raised.value.gpus == gpus and raised.value.kind == GPU_OOM
+
+
+def test_an_oom_is_the_cause_even_when_another_rank_failed_first():
+    """A rank that ran out of memory breaks the collective: the others fail after it, or even before it reports."""
+    broken = {"ok": False, "error": {**_error(RuntimeError("NCCL communicator was aborted")), "time": 1.0}}
+    oom = {"ok": False, "error": {**_error(RuntimeError("CUDA out of memory")), "time": 2.0}}
+    result, _ = _merge_ranks({0: broken, 1: oom}, 1, "accelerate.commands.launch")
+    assert result["error"]["kind"] == GPU_OOM and result["error"]["message"].startswith("rank 1:")
