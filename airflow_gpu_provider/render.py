@@ -89,7 +89,7 @@ def to_yaml(objects: list[dict[str, Any]]) -> str:
 
 
 def _render_file(
-    dag_file: str, task_id: str, dag_id: str | None, params: Mapping[str, Any]
+    dag_file: str, task_id: str, dag_id: str | None, params: Mapping[str, Any], after: list[str]
 ) -> list[dict[str, Any]] | None:
     from airflow.dag_processing.dagbag import DagBag
 
@@ -106,20 +106,26 @@ def _render_file(
     if not hasattr(tasks[0], "render_manifests"):
         print(f"{task_id!r} is a {type(tasks[0]).__name__}, not a GPU task", file=sys.stderr)
         return None
-    return list(tasks[0].render_manifests(params=params))
+    return list(tasks[0].render_manifests(params=params, after=after))
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m airflow_gpu_provider.render DAG_FILE TASK_ID [--params JSON] [--format yaml|json]``."""
+    """``python -m airflow_gpu_provider.render DAG_FILE TASK_ID [--params JSON] [--after KINDS] [--format ...]``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dag_file")
     parser.add_argument("task_id")
     parser.add_argument("--dag-id", help="the DAG, when the file defines several")
     parser.add_argument("--params", default="{}", help="JSON object replacing the DAG's default params")
+    parser.add_argument(
+        "--after",
+        default="",
+        help="how earlier tries ended, e.g. gpu_oom,host_oom: the try the on_oom ladder gives next",
+    )
     parser.add_argument("--format", choices=("yaml", "json"), default="yaml")
     args = parser.parse_args(argv)
+    after = [kind.strip() for kind in args.after.split(",") if kind.strip()]
     with contextlib.redirect_stdout(sys.stderr):  # Airflow's log lines must not mix with the manifests
-        objects = _render_file(args.dag_file, args.task_id, args.dag_id, json.loads(args.params))
+        objects = _render_file(args.dag_file, args.task_id, args.dag_id, json.loads(args.params), after)
     if objects is None:
         return 1
     if args.format == "json":

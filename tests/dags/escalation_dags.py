@@ -93,3 +93,32 @@ with DAG(
         accelerator="L4",
         on_oom=OomEscalation(accelerators=["A100-80GB"]),
     )
+
+
+def rank_1_ooms_on_l4() -> dict:
+    """Rank 1 of a 2-process launch runs out of GPU memory on an L4; on the next rung every rank succeeds."""
+    import json
+    import os
+
+    from accelerate import Accelerator
+
+    accelerator = Accelerator()
+    resources = json.loads(os.environ["AIRFLOW_GPU_RESOURCES"])
+    if resources["accelerator"] == "L4" and accelerator.process_index == 1:
+        import torch
+
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
+    return {"world_size": accelerator.num_processes, "accelerator": resources["accelerator"]}
+
+
+with DAG("oom_accelerate", schedule=None, start_date=START, default_args=RETRY_NOW):
+    from airflow_gpu_provider import AccelerateOperator
+
+    AccelerateOperator(
+        task_id="launch",
+        python_callable=rank_1_ooms_on_l4,
+        cpu=True,
+        num_processes=2,
+        accelerator="L4",
+        on_oom=OomEscalation(accelerators=["A100-80GB"]),
+    )

@@ -92,3 +92,35 @@ def test_past_the_top_of_the_ladder_the_task_stops_retrying(capfd):
     assert log.count("the task ran out of GPU memory (OutOfMemoryError)") == 2  # L4, then A100-80GB; not a 3rd run
     assert "the on_oom ladder has no larger GPU step" in log
     assert [t["kind"] for t in _stored(dr, "top")] == ["gpu_oom", "gpu_oom"]  # kept: a cleared task goes on from there
+
+
+def test_an_oom_in_one_rank_of_an_accelerate_launch_climbs_the_ladder(capfd):
+    dr = run_dag(load_dag(DAG_FILE, "oom_accelerate"))
+    assert task_states(dr) == {"launch": "success"}
+    assert xcom(dr, "launch") == {"world_size": 2, "accelerator": "A100-80GB"}
+    tries = xcom(dr, "launch", escalation.XCOM_KEY)["tries"]
+    assert [t["kind"] for t in tries] == ["gpu_oom", "success"]
+    assert "rank 1: CUDA out of memory" in tries[0]["error"]
+    out = capfd.readouterr()
+    assert "[gpu] rank 1: the task ran out of GPU memory (OutOfMemoryError)" in out.out + out.err
+
+
+def test_the_render_cli_shows_the_try_after_an_oom():
+    import subprocess
+    import sys
+
+    import yaml
+
+    dag_file = REPO / "tests" / "backends" / "kubernetes" / "oom_render_dag.py"
+    rendered = subprocess.run(
+        [sys.executable, "-m", "airflow_gpu_provider.render", str(dag_file), "train", "--after", "gpu_oom"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    [pod] = yaml.safe_load_all(rendered)
+    [term] = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert "NVIDIA-A100-SXM4-80GB" in term["matchExpressions"][0]["values"]
