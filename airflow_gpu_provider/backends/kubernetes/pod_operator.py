@@ -18,9 +18,14 @@ from kubernetes.client import ApiClient, Configuration
 from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
-from airflow_gpu_provider.backends.kubernetes.pending import Unschedulable, explain_termination, unschedulable
+from airflow_gpu_provider.backends.kubernetes.pending import (
+    Unschedulable,
+    explain_termination,
+    termination,
+    unschedulable,
+)
 from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan
-from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError, RemoteTaskError
+from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError, HostOutOfMemoryError, RemoteTaskError
 from airflow_gpu_provider.task.request import result_value
 
 _API = ApiClient(configuration=Configuration())
@@ -89,9 +94,11 @@ class GpuPodOperator(KubernetesPodOperator):
             except RemoteTaskError as err:
                 return err
         if self.remote_pod is not None:
-            text = explain_termination(to_dict(self.remote_pod), self.base_container_name, limits)
-            if text is not None:
-                return GpuTaskError(text)
+            pod = to_dict(self.remote_pod)
+            text = explain_termination(pod, self.base_container_name, limits)
+            if text is not None:  # an OOM kill is a host OOM: an on_oom ladder's memory step
+                oom = (termination(pod, self.base_container_name) or {}).get("reason") == "OOMKilled"
+                return HostOutOfMemoryError(text) if oom else GpuTaskError(text)
         return None
 
 

@@ -12,7 +12,7 @@ from kubernetes.client import models as k8s
 
 from airflow_gpu_provider.backends.kubernetes.pending import unschedulable
 from airflow_gpu_provider.backends.kubernetes.pod_operator import build_operator
-from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError, RemoteTaskError
+from airflow_gpu_provider.exceptions import GpuUnavailableError, HostOutOfMemoryError, RemoteTaskError
 from airflow_gpu_provider.settings import ResourceSettings
 
 GPU_SHORT = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu. preemption: not helpful."
@@ -103,7 +103,7 @@ def test_oom_killed_container_becomes_a_memory_error(plan):
         ),
     )
     error = operator.explain_failure(plan)
-    assert isinstance(error, GpuTaskError)
+    assert isinstance(error, HostOutOfMemoryError) and error.kind == "host_oom"  # an on_oom memory step
     assert "OOMKilled" in str(error)
     assert "memory limit (8Gi)" in str(error)
 
