@@ -182,7 +182,9 @@ def check_allocator(ctx: Context) -> str:
     return f"gave {device.id}, never twice (state dir {host.state_dir}), released it"
 
 
-def _run_local_task(ctx: Context, function: Callable[..., Any], *args: Any) -> tuple[Any, list[str]]:
+def _run_local_task(
+    ctx: Context, function: Callable[..., Any], *args: Any, min_gpu_memory: int | None = None
+) -> tuple[Any, list[str]]:
     """Run a function as a 1-GPU local-backend task; return its value and the GPUs the backend gave it."""
     from airflow_gpu_provider.backends import BACKENDS
     from airflow_gpu_provider.payload import callable_envelope, shipped_callable
@@ -191,7 +193,14 @@ def _run_local_task(ctx: Context, function: Callable[..., Any], *args: Any) -> t
 
     backend = BACKENDS["local"].create({"devices": "auto"}, log=ctx.log)
     envelope = callable_envelope(shipped_callable(function, owner="gpu_check"), list(args), {})
-    request = TaskRequest(ResourceSettings(gpu_count=1), ImageSettings(), envelope, "fail", _labels(function.__name__))
+    request = TaskRequest(
+        ResourceSettings(gpu_count=1),
+        ImageSettings(),
+        envelope,
+        "fail",
+        _labels(function.__name__),
+        min_gpu_memory=min_gpu_memory,
+    )
     first = len(ctx.records)
     value = backend.run(backend.plan(request), {}).return_value
     # the backend logs the GPUs it gave the task: "Starting task process on GPUs %s" with the list of ids
@@ -319,6 +328,38 @@ def check_profile(ctx: Context) -> str:
     )
 
 
+def allocate_too_much() -> None:
+    """Ask the GPU for more memory than it has: a real CUDA out-of-memory error."""
+    import torch
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.empty(int(total * 1.5), dtype=torch.uint8, device="cuda")
+
+
+def check_oom(ctx: Context) -> str:
+    """A real CUDA OOM is a gpu_oom with the GPU's memory; the next try needs a larger GPU (on_oom escalation)."""
+    from airflow_gpu_provider.exceptions import GpuOutOfMemoryError, GpuUnavailableError
+    from airflow_gpu_provider.settings import ResourceSettings
+    from airflow_gpu_provider.task import escalation
+
+    try:
+        _run_local_task(ctx, allocate_too_much)
+    except GpuOutOfMemoryError as err:
+        entry = escalation.record(1, ResourceSettings(gpu_count=1), err)
+    else:
+        raise Failed("allocating 1.5x the GPU's memory did not fail")
+    if not entry.get("gpu_memory"):
+        raise Failed(f"the failed try does not say its GPU's memory: {entry}")
+    larger = [g for g in ctx.gpus if (g.get("memory_total") or 0) > entry["gpu_memory"]]
+    try:
+        _, given = _run_local_task(ctx, probe_visible_gpu, min_gpu_memory=entry["gpu_memory"])
+    except GpuUnavailableError as unavailable:
+        if larger:
+            raise Failed(f"this host has a larger GPU ({larger[0]['name']}) but: {unavailable}") from None
+        return f"gpu_oom on {entry['gpu_model']} ({entry['gpu_memory'] / 2**30:.1f} GiB); no larger GPU here, said so"
+    return f"gpu_oom on {entry['gpu_model']}; the next try got larger GPU {given}"
+
+
 def check_accelerate(ctx: Context) -> str:
     """A 1-GPU accelerate launch through AccelerateOperator (the example DAG)."""
     conf = {"epochs": 2, "gpu_count": 1, "mixed_precision": "no", "backend": "local", "on_missing_gpu": "fail"}
@@ -343,6 +384,7 @@ CHECKS: dict[str, Callable[[Context], str]] = {
     "demo-bf16": check_demo_bf16,
     "profile": check_profile,
     "accelerate": check_accelerate,
+    "oom": check_oom,
 }
 
 

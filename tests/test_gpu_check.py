@@ -12,7 +12,7 @@ from gpu_support import gpu_environment, nvidia_gpus
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_check.py"
-CHECKS = ["inventory", "allocator", "local-task", "cuda-cache", "demo-bf16", "profile", "accelerate"]
+CHECKS = ["inventory", "allocator", "local-task", "cuda-cache", "demo-bf16", "profile", "accelerate", "oom"]
 
 
 def gpu_check(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
