@@ -223,6 +223,10 @@ class HostGpus:
         requested = resources.describe().split(",")[0]
         if request.min_gpu_memory is not None:  # a try after a GPU out-of-memory failure
             larger = [d for d in candidates if d.memory_total is not None and d.memory_total > request.min_gpu_memory]
+            if not larger and request.missing_gpu.runs_on_cpu:
+                log.warning("Requested %s larger than the GPU that ran out of memory, but this host has none; "
+                            "running on CPU (on_missing_gpu='cpu').", requested)  # fmt: skip
+                return Allocation(devices=[], cpu_fallback=True)
             if not larger:
                 known = ", ".join(f"{d.id}: {_gib(d.memory_total)}" for d in present) or "none"
                 raise GpuUnavailableError(

@@ -18,7 +18,6 @@ from typing import Any
 
 from airflow_gpu_provider.exceptions import RemoteTaskError
 from airflow_gpu_provider.settings import ResourceSettings
-from airflow_gpu_provider.settings.accelerators import card_memory_gib
 from airflow_gpu_provider.settings.escalation import GPU_OOM, HOST_OOM, OomEscalation
 
 XCOM_KEY = "gpu_escalation"
@@ -79,8 +78,7 @@ def record(tries: int, resources: ResourceSettings, error: BaseException | None)
     if kind == GPU_OOM:
         gpus = error.gpus if isinstance(error, RemoteTaskError) else []
         sizes = [g["memory_total"] for g in gpus if isinstance(g.get("memory_total"), int)]
-        known = card_memory_gib(resources.accelerator)
-        entry["gpu_memory"] = min(sizes) if sizes else None if known is None else int(known * GIB)
+        entry["gpu_memory"] = min(sizes) if sizes else None  # the GPUs it ran on; none after a CPU fallback
         entry["gpu_model"] = next((g.get("name") for g in gpus if g.get("name")), resources.accelerator)
     if error is not None:
         entry["error"] = f"{type(error).__name__}: {error}"[:500]
