@@ -16,13 +16,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_gpu_provider.exceptions import RemoteTaskError
+from airflow_gpu_provider.exceptions import InvalidSettingError, RemoteTaskError
 from airflow_gpu_provider.settings import ResourceSettings
 from airflow_gpu_provider.settings.escalation import GPU_OOM, HOST_OOM, OomEscalation
 
 XCOM_KEY = "gpu_escalation"
 VARIABLE_PREFIX = "airflow_gpu_provider.oom."
 GIB = 2**30
+KINDS = "how each earlier try ended: 'gpu_oom', 'host_oom' or 'error'"
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,9 @@ class Tries:
     @classmethod
     def after(cls, on_oom: OomEscalation, labels: Mapping[str, str], kinds: Sequence[str]) -> Tries:
         """Tries that ended with ``kinds`` (``"gpu_oom"``, ``"host_oom"``, ``"error"``): to render the next one."""
+        unknown = [kind for kind in kinds if kind not in (GPU_OOM, HOST_OOM, "error")]
+        if unknown:
+            raise InvalidSettingError("render_manifests", "after", list(kinds), f"unknown {unknown}", KINDS)
         history = [{"try": n, "kind": kind} for n, kind in enumerate(kinds, 1)]
         return cls(on_oom, labels, history, len(history) + 1, stored=False)
 

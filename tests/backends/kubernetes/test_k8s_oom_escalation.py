@@ -73,3 +73,7 @@ def test_render_after_needs_a_ladder():
         task = GpuStepOperator(task_id="t", python_callable=train, backend="kubernetes", gpu_count=1)
     with pytest.raises(InvalidSettingError, match="after"):
         task.render_manifests(after=["gpu_oom"])
+    with pytest.raises(
+        InvalidSettingError, match=r"after=\['oom'\].*unknown \['oom'\].*'gpu_oom', 'host_oom' or 'error'"
+    ):
+        _task(accelerator="L4").render_manifests(after=["oom"])
