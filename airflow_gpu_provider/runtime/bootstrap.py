@@ -15,7 +15,7 @@ a runtime that cannot read its envelope still reports why. The envelope::
      "filename": "/dags/demo.py", "first_line": 12, "args": [...], "kwargs": {...}, "clear_cache": true,
      "summary": {"backend": "local", "image": "...", "requirements_hash": "...", "resources": "...",
                  "gpus": [{"index": "0", "name": "...", "memory_total": 85899345920}] | null},
-     "die_with_parent": false, "profile": {"interval_s": 1.0} | null,
+     "die_with_parent": false, "profile": {"interval_s": 1.0} | null, "resume": true,
      "launch": {"module": "accelerate.commands.launch", "args": ["--num_processes", "2", ...],
                 "environment": {...}, "cpu_environment": {"ACCELERATE_USE_CPU": "1"},
                 "rank_arguments": {"--machine_rank": "NODE_RANK"}, "free_port_argument": "--main_process_port"}}
@@ -29,6 +29,12 @@ too when the task has no GPU, ``rank_arguments`` take their values from the envi
 ``free_port_argument`` gets a free local port unless given. Each rank writes ``DIR/rank<RANK>.json``; the result is
 rank 0's value, or the earliest error of any rank. A process that another launcher started as a rank other than 0
 (``RANK``) reports nothing: rank 0 reports for the group.
+
+The task's checkpoint folder comes in the environment (``AIRFLOW_GPU_CHECKPOINT_DIR``, set by the backend: a path
+here, or a URI), not in the envelope; it is made when missing and named in the log. ``resume`` (optional) looks
+for the newest ``accelerator.save_state`` folder there (:func:`newest_checkpoint`), exports it as
+``AIRFLOW_GPU_RESUME_FROM`` / ``AIRFLOW_GPU_RESUME_STEP``, and loads it in each process that runs the function right
+after its first ``Accelerator.prepare`` (:func:`resume_after_prepare`).
 
 ``profile`` (optional) starts a :class:`Profiler` for the try (one per node under a launcher): NVML through
 ``ctypes``, else a CPU profile from ``/proc``; a command then runs as this process's child instead of replacing it.
@@ -66,6 +72,9 @@ RESULT_TO_LOG = "-"
 RESULT_MARKER = f"{PREFIX} result: "
 RANK_RESULTS = "--rank-results"
 RESOURCES_ENV = "AIRFLOW_GPU_RESOURCES"  # the resources the task runs with, as JSON (the summary's "effective")
+CHECKPOINT_ENV = "AIRFLOW_GPU_CHECKPOINT_DIR"  # the task's checkpoint folder (set by the backend): a path or a URI
+RESUME_FROM_ENV = "AIRFLOW_GPU_RESUME_FROM"  # with "resume": the newest checkpoint found there, loaded after prepare()
+RESUME_STEP_ENV = "AIRFLOW_GPU_RESUME_STEP"  # and the number in its folder's name (checkpoint_2 -> 2)
 
 
 # --------------------------------------------------------------------------------------------- CUDA helpers
@@ -1018,6 +1027,99 @@ def install_main(argv: list[str]) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------------------------- checkpoints
+CHECKPOINT_MARKER = "random_states_0.pkl"  # the last file accelerator.save_state writes (process 0's RNG states)
+
+
+def newest_checkpoint(folder: str) -> tuple[str, int | None] | None:
+    """The newest complete ``accelerator.save_state`` folder in ``folder`` or its ``checkpoints/``, and its number.
+
+    Newest as Accelerate's own ``load_state`` picks it: the highest first number in the folder's name
+    (``checkpoint_12``, ``epoch_3``), then the latest written; a folder without :data:`CHECKPOINT_MARKER` was cut off
+    while being saved and is skipped.
+    """
+    import re
+
+    found = []
+    for parent in (folder, os.path.join(folder, "checkpoints")):
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(parent, name)
+            if os.path.isfile(os.path.join(path, CHECKPOINT_MARKER)):
+                numbers = re.findall(r"[0-9]+", name)
+                found.append((int(numbers[0]) if numbers else -1, os.path.getmtime(path), path))
+    if not found:
+        return None
+    number, _, path = max(found)
+    return path, None if number < 0 else number
+
+
+def prepare_checkpoint(envelope: dict[str, Any]) -> None:
+    """Announce the task's checkpoint folder (made if missing); with ``resume``, find what to resume from.
+
+    The newest checkpoint goes to ``AIRFLOW_GPU_RESUME_FROM`` and its number to ``AIRFLOW_GPU_RESUME_STEP``,
+    for the function, a script and every rank of a launch.
+    """
+    for name in (RESUME_FROM_ENV, RESUME_STEP_ENV):
+        os.environ.pop(name, None)  # only this try's own lookup counts
+    folder = os.environ.get(CHECKPOINT_ENV)
+    if not folder:
+        if envelope.get("resume"):
+            print(f"{PREFIX} resume: the task has no checkpoint folder, so it starts afresh", flush=True)
+        return
+    if "://" not in folder:
+        os.makedirs(folder, exist_ok=True)
+    print(f"{PREFIX} checkpoint folder ({CHECKPOINT_ENV}): {folder}", flush=True)
+    if not envelope.get("resume"):
+        return
+    found = None if "://" in folder else newest_checkpoint(folder)
+    if found is None:
+        print(f"{PREFIX} resume: no checkpoint in {folder} yet, so the task starts afresh", flush=True)
+        return
+    path, number = found
+    os.environ[RESUME_FROM_ENV] = path
+    if number is not None:
+        os.environ[RESUME_STEP_ENV] = str(number)
+    print(f"{PREFIX} resume: from {path} (step {number}), loaded after the first accelerator.prepare()", flush=True)
+
+
+def resume_after_prepare() -> None:
+    """Make the first ``Accelerator.prepare`` of this process load ``AIRFLOW_GPU_RESUME_FROM`` before returning.
+
+    So the user's loop starts from the restored model, optimizer, scheduler, dataloader and RNG states; with
+    ``AIRFLOW_GPU_RESUME_STEP`` = N, ``accelerator.project_configuration.iteration`` becomes N + 1 (the next
+    automatically named checkpoint is ``checkpoint_<N+1>``, and a loop that saves once per epoch starts there).
+    """
+    path = os.environ.get(RESUME_FROM_ENV)
+    if not path:
+        return
+    try:
+        from accelerate import Accelerator
+    except Exception as exc:  # noqa: BLE001 - the function reports its own import errors
+        print(f"{PREFIX} resume: accelerate cannot be imported here ({exc}); load {path} yourself", flush=True)
+        return
+    import functools
+
+    original = Accelerator.prepare
+    step = os.environ.get(RESUME_STEP_ENV)
+
+    @functools.wraps(original)
+    def prepare(self: Any, *args: Any, **kwargs: Any) -> Any:
+        prepared = original(self, *args, **kwargs)
+        if Accelerator.prepare is prepare:  # the first call only
+            Accelerator.prepare = original
+            self.load_state(path)
+            if step is not None:
+                self.project_configuration.iteration = int(step) + 1
+            print(f"{PREFIX} rank {self.process_index}: resumed from {path}", flush=True)
+        return prepared
+
+    Accelerator.prepare = prepare
+
+
 # --------------------------------------------------------------------------------------------- a task try
 def _start_profiler(envelope: dict[str, Any]) -> Profiler | None:
     """The task's sampler, when the envelope asks for one; one per node (``LOCAL_RANK`` 0 under a launcher)."""
@@ -1047,12 +1149,15 @@ def run(envelope: dict[str, Any], source: str, result_to: str, *, rank: bool = F
         if "effective" in summary:  # for the user's code, its commands and a launcher's ranks
             os.environ[RESOURCES_ENV] = json.dumps(summary["effective"])
         print_summary(summary, before)
+        prepare_checkpoint(envelope)
         profiler = _start_profiler(envelope)
         if envelope.get("launch"):
             return _run_launcher(envelope, source, result_to, profiler)
     if envelope["mode"] == "command":
         result, status = _run_command(envelope, profiler)
     else:
+        if envelope.get("resume"):
+            resume_after_prepare()
         result = _call_function(envelope)
         status = 0 if result["ok"] else EXIT_USER_ERROR
     after = clear_cuda_cache() if clear else before

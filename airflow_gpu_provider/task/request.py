@@ -15,6 +15,7 @@ from typing import Any
 
 from airflow_gpu_provider.exceptions import GpuOutOfMemoryError, GpuTaskError, RemoteTaskError
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+from airflow_gpu_provider.task.checkpoint import CheckpointLocation
 from airflow_gpu_provider.task.missing_gpu import POLICIES, MissingGpuPolicy, OnMissingGpu
 
 
@@ -27,6 +28,7 @@ class TaskRequest:
     :param labels: identity of the task try (dag_id, task_id, run_id, try_number, map_index) for names and logs
     :param num_nodes: machines the envelope runs on at once (a multi-node launch); ``resources`` are per node
     :param rendezvous_port: the port a multi-node launch meets on (``None``: the backend's default)
+    :param checkpoint: the try's checkpoint folder (``task/checkpoint.py``), ``None`` for none
     """
 
     resources: ResourceSettings
@@ -36,6 +38,7 @@ class TaskRequest:
     labels: Mapping[str, str] = field(default_factory=dict)
     num_nodes: int = 1
     rendezvous_port: int | None = None
+    checkpoint: CheckpointLocation | None = None
 
     @property
     def missing_gpu(self) -> MissingGpuPolicy:

@@ -1,0 +1,62 @@
+"""Checkpoint and resume for real: trainings interrupted on try 1 resume on try 2 (dag.test() runs the retry)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from conftest import REPO
+from helpers import alive, load_dag, run_dag, task_states, xcom
+
+from airflow_gpu_provider.task.checkpoint import location
+
+pytestmark = pytest.mark.usefixtures("airflow_home")
+DAG_FILE = REPO / "tests" / "dags" / "checkpoint_dags.py"
+
+
+def _try_numbers(dag_run) -> dict[str, int]:
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return {ti.task_id: ti.try_number for ti in dag_run.get_task_instances(session=session)}
+
+
+def test_plain_loop_resumes_at_epoch_3_and_ends_as_an_uninterrupted_run(tmp_path, capfd):
+    dr = run_dag(load_dag(DAG_FILE, "checkpoint_plain"), conf={"root": str(tmp_path)})
+    assert task_states(dr) == {"interrupted": "success", "uninterrupted": "success"}
+    assert _try_numbers(dr) == {"interrupted": 2, "uninterrupted": 1}
+    resumed, reference = xcom(dr, "interrupted"), xcom(dr, "uninterrupted")
+    assert resumed["started_at"] == 3 and reference["started_at"] == 0
+    torch.testing.assert_close(torch.tensor(resumed["weights"]), torch.tensor(reference["weights"]), rtol=0, atol=0)
+    labels = {"dag_id": dr.dag_id, "run_id": dr.run_id, "task_id": "interrupted", "map_index": "-1"}
+    assert resumed["folder"] == location(str(tmp_path), labels).path  # the same folder for both tries
+    assert resumed["folder"] != reference["folder"]
+    assert "RuntimeError: interrupted at epoch 3" in capfd.readouterr().out
+
+
+def test_two_process_accelerate_launch_resumes_from_its_newest_save_state(tmp_path, capfd):
+    dr = run_dag(load_dag(DAG_FILE, "checkpoint_accelerate"), conf={"root": str(tmp_path)})
+    assert task_states(dr) == {"interrupted": "success", "uninterrupted": "success"}
+    assert _try_numbers(dr) == {"interrupted": 2, "uninterrupted": 1}
+    resumed, reference = xcom(dr, "interrupted"), xcom(dr, "uninterrupted")
+    assert resumed["world_size"] == reference["world_size"] == 2
+    assert resumed["started_at"] == 3 and resumed["resume_step"] == "2"
+    assert reference["started_at"] == 0 and reference["resume_step"] is None
+    assert resumed["checkpoints"] == reference["checkpoints"] == [f"checkpoint_{i}" for i in range(6)]
+    torch.testing.assert_close(torch.tensor(resumed["weights"]), torch.tensor(reference["weights"]))
+    out = capfd.readouterr().out
+    assert "checkpoint_2 (step 2), loaded after the first accelerator.prepare()" in out
+    assert "rank 1: resumed from" in out and "rank 0: resumed from" in out
+    assert "resume: no checkpoint in" in out  # try 1, and the uninterrupted task
+
+
+def test_sigterm_reaches_the_task_which_saves_within_the_grace_period(tmp_path):
+    started = time.monotonic()
+    dr = run_dag(load_dag(DAG_FILE, "checkpoint_grace"), conf={"root": str(tmp_path)})
+    assert task_states(dr) == {"graceful": "failed"}  # its execution_timeout
+    assert time.monotonic() - started < 60  # not the 120 s it would sleep
+    labels = {"dag_id": dr.dag_id, "run_id": dr.run_id, "task_id": "graceful", "map_index": "-1"}
+    folder = location(str(tmp_path), labels).path
+    assert (tmp_path / folder / "last.txt").read_text() == "saved on signal 15"
+    assert not alive(int((tmp_path / folder / "pid").read_text()))
