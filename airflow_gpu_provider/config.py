@@ -138,7 +138,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "kill_grace",
         "float",
-        "10.0",
+        "30.0",
         "Seconds a stopped GPU task (on_kill, execution_timeout, a pod eviction) gets between SIGTERM and SIGKILL, "
         "to write a last checkpoint: the local process tree, docker stop's timeout, the pod's "
         "terminationGracePeriodSeconds. backend_options kill_grace / stop_timeout / termination_grace_period "

@@ -75,7 +75,7 @@ class AccelerateOperator(GpuStepOperator):
         if isinstance(num_machines, bool) or not isinstance(num_machines, int) or num_machines < 1:
             raise InvalidSettingError(owner, "num_machines", num_machines, "expected a positive integer", "1, 2, ...")
         if not isinstance(resume, bool) or (resume and kwargs.get("checkpoint") is False):
-            why = "a task without a checkpoint folder has nothing to resume" if resume else "expected a boolean"
+            why = "a task without a checkpoint folder has nothing to resume" if resume is True else "expected a boolean"
             raise InvalidSettingError(owner, "resume", resume, why, "True or False (with checkpoint= not False)")
         self.resume = resume
         if (script is None) == (python_callable is None):

@@ -32,6 +32,7 @@ from airflow_gpu_provider.host.keeper import Keeper
 from airflow_gpu_provider.host.workers import worker_identity
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.settings.units import format_bytes
+from airflow_gpu_provider.task.checkpoint import kill_grace
 from airflow_gpu_provider.task.environment import summary
 from airflow_gpu_provider.task.output import LineSplitter
 from airflow_gpu_provider.task.request import TaskRequest, TaskResult, task_result
@@ -267,7 +268,7 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         keep = started and (auto_remove == "never" or (auto_remove == "success" and not succeeded))
         try:
             if keep:
-                client.stop(container_id, timeout=int(plan.options.stop_timeout))
+                client.stop(container_id, timeout=round(kill_grace(plan.options.stop_timeout)))
                 self.log.info("Kept container %s for inspection (auto_remove=%r)", container_id[:12], auto_remove)
             else:
                 client.remove_container(container_id, force=True)
@@ -283,6 +284,6 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         self._killed = True
         self.log.info("Stopping container %s", container_id[:12])
         with contextlib.suppress(APIError):
-            client.stop(container_id, timeout=int(self.options.stop_timeout))
+            client.stop(container_id, timeout=round(kill_grace(self.options.stop_timeout)))
         with contextlib.suppress(APIError):
             client.remove_container(container_id, force=True)

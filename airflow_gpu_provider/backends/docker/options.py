@@ -209,7 +209,7 @@ class DockerOptions(BackendOptions):
         through the Docker API (remote engines; tried by itself when the engine cannot see the folder)
     :param cap_add: Linux capabilities to keep (every one is dropped by default), e.g. ``["SYS_PTRACE"]`` for a
         profiler, ``["IPC_LOCK"]`` for RDMA
-    :param stop_timeout: seconds between SIGTERM and SIGKILL when the task is stopped
+    :param stop_timeout: seconds between SIGTERM and SIGKILL when the task is stopped (default ``[gpu] kill_grace``)
     :param state_dir: host folder for the GPU and build locks (default ``[gpu] state_dir``)
     """
 
@@ -239,7 +239,7 @@ class DockerOptions(BackendOptions):
     group_add: tuple[str, ...] | None = option(check=string_list)
     mount_tmp_dir: bool = option(True, check=boolean)
     cap_add: tuple[str, ...] = option((), check=_capabilities)
-    stop_timeout: float = option(10.0, check=seconds)
+    stop_timeout: float | None = option(check=seconds)
     state_dir: str | None = option(check=text)
 
     def check(self, resources: ResourceSettings) -> None:
