@@ -86,6 +86,20 @@ def train_accelerate(epochs: int, fail_at: int) -> dict:
     }
 
 
+def write_checkpoint(fail: str) -> str:
+    """Writes a file into its checkpoint folder (a path, or a URI written through fsspec); fails if asked to."""
+    import os
+
+    import fsspec
+
+    folder = os.environ["AIRFLOW_GPU_CHECKPOINT_DIR"]
+    with fsspec.open(f"{folder}/state.txt", "w", auto_mkdir=True) as handle:
+        handle.write("state")
+    if fail == "True":
+        raise RuntimeError("the run fails: its checkpoints stay")
+    return folder
+
+
 def graceful(seconds: float) -> str:
     """Catches SIGTERM, writes a last 'checkpoint' within the grace period, and exits."""
     import os
@@ -132,3 +146,12 @@ with DAG("checkpoint_grace", schedule=None, start_date=START, params={"root": Pa
         execution_timeout=datetime.timedelta(seconds=8),
         backend_options={"kill_grace": 20},
     )(graceful)(120)
+
+with DAG(
+    "checkpoint_cleanup",
+    schedule=None,
+    start_date=START,
+    params={"root": Param("/tmp", type="string"), "uri": Param("file:///tmp", type="string"), "fail": False},
+):
+    gpu_task(task_id="local_root", checkpoint="{{ params.root }}")(write_checkpoint)("False")
+    gpu_task(task_id="uri_root", checkpoint="{{ params.uri }}")(write_checkpoint)("{{ params.fail }}")

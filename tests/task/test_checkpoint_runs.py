@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,6 +33,7 @@ def test_plain_loop_resumes_at_epoch_3_and_ends_as_an_uninterrupted_run(tmp_path
     labels = {"dag_id": dr.dag_id, "run_id": dr.run_id, "task_id": "interrupted", "map_index": "-1"}
     assert resumed["folder"] == location(str(tmp_path), labels).path  # the same folder for both tries
     assert resumed["folder"] != reference["folder"]
+    assert not (tmp_path / dr.dag_id).exists() or not any((tmp_path / dr.dag_id).iterdir())  # the run succeeded
     assert "RuntimeError: interrupted at epoch 3" in capfd.readouterr().out
 
 
@@ -60,3 +62,27 @@ def test_sigterm_reaches_the_task_which_saves_within_the_grace_period(tmp_path):
     folder = location(str(tmp_path), labels).path
     assert (tmp_path / folder / "last.txt").read_text() == "saved on signal 15"
     assert not alive(int((tmp_path / folder / "pid").read_text()))
+
+
+def test_a_successful_run_deletes_its_checkpoints_a_failed_one_keeps_them(tmp_path, monkeypatch):
+    conf = {"root": str(tmp_path / "local"), "uri": f"file://{tmp_path}/objects", "fail": False}
+    dag = load_dag(DAG_FILE, "checkpoint_cleanup")
+    dr = run_dag(dag, conf=conf)
+    assert task_states(dr) == {"local_root": "success", "uri_root": "success"}
+    local, uri = xcom(dr, "local_root"), xcom(dr, "uri_root")
+    assert local.startswith(str(tmp_path / "local")) and uri.startswith(f"file://{tmp_path}/objects/")
+    assert not Path(local).exists() and not Path(uri.removeprefix("file://")).exists()
+    assert not Path(local).parent.exists()  # the run's folder, not only the task's
+    assert (tmp_path / "local" / "checkpoint_cleanup").is_dir()  # other runs' folders stay
+
+    failed = run_dag(dag, conf={**conf, "fail": True})
+    assert task_states(failed) == {"local_root": "success", "uri_root": "failed"}
+    labels = {"dag_id": failed.dag_id, "run_id": failed.run_id, "map_index": "-1"}
+    assert Path(location(conf["root"], {**labels, "task_id": "local_root"}).path, "state.txt").is_file()
+    kept = location(str(tmp_path / "objects"), {**labels, "task_id": "uri_root"}).path
+    assert Path(kept, "state.txt").read_text() == "state"
+
+    monkeypatch.setenv("AIRFLOW__GPU__CHECKPOINT_CLEANUP", "False")
+    kept_by_config = run_dag(dag, conf=conf)
+    assert task_states(kept_by_config) == {"local_root": "success", "uri_root": "success"}
+    assert Path(xcom(kept_by_config, "local_root"), "state.txt").is_file()
