@@ -1086,6 +1086,20 @@ def prepare_checkpoint(envelope: dict[str, Any]) -> None:
     print(f"{PREFIX} resume: from {path} (step {number}), loaded after the first accelerator.prepare()", flush=True)
 
 
+def _exit_on_sigterm() -> None:
+    """SIGTERM raises ``SystemExit(143)`` in the function: its ``finally`` blocks run (a last checkpoint).
+
+    Also as PID 1 of a container, which the kernel spares the signals it does not handle. A handler of the
+    function's own replaces this one.
+    """
+    import signal
+
+    def terminate(number: int, _: Any) -> None:
+        raise SystemExit(128 + number)
+
+    signal.signal(signal.SIGTERM, terminate)
+
+
 def resume_after_prepare() -> None:
     """Make the first ``Accelerator.prepare`` of this process load ``AIRFLOW_GPU_RESUME_FROM`` before returning.
 
@@ -1156,6 +1170,8 @@ def run(envelope: dict[str, Any], source: str, result_to: str, *, rank: bool = F
     if envelope["mode"] == "command":
         result, status = _run_command(envelope, profiler)
     else:
+        if not rank:
+            _exit_on_sigterm()
         if envelope.get("resume"):
             resume_after_prepare()
         result = _call_function(envelope)

@@ -21,6 +21,7 @@ from airflow_gpu_provider.backends.options import (
 )
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.settings import AMD, INTEL, NVIDIA, ResourceSettings
+from airflow_gpu_provider.task.checkpoint import CHECKPOINT_MOUNT
 from airflow_gpu_provider.task.environment import DRIVER_CAPABILITIES
 
 PullPolicy = Literal["missing", "always", "never"]
@@ -127,8 +128,9 @@ def _mounts(value: Any) -> tuple[dict[str, Any], ...]:
         if not isinstance(target, str) or not target.startswith("/") or "\x00" in target:
             raise BadOption("'target' must be an absolute path in the container", accepted, value=mount)
         path = _container_path(target)
-        if path == "/" or _inside(path, CONTAINER_DIR):
-            raise BadOption(f"'target' must not be '/' nor the task's own {CONTAINER_DIR}", accepted, value=mount)
+        if path == "/" or _inside(path, CONTAINER_DIR) or _inside(path, CHECKPOINT_MOUNT):
+            why = f"'target' must not be '/' nor the task's own {CONTAINER_DIR} or {CHECKPOINT_MOUNT}"
+            raise BadOption(why, accepted, value=mount)
         if path in targets:
             raise BadOption(f"two mounts at {path!r}", accepted, value=mount)
         targets.add(path)
