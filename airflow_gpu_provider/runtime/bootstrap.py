@@ -766,6 +766,8 @@ def _call_function(envelope: dict[str, Any]) -> dict[str, Any]:
                 f"the return value of {envelope['function']}() is a {type(value).__name__}, which cannot travel "
                 f"back as JSON ({exc}); return None, bool, int, float (finite), str, or lists/dicts of those"
             ) from exc
+    except _Terminated:
+        raise
     except SystemExit as exc:  # sys.exit() in user code: 0/None is success
         if exc.code not in (0, None):
             return _failed(exc)
@@ -1086,18 +1088,34 @@ def prepare_checkpoint(envelope: dict[str, Any]) -> None:
     print(f"{PREFIX} resume: from {path} (step {number}), loaded after the first accelerator.prepare()", flush=True)
 
 
+class _Terminated(SystemExit):
+    """SIGTERM, raised in the function by :func:`_exit_on_sigterm`."""
+
+
 def _exit_on_sigterm() -> None:
-    """SIGTERM raises ``SystemExit(143)`` in the function: its ``finally`` blocks run (a last checkpoint).
+    """SIGTERM raises :class:`_Terminated` in the function: its ``finally`` blocks run (a last checkpoint).
 
     Also as PID 1 of a container, which the kernel spares the signals it does not handle. A handler of the
-    function's own replaces this one.
+    function's own replaces this one. Once the function has unwound, the process ends as SIGTERM ends it.
     """
     import signal
 
     def terminate(number: int, _: Any) -> None:
-        raise SystemExit(128 + number)
+        raise _Terminated(128 + number)
 
     signal.signal(signal.SIGTERM, terminate)
+
+
+def _end_by_sigterm() -> int:
+    """End this process as an unhandled SIGTERM does; PID 1, which that spares, exits with status 143."""
+    import signal
+
+    print(f"{PREFIX} stopped by SIGTERM", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(1)  # the signal is delivered meanwhile, unless this is PID 1
+    return 128 + signal.SIGTERM
 
 
 def resume_after_prepare() -> None:
@@ -1174,7 +1192,10 @@ def run(envelope: dict[str, Any], source: str, result_to: str, *, rank: bool = F
             _exit_on_sigterm()
         if envelope.get("resume"):
             resume_after_prepare()
-        result = _call_function(envelope)
+        try:
+            result = _call_function(envelope)
+        except _Terminated:
+            return _end_by_sigterm()
         status = 0 if result["ok"] else EXIT_USER_ERROR
     after = clear_cuda_cache() if clear else before
     result["cache"] = [before, after]
