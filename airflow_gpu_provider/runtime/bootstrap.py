@@ -75,6 +75,7 @@ RESOURCES_ENV = "AIRFLOW_GPU_RESOURCES"  # the resources the task runs with, as 
 CHECKPOINT_ENV = "AIRFLOW_GPU_CHECKPOINT_DIR"  # the task's checkpoint folder (set by the backend): a path or a URI
 RESUME_FROM_ENV = "AIRFLOW_GPU_RESUME_FROM"  # with "resume": the newest checkpoint found there, loaded after prepare()
 RESUME_STEP_ENV = "AIRFLOW_GPU_RESUME_STEP"  # and the number in its folder's name (checkpoint_2 -> 2)
+CHECKPOINT_URI_ENV = "AIRFLOW_GPU_CHECKPOINT_URI"  # with "resume" and a URI folder: the URI, staged locally
 
 
 # --------------------------------------------------------------------------------------------- CUDA helpers
@@ -1077,7 +1078,14 @@ def prepare_checkpoint(envelope: dict[str, Any]) -> None:
     print(f"{PREFIX} checkpoint folder ({CHECKPOINT_ENV}): {folder}", flush=True)
     if not envelope.get("resume"):
         return
-    found = None if "://" in folder else newest_checkpoint(folder)
+    if "://" in folder:
+        try:
+            folder = stage_from_uri(folder)
+        except Exception as exc:  # noqa: BLE001 - no fsspec, no credentials: the task starts afresh, and says why
+            print(f"{PREFIX} resume: cannot read {folder} ({type(exc).__name__}: {exc}); fsspec and the store's "
+                  "credentials must be in the task's environment. Starting afresh", flush=True)  # fmt: skip
+            return
+    found = newest_checkpoint(folder)
     if found is None:
         print(f"{PREFIX} resume: no checkpoint in {folder} yet, so the task starts afresh", flush=True)
         return
@@ -1112,10 +1120,93 @@ def _end_by_sigterm() -> int:
 
     print(f"{PREFIX} stopped by SIGTERM", file=sys.stderr, flush=True)
     sys.stdout.flush()
+    _drop_stages()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(1)  # the signal is delivered meanwhile, unless this is PID 1
     return 128 + signal.SIGTERM
+
+
+_STAGES: list[str] = []  # local copies of URI checkpoint folders, removed when this process ends
+
+
+def _drop_stages() -> None:
+    import shutil
+
+    for stage in _STAGES:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def stage_from_uri(uri: str) -> str:
+    """A local folder standing for the URI folder: the newest complete checkpoint there is downloaded into it.
+
+    ``AIRFLOW_GPU_CHECKPOINT_DIR`` becomes that folder (Accelerate saves to local paths) and
+    ``AIRFLOW_GPU_CHECKPOINT_URI`` the URI; :func:`upload_saves` copies each ``save_state`` back. Needs fsspec (and
+    the store's own package and credentials) in the task's environment.
+    """
+    import atexit
+    import re
+    import tempfile
+
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(uri)
+    stage = tempfile.mkdtemp(prefix="airflow-gpu-checkpoint-")
+    if not _STAGES:
+        atexit.register(_drop_stages)
+    _STAGES.append(stage)
+    found = []
+    for sub in ("", "checkpoints"):
+        try:
+            entries = fs.ls(f"{root.rstrip('/')}/{sub}".rstrip("/"), detail=True)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
+            if entry["type"] == "directory" and fs.exists(f"{entry['name'].rstrip('/')}/{CHECKPOINT_MARKER}"):
+                numbers = re.findall(r"[0-9]+", name)
+                found.append((int(numbers[0]) if numbers else -1, name, sub, entry["name"].rstrip("/")))
+    if found:
+        _, name, sub, remote = max(found)
+        fs.get(f"{remote}/", f"{os.path.join(stage, sub, name)}/", recursive=True)
+        print(f"{PREFIX} resume: downloaded {uri.rstrip('/')}/{os.path.join(sub, name)}", flush=True)
+    os.environ[CHECKPOINT_ENV], os.environ[CHECKPOINT_URI_ENV] = stage, uri
+    print(f"{PREFIX} checkpoint folder staged locally ({CHECKPOINT_ENV}): {stage}", flush=True)
+    return stage
+
+
+def upload_saves() -> None:
+    """With a staged URI folder: after each ``Accelerator.save_state`` into it, the saved folder is uploaded.
+
+    Every process waits for the others to finish saving; one process per machine uploads (the ranks' files of a
+    machine lie on its disk).
+    """
+    uri, stage = os.environ.get(CHECKPOINT_URI_ENV), os.environ.get(CHECKPOINT_ENV)
+    if not uri or not stage:
+        return
+    import functools
+
+    try:
+        import fsspec
+        from accelerate import Accelerator
+    except Exception as exc:  # noqa: BLE001 - the function reports its own import errors
+        print(f"{PREFIX} checkpoints stay in {stage}, not uploaded to {uri}: {type(exc).__name__}: {exc}", flush=True)
+        return
+    original = Accelerator.save_state
+
+    @functools.wraps(original)
+    def save_state(self: Any, *args: Any, **kwargs: Any) -> Any:
+        saved = str(original(self, *args, **kwargs))
+        self.wait_for_everyone()
+        relative = os.path.relpath(saved, stage)
+        if self.is_local_main_process and not relative.startswith(".."):
+            fs, root = fsspec.core.url_to_fs(uri)
+            fs.put(f"{saved}/", f"{root.rstrip('/')}/{relative}/", recursive=True)
+            print(f"{PREFIX} uploaded {relative} to {uri}", flush=True)
+        self.wait_for_everyone()
+        return saved
+
+    Accelerator.save_state = save_state
 
 
 def resume_after_prepare() -> None:
@@ -1192,6 +1283,7 @@ def run(envelope: dict[str, Any], source: str, result_to: str, *, rank: bool = F
             _exit_on_sigterm()
         if envelope.get("resume"):
             resume_after_prepare()
+            upload_saves()
         try:
             result = _call_function(envelope)
         except _Terminated:

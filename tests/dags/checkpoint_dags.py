@@ -83,6 +83,8 @@ def train_accelerate(epochs: int, fail_at: int) -> dict:
         "resume_step": os.environ.get("AIRFLOW_GPU_RESUME_STEP"),
         "weights": [*unwrapped.weight.detach().flatten().tolist(), *unwrapped.bias.detach().tolist()],
         "checkpoints": sorted(os.listdir(os.path.join(folder, "checkpoints"))),
+        "folder": folder,
+        "uri": os.environ.get("AIRFLOW_GPU_CHECKPOINT_URI"),
     }
 
 
@@ -138,6 +140,13 @@ with DAG("checkpoint_accelerate", schedule=None, start_date=START, params={"root
         resume=True,
         checkpoint="{{ params.root }}",
     )
+
+with DAG("checkpoint_accelerate_uri", schedule=None, start_date=START, params={"root": Param("/tmp", type="string")}):
+    on_uri = gpu_task(
+        accelerate={"num_processes": 2, "cpu": True, "resume": True}, checkpoint="file://{{ params.root }}"
+    )
+    on_uri(train_accelerate).override(task_id="interrupted", **RETRY)(EPOCHS, 3)
+    on_uri(train_accelerate).override(task_id="uninterrupted")(EPOCHS, -1)
 
 with DAG("checkpoint_grace", schedule=None, start_date=START, params={"root": Param("/tmp", type="string")}):
     gpu_task(

@@ -53,6 +53,27 @@ def test_two_process_accelerate_launch_resumes_from_its_newest_save_state(tmp_pa
     assert "resume: no checkpoint in" in out  # try 1, and the uninterrupted task
 
 
+def test_a_uri_root_is_staged_downloaded_and_uploaded_around_save_state(tmp_path, capfd, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__GPU__CHECKPOINT_CLEANUP", "False")  # to look at the store after the run
+    dr = run_dag(load_dag(DAG_FILE, "checkpoint_accelerate_uri"), conf={"root": str(tmp_path)})
+    assert task_states(dr) == {"interrupted": "success", "uninterrupted": "success"}
+    assert _try_numbers(dr) == {"interrupted": 2, "uninterrupted": 1}
+    resumed, reference = xcom(dr, "interrupted"), xcom(dr, "uninterrupted")
+    assert resumed["world_size"] == 2 and resumed["started_at"] == 3 and resumed["resume_step"] == "2"
+    torch.testing.assert_close(torch.tensor(resumed["weights"]), torch.tensor(reference["weights"]))
+    labels = {"dag_id": dr.dag_id, "run_id": dr.run_id, "task_id": "interrupted", "map_index": "-1"}
+    uri = location(f"file://{tmp_path}", labels).path
+    assert resumed["uri"] == uri
+    assert resumed["checkpoints"] == [f"checkpoint_{i}" for i in range(2, 6)]  # only the newest was downloaded
+    for task_id in ("interrupted", "uninterrupted"):
+        stored = Path(location(str(tmp_path), {**labels, "task_id": task_id}).path, "checkpoints")
+        assert sorted(p.name for p in stored.iterdir()) == [f"checkpoint_{i}" for i in range(6)]  # every save, uploaded
+        assert (stored / "checkpoint_5" / "random_states_1.pkl").is_file()  # rank 1's files too
+    assert not Path(resumed["folder"]).exists() and not Path(reference["folder"]).exists()  # the local copies
+    out = capfd.readouterr().out
+    assert f"resume: downloaded {uri}/checkpoints/checkpoint_2" in out
+
+
 def test_sigterm_reaches_the_task_which_saves_within_the_grace_period(tmp_path):
     started = time.monotonic()
     dr = run_dag(load_dag(DAG_FILE, "checkpoint_grace"), conf={"root": str(tmp_path)})
