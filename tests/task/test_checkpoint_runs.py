@@ -107,3 +107,14 @@ def test_a_successful_run_deletes_its_checkpoints_a_failed_one_keeps_them(tmp_pa
     kept_by_config = run_dag(dag, conf=conf)
     assert task_states(kept_by_config) == {"local_root": "success", "uri_root": "success"}
     assert Path(xcom(kept_by_config, "local_root"), "state.txt").is_file()
+
+
+def test_the_example_dag_fails_on_purpose_and_its_retry_resumes(capfd):
+    conf = {"epochs": 4, "fail_at_epoch": 2, "gpu_count": 2, "on_missing_gpu": "cpu", "mixed_precision": "no"}
+    dr = run_dag(load_dag(REPO / "dags" / "resilient_training.py", "resilient_training"), conf=conf)
+    assert task_states(dr) == {"train": "success", "report": "success"}
+    assert _try_numbers(dr)["train"] == 2
+    metrics = xcom(dr, "train")
+    assert metrics["world_size"] == 2 and metrics["started_at_epoch"] == 2 and len(metrics["loss_curve"]) == 2
+    out = capfd.readouterr().out
+    assert "failing on purpose at epoch 2" in out and "(step 1), loaded after the first accelerator.prepare()" in out
