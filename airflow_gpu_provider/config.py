@@ -119,6 +119,33 @@ OPTIONS: tuple[Option, ...] = (
         "the log, stored in XCom under gpu_profile and shown in the UI's GPU tab.",
         "False",
     ),
+    Option(
+        "checkpoint_root",
+        "string",
+        "",
+        "Where GPU tasks' checkpoint folders are (AIRFLOW_GPU_CHECKPOINT_DIR; one per task and DAG run, the same for "
+        "every try): an absolute path, or an object-storage URI (s3://, gs://, abfs://, ...) that a retry on "
+        "another host reaches. Empty: <state_dir>/checkpoints, on each worker host. A task's checkpoint= overrides it.",
+        "s3://ml-bucket/airflow-checkpoints",
+    ),
+    Option(
+        "checkpoint_cleanup",
+        "boolean",
+        "True",
+        "Whether the checkpoint folders of a DAG run are deleted when it succeeds (local roots the deleting host "
+        "reaches, and URI roots through fsspec).",
+        "False",
+    ),
+    Option(
+        "kill_grace",
+        "float",
+        "30.0",
+        "Seconds a stopped GPU task (on_kill, execution_timeout, a pod eviction) gets between SIGTERM and SIGKILL, "
+        "to write a last checkpoint: the local process tree, docker stop's timeout, the pod's "
+        "terminationGracePeriodSeconds. backend_options kill_grace / stop_timeout / termination_grace_period "
+        "override it per task.",
+        "120",
+    ),
     Option("profile_interval", "float", "1.0", "Seconds between two samples of a task's profile.", "5.0"),
     Option(
         "prices",

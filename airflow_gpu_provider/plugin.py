@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
-from airflow_gpu_provider.listeners import cuda_cache, gpu_pool
+from airflow_gpu_provider.listeners import checkpoint_cleanup, cuda_cache, gpu_pool
 from airflow_gpu_provider.ui import EXTERNAL_VIEWS, FASTAPI_APPS
 
 
 class GpuProviderPlugin(AirflowPlugin):
-    """CUDA cache clearing between tasks on workers; GPU-pool checks in the scheduler; the GPU tab and GPUs page.
+    """CUDA cache clearing between tasks on workers; GPU-pool checks and checkpoint cleanup in the scheduler; the UI.
 
     The UI's app (``ui/app.py``) is built on its first request in the API server: importing this plugin stays cheap
     for every other component.
     """
 
     name = "airflow_gpu_provider"
-    listeners = [cuda_cache, gpu_pool]
+    listeners = [cuda_cache, gpu_pool, checkpoint_cleanup]
     fastapi_apps = FASTAPI_APPS
     external_views = EXTERNAL_VIEWS

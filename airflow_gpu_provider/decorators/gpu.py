@@ -74,8 +74,8 @@ def gpu_task(
     value goes to XCom (``multiple_outputs=True`` unrolls a dict).
 
     ``accelerate=True`` or ``accelerate={"num_processes": 2, "mixed_precision": "bf16", ...}`` runs the function
-    on every rank under ``accelerate launch`` (the :class:`AccelerateOperator` options); rank 0's return value
-    goes to XCom.
+    on every rank under ``accelerate launch`` (the :class:`AccelerateOperator` options, ``resume`` included); rank 0's
+    return value goes to XCom. ``checkpoint=`` sets the root of the task's checkpoint folder (``docs/resilience.md``).
 
     .. code-block:: python
 

@@ -11,6 +11,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
 from airflow_gpu_provider.launchers.accelerate import launch_section, load_spec
+from airflow_gpu_provider.operators.checkpoint import CheckpointMixin
 from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
 from airflow_gpu_provider.settings import ResourceSettings
 
@@ -38,6 +39,9 @@ class AccelerateOperator(GpuStepOperator):
     :param gpu_ids: GPUs to use, among those the task was given
     :param dynamo_backend: a torch.compile backend, e.g. ``"inductor"``
     :param launch_options: any other ``accelerate launch`` options, by their names
+    :param resume: on a retry, load the newest ``accelerator.save_state`` checkpoint of the task's checkpoint folder
+        (``AIRFLOW_GPU_CHECKPOINT_DIR``) right after the function's first ``accelerator.prepare(...)``; the folder
+        is in ``AIRFLOW_GPU_RESUME_FROM``, its number in ``AIRFLOW_GPU_RESUME_STEP`` (see ``docs/resilience.md``)
     """
 
     template_fields: Sequence[str] = (*GpuStepOperator.template_fields, "script", "script_args")
@@ -57,6 +61,7 @@ class AccelerateOperator(GpuStepOperator):
         gpu_ids: str | Sequence[int] | None = None,
         dynamo_backend: str | None = None,
         launch_options: Mapping[str, Any] | None = None,
+        resume: bool = False,
         **kwargs: Any,
     ) -> None:
         owner = f"{type(self).__name__}({kwargs.get('task_id', '?')!r})"
@@ -69,6 +74,10 @@ class AccelerateOperator(GpuStepOperator):
             raise UnknownSettingError(owner, unknown, ["AccelerateOperator/BaseOperator arguments", *sorted(known)])
         if isinstance(num_machines, bool) or not isinstance(num_machines, int) or num_machines < 1:
             raise InvalidSettingError(owner, "num_machines", num_machines, "expected a positive integer", "1, 2, ...")
+        if not isinstance(resume, bool) or (resume and kwargs.get("checkpoint") is False):
+            why = "a task without a checkpoint folder has nothing to resume" if resume is True else "expected a boolean"
+            raise InvalidSettingError(owner, "resume", resume, why, "True or False (with checkpoint= not False)")
+        self.resume = resume
         if (script is None) == (python_callable is None):
             raise InvalidSettingError(
                 owner,
@@ -120,13 +129,14 @@ class AccelerateOperator(GpuStepOperator):
         """The payload's envelope, wrapped in ``accelerate launch``."""
         if self.script is not None:
             self.command = [self.script, *self.script_args]
-        return {**super().build_envelope(context, resources), "launch": self.launch(resources)}
+        envelope = {**super().build_envelope(context, resources), "launch": self.launch(resources)}
+        return {**envelope, "resume": True} if self.resume else envelope
 
 
 @functools.cache
 def _operator_arguments() -> frozenset[str]:
     """Keyword arguments of AccelerateOperator, GpuStepOperator and BaseOperator."""
     names: set[str] = set()
-    for cls in (AccelerateOperator, GpuStepOperator, BaseOperator):
+    for cls in (AccelerateOperator, GpuStepOperator, CheckpointMixin, BaseOperator):
         names |= set(inspect.signature(cls.__init__).parameters)
     return frozenset(names - {"self", "kwargs", "args"})

@@ -15,6 +15,7 @@ from airflow_gpu_provider.backends import BACKENDS, BackendInfo
 from airflow_gpu_provider.exceptions import GpuUnavailableError, InvalidSettingError, RemoteTaskError
 from airflow_gpu_provider.listeners.gpu_pool import with_gpu_pool
 from airflow_gpu_provider.operators.arguments import argv, check_on_oom, is_template, resolve_resources
+from airflow_gpu_provider.operators.checkpoint import CheckpointMixin
 from airflow_gpu_provider.payload import (
     call_arguments,
     callable_envelope,
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from airflow_gpu_provider.backends.options import BackendOptions
 
 
-class GpuStepOperator(LineageMixin, BaseOperator):
+class GpuStepOperator(CheckpointMixin, LineageMixin, BaseOperator):
     """Run a Python callable or a command on GPUs, on the local, Docker or Kubernetes backend.
 
     Declare resources once (``resources=ResourceSettings(...)`` or the shortcuts) and the backend maps them:
@@ -63,6 +64,7 @@ class GpuStepOperator(LineageMixin, BaseOperator):
         ``gpu_count``, ``memory``, ``accelerator``, ``gpu_vendor``, ``mig_profile``, ``shm_size``
     :param requirements: shortcut for ``image.requirements``; likewise ``parent_image``,
         ``python_package_installer``
+    :param checkpoint: the root of the task's checkpoint folder, or ``False`` (:class:`CheckpointMixin`) (templated)
     """
 
     template_fields: Sequence[str] = (
@@ -73,13 +75,9 @@ class GpuStepOperator(LineageMixin, BaseOperator):
         "on_missing_gpu",
         "environment",
         "resource_overrides",
+        "checkpoint",
     )
-    template_fields_renderers = {
-        "op_args": "py",
-        "op_kwargs": "py",
-        "environment": "json",
-        "resource_overrides": "json",
-    }
+    template_fields_renderers = dict(op_args="py", op_kwargs="py", environment="json", resource_overrides="json")
     num_nodes: int = 1  # machines one try runs on (AccelerateOperator's num_machines)
     rendezvous_port: int | None = None  # where a multi-node launch meets (AccelerateOperator's main_process_port)
     ui_color = "#76b900"
@@ -220,15 +218,17 @@ class GpuStepOperator(LineageMixin, BaseOperator):
                 )
             resources = rung.resources
         info.check(resources, self.num_nodes, options, image)
+        labels = task_labels(context["ti"])
         request = TaskRequest(
             resources,
             image,
             {**self.build_envelope(context, resources), "profile": report.envelope_section()},
             policy,  # type: ignore[arg-type]  # checked against missing_gpu.NAMES above
-            task_labels(context["ti"]),
+            labels,
             num_nodes=self.num_nodes,
             rendezvous_port=self.rendezvous_port,
             min_gpu_memory=rung.min_gpu_memory if rung is not None else None,
+            checkpoint=self.checkpoint_location(labels),
         )
         return info, options, request
 

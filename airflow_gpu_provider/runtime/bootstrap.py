@@ -15,7 +15,7 @@ a runtime that cannot read its envelope still reports why. The envelope::
      "filename": "/dags/demo.py", "first_line": 12, "args": [...], "kwargs": {...}, "clear_cache": true,
      "summary": {"backend": "local", "image": "...", "requirements_hash": "...", "resources": "...",
                  "gpus": [{"index": "0", "name": "...", "memory_total": 85899345920}] | null},
-     "die_with_parent": false, "profile": {"interval_s": 1.0} | null,
+     "die_with_parent": false, "profile": {"interval_s": 1.0} | null, "resume": true,
      "launch": {"module": "accelerate.commands.launch", "args": ["--num_processes", "2", ...],
                 "environment": {...}, "cpu_environment": {"ACCELERATE_USE_CPU": "1"},
                 "rank_arguments": {"--machine_rank": "NODE_RANK"}, "free_port_argument": "--main_process_port"}}
@@ -29,6 +29,12 @@ too when the task has no GPU, ``rank_arguments`` take their values from the envi
 ``free_port_argument`` gets a free local port unless given. Each rank writes ``DIR/rank<RANK>.json``; the result is
 rank 0's value, or the earliest error of any rank. A process that another launcher started as a rank other than 0
 (``RANK``) reports nothing: rank 0 reports for the group.
+
+The task's checkpoint folder comes in the environment (``AIRFLOW_GPU_CHECKPOINT_DIR``, set by the backend: a path
+here, or a URI), not in the envelope; it is made when missing and named in the log. ``resume`` (optional) looks
+for the newest ``accelerator.save_state`` folder there (:func:`newest_checkpoint`), exports it as
+``AIRFLOW_GPU_RESUME_FROM`` / ``AIRFLOW_GPU_RESUME_STEP``, and loads it in each process that runs the function right
+after its first ``Accelerator.prepare`` (:func:`resume_after_prepare`).
 
 ``profile`` (optional) starts a :class:`Profiler` for the try (one per node under a launcher): NVML through
 ``ctypes``, else a CPU profile from ``/proc``; a command then runs as this process's child instead of replacing it.
@@ -66,6 +72,10 @@ RESULT_TO_LOG = "-"
 RESULT_MARKER = f"{PREFIX} result: "
 RANK_RESULTS = "--rank-results"
 RESOURCES_ENV = "AIRFLOW_GPU_RESOURCES"  # the resources the task runs with, as JSON (the summary's "effective")
+CHECKPOINT_ENV = "AIRFLOW_GPU_CHECKPOINT_DIR"  # the task's checkpoint folder (set by the backend): a path or a URI
+RESUME_FROM_ENV = "AIRFLOW_GPU_RESUME_FROM"  # with "resume": the newest checkpoint found there, loaded after prepare()
+RESUME_STEP_ENV = "AIRFLOW_GPU_RESUME_STEP"  # and the number in its folder's name (checkpoint_2 -> 2)
+CHECKPOINT_URI_ENV = "AIRFLOW_GPU_CHECKPOINT_URI"  # with "resume" and a URI folder: the URI, staged locally
 
 
 # --------------------------------------------------------------------------------------------- CUDA helpers
@@ -769,6 +779,8 @@ def _call_function(envelope: dict[str, Any]) -> dict[str, Any]:
                 f"the return value of {envelope['function']}() is a {type(value).__name__}, which cannot travel "
                 f"back as JSON ({exc}); return None, bool, int, float (finite), str, or lists/dicts of those"
             ) from exc
+    except _Terminated:
+        raise
     except SystemExit as exc:  # sys.exit() in user code: 0/None is success
         if exc.code not in (0, None):
             return _failed(exc)
@@ -1040,6 +1052,219 @@ def install_main(argv: list[str]) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------------------------- checkpoints
+CHECKPOINT_MARKER = "random_states_0.pkl"  # the last file accelerator.save_state writes (process 0's RNG states)
+
+
+def newest_checkpoint(folder: str) -> tuple[str, int | None] | None:
+    """The newest complete ``accelerator.save_state`` folder in ``folder`` or its ``checkpoints/``, and its number.
+
+    Newest as Accelerate's own ``load_state`` picks it: the highest first number in the folder's name
+    (``checkpoint_12``, ``epoch_3``), then the latest written; a folder without :data:`CHECKPOINT_MARKER` was cut off
+    while being saved and is skipped.
+    """
+    import re
+
+    found = []
+    for parent in (folder, os.path.join(folder, "checkpoints")):
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(parent, name)
+            if os.path.isfile(os.path.join(path, CHECKPOINT_MARKER)):
+                numbers = re.findall(r"[0-9]+", name)
+                found.append((int(numbers[0]) if numbers else -1, os.path.getmtime(path), path))
+    if not found:
+        return None
+    number, _, path = max(found)
+    return path, None if number < 0 else number
+
+
+def prepare_checkpoint(envelope: dict[str, Any]) -> None:
+    """Announce the task's checkpoint folder (made if missing); with ``resume``, find what to resume from.
+
+    The newest checkpoint goes to ``AIRFLOW_GPU_RESUME_FROM`` and its number to ``AIRFLOW_GPU_RESUME_STEP``,
+    for the function, a script and every rank of a launch.
+    """
+    for name in (RESUME_FROM_ENV, RESUME_STEP_ENV):
+        os.environ.pop(name, None)  # only this try's own lookup counts
+    folder = os.environ.get(CHECKPOINT_ENV)
+    if not folder:
+        if envelope.get("resume"):
+            print(f"{PREFIX} resume: the task has no checkpoint folder, so it starts afresh", flush=True)
+        return
+    if "://" not in folder:
+        os.makedirs(folder, exist_ok=True)
+    print(f"{PREFIX} checkpoint folder ({CHECKPOINT_ENV}): {folder}", flush=True)
+    if not envelope.get("resume"):
+        return
+    if "://" in folder:
+        try:
+            folder = stage_from_uri(folder)
+        except Exception as exc:  # noqa: BLE001 - no fsspec, no credentials: the task starts afresh, and says why
+            print(f"{PREFIX} resume: cannot read {folder} ({type(exc).__name__}: {exc}); fsspec and the store's "
+                  "credentials must be in the task's environment. Starting afresh", flush=True)  # fmt: skip
+            return
+    found = newest_checkpoint(folder)
+    if found is None:
+        print(f"{PREFIX} resume: no checkpoint in {folder} yet, so the task starts afresh", flush=True)
+        return
+    path, number = found
+    os.environ[RESUME_FROM_ENV] = path
+    if number is not None:
+        os.environ[RESUME_STEP_ENV] = str(number)
+    print(f"{PREFIX} resume: from {path} (step {number}), loaded after the first accelerator.prepare()", flush=True)
+
+
+class _Terminated(SystemExit):
+    """SIGTERM, raised in the function by :func:`_exit_on_sigterm`."""
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM raises :class:`_Terminated` in the function: its ``finally`` blocks run (a last checkpoint).
+
+    Also as PID 1 of a container, which the kernel spares the signals it does not handle. A handler of the
+    function's own replaces this one. Once the function has unwound, the process ends as SIGTERM ends it.
+    """
+    import signal
+
+    def terminate(number: int, _: Any) -> None:
+        raise _Terminated(128 + number)
+
+    signal.signal(signal.SIGTERM, terminate)
+
+
+def _end_by_sigterm() -> int:
+    """End this process as an unhandled SIGTERM does; PID 1, which that spares, exits with status 143."""
+    import signal
+
+    print(f"{PREFIX} stopped by SIGTERM", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    _drop_stages()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(1)  # the signal is delivered meanwhile, unless this is PID 1
+    return 128 + signal.SIGTERM
+
+
+_STAGES: list[str] = []  # local copies of URI checkpoint folders, removed when this process ends
+
+
+def _drop_stages() -> None:
+    import shutil
+
+    for stage in _STAGES:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def stage_from_uri(uri: str) -> str:
+    """A local folder standing for the URI folder: the newest complete checkpoint there is downloaded into it.
+
+    ``AIRFLOW_GPU_CHECKPOINT_DIR`` becomes that folder (Accelerate saves to local paths) and
+    ``AIRFLOW_GPU_CHECKPOINT_URI`` the URI; :func:`upload_saves` copies each ``save_state`` back. Needs fsspec (and
+    the store's own package and credentials) in the task's environment.
+    """
+    import atexit
+    import re
+    import tempfile
+
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(uri)
+    stage = tempfile.mkdtemp(prefix="airflow-gpu-checkpoint-")
+    if not _STAGES:
+        atexit.register(_drop_stages)
+    _STAGES.append(stage)
+    found = []
+    for sub in ("", "checkpoints"):
+        try:
+            entries = fs.ls(f"{root.rstrip('/')}/{sub}".rstrip("/"), detail=True)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
+            if entry["type"] == "directory" and fs.exists(f"{entry['name'].rstrip('/')}/{CHECKPOINT_MARKER}"):
+                numbers = re.findall(r"[0-9]+", name)
+                found.append((int(numbers[0]) if numbers else -1, name, sub, entry["name"].rstrip("/")))
+    if found:
+        _, name, sub, remote = max(found)
+        fs.get(f"{remote}/", f"{os.path.join(stage, sub, name)}/", recursive=True)
+        print(f"{PREFIX} resume: downloaded {uri.rstrip('/')}/{os.path.join(sub, name)}", flush=True)
+    os.environ[CHECKPOINT_ENV], os.environ[CHECKPOINT_URI_ENV] = stage, uri
+    print(f"{PREFIX} checkpoint folder staged locally ({CHECKPOINT_ENV}): {stage}", flush=True)
+    return stage
+
+
+def upload_saves() -> None:
+    """With a staged URI folder: after each ``Accelerator.save_state`` into it, the saved folder is uploaded.
+
+    Every process waits for the others to finish saving; one process per machine uploads (the ranks' files of a
+    machine lie on its disk).
+    """
+    uri, stage = os.environ.get(CHECKPOINT_URI_ENV), os.environ.get(CHECKPOINT_ENV)
+    if not uri or not stage:
+        return
+    import functools
+
+    try:
+        import fsspec
+        from accelerate import Accelerator
+    except Exception as exc:  # noqa: BLE001 - the function reports its own import errors
+        print(f"{PREFIX} checkpoints stay in {stage}, not uploaded to {uri}: {type(exc).__name__}: {exc}", flush=True)
+        return
+    original = Accelerator.save_state
+
+    @functools.wraps(original)
+    def save_state(self: Any, *args: Any, **kwargs: Any) -> Any:
+        saved = str(original(self, *args, **kwargs))
+        self.wait_for_everyone()
+        relative = os.path.relpath(saved, stage)
+        if self.is_local_main_process and not relative.startswith(".."):
+            fs, root = fsspec.core.url_to_fs(uri)
+            fs.put(f"{saved}/", f"{root.rstrip('/')}/{relative}/", recursive=True)
+            print(f"{PREFIX} uploaded {relative} to {uri}", flush=True)
+        self.wait_for_everyone()
+        return saved
+
+    Accelerator.save_state = save_state
+
+
+def resume_after_prepare() -> None:
+    """Make the first ``Accelerator.prepare`` of this process load ``AIRFLOW_GPU_RESUME_FROM`` before returning.
+
+    So the user's loop starts from the restored model, optimizer, scheduler, dataloader and RNG states; with
+    ``AIRFLOW_GPU_RESUME_STEP`` = N, ``accelerator.project_configuration.iteration`` becomes N + 1 (the next
+    automatically named checkpoint is ``checkpoint_<N+1>``, and a loop that saves once per epoch starts there).
+    """
+    path = os.environ.get(RESUME_FROM_ENV)
+    if not path:
+        return
+    try:
+        from accelerate import Accelerator
+    except Exception as exc:  # noqa: BLE001 - the function reports its own import errors
+        print(f"{PREFIX} resume: accelerate cannot be imported here ({exc}); load {path} yourself", flush=True)
+        return
+    import functools
+
+    original = Accelerator.prepare
+    step = os.environ.get(RESUME_STEP_ENV)
+
+    @functools.wraps(original)
+    def prepare(self: Any, *args: Any, **kwargs: Any) -> Any:
+        prepared = original(self, *args, **kwargs)
+        if Accelerator.prepare is prepare:  # the first call only
+            Accelerator.prepare = original
+            self.load_state(path)
+            if step is not None:
+                self.project_configuration.iteration = int(step) + 1
+            print(f"{PREFIX} rank {self.process_index}: resumed from {path}", flush=True)
+        return prepared
+
+    Accelerator.prepare = prepare
+
+
 # --------------------------------------------------------------------------------------------- a task try
 def _start_profiler(envelope: dict[str, Any]) -> Profiler | None:
     """The task's sampler, when the envelope asks for one; one per node (``LOCAL_RANK`` 0 under a launcher)."""
@@ -1069,13 +1294,22 @@ def run(envelope: dict[str, Any], source: str, result_to: str, *, rank: bool = F
         if "effective" in summary:  # for the user's code, its commands and a launcher's ranks
             os.environ[RESOURCES_ENV] = json.dumps(summary["effective"])
         gpus = print_summary(summary, before)
+        prepare_checkpoint(envelope)
         profiler = _start_profiler(envelope)
         if envelope.get("launch"):
             return _run_launcher(envelope, source, result_to, profiler, gpus)
     if envelope["mode"] == "command":
         result, status = _run_command(envelope, profiler)
     else:
-        result = _call_function(envelope)
+        if not rank:
+            _exit_on_sigterm()
+        if envelope.get("resume"):
+            resume_after_prepare()
+            upload_saves()
+        try:
+            result = _call_function(envelope)
+        except _Terminated:
+            return _end_by_sigterm()
         status = 0 if result["ok"] else EXIT_USER_ERROR
     after = clear_cuda_cache() if clear else before
     result["cache"] = [before, after]

@@ -15,6 +15,7 @@ from typing import Any
 
 from airflow_gpu_provider.exceptions import GpuOutOfMemoryError, GpuTaskError, HostOutOfMemoryError, RemoteTaskError
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+from airflow_gpu_provider.task.checkpoint import CheckpointLocation
 from airflow_gpu_provider.task.missing_gpu import POLICIES, MissingGpuPolicy, OnMissingGpu
 
 
@@ -29,6 +30,7 @@ class TaskRequest:
     :param rendezvous_port: the port a multi-node launch meets on (``None``: the backend's default)
     :param min_gpu_memory: GPUs must have more memory than this (bytes): a try after a GPU out-of-memory failure,
         on the backends that pick devices themselves (local, Docker)
+    :param checkpoint: the try's checkpoint folder (``task/checkpoint.py``), ``None`` for none
     """
 
     resources: ResourceSettings
@@ -39,6 +41,7 @@ class TaskRequest:
     num_nodes: int = 1
     rendezvous_port: int | None = None
     min_gpu_memory: int | None = None
+    checkpoint: CheckpointLocation | None = None
 
     @property
     def missing_gpu(self) -> MissingGpuPolicy:

@@ -19,7 +19,7 @@ from docker.errors import APIError
 from airflow_gpu_provider import config
 from airflow_gpu_provider.backends.base import Backend
 from airflow_gpu_provider.backends.docker.client import connect
-from airflow_gpu_provider.backends.docker.files import TaskFiles, read_result
+from airflow_gpu_provider.backends.docker.files import TaskFiles, checkpoint_folder, read_result
 from airflow_gpu_provider.backends.docker.images.catalogue import cpu_only_reason
 from airflow_gpu_provider.backends.docker.images.dockerfile import derived_image_spec, worker_uv
 from airflow_gpu_provider.backends.docker.images.engine import ensure_derived_image, resolve_image
@@ -32,6 +32,7 @@ from airflow_gpu_provider.host.keeper import Keeper
 from airflow_gpu_provider.host.workers import worker_identity
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.settings.units import format_bytes
+from airflow_gpu_provider.task.checkpoint import kill_grace
 from airflow_gpu_provider.task.environment import summary
 from airflow_gpu_provider.task.output import LineSplitter
 from airflow_gpu_provider.task.request import TaskRequest, TaskResult, task_result
@@ -92,6 +93,7 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
             problem = mount_source_problem(mount.get("source", ""), read_only=bool(mount.get("read_only")))
             if mount.get("type", "bind") == "bind" and problem:
                 raise GpuTaskError(f"Refusing the mount {mount}: {problem}.")
+        checkpoint_folder(plan, self.log)
         client = self._client = connect(self.options)
         reap_orphans(client, self.log)  # before any GPU is taken: a dead worker's container may still hold it
         for note in plan.resources.notes:
@@ -262,12 +264,16 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         return {"bootstrap.py": BOOTSTRAP_PATH.read_bytes(), "envelope.json": json.dumps(envelope).encode()}
 
     def _cleanup(self, client: Any, container_id: str, plan: DockerPlan, *, started: bool, succeeded: bool) -> None:
-        """Remove the container (``auto_remove``); a kept one is stopped first. Never raises."""
+        """Remove the container (``auto_remove``); a kept or running one (a timeout) is stopped first. Never raises.
+
+        Stopped: SIGTERM, then SIGKILL after the grace period (time for a last checkpoint).
+        """
         auto_remove = plan.options.auto_remove
         keep = started and (auto_remove == "never" or (auto_remove == "success" and not succeeded))
         try:
+            if keep or (started and not succeeded):
+                client.stop(container_id, timeout=round(kill_grace(plan.options.stop_timeout)))
             if keep:
-                client.stop(container_id, timeout=int(plan.options.stop_timeout))
                 self.log.info("Kept container %s for inspection (auto_remove=%r)", container_id[:12], auto_remove)
             else:
                 client.remove_container(container_id, force=True)
@@ -283,6 +289,6 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         self._killed = True
         self.log.info("Stopping container %s", container_id[:12])
         with contextlib.suppress(APIError):
-            client.stop(container_id, timeout=int(self.options.stop_timeout))
+            client.stop(container_id, timeout=round(kill_grace(self.options.stop_timeout)))
         with contextlib.suppress(APIError):
             client.remove_container(container_id, force=True)

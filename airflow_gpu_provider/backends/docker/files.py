@@ -5,6 +5,9 @@ so no other user of the host can reach it, read the envelope or plant a module t
 container writes (a setuid binary, a symlink) ever lands in a host path. Where the engine cannot see the worker's
 files (a remote engine, a worker in a container), the inputs are copied in through the Docker API instead.
 
+The task's checkpoint folder (a path root) is the one folder the container may write to on the worker: private
+to the worker like the inputs, bind-mounted read-write, with the container running as the worker's user.
+
 Output: the runtime writes its result envelope inside the container (``/tmp``), and the worker reads it through
 the Docker API after the container stopped: a regular file, of bounded size, whatever the container left there.
 """
@@ -21,8 +24,10 @@ from typing import Any
 
 from docker.errors import NotFound
 
-from airflow_gpu_provider.backends.docker.plan import CONTAINER_DIR, RESULT_PATH
-from airflow_gpu_provider.host.state import task_folder
+from airflow_gpu_provider.backends.docker.options import mount_source_problem
+from airflow_gpu_provider.backends.docker.plan import CONTAINER_DIR, RESULT_PATH, DockerPlan
+from airflow_gpu_provider.exceptions import GpuTaskError
+from airflow_gpu_provider.host.state import private_dir, task_folder
 from airflow_gpu_provider.task.request import MAX_RESULT_BYTES, ResultError
 
 
@@ -68,6 +73,21 @@ class TaskFiles:
                 info.size, info.mode = len(data), 0o644
                 tar.addfile(info, io.BytesIO(data))
         client.put_archive(container_id, "/", buffer.getvalue())
+
+
+def checkpoint_folder(plan: DockerPlan, log: Any) -> None:
+    """Make the task's checkpoint folder (a path root) on the worker, private to it, before the engine mounts it."""
+    location = plan.request.checkpoint
+    if location is None or location.is_uri:
+        return
+    if not plan.options.engine_is_local:
+        log.warning("The checkpoint folder %s is on the worker, not on the remote Docker engine's host: the task gets "
+                    "none. Make checkpoint= an object-storage URI.", location.path)  # fmt: skip
+        return
+    problem = mount_source_problem(location.path, read_only=False)
+    if problem:
+        raise GpuTaskError(f"Refusing the checkpoint folder as a mount: {problem}.")
+    private_dir(location.path)
 
 
 # Go's os.FileMode type bits, as the engine reports a path's stat: anything but a regular file.

@@ -21,6 +21,7 @@ from airflow_gpu_provider.backends.options import (
 )
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.settings import AMD, INTEL, NVIDIA, ResourceSettings
+from airflow_gpu_provider.task.checkpoint import CHECKPOINT_MOUNT
 from airflow_gpu_provider.task.environment import DRIVER_CAPABILITIES
 
 PullPolicy = Literal["missing", "always", "never"]
@@ -127,8 +128,9 @@ def _mounts(value: Any) -> tuple[dict[str, Any], ...]:
         if not isinstance(target, str) or not target.startswith("/") or "\x00" in target:
             raise BadOption("'target' must be an absolute path in the container", accepted, value=mount)
         path = _container_path(target)
-        if path == "/" or _inside(path, CONTAINER_DIR):
-            raise BadOption(f"'target' must not be '/' nor the task's own {CONTAINER_DIR}", accepted, value=mount)
+        if path == "/" or _inside(path, CONTAINER_DIR) or _inside(path, CHECKPOINT_MOUNT):
+            why = f"'target' must not be '/' nor the task's own {CONTAINER_DIR} or {CHECKPOINT_MOUNT}"
+            raise BadOption(why, accepted, value=mount)
         if path in targets:
             raise BadOption(f"two mounts at {path!r}", accepted, value=mount)
         targets.add(path)
@@ -209,7 +211,7 @@ class DockerOptions(BackendOptions):
         through the Docker API (remote engines; tried by itself when the engine cannot see the folder)
     :param cap_add: Linux capabilities to keep (every one is dropped by default), e.g. ``["SYS_PTRACE"]`` for a
         profiler, ``["IPC_LOCK"]`` for RDMA
-    :param stop_timeout: seconds between SIGTERM and SIGKILL when the task is stopped
+    :param stop_timeout: seconds between SIGTERM and SIGKILL when the task is stopped (default ``[gpu] kill_grace``)
     :param state_dir: host folder for the GPU and build locks (default ``[gpu] state_dir``)
     """
 
@@ -239,7 +241,7 @@ class DockerOptions(BackendOptions):
     group_add: tuple[str, ...] | None = option(check=string_list)
     mount_tmp_dir: bool = option(True, check=boolean)
     cap_add: tuple[str, ...] = option((), check=_capabilities)
-    stop_timeout: float = option(10.0, check=seconds)
+    stop_timeout: float | None = option(check=seconds)
     state_dir: str | None = option(check=text)
 
     def check(self, resources: ResourceSettings) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +14,7 @@ from airflow_gpu_provider.backends.docker.images.dockerfile import BuildOptions
 from airflow_gpu_provider.backends.docker.options import CONTAINER_DIR, DockerOptions
 from airflow_gpu_provider.host.allocator import HostGpus
 from airflow_gpu_provider.settings.units import parse_bytes
+from airflow_gpu_provider.task.checkpoint import CHECKPOINT_MOUNT, checkpoint_environment
 from airflow_gpu_provider.task.environment import with_user_environment
 from airflow_gpu_provider.task.request import TaskRequest
 
@@ -89,12 +91,14 @@ def plan_container(request: TaskRequest, options: DockerOptions) -> DockerPlan:
         host_config["cap_add"] = list(options.cap_add)
     if options.network_mode is not None:
         host_config["network_mode"] = options.network_mode
-    if options.mounts:
-        host_config["mounts"] = [
-            {"Target": m["target"], "Source": m.get("source", ""), "Type": m.get("type", "bind"),
-             "ReadOnly": bool(m.get("read_only", False))}
-            for m in options.mounts
-        ]  # fmt: skip
+    mounts = [
+        {"Target": m["target"], "Source": m.get("source", ""), "Type": m.get("type", "bind"),
+         "ReadOnly": bool(m.get("read_only", False))}
+        for m in options.mounts
+    ]  # fmt: skip
+    mounts += checkpoint_mount(request, options, container)
+    if mounts:
+        host_config["mounts"] = mounts
     return DockerPlan(
         request=request,
         options=options,
@@ -113,3 +117,23 @@ def plan_container(request: TaskRequest, options: DockerOptions) -> DockerPlan:
         host=HostGpus.configured(state_dir=options.state_dir),
         mapping=mapping,
     )
+
+
+def checkpoint_mount(request: TaskRequest, options: DockerOptions, container: dict[str, Any]) -> list[dict[str, Any]]:
+    """The task's checkpoint folder in the container (``container`` gets its environment, and maybe its user).
+
+    A URI root: the URI itself. A path root on a local engine: the worker's folder, bind-mounted read-write at
+    :data:`CHECKPOINT_MOUNT`; the container then runs as the worker's user unless ``user`` is set, so that it may
+    write to the worker's private folder (and the worker may delete what it wrote). A remote engine: none.
+    """
+    location = request.checkpoint
+    if location is not None and location.is_uri:
+        container["environment"].update(checkpoint_environment(location.path))
+    if location is None or location.is_uri or not options.engine_is_local:
+        return []
+    container["environment"].update(checkpoint_environment(CHECKPOINT_MOUNT))
+    if options.user is None:
+        container["user"] = f"{os.getuid()}:{os.getgid()}"
+        if os.getuid() != 0:
+            container["environment"].setdefault("HOME", "/tmp")  # a user the image may not know has no home
+    return [{"Target": CHECKPOINT_MOUNT, "Source": location.path, "Type": "bind", "ReadOnly": False}]

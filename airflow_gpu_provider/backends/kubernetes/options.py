@@ -233,6 +233,7 @@ class KubernetesOptions(BackendOptions):
     pending_timeout: float | None = option(check=seconds)
     startup_timeout: float = option(1800.0, check=seconds)
     termination_grace_period: int | None = option(check=_grace_seconds)
+    checkpoint_claim: str | None = option(check=_dns_subdomain)
     on_finish_action: str = option("delete_pod", check=one_of(*FINISH_ACTIONS))
 
     def __post_init__(self) -> None:

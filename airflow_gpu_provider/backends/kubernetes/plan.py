@@ -16,7 +16,9 @@ from airflow_gpu_provider.backends.kubernetes import container, resources, sched
 from airflow_gpu_provider.backends.kubernetes.options import KubernetesOptions, check_pod_template
 from airflow_gpu_provider.backends.kubernetes.requirements import requirements_plan
 from airflow_gpu_provider.backends.options import BadOption
+from airflow_gpu_provider.exceptions import GpuTaskError
 from airflow_gpu_provider.settings import ResourceSettings
+from airflow_gpu_provider.task.checkpoint import CHECKPOINT_MOUNT, checkpoint_environment, kill_grace
 from airflow_gpu_provider.task.environment import summary
 from airflow_gpu_provider.task.request import TaskRequest
 
@@ -56,6 +58,7 @@ class KubernetesPlan:
     cpu_fallback: KubernetesPlan | None = None
     num_nodes: int = 1
     port: int = DEFAULT_RENDEZVOUS_PORT
+    termination_grace_period: int = 30
 
 
 def load_pod_template(options: KubernetesOptions) -> dict[str, Any] | None:
@@ -121,18 +124,21 @@ def _pod(
     task_summary = summary(request, backend="kubernetes", image=deps.image, gpus=None, cpu_fallback=cpu_fallback)
     shm_volumes, shm_mounts = resources.shm_volume(wanted)
     command, args = container.launch_command(result_to_log=request.num_nodes > 1)
+    checkpoint_volumes, checkpoint_mounts, checkpoint_env = checkpoint_volume(request, options)
     return KubernetesPlan(
         task_id=request.labels.get("task_id", "gpu-task"),
         image=deps.image,
         command=command,
         args=args,
         environment=container.task_environment(
-            wanted, {**request.image.environment, **deps.environment}, {**request.envelope, "summary": task_summary}
+            wanted,
+            {**request.image.environment, **deps.environment, **checkpoint_env},
+            {**request.envelope, "summary": task_summary},
         ),
         resources=amounts,
         options=options,
-        volumes=[*deps.volumes, *shm_volumes],
-        volume_mounts=[*deps.volume_mounts, *shm_mounts],
+        volumes=[*deps.volumes, *shm_volumes, *checkpoint_volumes],
+        volume_mounts=[*deps.volume_mounts, *shm_mounts, *checkpoint_mounts],
         init_containers=deps.init_containers,
         node_selector=place.node_selector,
         tolerations=place.tolerations,
@@ -149,4 +155,30 @@ def _pod(
         pending_timeout=options.pending_timeout or request.missing_gpu.pending_timeout,
         num_nodes=request.num_nodes,
         port=request.rendezvous_port or DEFAULT_RENDEZVOUS_PORT,
+        termination_grace_period=round(kill_grace(options.termination_grace_period)),
     )
+
+
+def checkpoint_volume(
+    request: TaskRequest, options: KubernetesOptions
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, str]]:
+    """``(volumes, mounts, environment)`` that show the pod its checkpoint folder.
+
+    A URI root: the URI itself. A path root: the ``checkpoint_claim`` PersistentVolumeClaim (whose root is the
+    checkpoint root), its subPath for this task mounted at :data:`CHECKPOINT_MOUNT`. A path root without a claim
+    is not reachable from a pod: none, and ``resume=True`` is an error.
+    """
+    location = request.checkpoint
+    if location is not None and location.is_uri:
+        return [], [], checkpoint_environment(location.path)
+    if location is None or options.checkpoint_claim is None:
+        if location is not None and request.envelope.get("resume"):
+            raise GpuTaskError(
+                f"{request.display_name} has resume=True, but its checkpoint root {location.root!r} is a path, which "
+                "a pod reaches only on a PersistentVolumeClaim: set backend_options['checkpoint_claim'], or make "
+                "checkpoint= (or [gpu] checkpoint_root) an object-storage URI."
+            )
+        return [], [], {}
+    volume = {"name": "checkpoint", "persistentVolumeClaim": {"claimName": options.checkpoint_claim}}
+    mount = {"name": "checkpoint", "mountPath": CHECKPOINT_MOUNT, "subPath": location.relative}
+    return [volume], [mount], checkpoint_environment(CHECKPOINT_MOUNT)

@@ -152,7 +152,7 @@ def _pod_operator(plan: KubernetesPlan, options: Any, security: Any) -> GpuPodOp
         container_security_context=security,
         xcom_sidecar_container_security_context=to_model(plan.security_context, "V1SecurityContext"),
         pod_template_dict=plan.pod_template,
-        termination_grace_period=options.termination_grace_period,
+        termination_grace_period=plan.termination_grace_period,
         on_finish_action=options.on_finish_action,
         do_xcom_push=True,
         get_logs=True,

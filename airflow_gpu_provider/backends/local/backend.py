@@ -20,9 +20,10 @@ from airflow_gpu_provider.backends.local.options import LocalOptions
 from airflow_gpu_provider.backends.local.process import TaskProcess, reap_orphans
 from airflow_gpu_provider.backends.local.venv import ensure_venv
 from airflow_gpu_provider.host.allocator import HostGpus
-from airflow_gpu_provider.host.state import task_folder
+from airflow_gpu_provider.host.state import private_dir, task_folder
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.settings.units import format_bytes
+from airflow_gpu_provider.task.checkpoint import checkpoint_environment, kill_grace
 from airflow_gpu_provider.task.environment import summary, thread_environment, visible_devices
 from airflow_gpu_provider.task.request import TaskRequest, TaskResult, read_result_file, task_result
 
@@ -53,12 +54,18 @@ class LocalBackend(Backend[LocalOptions, LocalPlan]):
         self._task: TaskProcess | None = None
 
     def plan(self, request: TaskRequest) -> LocalPlan:
-        """Translate a request: thread variables, image environment, the host's GPUs. No I/O."""
+        """Translate a request: thread variables, image environment, the checkpoint folder, the host's GPUs. No I/O."""
+        checkpoint = None if request.checkpoint is None else request.checkpoint.path
         return LocalPlan(
             request=request,
             host=HostGpus.configured(devices=self.options.devices, state_dir=self.options.state_dir),
-            environment={"PYTHONUNBUFFERED": "1", **thread_environment(request.resources), **request.image.environment},
-            kill_grace=self.options.kill_grace,
+            environment={
+                "PYTHONUNBUFFERED": "1",
+                **thread_environment(request.resources),
+                **request.image.environment,
+                **checkpoint_environment(checkpoint),
+            },
+            kill_grace=kill_grace(self.options.kill_grace),
         )
 
     # ------------------------------------------------------------------ run
@@ -76,6 +83,8 @@ class LocalBackend(Backend[LocalOptions, LocalPlan]):
             python = ensure_venv(request.image, Path(plan.host.state_dir) / "venvs", self.log)
             image_name += f" + venv {python.parent.parent.name}"
 
+        if request.checkpoint is not None and not request.checkpoint.is_uri:
+            private_dir(request.checkpoint.path)  # 0700, the worker's own: the same folder for the next try
         reap_orphans(self.log)  # before any GPU is taken: a dead worker's task process may still hold it
         allocation = plan.host.allocate(request, backend=self.name, log=self.log)
         survivors: list[int] = []

@@ -24,11 +24,11 @@ class LocalOptions(BackendOptions):
 
     :param devices: this host's GPUs, instead of ``[gpu] devices``
     :param state_dir: the host-wide GPU locks and venv cache, instead of ``[gpu] state_dir``
-    :param kill_grace: seconds between SIGTERM and SIGKILL when the task is stopped
+    :param kill_grace: seconds between SIGTERM and SIGKILL when the task is stopped (default ``[gpu] kill_grace``)
     """
 
     backend: ClassVar[str] = "local"
 
     devices: str | None = option(check=_devices)
     state_dir: str | None = option(check=text)
-    kill_grace: float = option(10.0, check=seconds)
+    kill_grace: float | None = option(check=seconds)

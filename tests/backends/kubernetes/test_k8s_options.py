@@ -38,6 +38,7 @@ GOOD = {
     "pending_timeout": 120,
     "startup_timeout": 600.5,
     "termination_grace_period": 30,
+    "checkpoint_claim": "training-checkpoints",
     "on_finish_action": "keep_pod",
 }
 BAD = {
@@ -71,6 +72,7 @@ BAD = {
     "pending_timeout": 0,
     "startup_timeout": -1,
     "termination_grace_period": 1.5,
+    "checkpoint_claim": "Checkpoints_PVC",
     "on_finish_action": "delete",
 }
 

@@ -1,0 +1,36 @@
+"""Checkpoints on Docker for real: the worker's folder bind-mounted for every try, resumed, cleaned, and the grace."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from helpers import load_dag, run_dag, task_states, xcom
+
+from airflow_gpu_provider.task.checkpoint import CHECKPOINT_MOUNT, location, run_folder
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("no_leaks", "airflow_home")]
+DAG_FILE = Path(__file__).resolve().parents[2] / "dags" / "docker_dags.py"
+
+
+def test_a_container_resumes_from_the_folder_its_first_try_wrote(tmp_path):
+    dr = run_dag(load_dag(DAG_FILE, "docker_checkpoint"), conf={"root": str(tmp_path)})
+    assert task_states(dr) == {"interrupted": "success", "uninterrupted": "success"}
+    resumed, reference = xcom(dr, "interrupted"), xcom(dr, "uninterrupted")
+    assert resumed["started_at"] == 3 and reference["started_at"] == 0
+    assert resumed["weights"] == reference["weights"]
+    assert resumed["folder"] == CHECKPOINT_MOUNT and resumed["uid"] == os.getuid()  # the worker's user
+    assert (tmp_path / dr.dag_id).is_dir()
+    assert not (tmp_path / run_folder(dr.dag_id, dr.run_id)).exists()  # the successful run's, subfolders included
+
+
+def test_a_timed_out_container_gets_sigterm_and_its_grace_before_it_is_removed(tmp_path):
+    started = time.monotonic()
+    dr = run_dag(load_dag(DAG_FILE, "docker_checkpoint_grace"), conf={"root": str(tmp_path)})
+    assert task_states(dr) == {"last_words": "failed"}
+    assert time.monotonic() - started < 60  # not the 300 s sleep
+    labels = {"dag_id": dr.dag_id, "run_id": dr.run_id, "task_id": "last_words", "map_index": "-1"}
+    # PID 1 of the container ignores a SIGTERM it has no handler for: the runtime's own turned it into SystemExit
+    assert Path(location(str(tmp_path), labels).path, "last.txt").read_text() == "saved in finally"
