@@ -1131,6 +1131,9 @@ def _exit_on_sigterm() -> None:
     import signal
 
     def terminate(number: int, _: Any) -> None:
+        # once: the same SIGTERM often comes twice (to the process and to its group), and a second one raised while
+        # the function unwinds would escape its finally blocks; what follows the grace is SIGKILL
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise _Terminated(128 + number)
 
     signal.signal(signal.SIGTERM, terminate)
