@@ -7,7 +7,8 @@ Every backend is one package here, with two halves:
 - ``backend.py``: the :class:`~.base.Backend` that plans and runs a task, with the backend's own dependencies.
   Imported only when a task runs or is rendered; a missing dependency names the pip extra.
 
-Adding a backend is one folder and one entry in :data:`BACKENDS` (docs/architecture.md shows it).
+Adding a backend is one folder and one entry in :data:`BACKENDS` (docs/architecture.md shows it). A backend may run
+its tasks with another backend's run half (``executor`` runs like ``local``): its entry names that class.
 """
 
 from __future__ import annotations
@@ -134,6 +135,13 @@ BACKENDS: dict[str, BackendInfo] = {
             max_nodes=None,
             all_gpus=False,
             renders=True,
+        ),
+        # Airflow's executor places the task when the DAG is parsed (airflow_gpu_provider.placement); on the GPU
+        # worker, pod or queue it was given, it runs exactly as the local backend runs it: the local run half.
+        BackendInfo(
+            "executor",
+            backend="airflow_gpu_provider.backends.local.backend:LocalBackend",
+            options="airflow_gpu_provider.backends.executor.options:ExecutorOptions",
         ),
     )
 }

@@ -13,7 +13,6 @@ from airflow.sdk import BaseOperator
 from airflow_gpu_provider import config
 from airflow_gpu_provider.backends import BACKENDS, BackendInfo
 from airflow_gpu_provider.exceptions import InvalidSettingError, RemoteTaskError
-from airflow_gpu_provider.listeners.gpu_pool import with_gpu_pool
 from airflow_gpu_provider.payload import (
     call_arguments,
     callable_envelope,
@@ -22,6 +21,7 @@ from airflow_gpu_provider.payload import (
     command_envelope,
     shipped_callable,
 )
+from airflow_gpu_provider.placement.place import place
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.settings.image import check_environment
 from airflow_gpu_provider.task import missing_gpu
@@ -190,8 +190,8 @@ class GpuStepOperator(LineageMixin, BaseOperator):
         self.backend_options = dict(backend_options or {})
         self.environment = check_environment(owner, "environment", environment or {})
         self._running_backend: Backend[Any, Any] | None = None
-
-        super().__init__(**with_gpu_pool(self.resource_settings, self.resource_overrides, kwargs))
+        kwargs = place(owner, backend, backend_options, self.resource_settings, self.resource_overrides, kwargs)
+        super().__init__(**kwargs)
 
     # ------------------------------------------------------------------ execution
     def build_envelope(self, context: Context, resources: ResourceSettings) -> dict[str, Any]:
