@@ -45,6 +45,9 @@ def executor_config(
     given = dict(given or {})
     user = to_dict(given.get("pod_override")) or {}
     template = worker_template(owner, given.get("pod_template_file"))
+    template_user = ((template.get("spec") or {}).get("securityContext") or {}).get("runAsUser")
+    if "run_as_user" not in pod_options and isinstance(template_user, int) and template_user > 0:
+        options = dataclasses.replace(options, run_as_user=template_user)  # the worker image's user (airflow: 50000)
     provider = provider_pod(wanted, options, template, user.get("spec") or {})
     merged = merge(provider, user, owner)
     if options.pod_security == "restricted":
