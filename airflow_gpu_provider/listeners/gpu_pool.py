@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -125,8 +126,13 @@ def on_dag_run_running(dag_run: Any, msg: str) -> None:
 
 @hookimpl
 def on_starting(component: Any) -> None:
-    """When a job starts: in the scheduler, create or check the GPU pools of ``[gpu] inventory``."""
-    if getattr(component, "job_type", None) != "SchedulerJob" or not config.get("inventory"):
+    """When a job starts: in the scheduler, create or check the GPU pools of ``[gpu] inventory``.
+
+    Airflow calls this from ``Job.__init__``, before the scheduler's runner sets ``job_type``: the command tells.
+    """
+    job_type = getattr(component, "job_type", None)
+    scheduler = job_type == "SchedulerJob" or (job_type is None and sys.argv[1:2] == ["scheduler"])
+    if not scheduler or not config.get("inventory"):
         return
     from airflow.utils.session import create_session
 
