@@ -174,7 +174,9 @@ def test_registry_entries_name_their_package_halves(backend):
 def test_placement_reads_only_the_pure_mapping_of_the_kubernetes_backend():
     """Placement (above the backends) builds the KubernetesExecutor pod with the Kubernetes backend's mapping code."""
     placement = [m for m in MODULES if m.startswith(f"{NAME}.placement")]
-    pure = {f"{NAME}.backends.kubernetes.{name}" for name in ("container", "resources", "scheduling", "options", "labels")}
+    pure = {
+        f"{NAME}.backends.kubernetes.{name}" for name in ("container", "resources", "scheduling", "options", "labels")
+    }
     used = {target for module in placement for target in GRAPH[module] if _backend_of(target) == "kubernetes"}
     assert used and used <= pure, used - pure
 

@@ -151,7 +151,9 @@ class Cluster:
     # ------------------------------------------------------------------ the metadata DB (read only)
     def query(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
         """Rows of a read-only query on the SQLite metadata DB."""
-        with contextlib.closing(sqlite3.connect(f"file:{self.home / 'airflow.db'}?mode=ro", uri=True, timeout=30)) as db:
+        with contextlib.closing(
+            sqlite3.connect(f"file:{self.home / 'airflow.db'}?mode=ro", uri=True, timeout=30)
+        ) as db:
             return db.execute(sql, params).fetchall()
 
     def wait_for_dag(self, dag_id: str, timeout: float = 120) -> None:

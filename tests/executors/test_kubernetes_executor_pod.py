@@ -12,19 +12,16 @@ from pathlib import Path
 
 import pytest
 import yaml
+from airflow.providers.cncf.kubernetes import pod_generator
+from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
 from backends.kubernetes.k8s_manifests import main_container, validate
 from conftest import REPO
 from helpers import load_dag
+from kubernetes.client import ApiClient, V1Container, V1EnvVar, V1ObjectMeta, V1Pod, V1PodSpec, V1ResourceRequirements
 
 from airflow_gpu_provider import GpuStepOperator
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.placement.place import PLACED_KEY
-
-pytest.importorskip("airflow.providers.cncf.kubernetes", reason="the kubernetes extra is not installed")
-from airflow.providers.cncf.kubernetes import pod_generator  # noqa: E402
-from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator  # noqa: E402
-from kubernetes.client import ApiClient, V1Container, V1EnvVar, V1ObjectMeta, V1Pod, V1PodSpec  # noqa: E402
-from kubernetes.client import V1ResourceRequirements  # noqa: E402
 
 SHIPPED_TEMPLATE = Path(pod_generator.__file__).parent / "kubernetes_executor_templates" / "basic_template.yaml"
 USER_TEMPLATE = {
@@ -119,7 +116,10 @@ def test_a_user_template_is_merged_by_the_scheduling_rules(user_template):
     spec, base = pod["spec"], main_container(pod)
     assert base["resources"]["limits"] == {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "2"}
     assert base["resources"]["requests"] == base["resources"]["limits"]  # Guaranteed QoS, GPUs request = limit
-    assert spec["nodeSelector"] == {"topology.kubernetes.io/zone": "eu-west-1a", "nvidia.com/gpu.product": "NVIDIA-H200"}
+    assert spec["nodeSelector"] == {
+        "topology.kubernetes.io/zone": "eu-west-1a",
+        "nvidia.com/gpu.product": "NVIDIA-H200",
+    }
     assert spec["tolerations"] == [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
         {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"},
@@ -179,11 +179,17 @@ def test_a_users_pod_override_is_merged_not_replaced(kubernetes_executor):
 
 
 def test_a_conflicting_pod_override_is_an_error_naming_both_values(kubernetes_executor):
-    own = V1Pod(spec=V1PodSpec(containers=[V1Container(name="base", resources=V1ResourceRequirements(limits={"nvidia.com/gpu": "4"}))]))
+    own = V1Pod(
+        spec=V1PodSpec(
+            containers=[V1Container(name="base", resources=V1ResourceRequirements(limits={"nvidia.com/gpu": "4"}))]
+        )
+    )
     with pytest.raises(InvalidSettingError, match=r"pod_override.*'4'.*need.*'1'") as err:
         gpu_task(gpu_count=1, executor_config={"pod_override": own})
     assert err.value.field == "executor_config['pod_override']"
-    selector = V1Pod(spec=V1PodSpec(containers=[V1Container(name="base")], node_selector={"nvidia.com/gpu.product": "Tesla-T4"}))
+    selector = V1Pod(
+        spec=V1PodSpec(containers=[V1Container(name="base")], node_selector={"nvidia.com/gpu.product": "Tesla-T4"})
+    )
     with pytest.raises(InvalidSettingError, match="Tesla-T4.*NVIDIA-H200"):
         gpu_task(gpu_count=1, accelerator="H200", executor_config={"pod_override": selector})
 
