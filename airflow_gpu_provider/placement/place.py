@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +16,9 @@ from airflow_gpu_provider.settings import ResourceSettings
 
 #: ``executor_config`` key that marks a placed ``pod_override`` (the decorator places before the operator does).
 PLACED_KEY = "airflow_gpu_provider_placed"
+#: Set by KubernetesExecutor in its worker pods, whose ``[core] executor`` is often LocalExecutor (the Helm chart's):
+#: the task was placed where it was scheduled; the pod only runs it.
+IN_EXECUTOR_POD = "AIRFLOW_IS_K8S_EXECUTOR_POD"
 
 
 def place(  # noqa: PLR0917 - the operator and the decorator call it alike
@@ -44,7 +48,10 @@ def place(  # noqa: PLR0917 - the operator and the decorator call it alike
 def for_executor(
     resources: ResourceSettings, overrides: Mapping[str, Any], kwargs: dict[str, Any], options: Any, owner: str
 ) -> dict[str, Any]:
-    """The executor's placement of a GPU task; CPU-only tasks keep their queue and executor."""
+    """The executor's placement of a GPU task; CPU-only tasks keep their queue and executor.
+
+    Inside a KubernetesExecutor worker pod (which parses the DAG again to run the task) nothing is placed.
+    """
     parsed = BACKENDS["executor"].parse_options(options)
     assert isinstance(parsed, ExecutorOptions)
     if overrides:
@@ -58,7 +65,7 @@ def for_executor(
             f"a concrete {name} (the most the task may need), or a backend that places at run time "
             "(local, docker, kubernetes)",
         )
-    if not resources.requests_gpus:
+    if not resources.requests_gpus or os.environ.get(IN_EXECUTOR_POD):
         return kwargs
     requested = kwargs.get("executor") or parsed.executor or config.get("executor") or None
     executor = executors.chosen(owner, requested, executors.core_executors())

@@ -55,6 +55,16 @@ def test_local_executor_places_nothing(monkeypatch, celery):
     assert (task.queue, task.executor, task.executor_config) == ("default", None, {})
 
 
+def test_nothing_is_placed_again_inside_a_kubernetes_executor_pod(celery, monkeypatch):
+    """The worker pod parses the DAG again to run the task, often with [core] executor = LocalExecutor (Helm chart)."""
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")
+    monkeypatch.setenv("AIRFLOW__GPU__EXECUTOR", "KubernetesExecutor")
+    with pytest.raises(InvalidSettingError, match="not an executor of"):
+        op(gpu_count=1)
+    monkeypatch.setenv("AIRFLOW_IS_K8S_EXECUTOR_POD", "True")
+    assert op(gpu_count=1).executor_config == {}
+
+
 def test_configured_executors_read_aliases_and_paths():
     found = configured("LocalExecutor, gpu:my.module.KubernetesExecutor ,")
     assert [(e.name, e.kind) for e in found] == [("LocalExecutor", "local"), ("gpu", "kubernetes")]
