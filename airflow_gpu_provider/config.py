@@ -74,8 +74,8 @@ OPTIONS: tuple[Option, ...] = (
         "string",
         "gpu",
         "Queue of GPU tasks on the executor backend under CeleryExecutor or the Edge executor ({accelerator} is "
-        "the task's accelerator model in lower case, e.g. gpu-{accelerator} gives gpu-a100). CPU-only tasks keep "
-        "their queue.",
+        "the task's accelerator model in lower case, or any when it names none: gpu-{accelerator} gives gpu-a100). "
+        "CPU-only tasks keep their queue.",
         "gpu-{accelerator}",
     ),
     Option(

@@ -18,6 +18,7 @@ KINDS: dict[str, Kind] = {
     "KubernetesExecutor": "kubernetes",
 }
 QUEUE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+ANY_MODEL = "any"  # {accelerator} of a GPU task that names no model: any GPU worker may take it
 
 
 @dataclass(frozen=True)
@@ -91,23 +92,18 @@ def chosen(owner: str, requested: str | None, executors: list[Executor]) -> Exec
 
 
 def queue_for(owner: str, resources: ResourceSettings, template: str) -> str:
-    """The queue of a GPU task: ``template`` with ``{accelerator}`` as the model in lower case (``gpu-a100``)."""
-    if "{accelerator}" in template:
-        if resources.accelerator is None:
-            raise InvalidSettingError(
-                owner,
-                "accelerator",
-                None,
-                f"the GPU queue {template!r} names the accelerator model, and this task names none",
-                "accelerator='A100' (any model), or a queue without {accelerator} ([gpu] queue, "
-                "backend_options['queue'])",
-            )
-        template = template.replace("{accelerator}", slug(resources.accelerator))
-    if not QUEUE.fullmatch(template):
+    """The queue of a GPU task: ``template`` with ``{accelerator}`` filled (:func:`model_slug`: ``gpu-a100``)."""
+    queue = template.replace("{accelerator}", model_slug(resources))
+    if not QUEUE.fullmatch(queue):
         raise InvalidSettingError(
             owner, "queue", template, "not a queue name", "letters, digits, '-', '_' and '.', plus {accelerator}"
         )
-    return template
+    return queue
+
+
+def model_slug(resources: ResourceSettings) -> str:
+    """``{accelerator}`` of queue and pool names: the model in lower case, or ``any`` for a task that names none."""
+    return slug(resources.accelerator) if resources.accelerator else ANY_MODEL
 
 
 def slug(model: str) -> str:

@@ -13,11 +13,11 @@ from typing import Any
 
 from airflow_gpu_provider import config
 from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.placement.executors import queue_for, slug
+from airflow_gpu_provider.placement.executors import model_slug, queue_for
 from airflow_gpu_provider.settings import ResourceSettings
 
 log = logging.getLogger(__name__)
-ANY_MODEL = "*"
+ANY_MODEL = "*"  # in [gpu] inventory: the GPUs that tasks naming no model go to (pool gpu-any)
 _NAME = "[A-Za-z0-9_.\\-]+"
 
 
@@ -28,17 +28,7 @@ def pool_for(owner: str, resources: ResourceSettings, queue: str | None) -> str 
         return None
     if "{queue}" in template:
         template = template.replace("{queue}", queue or queue_for(owner, resources, config.get("queue")))
-    if "{accelerator}" in template:
-        if resources.accelerator is None:
-            raise InvalidSettingError(
-                owner,
-                "accelerator",
-                None,
-                f"the GPU pool {config.get('pool')!r} names the accelerator model, and this task names none",
-                "accelerator='A100' (any model), or a [gpu] pool without {accelerator}",
-            )
-        template = template.replace("{accelerator}", slug(resources.accelerator))
-    return template
+    return template.replace("{accelerator}", model_slug(resources))
 
 
 def is_gpu_pool(name: str | None) -> bool:

@@ -30,3 +30,9 @@ with DAG("executor_gpu", schedule=None, start_date=datetime.datetime(2024, 1, 1)
         return where()
 
     prepare() >> train
+
+
+# GPU pools per worker class ([gpu] pool = gpu-{accelerator}): tests/executors/test_placement.py
+with DAG("executor_pools", schedule=None, start_date=datetime.datetime(2024, 1, 1), catchup=False):
+    GpuStepOperator(task_id="a100", command=["true"], backend="executor", gpu_count=2, accelerator="A100")
+    GpuStepOperator(task_id="h100", command=["true"], backend="executor", gpu_count=1, accelerator="H100")

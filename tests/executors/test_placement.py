@@ -126,10 +126,13 @@ def test_an_executor_that_is_not_configured(celery, monkeypatch):
     assert (err.value.field, err.value.value) == ("executor", "KubernetesExecutor")
 
 
-def test_a_queue_naming_the_accelerator_needs_one(celery, monkeypatch):
+def test_a_task_naming_no_model_goes_to_the_any_queue_and_pool(celery, monkeypatch):
     monkeypatch.setenv("AIRFLOW__GPU__QUEUE", "gpu-{accelerator}")
-    with pytest.raises(InvalidSettingError, match="names the accelerator model, and this task names none"):
-        op(gpu_count=1)
+    monkeypatch.setenv("AIRFLOW__GPU__POOL", "{queue}")
+    monkeypatch.setenv("AIRFLOW__GPU__INVENTORY", "A100=16, *=4")
+    task = op(gpu_count=1)
+    assert (task.queue, task.pool) == ("gpu-any", "gpu-any")
+    assert pools.sizes() == {"gpu-a100": 16, "gpu-any": 4}
 
 
 @pytest.mark.parametrize(
@@ -161,3 +164,25 @@ def test_gpu_count_all_has_no_pod_form(celery, monkeypatch):
     monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "KubernetesExecutor")
     with pytest.raises(InvalidSettingError, match="a KubernetesExecutor pod asks for a number of GPUs"):
         op(gpu_count="all")
+
+
+@pytest.mark.parametrize(
+    ("sizes", "failed"), [({"gpu-a100": 1}, {"a100", "h100"}), ({"gpu-a100": 2, "gpu-h100": 1}, set())]
+)
+def test_the_listener_fails_tasks_that_could_never_fit_in_their_classs_pool(monkeypatch, airflow_home, sizes, failed):
+    from airflow.models.pool import Pool
+    from airflow.utils.session import create_session
+    from listeners.test_listeners import _running_dag_run
+
+    from airflow_gpu_provider.listeners.gpu_pool import fail_unschedulable_gpu_tasks
+
+    monkeypatch.setenv("AIRFLOW__GPU__POOL", "gpu-{accelerator}")
+    with create_session() as session:
+        session.query(Pool).filter(Pool.pool.in_(["gpu-a100", "gpu-h100"])).delete(synchronize_session=False)
+        for name, size in sizes.items():
+            Pool.create_or_update_pool(name, size, "GPUs", include_deferred=False, session=session)
+    with create_session() as session:
+        dag_run = _running_dag_run("executor_pools", session)
+        assert set(fail_unschedulable_gpu_tasks(dag_run, session)) == failed
+        pools_of = {ti.task_id: (ti.pool, ti.pool_slots) for ti in dag_run.get_task_instances(session=session)}
+    assert pools_of == {"a100": ("gpu-a100", 2), "h100": ("gpu-h100", 1)}
