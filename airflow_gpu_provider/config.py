@@ -187,6 +187,11 @@ def _conf() -> Any:
     return conf
 
 
+def airflow_setting(section: str, key: str, fallback: str | None = None) -> str | None:
+    """An option of another section (``[core] executor``), as Airflow reads it: environment first."""
+    return _conf().get(section, key, fallback=fallback)  # type: ignore[no-any-return]
+
+
 def _typed(option: Option, text: str) -> Any:
     if option.type == "boolean":
         lowered = text.strip().lower()

@@ -63,9 +63,9 @@ def configured(value: str) -> list[Executor]:
 
 def core_executors() -> list[Executor]:
     """``[core] executor`` of this deployment (read where the DAG is parsed)."""
-    from airflow_gpu_provider.config import _conf
+    from airflow_gpu_provider.config import airflow_setting
 
-    return configured(_conf().get("core", "executor", fallback="LocalExecutor")) or configured("LocalExecutor")
+    return configured(airflow_setting("core", "executor") or "LocalExecutor") or configured("LocalExecutor")
 
 
 def chosen(owner: str, requested: str | None, executors: list[Executor]) -> Executor:

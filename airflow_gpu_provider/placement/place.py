@@ -39,8 +39,16 @@ def place(  # noqa: PLR0917 - the operator and the decorator call it alike
     if chosen == "executor":
         kwargs = for_executor(resources, overrides, kwargs, options, owner)
     pool = None
-    joins = "pool" not in kwargs and (resources.requests_gpus or "gpu_count" in overrides)
-    if joins and not ("accelerator" in overrides and "{" in (config.get("pool") or "")):
+    if "pool" not in kwargs and (resources.requests_gpus or "gpu_count" in overrides):
+        if "accelerator" in overrides and "{" in (config.get("pool") or ""):
+            raise InvalidSettingError(
+                owner,
+                "accelerator",
+                overrides["accelerator"],
+                f"[gpu] pool {config.get('pool')!r} has a pool per worker class, chosen when the DAG is parsed, and a "
+                "template is rendered only when the task runs",
+                "a concrete accelerator, or a [gpu] pool without {accelerator} and {queue}",
+            )
         pool = pools.pool_for(owner, resources, kwargs.get("queue"))
     return with_gpu_pool(resources, overrides, kwargs, pool=pool)
 

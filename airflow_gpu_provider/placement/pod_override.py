@@ -148,9 +148,9 @@ def _merge_lists(mine: list[Any], theirs: list[Any], owner: str, where: str) -> 
 
 def worker_template(owner: str, task_template: str | None) -> dict[str, Any]:
     """The executor's worker pod template as a dict, when readable here; ``{}`` otherwise."""
-    from airflow_gpu_provider.config import _conf
+    from airflow_gpu_provider.config import airflow_setting
 
-    path = task_template or _conf().get("kubernetes_executor", "pod_template_file", fallback=None)
+    path = task_template or airflow_setting("kubernetes_executor", "pod_template_file")
     if not path or not Path(path).is_file():
         return {}
     import yaml

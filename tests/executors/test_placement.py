@@ -159,6 +159,13 @@ def test_unknown_option_and_bad_kubernetes_values(celery, monkeypatch):
     assert err.value.field == "backend_options['kubernetes']['label_scheme']"
 
 
+def test_a_templated_accelerator_cannot_choose_a_pool_per_class(celery, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__GPU__POOL", "gpu-{accelerator}")
+    with pytest.raises(InvalidSettingError, match="pool per worker class") as err:
+        GpuStepOperator(task_id="t", command=["true"], backend="local", gpu_count=1, accelerator="{{ params.model }}")
+    assert err.value.field == "accelerator"
+
+
 def test_gpu_count_all_has_no_pod_form(celery, monkeypatch):
     assert op(gpu_count="all").queue == "gpu"  # Celery: every GPU of the worker, as on the local backend
     monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "KubernetesExecutor")
