@@ -90,7 +90,7 @@ def fail_unschedulable_gpu_tasks(dag_run: Any, session: Any) -> list[str]:
     failed = []
     sizes: dict[str, int | None] = {}
     for ti in dag_run.get_task_instances(session=session):
-        if not is_gpu_pool(ti.pool) or ti.state not in (None, TaskInstanceState.SCHEDULED):
+        if not is_gpu_pool(ti.pool, ti.queue) or ti.state not in (None, TaskInstanceState.SCHEDULED):
             continue
         if ti.pool not in sizes:
             pool = Pool.get_pool(ti.pool, session=session)

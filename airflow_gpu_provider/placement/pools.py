@@ -31,12 +31,13 @@ def pool_for(owner: str, resources: ResourceSettings, queue: str | None) -> str 
     return template.replace("{accelerator}", model_slug(resources))
 
 
-def is_gpu_pool(name: str | None) -> bool:
-    """Whether ``name`` is a GPU pool of ``[gpu] pool`` (any worker class)."""
+def is_gpu_pool(name: str | None, queue: str | None = None) -> bool:
+    """Whether ``name`` is a GPU pool of ``[gpu] pool`` (any worker class); ``{queue}`` is ``queue`` when given."""
     template = config.get("pool")
     if not template or not name:
         return False
-    pattern = re.escape(template).replace(r"\{accelerator\}", _NAME).replace(r"\{queue\}", _NAME)
+    queue_pattern = re.escape(queue) if queue else _NAME
+    pattern = re.escape(template).replace(r"\{accelerator\}", _NAME).replace(r"\{queue\}", queue_pattern)
     return re.fullmatch(pattern, name) is not None
 
 

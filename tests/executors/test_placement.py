@@ -81,6 +81,7 @@ def test_one_pool_per_accelerator_sized_from_the_inventory(celery, monkeypatch, 
     monkeypatch.setenv("AIRFLOW__GPU__POOL", "{queue}")
     monkeypatch.setenv("AIRFLOW__GPU__QUEUE", "gpu-{accelerator}")
     assert op(gpu_count=1, accelerator="H100").pool == "gpu-h100"
+    assert pools.is_gpu_pool("gpu-h100", "gpu-h100") and not pools.is_gpu_pool("default_pool", "default")
     monkeypatch.setenv("AIRFLOW__GPU__POOL", "gpus")
     monkeypatch.setenv("AIRFLOW__GPU__INVENTORY", "A100=16, *=4")
     assert pools.sizes() == {"gpus": 20}
