@@ -37,6 +37,8 @@ class BackendInfo:
     :param max_nodes: machines one task try may span (``None``: any number)
     :param all_gpus: whether ``gpu_count="all"`` means something there
     :param renders: whether it can show what it would submit (``GpuStepOperator.render_manifests()``)
+    :param placed_at_parse: whether Airflow's executor places its tasks when the DAG is parsed, so that a template
+        (a trigger-form choice) cannot choose it
     """
 
     name: str
@@ -46,6 +48,7 @@ class BackendInfo:
     max_nodes: int | None = 1
     all_gpus: bool = True
     renders: bool = False
+    placed_at_parse: bool = False
 
     def options_class(self) -> type[BackendOptions]:
         """The options half (cheap to import)."""
@@ -142,10 +145,13 @@ BACKENDS: dict[str, BackendInfo] = {
             "executor",
             backend="airflow_gpu_provider.backends.local.backend:LocalBackend",
             options="airflow_gpu_provider.backends.executor.options:ExecutorOptions",
+            placed_at_parse=True,
         ),
     )
 }
 NAMES: tuple[str, ...] = tuple(BACKENDS)
+#: The backends a template (``backend="{{ params.backend }}"``) may choose when the task runs.
+RUN_TIME_NAMES: tuple[str, ...] = tuple(name for name, info in BACKENDS.items() if not info.placed_at_parse)
 
 
 def get_backend_class(name: str) -> type[Backend[Any, Any]]:
