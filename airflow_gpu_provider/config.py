@@ -29,8 +29,9 @@ OPTIONS: tuple[Option, ...] = (
         "backend",
         "string",
         "local",
-        "Backend for GPU tasks that don't name one: local (a child process on the worker), docker or "
-        "kubernetes. Moving a DAG between them needs only this option.",
+        "Backend for GPU tasks that don't name one: local (a child process on the worker), docker, "
+        "kubernetes, or executor (Airflow's executor places the task on a GPU worker, pod or queue, where it runs "
+        "like local). Moving a DAG between them needs only this option.",
         "docker",
     ),
     Option(
@@ -65,8 +66,36 @@ OPTIONS: tuple[Option, ...] = (
         "string",
         "",
         "Airflow pool that GPU tasks join, with pool_slots equal to their gpu_count; empty for none. Size it "
-        "to the number of GPUs (airflow pools set gpu 4 'GPUs').",
+        "to the number of GPUs (airflow pools set gpu 4 'GPUs'), or let [gpu] inventory size it. {accelerator} "
+        "and {queue} give one pool per worker class (gpu-{accelerator}: gpu-a100, gpu-h100).",
         "gpu",
+    ),
+    Option(
+        "queue",
+        "string",
+        "gpu",
+        "Queue of GPU tasks on the executor backend under CeleryExecutor or the Edge executor ({accelerator} is "
+        "the task's accelerator model in lower case, or any when it names none: gpu-{accelerator} gives gpu-a100). "
+        "CPU-only tasks keep their queue.",
+        "gpu-{accelerator}",
+    ),
+    Option(
+        "executor",
+        "string",
+        "",
+        "Executor that GPU tasks of the executor backend go to, set as the task's executor, when [core] executor "
+        "names several (e.g. CeleryExecutor,KubernetesExecutor); empty: the default (first) executor.",
+        "KubernetesExecutor",
+    ),
+    Option(
+        "inventory",
+        "string",
+        "",
+        "GPUs of each worker class, for the GPU pools the scheduler creates or checks when it starts: "
+        "comma-separated MODEL=COUNT (accelerator models, or * for GPU tasks that name none). With "
+        "[gpu] pool = gpu-{accelerator} (or {queue}) each model gets its own pool of that size; a pool without a "
+        "placeholder gets the total. Empty: pools are left to you.",
+        "A100=16, H100=8",
     ),
     Option(
         "wait_poll_interval", "float", "5.0", "Seconds between attempts to get GPUs when on_missing_gpu is wait.", "1.0"
@@ -184,6 +213,11 @@ def _conf() -> Any:
     except ImportError:  # pragma: no cover - Airflow 3.0 has it only in core
         from airflow.configuration import conf
     return conf
+
+
+def airflow_setting(section: str, key: str, fallback: str | None = None) -> str | None:
+    """An option of another section (``[core] executor``), as Airflow reads it: environment first."""
+    return _conf().get(section, key, fallback=fallback)  # type: ignore[no-any-return]
 
 
 def _typed(option: Option, text: str) -> Any:

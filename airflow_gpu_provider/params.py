@@ -6,7 +6,7 @@ from typing import Any
 
 from airflow.sdk import Param
 
-from airflow_gpu_provider.backends import NAMES as BACKENDS
+from airflow_gpu_provider.backends import RUN_TIME_NAMES as BACKENDS
 from airflow_gpu_provider.task.missing_gpu import NAMES as MISSING_GPU_POLICIES
 
 MIXED_PRECISION: tuple[str, ...] = ("no", "bf16", "fp16")

@@ -4,7 +4,9 @@
 - backends depend on ``task/``, ``host/``, ``settings/`` and the runtime, never on each other nor on what uses them
   (operators, decorators, listeners, hooks, the render CLI);
 - DAG parsing needs only each backend's options half: an options module imports no run-time module;
-- every registry entry names a backend package whose halves exist and agree with it;
+- every registry entry names a backend package whose halves exist and agree with it (the executor backend runs
+  with the local run half, on options of the same shape);
+- placement (above the backends) reads only the Kubernetes backend's pure mapping modules;
 - modules stay small: nothing over 300 lines except the runtime, which is shipped as one file.
 """
 
@@ -25,7 +27,17 @@ PACKAGE = REPO / "airflow_gpu_provider"
 NAME = "airflow_gpu_provider"
 MAX_LINES = 300
 SHIPPED_AS_ONE_FILE = {f"{NAME}.runtime.bootstrap"}
-ABOVE_BACKENDS = ("operators", "decorators", "listeners", "hooks", "render", "plugin", "params", "get_provider_info")
+ABOVE_BACKENDS = (
+    "operators",
+    "decorators",
+    "listeners",
+    "hooks",
+    "render",
+    "plugin",
+    "params",
+    "get_provider_info",
+    "placement",
+)
 
 
 def _module_name(path: Path) -> str:
@@ -139,15 +151,34 @@ def test_the_options_half_imports_no_run_time_module(backend):
     assert not any(m.endswith(("pod_operator", "multinode_run", "images.engine", ".venv")) for m in seen), seen
 
 
+#: Backends that run their tasks with another backend's run half (docs/architecture.md says why).
+RUNS_LIKE = {"executor": "local"}
+
+
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
 def test_registry_entries_name_their_package_halves(backend):
     info = BACKENDS[backend]
-    assert info.backend.startswith(f"{NAME}.backends.{backend}.backend:")
+    runs_like = RUNS_LIKE.get(backend, backend)
+    assert info.backend.startswith(f"{NAME}.backends.{runs_like}.backend:")
     assert info.options.startswith(f"{NAME}.backends.{backend}.options:")
     options_class, backend_class = info.options_class(), info.backend_class()
     assert issubclass(options_class, BackendOptions) and options_class.backend == backend
-    assert issubclass(backend_class, Backend) and backend_class.name == backend
+    assert issubclass(backend_class, Backend) and backend_class.name == runs_like
     assert info.parse_options({}) == options_class()
+    if runs_like != backend:  # the shared run half must take these options
+        own_options = BACKENDS[runs_like].options_class()
+        shared = next(c for c in own_options.__mro__[1:] if c is not BackendOptions and issubclass(c, BackendOptions))
+        assert issubclass(options_class, shared), f"{options_class} must be a {shared} for {backend_class}"
+
+
+def test_placement_reads_only_the_pure_mapping_of_the_kubernetes_backend():
+    """Placement (above the backends) builds the KubernetesExecutor pod with the Kubernetes backend's mapping code."""
+    placement = [m for m in MODULES if m.startswith(f"{NAME}.placement")]
+    pure = {
+        f"{NAME}.backends.kubernetes.{name}" for name in ("container", "resources", "scheduling", "options", "labels")
+    }
+    used = {target for module in placement for target in GRAPH[module] if _backend_of(target) == "kubernetes"}
+    assert used and used <= pure, used - pure
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -25,3 +26,27 @@ def test_parsing_example_dags_imports_nothing_heavy(dag_file):
     assert report["errors"] == {}
     assert report["dags"] >= 1
     assert report["heavy"] == []
+
+
+def _heavy_modules_parsing(dag_file: str, executor: str) -> list[str]:
+    code = (
+        "import json, sys; from airflow.dag_processing.dagbag import DagBag;"
+        f"bag = DagBag(dag_folder={dag_file!r}); assert not bag.import_errors, bag.import_errors;"
+        f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules if m.split('.')[0] in {HEAVY!r}}})))"
+    )
+    environment = {**os.environ, "AIRFLOW__CORE__EXECUTOR": executor}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=environment)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    ("executor", "heavy"),
+    [
+        ("CeleryExecutor", []),
+        ("airflow.providers.edge3.executors.EdgeExecutor", []),
+        ("KubernetesExecutor", ["kubernetes"]),
+    ],
+)
+def test_the_executor_backend_imports_the_kubernetes_client_only_for_kubernetes_executor(executor, heavy):
+    """A pod_override is a V1Pod: only tasks that go to KubernetesExecutor pay for the client, nothing else heavy."""
+    assert _heavy_modules_parsing(str(REPO / "tests" / "dags" / "executor_dags.py"), executor) == heavy

@@ -7,7 +7,8 @@ Every backend is one package here, with two halves:
 - ``backend.py``: the :class:`~.base.Backend` that plans and runs a task, with the backend's own dependencies.
   Imported only when a task runs or is rendered; a missing dependency names the pip extra.
 
-Adding a backend is one folder and one entry in :data:`BACKENDS` (docs/architecture.md shows it).
+Adding a backend is one folder and one entry in :data:`BACKENDS` (docs/architecture.md shows it). A backend may run
+its tasks with another backend's run half (``executor`` runs like ``local``): its entry names that class.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class BackendInfo:
     :param max_nodes: machines one task try may span (``None``: any number)
     :param all_gpus: whether ``gpu_count="all"`` means something there
     :param renders: whether it can show what it would submit (``GpuStepOperator.render_manifests()``)
+    :param placed_at_parse: whether Airflow's executor places its tasks when the DAG is parsed, so that a template
+        (a trigger-form choice) cannot choose it
     """
 
     name: str
@@ -45,6 +48,7 @@ class BackendInfo:
     max_nodes: int | None = 1
     all_gpus: bool = True
     renders: bool = False
+    placed_at_parse: bool = False
 
     def options_class(self) -> type[BackendOptions]:
         """The options half (cheap to import)."""
@@ -135,9 +139,19 @@ BACKENDS: dict[str, BackendInfo] = {
             all_gpus=False,
             renders=True,
         ),
+        # Airflow's executor places the task when the DAG is parsed (airflow_gpu_provider.placement); on the GPU
+        # worker, pod or queue it was given, it runs exactly as the local backend runs it: the local run half.
+        BackendInfo(
+            "executor",
+            backend="airflow_gpu_provider.backends.local.backend:LocalBackend",
+            options="airflow_gpu_provider.backends.executor.options:ExecutorOptions",
+            placed_at_parse=True,
+        ),
     )
 }
 NAMES: tuple[str, ...] = tuple(BACKENDS)
+#: The backends a template (``backend="{{ params.backend }}"``) may choose when the task runs.
+RUN_TIME_NAMES: tuple[str, ...] = tuple(name for name, info in BACKENDS.items() if not info.placed_at_parse)
 
 
 def get_backend_class(name: str) -> type[Backend[Any, Any]]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
+from airflow_gpu_provider.host.inventory import parse_devices
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 
 Check = Callable[[Any], Any]
@@ -139,3 +140,25 @@ def string_list(value: Any) -> tuple[str, ...]:
         if not isinstance(item, (str, int)) or isinstance(item, bool) or not str(item).strip():
             raise BadOption("every item must be a non-empty string or integer", "strings or integers", value=item)
     return tuple(str(item) for item in value)
+
+
+def _devices(value: object) -> str:
+    try:
+        parse_devices(text(value))
+    except InvalidSettingError as err:
+        raise BadOption(err.reason, err.accepted) from None
+    return str(value)
+
+
+@dataclass(frozen=True)
+class WorkerOptions(BackendOptions):
+    """Options of a backend whose task process runs on the worker host itself (local, executor).
+
+    :param devices: this host's GPUs, instead of ``[gpu] devices``
+    :param state_dir: the host-wide GPU locks and venv cache, instead of ``[gpu] state_dir``
+    :param kill_grace: seconds between SIGTERM and SIGKILL when the task is stopped (default ``[gpu] kill_grace``)
+    """
+
+    devices: str | None = option(check=_devices)
+    state_dir: str | None = option(check=text)
+    kill_grace: float | None = option(check=seconds)

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk.bases.decorator import DecoratedOperator, task_decorator_factory
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.listeners.gpu_pool import with_gpu_pool
 from airflow_gpu_provider.operators.arguments import RESOURCE_SHORTCUTS, resolve_resources
 from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
+from airflow_gpu_provider.placement.place import place
 from airflow_gpu_provider.settings import ResourceSettings
 
 if TYPE_CHECKING:
@@ -114,11 +114,11 @@ def mappable_arguments(kwargs: dict[str, Any]) -> dict[str, Any]:
     A mapped task is built from these arguments without :class:`GpuStepOperator` running first, so they must
     already be final: ``resources`` travels as ``resource_settings`` (Airflow would read ``resources`` as its own
     ``BaseOperator(resources=...)``), with the concrete shortcuts applied to it and validated here, once; templated
-    shortcuts stay as they are, to be applied when rendered. The pool arguments are added, so that the scheduler
-    sees the GPU pool of mapped tasks too.
+    shortcuts stay as they are, to be applied when rendered. The pool arguments (and the executor's placement) are
+    added, so that the scheduler sees the GPU pool of mapped tasks too.
     """
     kwargs = dict(kwargs)
     shortcuts = {name: kwargs.pop(name) for name in RESOURCE_SHORTCUTS if kwargs.get(name) is not None}
     settings, templated = resolve_resources(kwargs.pop("resources", None), shortcuts, owner="@task.gpu")
-    kwargs = with_gpu_pool(settings, templated, kwargs)
+    kwargs = place("@task.gpu", kwargs.get("backend"), kwargs.get("backend_options"), settings, templated, kwargs)
     return {**kwargs, **templated, "resource_settings": settings}

@@ -13,7 +13,6 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_gpu_provider import config
 from airflow_gpu_provider.backends import BACKENDS, BackendInfo
 from airflow_gpu_provider.exceptions import GpuUnavailableError, InvalidSettingError, RemoteTaskError
-from airflow_gpu_provider.listeners.gpu_pool import with_gpu_pool
 from airflow_gpu_provider.operators.arguments import argv, check_on_oom, is_template, resolve_resources
 from airflow_gpu_provider.operators.checkpoint import CheckpointMixin
 from airflow_gpu_provider.payload import (
@@ -24,6 +23,7 @@ from airflow_gpu_provider.payload import (
     command_envelope,
     shipped_callable,
 )
+from airflow_gpu_provider.placement.place import place
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.settings.escalation import OomEscalation
 from airflow_gpu_provider.settings.image import check_environment
@@ -167,8 +167,8 @@ class GpuStepOperator(CheckpointMixin, LineageMixin, BaseOperator):
         self.environment = check_environment(owner, "environment", environment or {})
         self.on_oom = check_on_oom(owner, on_oom, None if self.resource_overrides else self.resource_settings)
         self._running_backend: Backend[Any, Any] | None = None
-
-        super().__init__(**with_gpu_pool(self.resource_settings, self.resource_overrides, kwargs))
+        kwargs = place(owner, backend, backend_options, self.resource_settings, self.resource_overrides, kwargs)
+        super().__init__(**kwargs)
 
     # ------------------------------------------------------------------ execution
     def build_envelope(self, context: Context, resources: ResourceSettings) -> dict[str, Any]:

@@ -34,7 +34,9 @@ def test_its_options_are_checked_at_parse_time(inline):
 
 
 def test_capabilities_come_from_the_registry(inline):
-    with pytest.raises(InvalidSettingError, match="'all' works only on the local and docker and inline backends"):
+    with pytest.raises(
+        InvalidSettingError, match="'all' works only on the local and docker and executor and inline backends"
+    ):
         BACKENDS["kubernetes"].check(ResourceSettings(gpu_count="all"), 1, BACKENDS["kubernetes"].parse_options({}))
     with pytest.raises(InvalidSettingError, match="backend 'inline' runs on one machine"):
         BACKENDS["inline"].check(ResourceSettings(), 2, BACKENDS["inline"].parse_options({}))

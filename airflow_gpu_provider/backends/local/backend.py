@@ -1,4 +1,9 @@
-"""The embedded default: a child process on the worker, holding the GPUs the host allocator gave it."""
+"""The embedded default: a child process on the worker, holding the GPUs the host allocator gave it.
+
+The executor backend runs its tasks with this class too (its options are :class:`WorkerOptions` as well): the
+task is already on a GPU worker, pod or queue that Airflow's executor chose. Logs and locks name the backend of
+the options (``options.backend``).
+"""
 
 from __future__ import annotations
 
@@ -16,9 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.backends.base import Backend
-from airflow_gpu_provider.backends.local.options import LocalOptions
 from airflow_gpu_provider.backends.local.process import TaskProcess, reap_orphans
 from airflow_gpu_provider.backends.local.venv import ensure_venv
+from airflow_gpu_provider.backends.options import WorkerOptions
 from airflow_gpu_provider.host.allocator import HostGpus
 from airflow_gpu_provider.host.state import private_dir, task_folder
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
@@ -44,12 +49,12 @@ class LocalPlan:
     kill_grace: float = 10.0
 
 
-class LocalBackend(Backend[LocalOptions, LocalPlan]):
+class LocalBackend(Backend[WorkerOptions, LocalPlan]):
     """Run the task in a child process (its own process group) on the worker."""
 
     name = "local"
 
-    def __init__(self, options: LocalOptions, log: Any = None) -> None:
+    def __init__(self, options: WorkerOptions, log: Any = None) -> None:
         super().__init__(options, log)
         self._task: TaskProcess | None = None
 
@@ -86,7 +91,7 @@ class LocalBackend(Backend[LocalOptions, LocalPlan]):
         if request.checkpoint is not None and not request.checkpoint.is_uri:
             private_dir(request.checkpoint.path)  # 0700, the worker's own: the same folder for the next try
         reap_orphans(self.log)  # before any GPU is taken: a dead worker's task process may still hold it
-        allocation = plan.host.allocate(request, backend=self.name, log=self.log)
+        allocation = plan.host.allocate(request, backend=self.options.backend, log=self.log)
         survivors: list[int] = []
         try:
             with _task_folder(plan.host.state_dir) as workdir:
@@ -97,7 +102,7 @@ class LocalBackend(Backend[LocalOptions, LocalPlan]):
                     "die_with_parent": True,
                     "summary": summary(
                         request,
-                        backend=self.name,
+                        backend=self.options.backend,
                         image=image_name,
                         gpus=[device.describe() for device in allocation.devices],
                         cpu_fallback=allocation.cpu_fallback,

@@ -131,7 +131,7 @@ def _task(**kwargs):
 
 
 def test_gpu_count_all_fails_at_parse_time_on_kubernetes():
-    with pytest.raises(InvalidSettingError, match="'all' works only on the local and docker backends"):
+    with pytest.raises(InvalidSettingError, match="'all' works only on the local and docker and executor backends"):
         _task(gpu_count="all")
 
 
