@@ -1,8 +1,9 @@
 """The GPU pool, ``[gpu] pool``: which tasks join it with how many slots, and the scheduler's side of it.
 
-- :func:`with_gpu_pool` (DAG parse): a task that asks for GPUs joins the pool with ``pool_slots = gpu_count``.
-- :func:`takes_the_pool`: a task that asks for ``gpu_count="all"`` takes every slot of the pool, whose size only
-  the metadata DB knows: sized here when a DAG run starts, and by :mod:`.pool_policy` when refreshed.
+- At DAG parse (:func:`.placement.pools.with_gpu_pool`) a task that asks for GPUs joins the pool with
+  ``pool_slots = gpu_count``; a task of ``gpu_count="all"`` (:func:`.placement.pools.takes_the_pool`) takes every
+  slot of the pool, whose size only the metadata DB knows: sized here when a DAG run starts, and by
+  :mod:`.pool_policy` when refreshed.
 - :func:`on_starting` (a listener): when the scheduler starts, the GPU pools of ``[gpu] inventory`` are created
   or checked (:func:`.placement.pools.ensure_pools`).
 - :func:`on_dag_run_running` (a listener): the scheduler only logs "Tasks using non-existent pool ... will not be
@@ -14,50 +15,14 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from airflow.listeners import hookimpl
 
 from airflow_gpu_provider import config
-from airflow_gpu_provider.placement.pools import ensure_pools, is_gpu_pool
-from airflow_gpu_provider.settings.resources import ALL_GPUS
-
-if TYPE_CHECKING:
-    from airflow_gpu_provider.settings import ResourceSettings
+from airflow_gpu_provider.placement.pools import ensure_pools, is_gpu_pool, takes_the_pool
 
 log = logging.getLogger(__name__)
-
-#: ``executor_config`` key that marks a task of ``gpu_count="all"``: the scheduler gives it the whole pool.
-ALL_SLOTS_KEY = "airflow_gpu_provider_pool_slots"
-
-
-def with_gpu_pool(
-    resources: ResourceSettings, overrides: Mapping[str, Any], kwargs: dict[str, Any], *, pool: str | None = None
-) -> dict[str, Any]:
-    """``kwargs`` of a GPU task with the ``[gpu] pool`` arguments added (unless the task names its own pool).
-
-    ``pool_slots`` is ``gpu_count``. A templated ``gpu_count`` is known only when the task runs, after the
-    scheduler took the slots: it takes one. ``gpu_count="all"`` is marked in ``executor_config`` and gets every
-    slot of the pool in the scheduler (:func:`takes_the_pool`).
-
-    :param pool: the pool of this task's worker class (:func:`.placement.pools.pool_for`); default ``[gpu] pool``
-    """
-    pool = pool or config.get("pool")
-    templated = "gpu_count" in overrides
-    if "pool" in kwargs or not pool or not (resources.requests_gpus or templated):
-        return kwargs
-    count = resources.gpu_count
-    if count == ALL_GPUS and not templated:
-        executor_config = {**(kwargs.get("executor_config") or {}), ALL_SLOTS_KEY: ALL_GPUS}
-        return {"pool_slots": 1, **kwargs, "pool": pool, "executor_config": executor_config}
-    return {"pool_slots": count if isinstance(count, int) and not templated else 1, **kwargs, "pool": pool}
-
-
-def takes_the_pool(task_instance: Any) -> bool:
-    """Whether a task instance asks for all GPUs, so that it takes every slot of its pool."""
-    executor_config = getattr(task_instance, "executor_config", None)
-    return isinstance(executor_config, dict) and executor_config.get(ALL_SLOTS_KEY) == ALL_GPUS
 
 
 def pool_problem(pool_name: str, pool_slots: int, pool_size: int | None) -> str | None:

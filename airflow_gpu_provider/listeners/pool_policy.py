@@ -21,7 +21,7 @@ def task_instance_mutation_hook(task_instance: Any, dag_run: Any) -> None:
     created with a DAG run are sized by :func:`.gpu_pool.fail_unschedulable_gpu_tasks` when the run starts
     (Airflow skips the hook there unless an ``airflow_local_settings`` module exists).
     """
-    from airflow_gpu_provider.listeners.gpu_pool import takes_the_pool
+    from airflow_gpu_provider.placement.pools import takes_the_pool
 
     if not takes_the_pool(task_instance) or dag_run is None:
         return

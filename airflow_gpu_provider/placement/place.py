@@ -10,7 +10,6 @@ from airflow_gpu_provider import config
 from airflow_gpu_provider.backends import BACKENDS
 from airflow_gpu_provider.backends.executor.options import ExecutorOptions
 from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.listeners.gpu_pool import with_gpu_pool
 from airflow_gpu_provider.placement import executors, pools
 from airflow_gpu_provider.settings import ResourceSettings
 
@@ -50,7 +49,7 @@ def place(  # noqa: PLR0917 - the operator and the decorator call it alike
                 "a concrete accelerator, or a [gpu] pool without {accelerator} and {queue}",
             )
         pool = pools.pool_for(owner, resources, kwargs.get("queue"))
-    return with_gpu_pool(resources, overrides, kwargs, pool=pool)
+    return pools.with_gpu_pool(resources, overrides, kwargs, pool=pool)
 
 
 def for_executor(

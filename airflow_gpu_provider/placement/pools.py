@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from airflow_gpu_provider import config
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.placement.executors import model_slug, queue_for
 from airflow_gpu_provider.settings import ResourceSettings
+from airflow_gpu_provider.settings.resources import ALL_GPUS
 
 log = logging.getLogger(__name__)
 ANY_MODEL = "*"  # in [gpu] inventory: the GPUs that tasks naming no model go to (pool gpu-any)
@@ -89,3 +91,35 @@ def ensure_pools(session: Any) -> dict[str, str]:
             done[name] = "ok"
     session.commit()
     return done
+
+
+#: ``executor_config`` key that marks a task of ``gpu_count="all"``: the scheduler gives it the whole pool.
+ALL_SLOTS_KEY = "airflow_gpu_provider_pool_slots"
+
+
+def with_gpu_pool(
+    resources: ResourceSettings, overrides: Mapping[str, Any], kwargs: dict[str, Any], *, pool: str | None = None
+) -> dict[str, Any]:
+    """``kwargs`` of a GPU task with the ``[gpu] pool`` arguments added (unless the task names its own pool).
+
+    ``pool_slots`` is ``gpu_count``. A templated ``gpu_count`` is known only when the task runs, after the
+    scheduler took the slots: it takes one. ``gpu_count="all"`` is marked in ``executor_config`` and gets every
+    slot of the pool in the scheduler (:func:`takes_the_pool`).
+
+    :param pool: the pool of this task's worker class (:func:`pool_for`); default ``[gpu] pool``
+    """
+    pool = pool or config.get("pool")
+    templated = "gpu_count" in overrides
+    if "pool" in kwargs or not pool or not (resources.requests_gpus or templated):
+        return kwargs
+    count = resources.gpu_count
+    if count == ALL_GPUS and not templated:
+        executor_config = {**(kwargs.get("executor_config") or {}), ALL_SLOTS_KEY: ALL_GPUS}
+        return {"pool_slots": 1, **kwargs, "pool": pool, "executor_config": executor_config}
+    return {"pool_slots": count if isinstance(count, int) and not templated else 1, **kwargs, "pool": pool}
+
+
+def takes_the_pool(task_instance: Any) -> bool:
+    """Whether a task instance asks for all GPUs, so that it takes every slot of its pool."""
+    executor_config = getattr(task_instance, "executor_config", None)
+    return isinstance(executor_config, dict) and executor_config.get(ALL_SLOTS_KEY) == ALL_GPUS

@@ -20,8 +20,8 @@ from airflow_gpu_provider.backends.local.options import LocalOptions
 from airflow_gpu_provider.exceptions import InvalidSettingError, RemoteTaskError, UnknownSettingError
 from airflow_gpu_provider.host.allocator import GpuAllocator
 from airflow_gpu_provider.host.inventory import Device
-from airflow_gpu_provider.listeners.gpu_pool import ALL_SLOTS_KEY
 from airflow_gpu_provider.payload import callable_envelope, shipped_callable
+from airflow_gpu_provider.placement.pools import ALL_SLOTS_KEY
 from airflow_gpu_provider.task.request import TaskRequest
 
 pytestmark = pytest.mark.usefixtures("airflow_home")
