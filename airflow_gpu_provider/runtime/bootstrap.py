@@ -1109,6 +1109,7 @@ def _exit_on_sigterm() -> None:
     import signal
 
     def terminate(number: int, _: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second SIGTERM (the group's) must not cut the unwinding
         raise _Terminated(128 + number)
 
     signal.signal(signal.SIGTERM, terminate)
