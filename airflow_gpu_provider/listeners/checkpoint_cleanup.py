@@ -81,7 +81,18 @@ def on_dag_run_success(dag_run: Any, msg: str) -> None:
     """A successful run needs its checkpoints no more."""
     if not config.get("checkpoint_cleanup"):
         return
-    from airflow.utils.session import create_session
+    from sqlalchemy.orm import object_session
 
-    with create_session() as session:
-        cleanup(dag_run, session)
+    # the scheduler's own session, read only: a session of ours would commit inside the scheduler's loop, which
+    # it refuses ("UNEXPECTED COMMIT"), and the scheduler would stop
+    session = object_session(dag_run)
+    try:
+        if session is not None:
+            cleanup(dag_run, session)
+            return
+        from airflow.utils.session import create_session
+
+        with create_session() as own:
+            cleanup(dag_run, own)
+    except Exception:  # a listener never breaks the scheduler
+        log.exception("Checkpoint cleanup of %s failed; the folders stay", dag_run.run_id)

@@ -67,3 +67,8 @@ def test_the_gpu_task_runs_on_the_gpu_worker_and_the_plain_task_on_default(clust
     assert cluster.xcom("executor_gpu", "celery_run", "train") == {"worker": "gpu", "cuda_visible_devices": "0"}
     assert cluster.xcom("executor_gpu", "celery_run", "prepare")["worker"] == "default"
     assert cluster.query("SELECT slots FROM slot_pool WHERE pool = 'gpu'") == [(1,)]  # made at scheduler start
+    # the provider's listeners in a real scheduler: the checkpoint cleanup ran, and the scheduler lives on
+    scheduler_log = (cluster.home / "scheduler.log").read_text(errors="replace")
+    assert "Deleted the checkpoints of successful run celery_run" in scheduler_log
+    assert "Error while calling listener" not in scheduler_log
+    assert cluster.processes["scheduler"].poll() is None
