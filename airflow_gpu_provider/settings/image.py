@@ -173,6 +173,14 @@ class ImageSettings:
         blob = json.dumps(self.install_options, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
+    @property
+    def index_credentials(self) -> bool:
+        """Whether an index or find-links URL carries credentials (``https://user:token@host/...``)."""
+        from urllib.parse import urlsplit
+
+        urls = [self.index_url or "", *self.extra_index_urls, *self.find_links]
+        return any("://" in url and urlsplit(url).username is not None for url in urls)
+
     def installer_index_args(self) -> list[str]:
         """Index arguments understood by both ``uv pip install`` and ``pip install``."""
         args: list[str] = []

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 from airflow_gpu_provider import config
 from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.runtime.bootstrap import CHECKPOINT_ENV
 
 # Object stores that a retry on another host or pod can reach (each is a key of fsspec's known_implementations).
 URI_SCHEMES: tuple[str, ...] = (
@@ -143,6 +142,8 @@ def task_location(owner: str, checkpoint: str | bool | None, labels: Mapping[str
 
 def checkpoint_environment(folder: str | None) -> dict[str, str]:
     """``AIRFLOW_GPU_CHECKPOINT_DIR`` for the task: the folder as the task sees it (none without one)."""
+    from airflow_gpu_provider.runtime.bootstrap import CHECKPOINT_ENV  # the protocol's; kept off the parse path
+
     return {} if folder is None else {CHECKPOINT_ENV: folder}
 
 

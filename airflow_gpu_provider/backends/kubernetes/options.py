@@ -13,7 +13,6 @@ from typing import Any, ClassVar, Literal
 
 from airflow_gpu_provider.backends.kubernetes.labels import LABEL_SCHEMES, node_selector
 from airflow_gpu_provider.backends.options import BackendOptions, BadOption, boolean, dict_list, one_of, option, seconds
-from airflow_gpu_provider.runtime.bootstrap import split_credentials
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 
 REQUIREMENTS_MODES: tuple[str, ...] = ("init-container", "image")
@@ -273,7 +272,7 @@ class KubernetesOptions(BackendOptions):
     def check_image(self, image: ImageSettings) -> None:
         """Credentials in index URLs would be in the pod spec, for everyone who may read pods: a Secret holds them."""
         installs = image.requirements and self.requirements_mode == "init-container"
-        if installs and split_credentials(image.installer_index_args())[1] and self.index_secret is None:
+        if installs and image.index_credentials and self.index_secret is None:
             raise self.invalid(
                 "index_secret",
                 None,
