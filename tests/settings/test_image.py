@@ -122,3 +122,10 @@ def test_invalid_input_names_field_value_and_accepted_forms(kwargs, field, fragm
 )
 def test_valid_image_references(reference):
     assert ImageSettings(parent_image=reference).parent_image == reference
+
+
+def test_index_credentials_are_seen_in_any_index_url():
+    assert not ImageSettings(index_url="https://pypi.example/simple", find_links=["/opt/wheels"]).index_credentials
+    assert ImageSettings(index_url="https://user:token@pypi.example/simple").index_credentials
+    assert ImageSettings(extra_index_urls=["https://token@pypi.example/simple"]).index_credentials
+    assert ImageSettings(find_links=["https://u:p@wheels.example/"]).index_credentials
