@@ -194,3 +194,16 @@ def test_the_listener_fails_tasks_that_could_never_fit_in_their_classs_pool(monk
         assert set(fail_unschedulable_gpu_tasks(dag_run, session)) == failed
         pools_of = {ti.task_id: (ti.pool, ti.pool_slots) for ti in dag_run.get_task_instances(session=session)}
     assert pools_of == {"a100": ("gpu-a100", 2), "h100": ("gpu-h100", 1)}
+
+
+@pytest.mark.usefixtures("airflow_home")
+def test_the_same_dag_runs_unchanged_under_the_local_executor(monkeypatch, state_dir):
+    """LocalExecutor places nothing; at run time the executor backend is the local backend (allocator, devices)."""
+    from conftest import REPO
+    from helpers import load_dag, run_dag, task_states, xcom
+
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")
+    monkeypatch.setenv("AIRFLOW__GPU__DEVICES", "0")
+    dag_run = run_dag(load_dag(REPO / "tests" / "dags" / "executor_dags.py", "executor_gpu"))
+    assert task_states(dag_run) == {"prepare": "success", "train": "success"}
+    assert xcom(dag_run, "train") == {"worker": "?", "cuda_visible_devices": "0"}
