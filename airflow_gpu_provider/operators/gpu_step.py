@@ -27,9 +27,7 @@ from airflow_gpu_provider.placement.place import place
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.settings.escalation import OomEscalation
 from airflow_gpu_provider.settings.image import check_environment
-from airflow_gpu_provider.task import escalation, missing_gpu
-from airflow_gpu_provider.task.request import TaskRequest, task_labels
-from airflow_gpu_provider.telemetry import report
+from airflow_gpu_provider.task import missing_gpu
 from airflow_gpu_provider.telemetry.lineage import LineageMixin
 
 if TYPE_CHECKING:
@@ -37,6 +35,8 @@ if TYPE_CHECKING:
 
     from airflow_gpu_provider.backends.base import Backend
     from airflow_gpu_provider.backends.options import BackendOptions
+    from airflow_gpu_provider.task import escalation
+    from airflow_gpu_provider.task.request import TaskRequest
 
 
 class GpuStepOperator(CheckpointMixin, LineageMixin, BaseOperator):
@@ -119,22 +119,12 @@ class GpuStepOperator(CheckpointMixin, LineageMixin, BaseOperator):
         if image is not None and not isinstance(image, ImageSettings):
             raise InvalidSettingError(owner, "image", image, "expected an ImageSettings", None)
 
-        shortcuts = {
-            "cpu_count": cpu_count,
-            "gpu_count": gpu_count,
-            "memory": memory,
-            "accelerator": accelerator,
-            "gpu_vendor": gpu_vendor,
-            "mig_profile": mig_profile,
-            "shm_size": shm_size,
-        }
+        shortcuts = {"cpu_count": cpu_count, "gpu_count": gpu_count, "memory": memory, "accelerator": accelerator}
+        shortcuts.update(gpu_vendor=gpu_vendor, mig_profile=mig_profile, shm_size=shm_size)
         self.resource_settings, self.resource_overrides = resolve_resources(resources, shortcuts, owner=owner)
         image = image or ImageSettings()
-        image_shortcuts: dict[str, Any] = {
-            "parent_image": parent_image,
-            "requirements": requirements,
-            "python_package_installer": python_package_installer,
-        }
+        image_shortcuts: dict[str, Any] = {"parent_image": parent_image, "requirements": requirements}
+        image_shortcuts["python_package_installer"] = python_package_installer
         image_changes = {k: v for k, v in image_shortcuts.items() if v is not None}
         self.image_settings = dataclasses.replace(image, **image_changes) if image_changes else image
 
@@ -218,6 +208,9 @@ class GpuStepOperator(CheckpointMixin, LineageMixin, BaseOperator):
                 )
             resources = rung.resources
         info.check(resources, self.num_nodes, options, image)
+        from airflow_gpu_provider.task.request import TaskRequest, task_labels  # run time: off the parse path
+        from airflow_gpu_provider.telemetry import report
+
         labels = task_labels(context["ti"])
         request = TaskRequest(
             resources,
@@ -234,6 +227,10 @@ class GpuStepOperator(CheckpointMixin, LineageMixin, BaseOperator):
 
     def execute(self, context: Context) -> Any:
         """Plan the task on its backend and run it; the callable's return value goes to XCom."""
+        from airflow_gpu_provider.task import escalation
+        from airflow_gpu_provider.task.request import task_labels
+        from airflow_gpu_provider.telemetry import report
+
         tries = escalation.Tries.start(self.on_oom, task_labels(context["ti"])) if self.on_oom is not None else None
         info, options, request = self.resolved_request(context, tries=tries)
         backend = info.backend_class()(options, log=self.log)
@@ -283,6 +280,8 @@ class GpuStepOperator(CheckpointMixin, LineageMixin, BaseOperator):
             from airflow_gpu_provider.render import stand_in
 
             task, rendering = stand_in(self, params)
+        from airflow_gpu_provider.task import escalation
+
         tries = escalation.Tries.after(self.on_oom, {}, after) if self.on_oom is not None else None
         if after and tries is None:
             raise InvalidSettingError(f"{type(self).__name__}({self.task_id!r})", "after", list(after), "no on_oom")

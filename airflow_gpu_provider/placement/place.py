@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow_gpu_provider import config
 from airflow_gpu_provider.backends import BACKENDS
-from airflow_gpu_provider.backends.executor.options import ExecutorOptions
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.placement import executors, pools
 from airflow_gpu_provider.settings import ResourceSettings
+
+if TYPE_CHECKING:
+    from airflow_gpu_provider.backends.executor.options import ExecutorOptions
 
 #: ``executor_config`` key that marks a placed ``pod_override`` (the decorator places before the operator does).
 PLACED_KEY = "airflow_gpu_provider_placed"
@@ -59,8 +61,7 @@ def for_executor(
 
     Inside a KubernetesExecutor worker pod (which parses the DAG again to run the task) nothing is placed.
     """
-    parsed = BACKENDS["executor"].parse_options(options)
-    assert isinstance(parsed, ExecutorOptions)
+    parsed = cast("ExecutorOptions", BACKENDS["executor"].parse_options(options))  # loaded for executor tasks only
     if overrides:
         name, value = next(iter(overrides.items()))
         raise InvalidSettingError(
