@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from _common import airflow_home
+from _common import airflow_home, in_child, parse_once
 
 TASKS = 20
 
@@ -87,35 +87,6 @@ def write_dags(folder: Path) -> dict[str, Path]:
     return files
 
 
-def parse_once(path: Path, environment: dict[str, str]) -> float:
-    """Parse in a child forked from this process (which pre-imported the file's airflow imports), as the DAG
-    processor does; ``environment`` is the deployment's configuration."""
-    from airflow.dag_processing.dagbag import BundleDagBag
-    from airflow.serialization.serialized_objects import DagSerialization
-
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(read_end)
-            os.environ.update(environment)
-            started = time.perf_counter()
-            bag = BundleDagBag(dag_folder=str(path), bundle_path=path.parent, bundle_name="bench", load_op_links=False)
-            for dag in bag.dags.values():
-                DagSerialization.to_dict(dag)
-            elapsed = time.perf_counter() - started
-            os.write(write_end, (str(elapsed) if not bag.import_errors and bag.dags else "nan").encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    reply = os.read(read_end, 64).decode()
-    os.close(read_end)
-    os.waitpid(pid, 0)
-    if reply in ("", "nan"):
-        raise RuntimeError(f"parsing {path} failed with {environment}")
-    return float(reply)
-
-
 def bench_parse(parses: int) -> dict[str, list[float]]:
     from airflow.utils.file import iter_airflow_imports
 
@@ -141,20 +112,15 @@ def bench_parse(parses: int) -> dict[str, list[float]]:
 
 def import_once(module: str) -> float:
     """Seconds to import ``module`` in a child forked from this process."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            started = time.perf_counter()
-            importlib.import_module(module)
-            os.write(write_end, str(time.perf_counter() - started).encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    reply = os.read(read_end, 64).decode()
-    os.close(read_end)
-    os.waitpid(pid, 0)
-    return float(reply)
+
+    def load() -> float:
+        started = time.perf_counter()
+        importlib.import_module(module)
+        return time.perf_counter() - started
+
+    seconds = in_child(load)
+    assert seconds is not None, module
+    return seconds
 
 
 def table(title: str, times: dict[str, list[float]], baseline: str) -> None:

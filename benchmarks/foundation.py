@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import subprocess
 import sys
 import tempfile
@@ -20,7 +19,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from _common import REPO, airflow_home, alternate, report
+from _common import REPO, airflow_home, alternate, parse_once, report
 
 TASKS = 20
 WORK = textwrap.dedent(
@@ -52,34 +51,6 @@ def write_dags(folder: Path) -> tuple[Path, Path]:
     plain = dag_file("bench_plain", "task", "")
     gpu = dag_file("bench_gpu", "gpu_task(gpu_count=1, memory='8Gi')", "from airflow_gpu_provider import gpu_task")
     return plain, gpu
-
-
-def parse_once(path: Path) -> float:
-    """Parse one DAG file the way Airflow's DAG processor does: in a child forked from a process that has
-    pre-imported the file's ``airflow.*`` imports, building the DagBag and serialising every DAG."""
-    from airflow.dag_processing.dagbag import BundleDagBag
-    from airflow.serialization.serialized_objects import DagSerialization
-
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the parse child
-        try:
-            os.close(read_end)
-            started = time.perf_counter()
-            bag = BundleDagBag(dag_folder=str(path), bundle_path=path.parent, bundle_name="bench", load_op_links=False)
-            for dag in bag.dags.values():
-                DagSerialization.to_dict(dag)
-            elapsed = time.perf_counter() - started
-            os.write(write_end, (str(elapsed) if not bag.import_errors else "nan").encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    reply = os.read(read_end, 64).decode()
-    os.close(read_end)
-    os.waitpid(pid, 0)
-    if reply in ("", "nan"):
-        raise RuntimeError(f"parsing {path} failed")
-    return float(reply)
 
 
 def heavy_imports(path: Path) -> list[str]:

@@ -169,6 +169,16 @@ class Cluster:
 
         return self._wait(finished, timeout, run_id)
 
+    def trigger_and_wait(self, dag_id: str, run_id: str) -> dict[str, dict[str, Any]]:
+        """Unpause and trigger ``dag_id`` once it is parsed; the task instances of the run, which must succeed."""
+        self.wait_for_dag(dag_id)
+        self.run("dags", "unpause", dag_id)
+        self.run("dags", "trigger", dag_id, "--run-id", run_id)
+        state = self.wait_for_run(dag_id, run_id)
+        tis = self.task_instances(dag_id, run_id)
+        assert state == "success", f"{tis}\n{self.logs()}"
+        return tis
+
     def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict[str, Any]]:
         """``{task_id: {state, queue, pool, executor}}`` of a run."""
         rows = self.query(

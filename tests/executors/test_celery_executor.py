@@ -56,12 +56,7 @@ def cluster(tmp_path):
 
 
 def test_the_gpu_task_runs_on_the_gpu_worker_and_the_plain_task_on_default(cluster):
-    cluster.wait_for_dag("executor_gpu")
-    cluster.run("dags", "unpause", "executor_gpu")
-    cluster.run("dags", "trigger", "executor_gpu", "--run-id", "celery_run")
-    state = cluster.wait_for_run("executor_gpu", "celery_run")
-    tis = cluster.task_instances("executor_gpu", "celery_run")
-    assert state == "success", f"{tis}\n{cluster.logs()}"
+    tis = cluster.trigger_and_wait("executor_gpu", "celery_run")
     assert tis["train"]["queue"] == "gpu" and tis["train"]["pool"] == "gpu"
     assert tis["prepare"]["queue"] == "default" and tis["prepare"]["pool"] == "default_pool"
     assert cluster.xcom("executor_gpu", "celery_run", "train") == {"worker": "gpu", "cuda_visible_devices": "0"}

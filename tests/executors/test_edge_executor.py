@@ -54,12 +54,7 @@ def cluster(tmp_path):
 
 
 def test_the_gpu_task_runs_on_the_edge_worker(cluster):
-    cluster.wait_for_dag("executor_gpu")
-    cluster.run("dags", "unpause", "executor_gpu")
-    cluster.run("dags", "trigger", "executor_gpu", "--run-id", "edge_run")
-    state = cluster.wait_for_run("executor_gpu", "edge_run")
-    tis = cluster.task_instances("executor_gpu", "edge_run")
-    assert state == "success", f"{tis}\n{cluster.logs()}"
+    tis = cluster.trigger_and_wait("executor_gpu", "edge_run")
     assert (tis["train"]["queue"], tis["train"]["executor"]) == ("gpu", EDGE)
     assert (tis["prepare"]["queue"], tis["prepare"]["executor"]) == ("default", None)
     assert cluster.xcom("executor_gpu", "edge_run", "train") == {"worker": "edge-gpu", "cuda_visible_devices": "0"}
