@@ -19,7 +19,6 @@ from airflow_gpu_provider.settings.resources import ResourceSettings
 from airflow_gpu_provider.settings.units import BYTES_ACCEPTED, format_bytes
 
 _OWNER = "OomEscalation"
-GPU_OOM, HOST_OOM = "gpu_oom", "host_oom"  # the runtime's error kinds (runtime/bootstrap.py)
 
 
 def mig_memory_gib(profile: str) -> float:
@@ -153,6 +152,3 @@ class OomEscalation:
             ("memory", [format_bytes(m) for m in self.limits]),
         ) if values]  # fmt: skip
         return ", ".join(parts) or "a GPU with more memory on the same host"
-
-
-OOM_KINDS = (GPU_OOM, HOST_OOM)

@@ -16,14 +16,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_gpu_provider.exceptions import InvalidSettingError, RemoteTaskError
+from airflow_gpu_provider.exceptions import (
+    GpuOutOfMemoryError,
+    HostOutOfMemoryError,
+    InvalidSettingError,
+    RemoteTaskError,
+)
 from airflow_gpu_provider.settings import ResourceSettings
-from airflow_gpu_provider.settings.escalation import GPU_OOM, HOST_OOM, OomEscalation
+from airflow_gpu_provider.settings.escalation import OomEscalation
 
 XCOM_KEY = "gpu_escalation"
 VARIABLE_PREFIX = "airflow_gpu_provider.oom."
 GIB = 2**30
-KINDS = "how each earlier try ended: 'gpu_oom', 'host_oom' or 'error'"
+# how a try ended: the runtime's error kinds, as the worker's exceptions carry them
+GPU_OOM, HOST_OOM, ERROR = GpuOutOfMemoryError.kind, HostOutOfMemoryError.kind, RemoteTaskError.kind
+KINDS = f"how each earlier try ended: {GPU_OOM!r}, {HOST_OOM!r} or {ERROR!r}"
 
 
 @dataclass(frozen=True)
@@ -74,7 +81,7 @@ def rung_for(
 
 def record(tries: int, resources: ResourceSettings, error: BaseException | None) -> dict[str, Any]:
     """One history entry: try ``tries`` ran with ``resources`` and ended with ``error`` (``None``: success)."""
-    kind = "success" if error is None else getattr(error, "kind", "error")
+    kind = "success" if error is None else getattr(error, "kind", ERROR)
     entry: dict[str, Any] = {"try": tries, "kind": kind, "resources": resources.to_dict(), "at": time.time()}
     if kind == GPU_OOM:
         gpus = error.gpus if isinstance(error, RemoteTaskError) else []
@@ -137,7 +144,7 @@ class Tries:
     @classmethod
     def after(cls, on_oom: OomEscalation, labels: Mapping[str, str], kinds: Sequence[str]) -> Tries:
         """Tries that ended with ``kinds`` (``"gpu_oom"``, ``"host_oom"``, ``"error"``): to render the next one."""
-        unknown = [kind for kind in kinds if kind not in (GPU_OOM, HOST_OOM, "error")]
+        unknown = [kind for kind in kinds if kind not in (GPU_OOM, HOST_OOM, ERROR)]
         if unknown:
             raise InvalidSettingError("render_manifests", "after", list(kinds), f"unknown {unknown}", KINDS)
         history = [{"try": n, "kind": kind} for n, kind in enumerate(kinds, 1)]
