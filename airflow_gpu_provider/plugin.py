@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
-from airflow_gpu_provider.listeners import checkpoint_cleanup, cuda_cache, gpu_pool
-from airflow_gpu_provider.ui import EXTERNAL_VIEWS, FASTAPI_APPS
+from airflow_gpu_provider.checkpoint import cleanup as checkpoint_cleanup
+from airflow_gpu_provider.hooks import cuda_cache
+from airflow_gpu_provider.pools import listener as gpu_pool
+from airflow_gpu_provider.telemetry.ui import EXTERNAL_VIEWS, FASTAPI_APPS
 
 
 class GpuProviderPlugin(AirflowPlugin):

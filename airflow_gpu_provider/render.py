@@ -17,7 +17,7 @@ import contextlib
 import copy
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -71,6 +71,34 @@ def stand_in(task: TaskT, params: Mapping[str, Any] | None = None) -> tuple[Task
     for name in task.template_fields:
         setattr(rendered, name, task.render_template(_placeholders(getattr(task, name)), context))
     return rendered, context
+
+
+def render_task(
+    task: Any,
+    context: Any = None,
+    *,
+    params: Mapping[str, Any] | None = None,
+    backend: str = "kubernetes",
+    after: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    """What ``task`` (a ``GpuStepOperator``) would submit to a backend that renders (its ``render_manifests``)."""
+    from airflow_gpu_provider.backends import BACKENDS
+    from airflow_gpu_provider.config.worker import GpuConfig
+    from airflow_gpu_provider.escalation import tries as escalation
+    from airflow_gpu_provider.exceptions import InvalidSettingError
+
+    rendered, rendering = (task, context) if context is not None else stand_in(task, params)
+    owner = task.task_spec.owner
+    tries = escalation.Tries.after(task.on_oom, {}, after) if task.on_oom is not None else None
+    if after and tries is None:
+        raise InvalidSettingError(owner, "after", list(after), "no on_oom")
+    spec = rendered.rendered_spec(backend=backend)
+    if not spec.info.renders:
+        able = [name for name, other in BACKENDS.items() if other.renders]
+        raise InvalidSettingError(owner, "backend", backend, "it cannot render", repr(able))
+    conf = GpuConfig.read()
+    request = rendered.task_request(rendering, spec, conf, tries)
+    return spec.info.backend_class()(spec.options, log=task.log).render(request, conf, rendering)
 
 
 def to_yaml(objects: list[dict[str, Any]]) -> str:

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from types import SimpleNamespace
+from airflow_gpu_provider.config.worker import GpuConfig
 
 _HOME = None if "AIRFLOW_HOME" in os.environ else tempfile.mkdtemp(prefix="airflow-gpu-bench-")
 os.environ.setdefault("AIRFLOW_HOME", _HOME or "")
@@ -69,14 +70,14 @@ def prepared_image(base_image: str) -> tuple[str, int, float]:
     """
     from airflow_gpu_provider.backends import BACKENDS
     from airflow_gpu_provider.backends.docker.client import connect
-    from airflow_gpu_provider.payload import command_envelope
+    from airflow_gpu_provider.task.envelope import Envelope
     from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
     from airflow_gpu_provider.task.request import TaskRequest
 
     log, counter = quiet_logger("bench.cache")
     backend = BACKENDS["docker"].create({"repository": REPOSITORY}, log=log)
     image = ImageSettings(parent_image=base_image, requirements=SMALL_REQUIREMENTS)
-    plan = backend.plan(TaskRequest(ResourceSettings(), image, command_envelope(COMMAND)))
+    plan = backend.plan(TaskRequest(ResourceSettings(), image, Envelope.run(COMMAND)), GpuConfig.read())
     client = connect(backend.options)
     tag = backend._image(client, plan)
     builds_before, slowest = counter.count("Building derived image"), 0.0

@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from airflow_gpu_provider.config.worker import GpuConfig
 
 REPO = Path(__file__).resolve().parents[1]
 EXIT_FAILED = 1
@@ -75,7 +76,7 @@ def probe_cuda_cache(mebibytes: int) -> dict:
     import torch
 
     from airflow_gpu_provider.hooks.cuda import CudaHook
-    from airflow_gpu_provider.listeners import cuda_cache
+    from airflow_gpu_provider.hooks import cuda_cache
 
     if not torch.cuda.is_available():
         return {"error": f"torch {torch.__version__} sees no CUDA device (torch.version.cuda={torch.version.cuda})"}
@@ -149,16 +150,16 @@ def check_allocator(ctx: Context) -> str:
     """Real devices from the host allocator, exclusive, released."""
     from airflow_gpu_provider.exceptions import GpuUnavailableError
     from airflow_gpu_provider.host.allocator import GpuAllocator, HostGpus
-    from airflow_gpu_provider.payload import command_envelope
+    from airflow_gpu_provider.task.envelope import Envelope
     from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
     from airflow_gpu_provider.task.request import TaskRequest
 
-    host = HostGpus.configured(devices="auto")
+    host = HostGpus.configured(GpuConfig.read(), devices="auto")
     uuids = [g["uuid"] for g in ctx.gpus]
 
     def request(count: int, task_id: str) -> TaskRequest:
         resources = ResourceSettings(gpu_count=count)
-        return TaskRequest(resources, ImageSettings(), command_envelope(["true"]), "fail", _labels(task_id))
+        return TaskRequest(resources, ImageSettings(), Envelope.run(["true"]), "fail", _labels(task_id))
 
     locks = GpuAllocator(Path(host.state_dir) / "locks")
     with host.allocate(request(1, "first"), backend="gpu-check", log=ctx.log) as first:
@@ -187,12 +188,13 @@ def _run_local_task(
 ) -> tuple[Any, list[str]]:
     """Run a function as a 1-GPU local-backend task; return its value and the GPUs the backend gave it."""
     from airflow_gpu_provider.backends import BACKENDS
-    from airflow_gpu_provider.payload import callable_envelope, shipped_callable
+    from airflow_gpu_provider.task.envelope import Envelope
+    from airflow_gpu_provider.task.callable import shipped_callable
     from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
     from airflow_gpu_provider.task.request import TaskRequest
 
     backend = BACKENDS["local"].create({"devices": "auto"}, log=ctx.log)
-    envelope = callable_envelope(shipped_callable(function, owner="gpu_check"), list(args), {})
+    envelope = Envelope.call(shipped_callable(function, owner="gpu_check"), list(args), {})
     request = TaskRequest(
         ResourceSettings(gpu_count=1),
         ImageSettings(),
@@ -202,7 +204,7 @@ def _run_local_task(
         min_gpu_memory=min_gpu_memory,
     )
     first = len(ctx.records)
-    value = backend.run(backend.plan(request), {}).return_value
+    value = backend.run(backend.plan(request, GpuConfig.read()), {}).return_value
     # the backend logs the GPUs it gave the task: "Starting task process on GPUs %s" with the list of ids
     given: list[str] = []
     for record in ctx.records[first:]:
@@ -340,7 +342,7 @@ def check_oom(ctx: Context) -> str:
     """A real CUDA OOM is a gpu_oom with the GPU's memory; the next try needs a larger GPU (on_oom escalation)."""
     from airflow_gpu_provider.exceptions import GpuOutOfMemoryError, GpuUnavailableError
     from airflow_gpu_provider.settings import ResourceSettings
-    from airflow_gpu_provider.task import escalation
+    from airflow_gpu_provider.escalation import tries as escalation
 
     try:
         _run_local_task(ctx, allocate_too_much)

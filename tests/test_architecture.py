@@ -1,12 +1,13 @@
 """The package's shape, as docs/architecture.md draws it, checked over its source (the AST of every module).
 
 - no import cycle between files, lazy and type-checking imports included;
-- backends depend on ``task/``, ``host/``, ``settings/`` and the runtime, never on each other nor on what uses them
-  (operators, decorators, listeners, hooks, the render CLI);
-- DAG parsing needs only each backend's options half: an options module imports no run-time module;
+- backends depend on ``task/``, ``host/``, ``settings/``, ``checkpoint/location``, the shared ``backends/pods/``
+  and the runtime's protocol, never on each other nor on what uses them (operators, decorators, pools, the
+  escalation of tries, telemetry, the listeners, the render CLI);
+- DAG parsing needs only each backend's options half (and its placement): an options module imports no run-time
+  module;
 - every registry entry names a backend package whose halves exist and agree with it (the executor backend runs
   with the local run half, on options of the same shape);
-- placement (above the backends) reads only the Kubernetes backend's pure mapping modules;
 - modules stay small: nothing over 300 lines except the runtime, which is shipped as one file.
 """
 
@@ -30,14 +31,19 @@ SHIPPED_AS_ONE_FILE = {f"{NAME}.runtime.bootstrap"}
 ABOVE_BACKENDS = (
     "operators",
     "decorators",
-    "listeners",
-    "hooks",
+    "pools",
+    "escalation",
+    "telemetry",
+    "checkpoint.mixin",
+    "checkpoint.cleanup",
+    "hooks.cuda_cache",
     "render",
     "plugin",
     "params",
     "get_provider_info",
-    "placement",
 )
+#: Packages under backends/ that several backends share; not backends (no registry entry).
+SHARED = ("pods",)
 
 
 def _module_name(path: Path) -> str:
@@ -119,7 +125,7 @@ def test_no_import_cycles_between_files():
 
 def _backend_of(module: str) -> str | None:
     parts = module.split(".")
-    return parts[2] if len(parts) > 3 and parts[1] == "backends" else None
+    return parts[2] if len(parts) > 3 and parts[1] == "backends" and parts[2] not in SHARED else None
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
@@ -171,14 +177,11 @@ def test_registry_entries_name_their_package_halves(backend):
         assert issubclass(options_class, shared), f"{options_class} must be a {shared} for {backend_class}"
 
 
-def test_placement_reads_only_the_pure_mapping_of_the_kubernetes_backend():
-    """Placement (above the backends) builds the KubernetesExecutor pod with the Kubernetes backend's mapping code."""
-    placement = [m for m in MODULES if m.startswith(f"{NAME}.placement")]
-    pure = {
-        f"{NAME}.backends.kubernetes.{name}" for name in ("container", "resources", "scheduling", "options", "labels")
-    }
-    used = {target for module in placement for target in GRAPH[module] if _backend_of(target) == "kubernetes"}
-    assert used and used <= pure, used - pure
+def test_the_executor_backend_shapes_its_pod_with_the_shared_pod_mapping():
+    """The KubernetesExecutor pod_override comes from backends/pods/, as the kubernetes backend's pods do."""
+    shared = {target for target in GRAPH[f"{NAME}.backends.executor.pod_override"] if ".backends.pods." in target}
+    assert {f"{NAME}.backends.pods.resources", f"{NAME}.backends.pods.scheduling"} <= shared
+    assert f"{NAME}.backends.pods.scheduling" in GRAPH[f"{NAME}.backends.kubernetes.plan"]
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

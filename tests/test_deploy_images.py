@@ -103,7 +103,8 @@ accelerate launch --multi_gpu --num_processes 2 --num_machines 1 /tmp/ranks.py 2
 
 
 def _envelope() -> str:
-    from airflow_gpu_provider.payload import callable_envelope, shipped_callable
+    from airflow_gpu_provider.task.envelope import Envelope
+    from airflow_gpu_provider.task.callable import shipped_callable
 
     def matmul(size: int) -> dict:
         import torch
@@ -111,7 +112,7 @@ def _envelope() -> str:
         product = torch.ones(size, size) @ torch.ones(size, size)
         return {"sum": float(product.sum()), "torch": torch.__version__}
 
-    envelope = callable_envelope(shipped_callable(matmul, owner="test"), [8], {})
+    envelope = Envelope.call(shipped_callable(matmul, owner="test"), [8], {})
     envelope["summary"] = {"backend": "docker", "image": "training", "requirements_hash": "none", "resources": "cpu"}
     return base64.b64encode(json.dumps(envelope).encode()).decode()
 

@@ -6,7 +6,7 @@ import pytest
 from conftest import REPO
 
 from airflow_gpu_provider import ResourceSettings
-from airflow_gpu_provider.decorators.gpu import mappable_arguments
+from airflow_gpu_provider.operators.spec import TaskSpec, beside_spec
 from airflow_gpu_provider.exceptions import InvalidSettingError
 
 GPU_PARAMS = {"epochs", "batch_size", "mixed_precision", "backend", "on_missing_gpu"}
@@ -49,31 +49,36 @@ def test_gpu_tasks_join_the_gpu_pool(airflow_home, monkeypatch):
     assert (trial.partial_kwargs["pool"], trial.partial_kwargs["pool_slots"]) == ("gpu", 1)
 
 
+def settled(kwargs: dict) -> tuple[TaskSpec, dict]:
+    """What the decorator does with its arguments: the settled task, and the operator's placed arguments."""
+    spec = TaskSpec.settle("@task.gpu('t')", kwargs)
+    return spec, spec.placed(beside_spec(kwargs))
+
+
 def test_no_pool_when_unset(monkeypatch):
     monkeypatch.delenv("AIRFLOW__GPU__POOL", raising=False)
-    assert "pool" not in mappable_arguments({"gpu_count": 2})
+    assert "pool" not in settled({"gpu_count": 2})[1]
 
 
-def test_mappable_arguments_pass_resources_through_once_resolved(monkeypatch):
+def test_the_decorator_settles_resources_once_and_places_the_pool(monkeypatch):
     monkeypatch.setenv("AIRFLOW__GPU__POOL", "gpus")
     resources = ResourceSettings(gpu_count=2, memory="1Gi", gpu_vendor="amd")
-    kwargs = mappable_arguments({"resources": resources, "task_id": "t"})
-    # not as BaseOperator(resources=...), which Airflow reads as its own; the object itself, not rebuilt
-    assert kwargs == {"task_id": "t", "resource_settings": resources, "pool": "gpus", "pool_slots": 2}
-    assert kwargs["resource_settings"] is resources
-    assert mappable_arguments({"resources": resources, "gpu_count": 3})["resource_settings"].gpu_count == 3
+    spec, kwargs = settled({"resources": resources, "task_id": "t"})
+    # resources travel in the spec, not as BaseOperator(resources=...), which Airflow reads as its own
+    assert kwargs == {"task_id": "t", "pool": "gpus", "pool_slots": 2}
+    assert spec.resources is resources  # the object itself, not rebuilt
+    assert settled({"resources": resources, "gpu_count": 3})[0].resources.gpu_count == 3
     # an explicit shortcut wins over resources, as in GpuStepOperator; an explicit pool is left alone
-    kwargs = mappable_arguments({"resources": resources, "gpu_count": "{{ params.n }}", "pool": "mine"})
-    assert kwargs["gpu_count"] == "{{ params.n }}"
-    assert kwargs["resource_settings"] is resources
+    spec, kwargs = settled({"resources": resources, "gpu_count": "{{ params.n }}", "pool": "mine"})
+    assert spec.templated == {"gpu_count": "{{ params.n }}"} and spec.resources is resources
     assert (kwargs["pool"], "pool_slots" in kwargs) == ("mine", False)
-    assert mappable_arguments({"gpu_count": "{{ params.n }}"})["pool_slots"] == 1
-    assert "pool" not in mappable_arguments({"cpu_count": 2})
+    assert settled({"gpu_count": "{{ params.n }}"})[1]["pool_slots"] == 1
+    assert "pool" not in settled({"cpu_count": 2})[1]
 
 
-def test_mappable_arguments_reject_bad_resources_at_parse_time():
-    with pytest.raises(InvalidSettingError, match="gpu_count"):
-        mappable_arguments({"gpu_count": -1})
+def test_the_decorator_rejects_bad_resources_at_parse_time():
+    with pytest.raises(InvalidSettingError, match=r"gpu_count"):
+        settled({"gpu_count": -1})
 
 
 def test_gpu_params_offer_the_accepted_values():

@@ -56,6 +56,7 @@ from airflow_gpu_provider.settings import (
     ResourceSettings,
 )
 from airflow_gpu_provider.settings.units import MAX_BYTES, MAX_CPUS, MIN_CPUS
+from airflow_gpu_provider.config.worker import GpuConfig
 
 FUZZ = settings(
     deadline=None,
@@ -1104,7 +1105,7 @@ def test_kubernetes_operator_accepts_and_renders_valid_pods_or_names_the_field(k
         return
     _, context, (info, options, request) = resolved
     try:
-        objects = info.backend_class()(options).render(request, context)
+        objects = info.backend_class()(options).render(request, GpuConfig.read(), context)
     except InvalidSettingError as err:
         raise AssertionError(f"accepted at parse time, refused when rendered: {err}") from err
     check_manifests(objects, options)
@@ -1148,7 +1149,7 @@ def test_docker_operator_accepts_and_plans_a_valid_container_or_names_the_field(
         return
     _, _, (info, options, request) = resolved
     try:
-        plan = info.backend_class()(options).plan(request)
+        plan = info.backend_class()(options).plan(request, GpuConfig.read())
     except InvalidSettingError as err:
         raise AssertionError(f"accepted at parse time, refused when planned: {err}") from err
     check_docker_plan(plan)

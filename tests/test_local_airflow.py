@@ -21,9 +21,10 @@ from urllib.parse import quote, unquote
 
 import pytest
 from local_airflow import REPO, LocalAirflow
-from ui.profiles import GPU_PROFILE as SAMPLE_GPU_PROFILE
+from telemetry.ui.profiles import GPU_PROFILE as SAMPLE_GPU_PROFILE
 
-from airflow_gpu_provider.ui.profile import Profile, gib, pct
+from airflow_gpu_provider.telemetry.profile import Profile
+from airflow_gpu_provider.telemetry.ui.format import gib, pct
 
 pytestmark = pytest.mark.slow
 
@@ -240,7 +241,7 @@ def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
 
 
 def _push_sample_profile(airflow: LocalAirflow, run_id: str, task_id: str) -> dict:
-    """TEST DATA: store the two-GPU sample of tests/ui/profiles.py as ``task_id``'s profile (through the REST API).
+    """TEST DATA: store the two-GPU sample of tests/telemetry/ui/profiles.py as ``task_id``'s profile (through the REST API).
 
     These machines have no GPU, so a real run only ever stores a CPU profile; this puts a multi-GPU one in front of
     the real UI too.

@@ -47,7 +47,7 @@ def test_entry_points_are_registered():
     [
         (["providers", "list"], "airflow-gpu-provider"),
         # JSON: the table's columns are cut to the terminal's width, more so with every plugin installed
-        (["plugins", "--output", "json"], '"airflow_gpu_provider.listeners.checkpoint_cleanup"'),
+        (["plugins", "--output", "json"], '"airflow_gpu_provider.checkpoint.cleanup"'),
         (["config", "get-value", "gpu", "backend"], "local"),
     ],
 )

@@ -3,9 +3,13 @@
 Every backend is one package here, with two halves:
 
 - ``options.py``: its ``backend_options`` as a typed, frozen :class:`~.options.BackendOptions`, parsed and checked
-  when the DAG is parsed. Pure and cheap: DAG parsing imports only this half.
+  when the DAG is parsed. Pure and cheap: DAG parsing imports only this half (and, for a backend that Airflow's
+  executor places, its ``placement``).
 - ``backend.py``: the :class:`~.base.Backend` that plans and runs a task, with the backend's own dependencies.
   Imported only when a task runs or is rendered; a missing dependency names the pip extra.
+
+Shared by several backends, and not backends themselves: ``base.py``, ``options.py`` and ``pods/`` (the pure pod
+mapping of the kubernetes and executor backends).
 
 Adding a backend is one folder and one entry in :data:`BACKENDS` (docs/architecture.md shows it). A backend may run
 its tasks with another backend's run half (``executor`` runs like ``local``): its entry names that class.
@@ -37,8 +41,8 @@ class BackendInfo:
     :param max_nodes: machines one task try may span (``None``: any number)
     :param all_gpus: whether ``gpu_count="all"`` means something there
     :param renders: whether it can show what it would submit (``GpuStepOperator.render_manifests()``)
-    :param placed_at_parse: whether Airflow's executor places its tasks when the DAG is parsed, so that a template
-        (a trigger-form choice) cannot choose it
+    :param placement: ``module:function`` that places a task of this backend when the DAG is parsed (queue,
+        executor, ``executor_config``), for a backend whose tasks Airflow's executor places; ``None``: none
     """
 
     name: str
@@ -48,7 +52,12 @@ class BackendInfo:
     max_nodes: int | None = 1
     all_gpus: bool = True
     renders: bool = False
-    placed_at_parse: bool = False
+    placement: str | None = None
+
+    @property
+    def placed_at_parse(self) -> bool:
+        """Whether Airflow's executor places its tasks when the DAG is parsed: a template cannot choose it."""
+        return self.placement is not None
 
     def options_class(self) -> type[BackendOptions]:
         """The options half (cheap to import)."""
@@ -139,21 +148,15 @@ BACKENDS: dict[str, BackendInfo] = {
             all_gpus=False,
             renders=True,
         ),
-        # Airflow's executor places the task when the DAG is parsed (airflow_gpu_provider.placement); on the GPU
+        # Airflow's executor places the task when the DAG is parsed (backends/executor/placement.py); on the GPU
         # worker, pod or queue it was given, it runs exactly as the local backend runs it: the local run half.
         BackendInfo(
             "executor",
             backend="airflow_gpu_provider.backends.local.backend:LocalBackend",
             options="airflow_gpu_provider.backends.executor.options:ExecutorOptions",
-            placed_at_parse=True,
+            placement="airflow_gpu_provider.backends.executor.placement:place",
         ),
     )
 }
-NAMES: tuple[str, ...] = tuple(BACKENDS)
 #: The backends a template (``backend="{{ params.backend }}"``) may choose when the task runs.
 RUN_TIME_NAMES: tuple[str, ...] = tuple(name for name, info in BACKENDS.items() if not info.placed_at_parse)
-
-
-def get_backend_class(name: str) -> type[Backend[Any, Any]]:
-    """The backend class registered as ``name``."""
-    return BACKENDS[name].backend_class()

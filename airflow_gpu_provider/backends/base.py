@@ -1,7 +1,8 @@
 """The backend interface: a pure ``plan(request)`` and an I/O ``run(plan, context)``.
 
 Operators build a :class:`~airflow_gpu_provider.task.request.TaskRequest` and never look inside a backend; a
-backend only translates the request. The registry of backends by name is :mod:`airflow_gpu_provider.backends`.
+backend only translates the request, with the worker's ``[gpu]`` options (:class:`~.config.worker.GpuConfig`) that
+the operator read once. The registry of backends by name is :mod:`airflow_gpu_provider.backends`.
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from airflow_gpu_provider.backends.options import BackendOptions
-from airflow_gpu_provider.task.request import TaskRequest, TaskResult
+from airflow_gpu_provider.task.request import TaskRequest
+from airflow_gpu_provider.task.result import TaskResult
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from airflow_gpu_provider.config.worker import GpuConfig
 
 OptionsT = TypeVar("OptionsT", bound=BackendOptions)
 PlanT = TypeVar("PlanT")
@@ -33,8 +37,11 @@ class Backend(ABC, Generic[OptionsT, PlanT]):
         self.log = log or logging.getLogger(f"airflow_gpu_provider.backends.{self.name}")
 
     @abstractmethod
-    def plan(self, request: TaskRequest) -> PlanT:
-        """Translate the request into this backend's spec. Pure: no I/O, no clients."""
+    def plan(self, request: TaskRequest, conf: GpuConfig) -> PlanT:
+        """Translate the request into this backend's spec. Pure: no I/O, no clients, no configuration read.
+
+        :param conf: the worker's ``[gpu]`` options, read once when the try started
+        """
 
     @abstractmethod
     def run(self, plan: PlanT, context: Context) -> TaskResult:
@@ -43,6 +50,6 @@ class Backend(ABC, Generic[OptionsT, PlanT]):
     def kill(self) -> None:
         """Stop a running plan (called from the operator's ``on_kill``)."""
 
-    def render(self, request: TaskRequest, context: Context) -> list[dict[str, Any]]:
+    def render(self, request: TaskRequest, conf: GpuConfig, context: Context) -> list[dict[str, Any]]:
         """What :meth:`run` would submit, as API dicts (for backends whose registry entry says ``renders``)."""
         raise NotImplementedError(f"the {self.name!r} backend cannot render what it would run")

@@ -3,48 +3,37 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.bases.decorator import DecoratedOperator, task_decorator_factory
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.operators.arguments import RESOURCE_SHORTCUTS, resolve_resources
 from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
-from airflow_gpu_provider.placement.place import place
-from airflow_gpu_provider.settings import ResourceSettings
+from airflow_gpu_provider.operators.spec import TaskSpec, beside_spec
 
 if TYPE_CHECKING:
     from airflow.sdk.bases.decorator import TaskDecorator
+
+DECORATOR = "@task.gpu"
 
 
 class _GpuDecoratedOperator(DecoratedOperator, GpuStepOperator):  # type: ignore[misc]
     """Wraps a function into a :class:`GpuStepOperator`; arguments come from the call in the DAG.
 
-    :param resource_settings: the task's resolved :class:`ResourceSettings` (see :func:`mappable_arguments`);
-        ``resources=`` given to ``.override()`` replaces it
+    The task arrives settled (``task_spec``, see :func:`gpu_task`); ``.override(...)`` arguments settle it again.
     """
 
-    custom_operator_name = "@task.gpu"
+    custom_operator_name = DECORATOR
     template_fields: Sequence[str] = GpuStepOperator.template_fields
     template_fields_renderers = GpuStepOperator.template_fields_renderers
 
-    def __init__(
-        self,
-        *,
-        python_callable: Callable[..., Any],
-        op_args: Collection[Any] | None = None,
-        op_kwargs: Mapping[str, Any] | None = None,
-        resource_settings: ResourceSettings | None = None,
-        **kwargs: Any,
-    ) -> None:
-        overridden = kwargs.pop("resources", None)
+    def __init__(self, *, python_callable: Callable[..., Any], op_args: Any = None, op_kwargs: Any = None, **kwargs: Any):
         super().__init__(
             python_callable=python_callable,
             op_args=op_args,
             op_kwargs=op_kwargs,
             kwargs_to_upstream={"python_callable": python_callable, "op_args": op_args, "op_kwargs": op_kwargs},
-            resources=resource_settings if overridden is None else overridden,
             **kwargs,
         )
 
@@ -77,6 +66,9 @@ def gpu_task(
     on every rank under ``accelerate launch`` (the :class:`AccelerateOperator` options, ``resume`` included); rank 0's
     return value goes to XCom. ``checkpoint=`` sets the root of the task's checkpoint folder (``docs/resilience.md``).
 
+    The task is settled once, when the function is decorated (mapped tasks too: the scheduler reads their GPU pool
+    from the decorator's arguments); errors name it as written, ``@task.gpu('train')``.
+
     .. code-block:: python
 
         @gpu_task(gpu_count=1, memory="16Gi", requirements=["transformers==4.46.0"])
@@ -92,7 +84,7 @@ def gpu_task(
     if accelerate is not None and accelerate is not False:
         if not isinstance(accelerate, Mapping):
             raise InvalidSettingError(
-                "@gpu_task",
+                DECORATOR,
                 "accelerate",
                 accelerate,
                 "expected True or a mapping of launch options",
@@ -100,25 +92,19 @@ def gpu_task(
             )
         kwargs = {**kwargs, **accelerate}
         operator_class = _accelerate_operator_class()
-    return task_decorator_factory(
-        python_callable=python_callable,
-        multiple_outputs=multiple_outputs,
-        decorated_operator_class=operator_class,
-        **mappable_arguments(kwargs),
-    )
 
+    def decorate(function: Callable[..., Any]) -> TaskDecorator:
+        owner = f"{DECORATOR}({kwargs.get('task_id') or getattr(function, '__name__', '?')!r})"
+        spec = TaskSpec.settle(owner, kwargs, num_nodes=operator_class._nodes(kwargs))
+        arguments = spec.placed(beside_spec(kwargs))
+        return task_decorator_factory(
+            python_callable=function,
+            multiple_outputs=multiple_outputs,
+            decorated_operator_class=operator_class,
+            task_spec=spec,
+            **arguments,
+        )
 
-def mappable_arguments(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Settle the resources and the GPU pool here, once, for ``.partial()/.expand()`` as for plain calls.
-
-    A mapped task is built from these arguments without :class:`GpuStepOperator` running first, so they must
-    already be final: ``resources`` travels as ``resource_settings`` (Airflow would read ``resources`` as its own
-    ``BaseOperator(resources=...)``), with the concrete shortcuts applied to it and validated here, once; templated
-    shortcuts stay as they are, to be applied when rendered. The pool arguments (and the executor's placement) are
-    added, so that the scheduler sees the GPU pool of mapped tasks too.
-    """
-    kwargs = dict(kwargs)
-    shortcuts = {name: kwargs.pop(name) for name in RESOURCE_SHORTCUTS if kwargs.get(name) is not None}
-    settings, templated = resolve_resources(kwargs.pop("resources", None), shortcuts, owner="@task.gpu")
-    kwargs = place("@task.gpu", kwargs.get("backend"), kwargs.get("backend_options"), settings, templated, kwargs)
-    return {**kwargs, **templated, "resource_settings": settings}
+    if python_callable is None:
+        return decorate  # type: ignore[return-value]  # @task.gpu(...): called with the function next
+    return decorate(python_callable)

@@ -17,15 +17,19 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from airflow_gpu_provider import config
 from airflow_gpu_provider.exceptions import GpuUnavailableError
 from airflow_gpu_provider.host.inventory import Device, host_devices, matches_model
 from airflow_gpu_provider.host.state import open_private, private_dir
 from airflow_gpu_provider.settings import GpuVendor, ResourceSettings
+from airflow_gpu_provider.settings.units import format_bytes
 from airflow_gpu_provider.task.environment import lock_holder
 from airflow_gpu_provider.task.missing_gpu import POLICIES, OnMissingGpu
 from airflow_gpu_provider.task.request import TaskRequest
+
+if TYPE_CHECKING:
+    from airflow_gpu_provider.config.worker import GpuConfig
 
 
 @dataclass
@@ -194,11 +198,9 @@ class HostGpus:
     poll_interval: float = 5.0
 
     @classmethod
-    def configured(cls, *, devices: str | None = None, state_dir: str | None = None) -> HostGpus:
-        """From ``[gpu]``, with a backend's own ``devices`` / ``state_dir`` options first."""
-        return cls(
-            devices or config.get("devices"), state_dir or config.get("state_dir"), config.get("wait_poll_interval")
-        )
+    def configured(cls, conf: GpuConfig, *, devices: str | None = None, state_dir: str | None = None) -> HostGpus:
+        """From the worker's ``[gpu]`` options, with a backend's own ``devices`` / ``state_dir`` options first."""
+        return cls(devices or conf.devices, state_dir or conf.state_dir, conf.wait_poll_interval)
 
     def present(self, vendor: GpuVendor) -> list[Device]:
         """The host's devices of ``vendor``."""
@@ -255,7 +257,7 @@ class HostGpus:
 
 
 def _gib(amount: int | None) -> str:
-    return "unknown memory" if amount is None else f"{amount / 2**30:.0f} GiB"
+    return "unknown memory" if amount is None else format_bytes(amount)
 
 
 def _candidates(resources: ResourceSettings, present: Sequence[Device]) -> list[Device]:

@@ -11,12 +11,15 @@ from airflow.sdk import BaseOperator
 
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
 from airflow_gpu_provider.launchers.accelerate import launch_section, load_spec
-from airflow_gpu_provider.operators.checkpoint import CheckpointMixin
+from airflow_gpu_provider.checkpoint.mixin import CheckpointMixin
 from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
 from airflow_gpu_provider.settings import ResourceSettings
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from airflow_gpu_provider.operators.spec import TaskSpec
+    from airflow_gpu_provider.task.envelope import Envelope
 
 
 class AccelerateOperator(GpuStepOperator):
@@ -114,23 +117,26 @@ class AccelerateOperator(GpuStepOperator):
         # GpuStepOperator takes a callable or a command; a script becomes the launcher's command at run time
         command = None if script is None else [script]
         super().__init__(python_callable=python_callable, command=command, **kwargs)
-        self.launch(self.resource_settings)  # check the options now, with accelerate's parser
+        self.launch(self.task_spec.resources)  # check the options now, with accelerate's parser
 
     def launch(self, resources: ResourceSettings) -> dict[str, Any]:
         """The envelope's ``launch`` section for these resources, validated by accelerate's parser."""
-        return launch_section(
-            resources,
-            self.launch_options,
-            num_machines=self.num_machines,
-            owner=f"{type(self).__name__}({self.task_id!r})",
-        )
+        return launch_section(resources, self.launch_options, num_machines=self.num_machines, owner=self.task_spec.owner)
 
-    def build_envelope(self, context: Context, resources: ResourceSettings) -> dict[str, Any]:
+    def build_envelope(self, context: Context, spec: TaskSpec) -> Envelope:
         """The payload's envelope, wrapped in ``accelerate launch``."""
         if self.script is not None:
             self.command = [self.script, *self.script_args]
-        envelope = {**super().build_envelope(context, resources), "launch": self.launch(resources)}
-        return {**envelope, "resume": True} if self.resume else envelope
+        return super().build_envelope(context, spec).launched(self.launch(spec.resources))
+
+    @property
+    def resumes(self) -> bool:
+        """``resume=True``: the try resumes from the newest ``save_state`` checkpoint of the task's folder."""
+        return self.resume
+
+    @classmethod
+    def _nodes(cls, kwargs: Mapping[str, Any]) -> int:
+        return int(kwargs.get("num_machines") or 1)
 
 
 @functools.cache

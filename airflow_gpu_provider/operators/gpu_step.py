@@ -2,40 +2,36 @@
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
+import shlex
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_gpu_provider import config
-from airflow_gpu_provider.backends import BACKENDS, BackendInfo
+from airflow_gpu_provider.checkpoint.mixin import CheckpointMixin
 from airflow_gpu_provider.exceptions import GpuUnavailableError, InvalidSettingError, RemoteTaskError
-from airflow_gpu_provider.operators.arguments import argv, check_on_oom, is_template, resolve_resources
-from airflow_gpu_provider.operators.checkpoint import CheckpointMixin
-from airflow_gpu_provider.payload import (
-    call_arguments,
-    callable_envelope,
-    check_call_arguments,
-    check_command,
-    command_envelope,
-    shipped_callable,
-)
-from airflow_gpu_provider.placement.place import place
+from airflow_gpu_provider.operators.spec import TaskSpec, beside_spec, is_template
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.settings.escalation import OomEscalation
 from airflow_gpu_provider.settings.image import check_environment
-from airflow_gpu_provider.task import missing_gpu
+from airflow_gpu_provider.task.callable import (
+    call_arguments,
+    check_call_arguments,
+    check_command,
+    shipped_callable,
+)
 from airflow_gpu_provider.telemetry.lineage import LineageMixin
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+    from airflow.sdk.definitions.mappedoperator import OperatorPartial
 
     from airflow_gpu_provider.backends.base import Backend
-    from airflow_gpu_provider.backends.options import BackendOptions
-    from airflow_gpu_provider.task import escalation
+    from airflow_gpu_provider.config.worker import GpuConfig
+    from airflow_gpu_provider.escalation.tries import Tries
+    from airflow_gpu_provider.task.envelope import Envelope
     from airflow_gpu_provider.task.request import TaskRequest
 
 
@@ -45,7 +41,7 @@ class GpuStepOperator(CheckpointMixin, LineageMixin, BaseOperator):
     Declare resources once (``resources=ResourceSettings(...)`` or the shortcuts) and the backend maps them:
     the local backend to devices from the host's GPU allocator, Docker to device requests, Kubernetes to
     resource limits and node selectors. The callable's source is shipped to the task process; arguments and the
-    return value (pushed to XCom) travel as JSON.
+    return value (pushed to XCom) travel as JSON. Everything is checked when the DAG is parsed (:class:`TaskSpec`).
 
     :param python_callable: function to run; it must import what it uses inside its body
     :param command: argument list (or a string split with ``shlex``; no shell) to run instead (templated)
@@ -54,7 +50,7 @@ class GpuStepOperator(CheckpointMixin, LineageMixin, BaseOperator):
     :param resources: the task's :class:`ResourceSettings`
     :param image: the task's :class:`ImageSettings`
     :param backend: a backend of :data:`airflow_gpu_provider.backends.BACKENDS` (``"local"``, ``"docker"``,
-        ``"kubernetes"``); default ``[gpu] backend`` (templated)
+        ``"kubernetes"``, ``"executor"``); default ``[gpu] backend`` (templated)
     :param on_missing_gpu: ``"fail"``, ``"wait"`` or ``"cpu"``; default ``[gpu] on_missing_gpu`` (templated)
     :param backend_options: backend-specific options (connection ids, namespace, ...), checked at parse time
     :param environment: extra environment variables for the task process (templated)
@@ -65,6 +61,8 @@ class GpuStepOperator(CheckpointMixin, LineageMixin, BaseOperator):
     :param requirements: shortcut for ``image.requirements``; likewise ``parent_image``,
         ``python_package_installer``
     :param checkpoint: the root of the task's checkpoint folder, or ``False`` (:class:`CheckpointMixin`) (templated)
+    :param task_spec: the task as the decorator (or ``.partial()``) already settled it; arguments given beside it
+        settle it again
     """
 
     template_fields: Sequence[str] = (
@@ -107,43 +105,28 @@ class GpuStepOperator(CheckpointMixin, LineageMixin, BaseOperator):
         parent_image: str | None = None,
         requirements: Sequence[str] | None = None,
         python_package_installer: str | None = None,
+        task_spec: TaskSpec | None = None,
         **kwargs: Any,
     ) -> None:
-        owner = f"{type(self).__name__}({kwargs.get('task_id', '?')!r})"
+        owner = task_spec.owner if task_spec is not None else f"{type(self).__name__}({kwargs.get('task_id', '?')!r})"
         if (python_callable is None) == (command is None):
             raise InvalidSettingError(
                 owner, "python_callable/command", None, "give exactly one of them", "python_callable=f or command=[...]"
             )
         if command is not None and not is_template(command):
             check_command(owner, command)
-        if image is not None and not isinstance(image, ImageSettings):
-            raise InvalidSettingError(owner, "image", image, "expected an ImageSettings", None)
-
-        shortcuts = {"cpu_count": cpu_count, "gpu_count": gpu_count, "memory": memory, "accelerator": accelerator}
-        shortcuts.update(gpu_vendor=gpu_vendor, mig_profile=mig_profile, shm_size=shm_size)
-        self.resource_settings, self.resource_overrides = resolve_resources(resources, shortcuts, owner=owner)
-        image = image or ImageSettings()
-        image_shortcuts: dict[str, Any] = {"parent_image": parent_image, "requirements": requirements}
-        image_shortcuts["python_package_installer"] = python_package_installer
-        image_changes = {k: v for k, v in image_shortcuts.items() if v is not None}
-        self.image_settings = dataclasses.replace(image, **image_changes) if image_changes else image
-
-        if on_missing_gpu is not None and not is_template(on_missing_gpu):
-            config.check_choice(owner, "on_missing_gpu", on_missing_gpu, missing_gpu.NAMES)
-        if backend_options is not None and not isinstance(backend_options, Mapping):
-            raise InvalidSettingError(
-                owner, "backend_options", backend_options, "expected a mapping of option names to values",
-                "a dict such as {'namespace': 'ml'}",
-            )  # fmt: skip
-        self._backend_options: tuple[str, BackendOptions] | None = None  # parsed once, for the backend they are for
-        chosen = config.get("backend") if backend is None else backend  # no backend: [gpu] backend runs the task
-        if not is_template(chosen):
-            info = BACKENDS[config.check_choice(owner, "backend", chosen, tuple(BACKENDS))]
-            options = info.parse_options(backend_options)
-            resources = None if self.resource_overrides else self.resource_settings
-            info.check(resources, self.num_nodes, options, self.image_settings)
-            self._backend_options = (info.name, options)
-
+        given = {
+            "resources": resources, "image": image, "backend_options": backend_options, "on_oom": on_oom,
+            "cpu_count": cpu_count, "gpu_count": gpu_count, "memory": memory, "accelerator": accelerator,
+            "gpu_vendor": gpu_vendor, "mig_profile": mig_profile, "shm_size": shm_size, "parent_image": parent_image,
+            "requirements": requirements, "python_package_installer": python_package_installer,
+        }  # fmt: skip
+        arguments = {name: value for name, value in given.items() if value is not None}
+        arguments.update(backend=backend, on_missing_gpu=on_missing_gpu)  # None: [gpu] backend, [gpu] on_missing_gpu
+        if task_spec is None:
+            self.task_spec = TaskSpec.settle(owner, arguments, num_nodes=self.num_nodes)
+        else:
+            self.task_spec = task_spec.changed(arguments, num_nodes=self.num_nodes)
         self.python_callable = python_callable
         self.shipped = shipped_callable(python_callable, owner=owner) if python_callable is not None else None
         self.command = command
@@ -151,54 +134,78 @@ class GpuStepOperator(CheckpointMixin, LineageMixin, BaseOperator):
             check_call_arguments(owner, python_callable, op_args or [], op_kwargs or {})
         self.op_args = list(op_args or [])
         self.op_kwargs = dict(op_kwargs or {})
-        self.backend = backend
-        self.on_missing_gpu = on_missing_gpu
-        self.backend_options = dict(backend_options or {})
+        # the templated arguments, rendered when the task starts (the settled values are in task_spec)
+        self.backend = backend if backend is not None else self.task_spec.backend
+        self.on_missing_gpu = on_missing_gpu if on_missing_gpu is not None else self.task_spec.on_missing_gpu
+        self.resource_overrides = dict(self.task_spec.templated)
         self.environment = check_environment(owner, "environment", environment or {})
-        self.on_oom = check_on_oom(owner, on_oom, None if self.resource_overrides else self.resource_settings)
         self._running_backend: Backend[Any, Any] | None = None
-        kwargs = place(owner, backend, backend_options, self.resource_settings, self.resource_overrides, kwargs)
-        super().__init__(**kwargs)
+        super().__init__(**self.task_spec.placed(kwargs))
+
+    @property
+    def on_oom(self) -> OomEscalation | None:
+        """The task's ``on_oom`` ladder (as settled: :attr:`task_spec` holds the task's every setting)."""
+        return self.task_spec.on_oom
+
+    @classmethod
+    def partial(cls, *, task_id: str, **kwargs: Any) -> OperatorPartial:  # type: ignore[override]
+        """``.partial(...)`` for ``.expand(...)``: the task is settled and placed now, as a plain task is.
+
+        The scheduler reads the GPU pool (and the executor's placement) of a mapped task from these arguments,
+        before any copy of the operator exists.
+        """
+        spec = TaskSpec.settle(f"{cls.__name__}({task_id!r})", kwargs, num_nodes=cls._nodes(kwargs))
+        placed = spec.placed(beside_spec(kwargs))
+        partial = vars(BaseOperator)["partial"].class_method.__func__  # BaseOperator's, for this class
+        return partial(cls, task_id=task_id, **placed, task_spec=spec)  # type: ignore[no-any-return]
+
+    @classmethod
+    def _nodes(cls, kwargs: Mapping[str, Any]) -> int:
+        """Machines one try of a task with these arguments spans (AccelerateOperator: ``num_machines``)."""
+        return cls.num_nodes
 
     # ------------------------------------------------------------------ execution
-    def build_envelope(self, context: Context, resources: ResourceSettings) -> dict[str, Any]:
-        """The runtime envelope for this try, for these (rendered) resources; subclasses wrap the payload."""
-        owner = f"{type(self).__name__}({self.task_id!r})"
+    def build_envelope(self, context: Context, spec: TaskSpec) -> Envelope:
+        """The envelope of this try, for the rendered task; subclasses wrap the payload."""
+        from airflow_gpu_provider.task.envelope import Envelope
+
         if self.shipped is None:
-            return command_envelope(argv(self.command or []))
+            command = self.command or []
+            return Envelope.run(shlex.split(command) if isinstance(command, str) else list(command))
         assert self.python_callable is not None
         args, kwargs = call_arguments(
-            self.shipped, inspect.signature(self.python_callable), self.op_args, self.op_kwargs, context, owner=owner
+            self.shipped,
+            inspect.signature(self.python_callable),
+            self.op_args,
+            self.op_kwargs,
+            context,
+            owner=self.task_spec.owner,
         )
-        return callable_envelope(self.shipped, args, kwargs)
+        return Envelope.call(self.shipped, args, kwargs)
 
-    def resolved_request(
-        self, context: Context, *, backend: str | None = None, tries: escalation.Tries | None = None
-    ) -> tuple[BackendInfo, BackendOptions, TaskRequest]:
-        """The backend, its options and the backend-independent request, after templates are rendered.
+    def rendered_spec(self, *, backend: str | None = None) -> TaskSpec:
+        """The settled task after its templates were rendered (``backend``: another backend, to render for it)."""
+        spec = self.task_spec.rendered(
+            backend=self.backend,
+            on_missing_gpu=self.on_missing_gpu,
+            overrides=self.resource_overrides,
+            environment=self.environment,
+        )
+        return spec if backend is None else spec.on(backend)
 
-        :param backend: a backend other than the task's own (``render_manifests``)
+    def task_request(
+        self, context: Context, spec: TaskSpec, conf: GpuConfig, tries: Tries | None = None
+    ) -> TaskRequest:
+        """The backend-independent request of this try.
+
         :param tries: the tries so far, with an ``on_oom`` ladder: the request is this try's rung
         """
-        owner = f"{type(self).__name__}({self.task_id!r})"
-        resources = self.resource_settings
-        if self.resource_overrides:
-            resources = resources.with_overrides(**self.resource_overrides)
-        image = self.image_settings
-        if self.environment:
-            image = dataclasses.replace(image, environment={**image.environment, **self.environment})
-        chosen = backend or self.backend or config.get("backend")
-        info = BACKENDS[config.check_choice(owner, "backend", chosen, tuple(BACKENDS))]
-        policy = config.check_choice(
-            owner, "on_missing_gpu", self.on_missing_gpu or config.get("on_missing_gpu"), missing_gpu.NAMES
-        )
-        if self._backend_options is not None and self._backend_options[0] == info.name:
-            options = self._backend_options[1]
-        else:
-            options = info.parse_options(self.backend_options)
-        rung = None
+        from airflow_gpu_provider.task.labels import task_labels  # run time: off the parse path
+        from airflow_gpu_provider.task.request import TaskRequest
+        from airflow_gpu_provider.telemetry import report
+
+        resources, rung = spec.resources, None
         if tries is not None:
-            check_on_oom(owner, tries.on_oom, resources)
             rung = tries.rung(resources)
             self.log.info("%s", rung.line)
             if rung.exhausted:
@@ -207,37 +214,43 @@ class GpuStepOperator(CheckpointMixin, LineageMixin, BaseOperator):
                     "task use less memory (a smaller batch)."
                 )
             resources = rung.resources
-        info.check(resources, self.num_nodes, options, image)
-        from airflow_gpu_provider.task.request import TaskRequest, task_labels  # run time: off the parse path
-        from airflow_gpu_provider.telemetry import report
-
+            spec.info.check(resources, spec.num_nodes, spec.options, spec.image)  # type: ignore[arg-type]
         labels = task_labels(context["ti"])
-        request = TaskRequest(
+        assert spec.on_missing_gpu is not None  # rendered
+        return TaskRequest(
             resources,
-            image,
-            {**self.build_envelope(context, resources), "profile": report.envelope_section()},
-            policy,  # type: ignore[arg-type]  # checked against missing_gpu.NAMES above
+            spec.image,
+            self.build_envelope(context, spec).sampled(report.envelope_section(conf)),
+            spec.on_missing_gpu,
             labels,
-            num_nodes=self.num_nodes,
+            num_nodes=spec.num_nodes,
             rendezvous_port=self.rendezvous_port,
             min_gpu_memory=rung.min_gpu_memory if rung is not None else None,
-            checkpoint=self.checkpoint_location(labels),
+            checkpoint=self.checkpoint_location(labels, conf),
+            resume=self.resumes,
         )
-        return info, options, request
+
+    @property
+    def resumes(self) -> bool:
+        """Whether a try resumes from the newest checkpoint of its folder (``AccelerateOperator(resume=True)``)."""
+        return False
 
     def execute(self, context: Context) -> Any:
         """Plan the task on its backend and run it; the callable's return value goes to XCom."""
-        from airflow_gpu_provider.task import escalation
-        from airflow_gpu_provider.task.request import task_labels
+        from airflow_gpu_provider.config.worker import GpuConfig
+        from airflow_gpu_provider.escalation import tries as escalation
+        from airflow_gpu_provider.task.labels import task_labels
         from airflow_gpu_provider.telemetry import report
 
-        tries = escalation.Tries.start(self.on_oom, task_labels(context["ti"])) if self.on_oom is not None else None
-        info, options, request = self.resolved_request(context, tries=tries)
-        backend = info.backend_class()(options, log=self.log)
+        conf = GpuConfig.read()
+        spec = self.rendered_spec()
+        tries = escalation.Tries.start(spec.on_oom, task_labels(context["ti"])) if spec.on_oom is not None else None
+        request = self.task_request(context, spec, conf, tries)
+        backend = spec.info.backend_class()(spec.options, log=self.log)
         self.log.info(
             "GPU task %s on backend %r: %s; requirements %s; on_missing_gpu=%s",
             request.display_name,
-            info.name,
+            spec.backend,
             request.resources.describe(),
             request.image.requirements_hash,
             request.on_missing_gpu,
@@ -246,7 +259,7 @@ class GpuStepOperator(CheckpointMixin, LineageMixin, BaseOperator):
         profile: Mapping[str, Any] | None = None
         failure: BaseException | None = None
         try:
-            result = backend.run(backend.plan(request), context)
+            result = backend.run(backend.plan(request, conf), context)
             profile = result.profile
             return result.return_value
         except BaseException as err:
@@ -256,7 +269,7 @@ class GpuStepOperator(CheckpointMixin, LineageMixin, BaseOperator):
             raise
         finally:
             self._running_backend = None
-            self.gpu_profile = report.publish(profile, request, info.name, context, self.log)
+            self.gpu_profile = report.publish(profile, request, str(spec.backend), context, self.log, conf)
             if tries is not None:
                 context["ti"].xcom_push(escalation.XCOM_KEY, tries.finish(request.resources, failure))
 
@@ -275,23 +288,9 @@ class GpuStepOperator(CheckpointMixin, LineageMixin, BaseOperator):
         :param after: how earlier tries ended (``"gpu_oom"``, ``"host_oom"``, ``"error"``): render the try that
             follows them on the ``on_oom`` ladder
         """
-        task, rendering = self, context
-        if rendering is None:
-            from airflow_gpu_provider.render import stand_in
+        from airflow_gpu_provider.render import render_task
 
-            task, rendering = stand_in(self, params)
-        from airflow_gpu_provider.task import escalation
-
-        tries = escalation.Tries.after(self.on_oom, {}, after) if self.on_oom is not None else None
-        if after and tries is None:
-            raise InvalidSettingError(f"{type(self).__name__}({self.task_id!r})", "after", list(after), "no on_oom")
-        info, options, request = task.resolved_request(rendering, backend=backend, tries=tries)
-        if not info.renders:
-            able = [name for name, other in BACKENDS.items() if other.renders]
-            raise InvalidSettingError(
-                f"{type(self).__name__}({self.task_id!r})", "backend", backend, "it cannot render", repr(able)
-            )
-        return info.backend_class()(options, log=self.log).render(request, rendering)
+        return render_task(self, context, params=params, backend=backend, after=after)
 
     def on_kill(self) -> None:
         """Stop the child process, container or pod of this try."""

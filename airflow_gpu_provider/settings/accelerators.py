@@ -126,13 +126,18 @@ def card_memory_gib(model: str | None) -> float | None:
     return MEMORY_GIB.get(_MEMORY_ALIASES.get(name, name))
 
 
-# The MIG slices of each MIG-capable card, by their memory (GiB).
-MIG_MEMORY_GIB: dict[str, dict[str, float]] = {
-    "A100": {"1g.5gb": 5, "2g.10gb": 10, "3g.20gb": 20, "4g.20gb": 20, "7g.40gb": 40},
-    "A100-80GB": {"1g.10gb": 10, "2g.20gb": 20, "3g.40gb": 40, "4g.40gb": 40, "7g.80gb": 80},
-    "H100": {"1g.10gb": 10, "1g.20gb": 20, "2g.20gb": 20, "3g.40gb": 40, "4g.40gb": 40, "7g.80gb": 80},
-    "H200": {"1g.18gb": 18, "1g.35gb": 35, "2g.35gb": 35, "3g.71gb": 71, "4g.71gb": 71, "7g.141gb": 141},
+# The MIG slices of each MIG-capable card (their memory is in their names: mig_memory_gib).
+MIG_PROFILES: dict[str, tuple[str, ...]] = {
+    "A100": ("1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"),
+    "A100-80GB": ("1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
+    "H100": ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
+    "H200": ("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"),
 }
+
+
+def mig_memory_gib(profile: str) -> float:
+    """The memory of a MIG slice (GiB), from its name, as NVIDIA names them: ``"3g.40gb"`` has 40 GiB."""
+    return float(str(profile).split(".")[1].removesuffix("+me").removesuffix("gb"))
 
 
 class MigProfile(str, Enum):

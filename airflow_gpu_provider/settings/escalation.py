@@ -14,16 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.settings.accelerators import ACCELERATOR_PATTERN, MIG_PATTERN, card_memory_gib
+from airflow_gpu_provider.settings.accelerators import ACCELERATOR_PATTERN, MIG_PATTERN, card_memory_gib, mig_memory_gib
 from airflow_gpu_provider.settings.resources import ResourceSettings
 from airflow_gpu_provider.settings.units import BYTES_ACCEPTED, format_bytes
 
 _OWNER = "OomEscalation"
-
-
-def mig_memory_gib(profile: str) -> float:
-    """The memory of a MIG slice, from its name: ``"3g.40gb"`` is 40 GiB."""
-    return float(profile.split(".")[1].removesuffix("+me").removesuffix("gb"))
 
 
 def _ladder(name: str, values: object, accepted: str) -> tuple[Any, ...]:

@@ -13,6 +13,8 @@ import re
 from decimal import Decimal, InvalidOperation
 from enum import Enum
 
+from airflow_gpu_provider.runtime.protocol import format_bytes  # the one bytes formatter, the runtime's too
+
 
 class Unit(Enum):
     """A quantity suffix and its multiplier."""
@@ -123,16 +125,6 @@ def parse_cpu(value: int | float | str) -> float:
     if not MIN_CPUS <= amount <= MAX_CPUS:
         raise ValueError(f"out of range ({MIN_CPUS} to {MAX_CPUS} cores)")
     return float(amount)
-
-
-def format_bytes(amount: int) -> str:
-    """Format bytes for logs: ``17179869184`` -> ``16.0 GiB``."""
-    value = float(amount)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def format_k8s_bytes(amount: int) -> str:

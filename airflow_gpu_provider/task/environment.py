@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from airflow_gpu_provider.settings import NVIDIA, GpuVendor, ResourceSettings
 from airflow_gpu_provider.settings.accelerators import VENDORS
@@ -65,29 +64,6 @@ def driver_environment(resources: ResourceSettings) -> dict[str, str]:
 def gpu_free_environment(resources: ResourceSettings) -> dict[str, str]:
     """For a container or pod that asked for no GPU: keep it off the host's GPUs."""
     return {} if resources.requests_gpus else dict(NO_GPUS)
-
-
-def summary(
-    request: TaskRequest, *, backend: str, image: str, gpus: list[dict[str, Any]] | None, cpu_fallback: bool = False
-) -> dict[str, Any]:
-    """The resource summary the runtime prints at the top of every task log.
-
-    :param gpus: the devices the task was given (``Device.describe()``), or ``None`` to let the runtime ask the
-        driver (in a container or pod); a task that runs without GPUs always shows none
-    :param cpu_fallback: the task runs on the CPU because the GPUs were missing (``on_missing_gpu="cpu"``)
-
-    ``effective`` is what the task really runs with (the runtime exports it as ``AIRFLOW_GPU_RESOURCES``).
-    """
-    with_gpus = request.resources.requests_gpus and not cpu_fallback
-    effective = request.resources.without_gpus() if cpu_fallback else request.resources
-    return {
-        "backend": backend,
-        "image": image,
-        "requirements_hash": request.image.requirements_hash,
-        "resources": request.resources.describe() + (" -> CPU fallback" if cpu_fallback else ""),
-        "gpus": gpus if with_gpus else [],
-        "effective": {**effective.to_dict(), "cpu_fallback": cpu_fallback},
-    }
 
 
 def lock_holder(request: TaskRequest, backend: str) -> str:

@@ -18,7 +18,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow_gpu_provider.settings.accelerators import MEMORY_GIB, MIG_MEMORY_GIB, MODEL_VENDORS
+from airflow_gpu_provider.runtime.protocol import format_bytes
+from airflow_gpu_provider.telemetry.profile import Device, Profile
+from airflow_gpu_provider.settings.accelerators import MEMORY_GIB, MIG_PROFILES, MODEL_VENDORS, mig_memory_gib
 
 GIB = 2**30
 HEADROOM = 1.2  # a smaller card must hold the peak and a fifth more
@@ -41,9 +43,7 @@ def model_of(name: str, memory_total: float | None) -> str | None:
     return None
 
 
-def gib(amount: float | None) -> str:
-    """An amount of memory as the profile's lines show it: ``6.1 GiB`` (``?`` when unknown)."""
-    return "?" if amount is None else f"{amount / GIB:.1f} GiB"
+gib = format_bytes  # an amount of memory as the profile's lines show it: ``6.1 GiB`` (``?`` when unknown)
 
 
 def smaller_fits(peak: float, total: float, model: str | None, vendor_models: Sequence[str]) -> list[str]:
@@ -52,25 +52,24 @@ def smaller_fits(peak: float, total: float, model: str | None, vendor_models: Se
     own = MEMORY_GIB.get(model or "", total / GIB)
     cards = sorted((MEMORY_GIB[m], m) for m in vendor_models if need <= MEMORY_GIB[m] < own)
     fits = [cards[0][1]] if cards else []
-    slices = sorted((gib, profile) for profile, gib in MIG_MEMORY_GIB.get(model or "", {}).items() if need <= gib)
+    slices = sorted((mig_memory_gib(p), p) for p in MIG_PROFILES.get(model or "", ()) if need <= mig_memory_gib(p))
     if slices:
         fits.append(f"MIG {slices[0][1]}")
     return fits
 
 
-def device_advice(device: Mapping[str, Any], *, cpu: bool, vendor_models: Sequence[str]) -> list[str]:
+def device_advice(device: Device, *, cpu: bool, vendor_models: Sequence[str]) -> list[str]:
     """The advice for one device of a profile (a GPU, or the task's CPUs for a CPU profile)."""
     subject = "the CPUs" if cpu else "the GPU"
     what = f"{subject} {'were' if cpu else 'was'}"
-    label = "" if cpu else f"GPU {device['index']}: "
+    label = "" if cpu else f"GPU {device.index}: "
     notes: list[str] = []
-    mean, peak, pct = device.get("mean_util"), device.get("peak_memory"), device.get("peak_memory_pct")
-    total = device.get("memory_total")
+    mean, peak, pct, total = device.mean_util, device.peak_memory, device.peak_memory_pct, device.memory_total
     if peak is not None and total and pct is not None:
         if pct >= FULL_PCT:
             notes.append(f"{label}memory {pct:.0f} % full ({gib(peak)} of {gib(total)}): close to OOM")
         elif pct < ROOMY_PCT and not cpu:
-            fits = smaller_fits(peak, total, model_of(str(device.get("name", "")), total), vendor_models)
+            fits = smaller_fits(peak, total, model_of(device.name, total), vendor_models)
             if fits:
                 notes.append(f"{label}peak {gib(peak)} of {gib(total)} ({pct:.0f} %): {' or '.join(fits)} would do")
     if mean is not None:
@@ -83,15 +82,13 @@ def device_advice(device: Mapping[str, Any], *, cpu: bool, vendor_models: Sequen
     return notes
 
 
-def advice(profile: Mapping[str, Any], *, gpu_count: int | None = None) -> list[str]:
+def advice(profile: Profile, *, gpu_count: int | None = None) -> list[str]:
     """Right-sizing advice for a whole profile; an empty list when the task fit its resources well."""
-    cpu = profile.get("kind") == "cpu"
-    devices = list(profile.get("devices") or [])
+    cpu = profile.is_cpu
+    devices = profile.devices
     vendor_models = [m for m in MEMORY_GIB if m not in MODEL_VENDORS]  # NVML reports NVIDIA cards
     notes = [note for device in devices for note in device_advice(device, cpu=cpu, vendor_models=vendor_models)]
-    unused = [
-        d["index"] for d in devices if not cpu and (d.get("p95_util") or 0) == 0 and (d.get("mean_util") or 0) < 1
-    ]
+    unused = [d.index for d in devices if not cpu and (d.p95_util or 0) == 0 and (d.mean_util or 0) < 1]
     if len(devices) > 1 and unused:
         notes.append(
             f"GPU {', '.join(unused)} never ran a kernel: the task used {len(devices) - len(unused)} of "
@@ -119,20 +116,18 @@ def parse_prices(text: str) -> dict[str, float]:
     return prices
 
 
-def cost(
-    profile: Mapping[str, Any], prices: Mapping[str, float], *, accelerator: str | None = None
-) -> dict[str, Any] | None:
+def cost(profile: Profile, prices: Mapping[str, float], *, accelerator: str | None = None) -> dict[str, Any] | None:
     """What the try's devices cost at ``prices`` per device-hour, or ``None`` when no price applies.
 
     A device is priced by the model NVML names, else by the task's ``accelerator``; a CPU profile by ``cpu``.
     """
-    hours = float(profile.get("duration_s") or 0) / 3600
+    hours = (profile.duration_s or 0) / 3600
     amount, models, rates = 0.0, [], set()
-    for device in profile.get("devices") or []:
-        if profile.get("kind") == "cpu":
+    for device in profile.devices:
+        if profile.is_cpu:
             model: str | None = "cpu"
         else:
-            model = model_of(str(device.get("name", "")), device.get("memory_total")) or accelerator
+            model = model_of(device.name, device.memory_total) or accelerator
         rate = prices.get((model or "").upper())
         if rate is None:
             return None

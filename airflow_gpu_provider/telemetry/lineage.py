@@ -11,6 +11,8 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
+from airflow_gpu_provider.telemetry.profile import Profile
+
 SCHEMA_URL = (
     "https://github.com/airflow-gpu-provider/airflow-gpu-provider/blob/main/docs/telemetry.md#the-gpu-run-facet"
 )
@@ -41,22 +43,28 @@ def facet_class() -> type[Any]:
     return GpuRunFacet
 
 
-def gpu_facet(profile: Mapping[str, Any]) -> Any:
+def gpu_facet(profile: Profile) -> Any:
     """The facet of a completed profile (:func:`.report.complete`)."""
     devices = [
-        {key: device.get(key) for key in ("index", "uuid", "name", "memory_total", "peak_memory", "mean_util")}
-        for device in profile.get("devices") or []
+        {
+            "index": d.index,
+            "uuid": d.uuid,
+            "name": d.name,
+            "memory_total": d.memory_total,
+            "peak_memory": d.peak_memory,
+            "mean_util": d.mean_util,
+        }
+        for d in profile.devices
     ]
-    peaks = [d["peak_memory"] for d in devices if d["peak_memory"] is not None]
-    means = [d["mean_util"] for d in devices if d["mean_util"] is not None]
+    peak, mean = profile.peak_memory, profile.mean_util
     return facet_class()(
-        kind=str(profile.get("kind")),
-        host=str(profile.get("host")),
+        kind=profile.kind,
+        host=profile.host,
         devices=devices,
-        durationSeconds=float(profile.get("duration_s") or 0),
-        gpuSeconds=float(profile.get("gpu_seconds") or 0),
-        peakMemoryBytes=int(max(peaks)) if peaks else None,
-        meanUtilization=round(sum(means) / len(means), 1) if means else None,
+        durationSeconds=float(profile.duration_s or 0),
+        gpuSeconds=float(profile.gpu_seconds or 0),
+        peakMemoryBytes=None if peak is None else int(peak),
+        meanUtilization=None if mean is None else round(mean, 1),
     )
 
 
@@ -68,9 +76,10 @@ class LineageMixin:
     def _lineage(self) -> Any:
         from airflow.providers.openlineage.extractors import OperatorLineage
 
-        if not self.gpu_profile:
+        profile = Profile.read(self.gpu_profile)
+        if profile is None:
             return OperatorLineage()
-        return OperatorLineage(run_facets={"gpu": gpu_facet(self.gpu_profile)})
+        return OperatorLineage(run_facets={"gpu": gpu_facet(profile)})
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """The ``gpu`` run facet of a successful try."""

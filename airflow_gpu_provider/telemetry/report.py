@@ -1,27 +1,31 @@
 """The worker's half of a GPU task's profile: ask for it in the envelope, complete it, log it, store it in XCom.
 
-The runtime samples (``runtime/bootstrap.py``, :class:`Profiler`) and returns the series and a per-device summary
-with the result envelope; here the profile gets the task's identity, what it asked for, the advice and the cost,
-then goes to XCom under :data:`XCOM_KEY` (the return value keeps ``return_value``) and to the end of the log.
+The runtime samples (``runtime/telemetry/``) and returns the series and a per-device summary with the result
+envelope; here the profile (read as :class:`~.profile.Profile`) gets the task's identity, what it asked for, the
+advice and the cost, then goes to XCom under :data:`XCOM_KEY` (the return value keeps ``return_value``) and to the
+end of the log.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow_gpu_provider import config
 from airflow_gpu_provider.settings.accelerators import MODEL_VENDORS
 from airflow_gpu_provider.task.request import TaskRequest
 from airflow_gpu_provider.telemetry import XCOM_KEY
 from airflow_gpu_provider.telemetry.advice import advice, cost, gib, parse_prices
+from airflow_gpu_provider.telemetry.profile import Profile
+
+if TYPE_CHECKING:
+    from airflow_gpu_provider.config.worker import GpuConfig
 
 
-def envelope_section() -> dict[str, Any] | None:
+def envelope_section(conf: GpuConfig) -> dict[str, Any] | None:
     """What the runtime needs to sample (``envelope["profile"]``), or ``None`` when ``[gpu] profile`` is off."""
-    if not config.get("profile"):
+    if not conf.profile:
         return None
-    return {"interval_s": config.get("profile_interval")}
+    return {"interval_s": conf.profile_interval}
 
 
 def complete(
@@ -31,7 +35,9 @@ def complete(
     resources = request.resources
     gpu_count = resources.gpu_count if isinstance(resources.gpu_count, int) else None
     labels = request.labels
-    devices = list(profile.get("devices") or [])
+    read = Profile.read(profile)
+    if read is None:
+        raise ValueError(f"not a profile of a supported version: {str(profile)[:200]}")
     completed = dict(profile)
     completed.update(
         task={
@@ -49,9 +55,9 @@ def complete(
             "memory": resources.memory,
             "cpu_count": resources.cpu_count,
         },
-        gpu_seconds=0.0 if profile.get("kind") == "cpu" else round(len(devices) * profile.get("duration_s", 0), 3),
-        advice=advice(profile, gpu_count=gpu_count),
-        cost=cost(profile, prices, accelerator=_nvidia(resources.accelerator)),
+        gpu_seconds=0.0 if read.is_cpu else round(len(read.devices) * (read.duration_s or 0), 3),
+        advice=advice(read, gpu_count=gpu_count),
+        cost=cost(read, prices, accelerator=_nvidia(resources.accelerator)),
     )
     return completed
 
@@ -60,51 +66,49 @@ def _nvidia(model: str | None) -> str | None:
     return None if model is None or model in MODEL_VENDORS else model
 
 
-def summary_lines(profile: Mapping[str, Any]) -> list[str]:
+def summary_lines(profile: Profile) -> list[str]:
     """The lines that end the task log: one per device, then the advice and the cost."""
-    cpu = profile.get("kind") == "cpu"
-    kind = "CPU profile (no GPU telemetry)" if cpu else "GPU profile"
+    kind = "CPU profile (no GPU telemetry)" if profile.is_cpu else "GPU profile"
     lines = [
-        f"profile: {kind} of {profile.get('duration_s', 0):.1f}s, {profile.get('samples', 0)} samples every "
-        f"{profile.get('interval_s', 0):g}s on {profile.get('host')}"
+        f"profile: {kind} of {profile.duration_s or 0:.1f}s, {profile.samples} samples every "
+        f"{profile.interval_s or 0:g}s on {profile.host}"
     ]
-    for device in profile.get("devices") or []:
-        mean, p95 = device.get("mean_util"), device.get("p95_util")
-        util = "?" if mean is None else f"mean {mean:.0f} %, p95 {p95:.0f} %"
-        pct = device.get("peak_memory_pct")
-        memory = f"peak {gib(device.get('peak_memory'))} of {gib(device.get('memory_total'))}"
+    for device in profile.devices:
+        mean, p95 = device.mean_util, device.p95_util
+        util = "?" if mean is None else f"mean {mean:.0f} %" + ("" if p95 is None else f", p95 {p95:.0f} %")
+        pct = device.peak_memory_pct
+        memory = f"peak {gib(device.peak_memory)} of {gib(device.memory_total)}"
         memory += "" if pct is None else f" ({pct:.0f} %)"
-        energy = "" if device.get("energy_wh") is None else f", {device['energy_wh']:.2f} Wh"
-        what = device["name"] if cpu else f"GPU {device['index']} {device['name']}"
-        lines.append(f"  {what}: utilisation {util}; memory {memory}; idle {device.get('idle_s', 0):.0f}s{energy}")
-    for note in profile.get("advice") or []:
-        lines.append(f"advice: {note}")
-    spent = profile.get("cost")
+        energy = "" if device.energy_wh is None else f", {device.energy_wh:.2f} Wh"
+        what = device.name if profile.is_cpu else f"GPU {device.index} {device.name}"
+        lines.append(f"  {what}: utilisation {util}; memory {memory}; idle {device.idle_s or 0:.0f}s{energy}")
+    lines += [f"advice: {note}" for note in profile.advice]
+    spent = profile.cost
     if spent:
         rate = spent.get("price_per_gpu_hour")
         lines.append(
             f"cost: {spent['amount']:.4f} for {spent['gpu_hours']:.4f} device-hours of {spent['model']}"
             + ("" if rate is None else f" at {rate:g} per hour")
         )
-    if profile.get("error"):
-        lines.append(f"profile incomplete: {profile['error']}")
+    if profile.error:
+        lines.append(f"profile incomplete: {profile.error}")
     return lines
 
 
 def publish(
-    profile: Mapping[str, Any] | None, request: TaskRequest, backend: str, context: Any, log: Any
+    profile: Mapping[str, Any] | None, request: TaskRequest, backend: str, context: Any, log: Any, conf: GpuConfig
 ) -> dict[str, Any] | None:
     """Complete the profile, push it to XCom and log its summary. Never raises: a task never fails for its profile."""
     if not profile:
         return None
     try:
-        prices = parse_prices(config.get("prices"))
+        prices = parse_prices(conf.prices)
     except ValueError as err:
         log.warning("[gpu] No cost in the profile: %s", err)
         prices = {}
     try:
         completed = complete(profile, request, backend, prices)
-        for line in summary_lines(completed):
+        for line in summary_lines(Profile.read(completed)):  # type: ignore[arg-type]  # complete() read it
             log.info("[gpu] %s", line)
         context["ti"].xcom_push(key=XCOM_KEY, value=completed)
     except Exception as err:  # noqa: BLE001 - the task's own outcome stands

@@ -17,8 +17,9 @@ from typing import Any, ClassVar
 from airflow_gpu_provider.backends.base import Backend
 from airflow_gpu_provider.backends.options import BackendOptions, option, text
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
-from airflow_gpu_provider.task.environment import summary
-from airflow_gpu_provider.task.request import TaskRequest, TaskResult, result_value
+from airflow_gpu_provider.config.worker import GpuConfig
+from airflow_gpu_provider.task.request import TaskRequest
+from airflow_gpu_provider.task.result import TaskResult, result_value
 
 
 @dataclass(frozen=True)
@@ -39,14 +40,11 @@ class InlinePlan:
 class InlineBackend(Backend[InlineOptions, InlinePlan]):
     name = "inline"
 
-    def plan(self, request: TaskRequest) -> InlinePlan:
+    def plan(self, request: TaskRequest, conf: GpuConfig) -> InlinePlan:
         return InlinePlan(request, self.options.python)
 
     def run(self, plan: InlinePlan, context: Any) -> TaskResult:
-        envelope = {
-            **plan.request.envelope,
-            "summary": summary(plan.request, backend=self.name, image="inline", gpus=[]),
-        }
+        envelope = plan.request.runtime_envelope(backend=self.name, image="inline", gpus=[])
         with tempfile.TemporaryDirectory() as folder:
             Path(folder, "envelope.json").write_text(json.dumps(envelope))
             result_path = Path(folder, "result.json")

@@ -21,10 +21,10 @@ def test_decorated_tasks_are_gpu_step_operators_with_their_settings():
     dag = load_dag(REPO / "tests" / "dags" / "gpu_step_dags.py", "gpu_task_flow")
     split = dag.get_task("split")
     assert isinstance(split, _GpuDecoratedOperator)
-    assert split.resource_settings.gpu_count == 1
+    assert split.task_spec.resources.gpu_count == 1
     assert split.on_missing_gpu == "cpu"
     assert dag.get_task("stats").multiple_outputs is True
-    assert dag.get_task("combine").resource_settings.memory == 2**30
+    assert dag.get_task("combine").task_spec.resources.memory == 2**30
     assert "@" not in split.shipped.source
 
 

@@ -21,7 +21,7 @@ from kubernetes.client import ApiClient, V1Container, V1EnvVar, V1ObjectMeta, V1
 
 from airflow_gpu_provider import GpuStepOperator
 from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.placement.place import PLACED_KEY
+from airflow_gpu_provider.operators.spec import PLACED_KEY
 
 SHIPPED_TEMPLATE = Path(pod_generator.__file__).parent / "kubernetes_executor_templates" / "basic_template.yaml"
 USER_TEMPLATE = {

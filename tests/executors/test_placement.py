@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from airflow_gpu_provider import GpuStepOperator
-from airflow_gpu_provider.decorators.gpu import mappable_arguments
+from airflow_gpu_provider.operators.spec import TaskSpec
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
-from airflow_gpu_provider.placement import pools
-from airflow_gpu_provider.placement.executors import configured
+from airflow_gpu_provider.pools import placement as pools
+from airflow_gpu_provider.backends.executor.executors import configured
 
 
 def op(**kwargs) -> GpuStepOperator:
@@ -45,8 +45,8 @@ def test_multiple_executors_gpu_tasks_go_to_gpu_executor(celery, monkeypatch):
 
 
 def test_the_decorator_places_mapped_tasks_too(celery):
-    kwargs = mappable_arguments({"backend": "executor", "gpu_count": 1, "task_id": "t"})
-    assert kwargs["queue"] == "gpu"
+    spec = TaskSpec.settle("@task.gpu('t')", {"backend": "executor", "gpu_count": 1})
+    assert spec.placed({"task_id": "t"})["queue"] == "gpu"
 
 
 def test_local_executor_places_nothing(monkeypatch, celery):
@@ -182,7 +182,7 @@ def test_the_listener_fails_tasks_that_could_never_fit_in_their_classs_pool(monk
     from airflow.utils.session import create_session
     from listeners.test_listeners import _running_dag_run
 
-    from airflow_gpu_provider.listeners.gpu_pool import fail_unschedulable_gpu_tasks
+    from airflow_gpu_provider.pools.listener import fail_unschedulable_gpu_tasks
 
     monkeypatch.setenv("AIRFLOW__GPU__POOL", "gpu-{accelerator}")
     with create_session() as session:

@@ -8,7 +8,7 @@ import pytest
 from conftest import REPO
 from helpers import load_dag, run_dag, task_states
 
-from airflow_gpu_provider.listeners.gpu_pool import fail_unschedulable_gpu_tasks, pool_problem
+from airflow_gpu_provider.pools.listener import fail_unschedulable_gpu_tasks, pool_problem
 
 pytestmark = pytest.mark.usefixtures("airflow_home")
 DAG_FILE = REPO / "tests" / "dags" / "gpu_step_dags.py"
@@ -124,7 +124,7 @@ def test_cuda_cache_listener_frees_what_a_task_left_on_the_gpu():
     from gpu_support import gpu_environment
 
     code = (
-        "import torch; from airflow_gpu_provider.listeners import cuda_cache;"
+        "import torch; from airflow_gpu_provider.hooks import cuda_cache;"
         "block = torch.empty(32 * 2**20, dtype=torch.uint8, device='cuda'); del block;"
         "held = torch.cuda.memory_reserved(); cuda_cache.on_task_instance_success(None, None);"
         "print(held, torch.cuda.memory_reserved())"

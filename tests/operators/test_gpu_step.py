@@ -20,9 +20,11 @@ from airflow_gpu_provider.backends.local.options import LocalOptions
 from airflow_gpu_provider.exceptions import InvalidSettingError, RemoteTaskError, UnknownSettingError
 from airflow_gpu_provider.host.allocator import GpuAllocator
 from airflow_gpu_provider.host.inventory import Device
-from airflow_gpu_provider.payload import callable_envelope, shipped_callable
-from airflow_gpu_provider.placement.pools import ALL_SLOTS_KEY
+from airflow_gpu_provider.task.envelope import Envelope
+from airflow_gpu_provider.task.callable import shipped_callable
+from airflow_gpu_provider.pools.placement import ALL_SLOTS_KEY
 from airflow_gpu_provider.task.request import TaskRequest
+from airflow_gpu_provider.config.worker import GpuConfig
 
 pytestmark = pytest.mark.usefixtures("airflow_home")
 DAG_FILE = REPO / "tests" / "dags" / "gpu_step_dags.py"
@@ -112,8 +114,8 @@ def test_on_kill_stops_the_child_and_releases_gpus(tmp_path, state_dir):
     pid_file = tmp_path / "pids"
     backend = LocalBackend(LocalOptions.parse({"devices": "0", "state_dir": str(state_dir), "kill_grace": 2}))
     hang = dag("gpu_step_timeout").get_task("hang").python_callable  # the same function as the timeout test's
-    envelope = callable_envelope(shipped_callable(hang, owner="t"), [str(pid_file)], {})
-    plan = backend.plan(TaskRequest(ResourceSettings(gpu_count=1), ImageSettings(), envelope))
+    envelope = Envelope.call(shipped_callable(hang, owner="t"), [str(pid_file)], {})
+    plan = backend.plan(TaskRequest(ResourceSettings(gpu_count=1), ImageSettings(), envelope), GpuConfig.read())
     errors = []
     runner = threading.Thread(target=lambda: errors.append(pytest.raises(RemoteTaskError, backend.run, plan, {})))
     runner.start()

@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO
 from helpers import load_dag, run_dag, task_states, xcom
 
-from airflow_gpu_provider.task import escalation
+from airflow_gpu_provider.escalation import tries as escalation
 
 pytestmark = pytest.mark.usefixtures("airflow_home")
 DAG_FILE = REPO / "tests" / "dags" / "escalation_dags.py"
@@ -61,7 +61,7 @@ def test_without_a_ladder_the_local_backend_picks_a_gpu_with_more_memory(capfd):
     assert value["resources"]["accelerator"] is None  # same request; only the device is larger
     out = capfd.readouterr()
     assert (
-        "(try 1 ran out of GPU memory on L4 (24 GiB); this try needs a GPU with more than 24 GiB)" in out.out + out.err
+        "(try 1 ran out of GPU memory on L4 (24.0 GiB); this try needs a GPU with more than 24.0 GiB)" in out.out + out.err
     )
 
 
@@ -70,7 +70,7 @@ def test_with_no_larger_gpu_on_the_host_the_task_fails_at_once_saying_why(monkey
     dr = run_dag(load_dag(DAG_FILE, "oom_larger_gpu"))
     assert task_states(dr) == {"larger": "failed"}
     out = capfd.readouterr()
-    assert "with more than 24 GiB of memory, after a try ran out of GPU memory, but no GPU of this host has more" in (
+    assert "with more than 24.0 GiB of memory, after a try ran out of GPU memory, but no GPU of this host has more" in (
         out.out + out.err
     )
 

@@ -227,7 +227,7 @@ def _run_kubernetes(scenario: str) -> tuple[str, str]:
 
     from airflow_gpu_provider import GpuStepOperator
     from airflow_gpu_provider.exceptions import GpuTaskError
-    from airflow_gpu_provider.task.request import result_value
+    from airflow_gpu_provider.task.result import result_value
 
     with DAG(dag_id("kubernetes", scenario), schedule=None):
         task = GpuStepOperator(**operator_arguments("kubernetes", scenario))

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_gpu_provider.payload import callable_envelope, command_envelope, shipped_callable
+from airflow_gpu_provider.task.envelope import Envelope
+from airflow_gpu_provider.task.callable import shipped_callable
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.runtime.bootstrap import clear_cuda_cache, uv_ca_variable
 
@@ -59,7 +60,7 @@ def run_envelope(
 
 
 def envelope_for(function, *args, **kwargs) -> dict:
-    return callable_envelope(shipped_callable(function, owner="test"), list(args), kwargs)
+    return Envelope.call(shipped_callable(function, owner="test"), list(args), kwargs)
 
 
 def test_callable_result_and_summary_first(tmp_path):
@@ -110,7 +111,7 @@ def test_sys_exit_in_user_code(tmp_path, code, status, ok):
 
 def test_command_mode_execs_and_propagates_exit_status(tmp_path):
     proc, result = run_envelope(
-        tmp_path, command_envelope([sys.executable, "-c", "print('hello'); raise SystemExit(7)"])
+        tmp_path, Envelope.run([sys.executable, "-c", "print('hello'); raise SystemExit(7)"])
     )
     assert proc.returncode == 7
     assert proc.stdout.splitlines()[0].startswith("[gpu] backend=test")
@@ -119,7 +120,7 @@ def test_command_mode_execs_and_propagates_exit_status(tmp_path):
 
 
 def test_command_not_found(tmp_path):
-    proc, result = run_envelope(tmp_path, command_envelope(["/nonexistent/binary"]))
+    proc, result = run_envelope(tmp_path, Envelope.run(["/nonexistent/binary"]))
     assert proc.returncode == 127
     assert result["ok"] is False
 

@@ -16,7 +16,7 @@ from conftest import REPO
 
 from airflow_gpu_provider.exceptions import GpuOutOfMemoryError, HostOutOfMemoryError, RemoteTaskError
 from airflow_gpu_provider.runtime.bootstrap import GPU_OOM, HOST_OOM, _error, _merge_ranks, is_gpu_oom
-from airflow_gpu_provider.task.request import task_result
+from airflow_gpu_provider.task.result import task_result
 
 BOOTSTRAP = REPO / "airflow_gpu_provider" / "runtime" / "bootstrap.py"
 

@@ -9,25 +9,27 @@ import pytest
 
 from airflow_gpu_provider.backends import BACKENDS
 from airflow_gpu_provider.exceptions import RemoteTaskError
-from airflow_gpu_provider.payload import command_envelope
+from airflow_gpu_provider.task.envelope import Envelope, summary
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
-from airflow_gpu_provider.task.environment import gpu_free_environment, lock_holder, summary, visible_devices
+from airflow_gpu_provider.task.environment import gpu_free_environment, lock_holder, visible_devices
 from airflow_gpu_provider.task.missing_gpu import POLICIES
-from airflow_gpu_provider.task.request import TaskRequest, result_value
+from airflow_gpu_provider.task.request import TaskRequest
+from airflow_gpu_provider.task.result import result_value
+from airflow_gpu_provider.config.worker import GpuConfig
 
 LABELS = {"dag_id": "d", "task_id": "t", "run_id": "r1", "try_number": "1", "map_index": "3"}
 
 
 def request(resources: ResourceSettings, policy: str = "fail") -> TaskRequest:
-    return TaskRequest(resources, ImageSettings(), command_envelope(["true"]), policy, LABELS)  # type: ignore[arg-type]
+    return TaskRequest(resources, ImageSettings(), Envelope.run(["true"]), policy, LABELS)  # type: ignore[arg-type]
 
 
 def environments(resources: ResourceSettings) -> dict[str, dict[str, str]]:
     """The task process's environment as each backend plans it (no engine, no cluster)."""
     req = request(resources)
-    local = BACKENDS["local"].create().plan(req).environment
-    docker = BACKENDS["docker"].create().plan(req).create_kwargs("img")["environment"]
-    kubernetes = BACKENDS["kubernetes"].create().plan(req).environment
+    local = BACKENDS["local"].create().plan(req, GpuConfig.read()).environment
+    docker = BACKENDS["docker"].create().plan(req, GpuConfig.read()).create_kwargs("img")["environment"]
+    kubernetes = BACKENDS["kubernetes"].create().plan(req, GpuConfig.read()).environment
     return {"local": dict(local), "docker": docker, "kubernetes": kubernetes}
 
 
@@ -46,9 +48,9 @@ def test_containers_and_pods_without_gpus_are_kept_off_the_hosts_gpus(vendor):
 def test_a_gpu_pod_cannot_widen_what_it_sees_with_its_own_environment():
     """On a GPU pod the device plugin says which GPUs it gets; NVIDIA_VISIBLE_DEVICES=all must not say otherwise."""
     image = ImageSettings(environment={"NVIDIA_VISIBLE_DEVICES": "all", "CUDA_VISIBLE_DEVICES": "0,1,2", "X": "1"})
-    req = TaskRequest(ResourceSettings(gpu_count=1), image, command_envelope(["true"]), "fail", LABELS)
+    req = TaskRequest(ResourceSettings(gpu_count=1), image, Envelope.run(["true"]), "fail", LABELS)
     for backend in ("docker", "kubernetes"):
-        plan = BACKENDS[backend].create().plan(req)
+        plan = BACKENDS[backend].create().plan(req, GpuConfig.read())
         environment = plan.create_kwargs("img")["environment"] if backend == "docker" else plan.environment
         assert "NVIDIA_VISIBLE_DEVICES" not in environment and "CUDA_VISIBLE_DEVICES" not in environment, backend
         assert environment["X"] == "1"
@@ -65,7 +67,7 @@ def test_visible_devices_by_vendor():
 
 def test_the_summary_and_the_lock_holder():
     req = request(ResourceSettings(gpu_count=2, cpu_count=4))
-    assert summary(req, backend="docker", image="img", gpus=None) == {
+    assert summary(req.resources, req.image, backend="docker", image_name="img", gpus=None) == {
         "backend": "docker",
         "image": "img",
         "requirements_hash": "none",
@@ -82,15 +84,15 @@ def test_the_summary_and_the_lock_holder():
             "cpu_fallback": False,
         },
     }
-    fallback = summary(req, backend="docker", image="img", gpus=None, cpu_fallback=True)
+    fallback = summary(req.resources, req.image, backend="docker", image_name="img", gpus=None, cpu_fallback=True)
     assert (fallback["resources"], fallback["gpus"]) == ("2x nvidia GPU, 4 CPUs -> CPU fallback", [])
     assert fallback["effective"]["gpu_count"] == 0 and fallback["effective"]["cpu_fallback"] is True
-    assert summary(request(ResourceSettings()), backend="local", image="i", gpus=None)["gpus"] == []
+    assert summary(ResourceSettings(), ImageSettings(), backend="local", image_name="i", gpus=None)["gpus"] == []
     assert lock_holder(req, "docker") == "d.t[3] run r1 (docker)"
 
 
 def test_the_kubernetes_fallback_pod_reports_what_was_asked_for():
-    plan = BACKENDS["kubernetes"].create().plan(request(ResourceSettings(gpu_count=1), policy="cpu"))
+    plan = BACKENDS["kubernetes"].create().plan(request(ResourceSettings(gpu_count=1), policy="cpu"), GpuConfig.read())
     assert plan.cpu_fallback is not None
     envelope = json.loads(base64.b64decode(plan.cpu_fallback.environment["AIRFLOW_GPU_ENVELOPE"]))
     assert envelope["summary"]["resources"] == "1x nvidia GPU -> CPU fallback"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_gpu_provider.telemetry.advice import advice, cost, model_of, parse_prices
+from airflow_gpu_provider.telemetry.profile import Profile
 
 GIB = 2**30
 
@@ -13,8 +14,10 @@ def gpu(index: str = "0", *, name: str = "NVIDIA A100-SXM4-80GB", total: float =
     return {"index": index, "uuid": f"GPU-{index}", "name": name, "memory_total": total, **figures}
 
 
-def profile(*devices, kind: str = "gpu", duration_s: float = 3600.0) -> dict:
-    return {"kind": kind, "duration_s": duration_s, "devices": list(devices)}
+def profile(*devices, kind: str = "gpu", duration_s: float = 3600.0) -> Profile:
+    read = Profile.read({"version": 1, "kind": kind, "duration_s": duration_s, "devices": list(devices)})
+    assert read is not None
+    return read
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 from docker.errors import APIError
 
-from airflow_gpu_provider import config
 from airflow_gpu_provider.backends.base import Backend
 from airflow_gpu_provider.backends.docker.client import connect
 from airflow_gpu_provider.backends.docker.files import TaskFiles, checkpoint_folder, read_result
@@ -32,13 +31,14 @@ from airflow_gpu_provider.host.keeper import Keeper
 from airflow_gpu_provider.host.workers import worker_identity
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.settings.units import format_bytes
-from airflow_gpu_provider.task.checkpoint import kill_grace
-from airflow_gpu_provider.task.environment import summary
 from airflow_gpu_provider.task.output import LineSplitter
-from airflow_gpu_provider.task.request import TaskRequest, TaskResult, task_result
+from airflow_gpu_provider.task.request import TaskRequest
+from airflow_gpu_provider.task.result import TaskResult, task_result
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from airflow_gpu_provider.config.worker import GpuConfig
 
 NO_GPU_RUNTIME = "could not select device driver"
 TOOLKIT_FIX = (
@@ -81,10 +81,11 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         self._container_id: str | None = None
         self._killed = False
         self._locks: list[int] = []  # the descriptors of this task's GPU locks
+        self._stop_timeout = 30.0  # the running plan's
 
-    def plan(self, request: TaskRequest) -> DockerPlan:
+    def plan(self, request: TaskRequest, conf: GpuConfig) -> DockerPlan:
         """Translate the request into container arguments (:func:`.plan.plan_container`)."""
-        return plan_container(request, self.options)
+        return plan_container(request, self.options, conf)
 
     # ------------------------------------------------------------------ run
     def run(self, plan: DockerPlan, context: Context) -> TaskResult:
@@ -93,10 +94,10 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
             problem = mount_source_problem(mount.get("source", ""), read_only=bool(mount.get("read_only")))
             if mount.get("type", "bind") == "bind" and problem:
                 raise GpuTaskError(f"Refusing the mount {mount}: {problem}.")
-        checkpoint_folder(plan, self.log)
+        checkpoint_folder(plan)
         client = self._client = connect(self.options)
         reap_orphans(client, self.log)  # before any GPU is taken: a dead worker's container may still hold it
-        for note in plan.resources.notes:
+        for note in (*plan.notes, *plan.resources.notes):
             self.log.warning("%s", note)
         image = self._image(client, plan)
         with self._host_gpus(plan) as allocation:
@@ -169,7 +170,7 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
                     "Use a CUDA image such as %s (see airflow_gpu_provider.backends.docker.images.catalogue).",
                     plan.parent_image,
                     reason,
-                    config.get("default_parent_image"),
+                    plan.cuda_image,
                 )
         return image
 
@@ -178,7 +179,7 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         with TaskFiles(files, parent=f"{plan.host.state_dir}/docker-tasks") as task_files:
             kwargs = plan.create_kwargs(image, cpu_fallback=cpu_fallback)
             container_id = self._create(client, kwargs, task_files, plan)
-            self._container_id, self._killed = container_id, False
+            self._container_id, self._killed, self._stop_timeout = container_id, False, plan.stop_timeout
             started = succeeded = False
             keeper: Keeper | None = None
             try:
@@ -256,11 +257,8 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
 
     def _files(self, plan: DockerPlan, image: str, cpu_fallback: bool) -> dict[str, bytes]:
         """The runtime and the envelope (with the resource summary the runtime prints first)."""
-        envelope = {
-            **plan.request.envelope,
-            # gpus None: the runtime asks nvidia-smi in the container (a CPU task gets NVIDIA_VISIBLE_DEVICES=void)
-            "summary": summary(plan.request, backend=self.name, image=image, gpus=None, cpu_fallback=cpu_fallback),
-        }
+        # gpus None: the runtime asks nvidia-smi in the container (a CPU task gets NVIDIA_VISIBLE_DEVICES=void)
+        envelope = plan.request.runtime_envelope(backend=self.name, image=image, gpus=None, cpu_fallback=cpu_fallback)
         return {"bootstrap.py": BOOTSTRAP_PATH.read_bytes(), "envelope.json": json.dumps(envelope).encode()}
 
     def _cleanup(self, client: Any, container_id: str, plan: DockerPlan, *, started: bool, succeeded: bool) -> None:
@@ -272,7 +270,7 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         keep = started and (auto_remove == "never" or (auto_remove == "success" and not succeeded))
         try:
             if keep or (started and not succeeded):
-                client.stop(container_id, timeout=round(kill_grace(plan.options.stop_timeout)))
+                client.stop(container_id, timeout=round(plan.stop_timeout))
             if keep:
                 self.log.info("Kept container %s for inspection (auto_remove=%r)", container_id[:12], auto_remove)
             else:
@@ -289,6 +287,6 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         self._killed = True
         self.log.info("Stopping container %s", container_id[:12])
         with contextlib.suppress(APIError):
-            client.stop(container_id, timeout=round(kill_grace(self.options.stop_timeout)))
+            client.stop(container_id, timeout=round(self._stop_timeout))
         with contextlib.suppress(APIError):
             client.remove_container(container_id, force=True)

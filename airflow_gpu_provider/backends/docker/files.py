@@ -28,7 +28,7 @@ from airflow_gpu_provider.backends.docker.options import mount_source_problem
 from airflow_gpu_provider.backends.docker.plan import CONTAINER_DIR, RESULT_PATH, DockerPlan
 from airflow_gpu_provider.exceptions import GpuTaskError
 from airflow_gpu_provider.host.state import private_dir, task_folder
-from airflow_gpu_provider.task.request import MAX_RESULT_BYTES, ResultError
+from airflow_gpu_provider.task.result import MAX_RESULT_BYTES, ResultError
 
 
 class TaskFiles:
@@ -75,15 +75,11 @@ class TaskFiles:
         client.put_archive(container_id, "/", buffer.getvalue())
 
 
-def checkpoint_folder(plan: DockerPlan, log: Any) -> None:
+def checkpoint_folder(plan: DockerPlan) -> None:
     """Make the task's checkpoint folder (a path root) on the worker, private to it, before the engine mounts it."""
     location = plan.request.checkpoint
-    if location is None or location.is_uri:
-        return
-    if not plan.options.engine_is_local:
-        log.warning("The checkpoint folder %s is on the worker, not on the remote Docker engine's host: the task gets "
-                    "none. Make checkpoint= an object-storage URI.", location.path)  # fmt: skip
-        return
+    if location is None or location.is_uri or not plan.options.engine_is_local:
+        return  # nothing on this worker to make (a remote engine's plan says why in its notes)
     problem = mount_source_problem(location.path, read_only=False)
     if problem:
         raise GpuTaskError(f"Refusing the checkpoint folder as a mount: {problem}.")

@@ -21,7 +21,7 @@ from airflow_gpu_provider.backends.options import (
 )
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.settings import AMD, INTEL, NVIDIA, ResourceSettings
-from airflow_gpu_provider.task.checkpoint import CHECKPOINT_MOUNT
+from airflow_gpu_provider.checkpoint.location import CHECKPOINT_MOUNT
 from airflow_gpu_provider.task.environment import DRIVER_CAPABILITIES
 
 PullPolicy = Literal["missing", "always", "never"]

@@ -16,9 +16,10 @@ from typing import Any
 from docker.errors import APIError, NotFound
 
 from airflow_gpu_provider.host.workers import is_dead
+from airflow_gpu_provider.task.labels import docker_label
 
-WORKER_LABEL = "airflow-gpu-provider.worker"
-AUTO_REMOVE_LABEL = "airflow-gpu-provider.auto-remove"
+WORKER_LABEL = docker_label("worker")
+AUTO_REMOVE_LABEL = docker_label("auto-remove")
 _ENDED = ("exited", "dead")
 
 

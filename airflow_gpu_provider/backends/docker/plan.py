@@ -6,19 +6,21 @@ import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow_gpu_provider import config
 from airflow_gpu_provider.backends.docker.container import ContainerResources, map_resources
 from airflow_gpu_provider.backends.docker.images.dockerfile import BuildOptions
 from airflow_gpu_provider.backends.docker.options import CONTAINER_DIR, DockerOptions
 from airflow_gpu_provider.host.allocator import HostGpus
 from airflow_gpu_provider.settings.units import parse_bytes
-from airflow_gpu_provider.task.checkpoint import CHECKPOINT_MOUNT, checkpoint_environment
+from airflow_gpu_provider.checkpoint.location import CHECKPOINT_MOUNT, checkpoint_environment, unreachable
 from airflow_gpu_provider.task.environment import with_user_environment
+from airflow_gpu_provider.task.labels import PROVIDER, docker_label
 from airflow_gpu_provider.task.request import TaskRequest
 
-LABEL = "airflow-gpu-provider"
+if TYPE_CHECKING:
+    from airflow_gpu_provider.config.worker import GpuConfig
+
 RESULT_PATH = "/tmp/airflow-gpu-result.json"  # read back through the Docker API
 COMMAND = ["python3", f"{CONTAINER_DIR}/bootstrap.py", f"{CONTAINER_DIR}/envelope.json", RESULT_PATH]
 
@@ -31,6 +33,9 @@ class DockerPlan:
     :param resources: host config and environment for the request; ``fallback``: the same on the CPU only
     :param mapping: the arguments the resources were mapped with, to map them again onto the devices the host
         allocator hands out
+    :param stop_timeout: seconds between SIGTERM and SIGKILL when the container is stopped
+    :param cuda_image: a CUDA image to suggest when a GPU task's image looks CPU-only (``[gpu] default_parent_image``)
+    :param notes: what the plan could not give the task (beyond the resource mapping's notes), for its log
     """
 
     request: TaskRequest
@@ -43,6 +48,9 @@ class DockerPlan:
     build: BuildOptions
     host: HostGpus
     mapping: dict[str, Any] = field(default_factory=dict)
+    stop_timeout: float = 30.0
+    cuda_image: str = ""
+    notes: tuple[str, ...] = ()
 
     def create_kwargs(self, image: str, *, cpu_fallback: bool = False) -> dict[str, Any]:
         """``create_container`` arguments, with ``host_config`` as ``create_host_config`` arguments."""
@@ -65,10 +73,10 @@ class DockerPlan:
         return dataclasses.replace(self, resources=remapped)
 
 
-def plan_container(request: TaskRequest, options: DockerOptions) -> DockerPlan:
-    """Map a request onto container arguments. Reads ``[gpu]`` options only; no engine calls."""
+def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig) -> DockerPlan:
+    """Map a request onto container arguments, with the worker's ``[gpu]`` options. No engine calls."""
     mapping: dict[str, Any] = {
-        "shm_size": parse_bytes(config.get("shm_size")),
+        "shm_size": parse_bytes(conf.shm_size),
         "ipc_mode": options.ipc_mode,
         "device_ids": list(options.devices),
         "driver_capabilities": options.driver_capabilities,
@@ -79,7 +87,7 @@ def plan_container(request: TaskRequest, options: DockerOptions) -> DockerPlan:
     container: dict[str, Any] = {
         "command": list(COMMAND),
         "environment": {"PYTHONUNBUFFERED": "1"},
-        "labels": {LABEL: "true", **{f"{LABEL}.{key}": value for key, value in request.labels.items()}},
+        "labels": {PROVIDER: "true", **{docker_label(key): value for key, value in request.labels.items()}},
     }
     if options.user is not None:
         container["user"] = options.user
@@ -96,44 +104,57 @@ def plan_container(request: TaskRequest, options: DockerOptions) -> DockerPlan:
          "ReadOnly": bool(m.get("read_only", False))}
         for m in options.mounts
     ]  # fmt: skip
-    mounts += checkpoint_mount(request, options, container)
+    checkpoint_mounts, notes = checkpoint_mount(request, options, container)
+    mounts += checkpoint_mounts
     if mounts:
         host_config["mounts"] = mounts
     return DockerPlan(
         request=request,
         options=options,
-        parent_image=request.image.parent_image or config.get("default_parent_image"),
+        parent_image=request.image.parent_image or conf.default_parent_image,
         container=container,
         host_config=host_config,
         resources=map_resources(resources, **mapping),
         fallback=fallback,
         build=BuildOptions(
             repository=options.repository,
-            registry=options.registry or config.get("image_registry") or None,
-            ca_bundle=options.ca_bundle or config.get("ca_bundle") or None,
+            registry=options.registry or conf.image_registry or None,
+            ca_bundle=options.ca_bundle or conf.ca_bundle or None,
             uv_source=options.uv_source,
             compile_bytecode=options.compile_bytecode,
         ),
-        host=HostGpus.configured(state_dir=options.state_dir),
+        host=HostGpus.configured(conf, state_dir=options.state_dir),
         mapping=mapping,
+        stop_timeout=conf.grace(options.stop_timeout),
+        cuda_image=conf.default_parent_image,
+        notes=notes,
     )
 
 
-def checkpoint_mount(request: TaskRequest, options: DockerOptions, container: dict[str, Any]) -> list[dict[str, Any]]:
+def checkpoint_mount(
+    request: TaskRequest, options: DockerOptions, container: dict[str, Any]
+) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
     """The task's checkpoint folder in the container (``container`` gets its environment, and maybe its user).
 
     A URI root: the URI itself. A path root on a local engine: the worker's folder, bind-mounted read-write at
     :data:`CHECKPOINT_MOUNT`; the container then runs as the worker's user unless ``user`` is set, so that it may
-    write to the worker's private folder (and the worker may delete what it wrote). A remote engine: none.
+    write to the worker's private folder (and the worker may delete what it wrote). A remote engine cannot reach it
+    (:func:`~airflow_gpu_provider.checkpoint.location.unreachable`: an error with ``resume=True``, else a note).
+
+    :return: the mounts, and the notes for the task's log
     """
     location = request.checkpoint
     if location is not None and location.is_uri:
         container["environment"].update(checkpoint_environment(location.path))
-    if location is None or location.is_uri or not options.engine_is_local:
-        return []
+    if location is None or location.is_uri:
+        return [], ()
+    if not options.engine_is_local:
+        fix = "Make checkpoint= (or [gpu] checkpoint_root) an object-storage URI"
+        note = unreachable(request.display_name, location, resume=request.resume, where="on a remote engine", fix=fix)
+        return [], (note,)
     container["environment"].update(checkpoint_environment(CHECKPOINT_MOUNT))
     if options.user is None:
         container["user"] = f"{os.getuid()}:{os.getgid()}"
         if os.getuid() != 0:
             container["environment"].setdefault("HOME", "/tmp")  # a user the image may not know has no home
-    return [{"Target": CHECKPOINT_MOUNT, "Source": location.path, "Type": "bind", "ReadOnly": False}]
+    return [{"Target": CHECKPOINT_MOUNT, "Source": location.path, "Type": "bind", "ReadOnly": False}], ()

@@ -8,24 +8,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from airflow_gpu_provider.backends.options import BadOption, WorkerOptions, option, text
+from airflow_gpu_provider.backends.pods.options import PodOptions
 
-#: The Kubernetes backend's options that shape a KubernetesExecutor worker pod (checked by that backend's checks).
-POD_OPTIONS: tuple[str, ...] = (
-    "label_scheme",
-    "accelerator_labels",
-    "node_selector",
-    "tolerations",
-    "gpu_toleration",
-    "affinity",
-    "labels",
-    "annotations",
-    "pod_security",
-    "run_as_user",
-    "container_security_context",
-    "priority_class_name",
-    "runtime_class_name",
-    "service_account_name",
-)
+#: The options that shape a KubernetesExecutor worker pod: the pod options the kubernetes backend takes too.
+POD_OPTIONS: tuple[str, ...] = tuple(sorted(PodOptions.names()))
 QUEUE = re.compile(r"^[A-Za-z0-9_.\-{}]+$")
 
 

@@ -16,11 +16,14 @@ from airflow_gpu_provider.backends.kubernetes.options import KubernetesOptions
 from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan, plan_pod
 from airflow_gpu_provider.backends.kubernetes.pod_operator import build_operator, to_dict
 from airflow_gpu_provider.exceptions import GpuUnavailableError
-from airflow_gpu_provider.task.request import TaskRequest, TaskResult, task_result
+from airflow_gpu_provider.task.request import TaskRequest
+from airflow_gpu_provider.task.result import TaskResult, task_result
 
 if TYPE_CHECKING:
     from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
     from airflow.sdk import Context
+
+    from airflow_gpu_provider.config.worker import GpuConfig
 
 
 class KubernetesBackend(Backend[KubernetesOptions, KubernetesPlan]):
@@ -32,12 +35,14 @@ class KubernetesBackend(Backend[KubernetesOptions, KubernetesPlan]):
         super().__init__(options, log)
         self._running: Any = None  # the GpuPodOperator or IndexedJobRun of the current try, for kill()
 
-    def plan(self, request: TaskRequest) -> KubernetesPlan:
+    def plan(self, request: TaskRequest, conf: GpuConfig) -> KubernetesPlan:
         """Map the request onto the pod's pieces (:func:`.plan.plan_pod`). No cluster access."""
-        return plan_pod(request, self.options)
+        return plan_pod(request, self.options, conf)
 
     def run(self, plan: KubernetesPlan, context: Context) -> TaskResult:
         """Run the pod with KubernetesPodOperator inside the current task; the pod is deleted on every path."""
+        for note in plan.notes:
+            self.log.warning("%s", note)
         if plan.num_nodes > 1:
             return self._run_job(plan, context)
         try:
@@ -74,9 +79,9 @@ class KubernetesBackend(Backend[KubernetesOptions, KubernetesPlan]):
             self._running = None
         return task_result(result, 0, where=f"Job {layout.name} (rank 0)")
 
-    def render(self, request: TaskRequest, context: Context) -> list[dict[str, Any]]:
+    def render(self, request: TaskRequest, conf: GpuConfig, context: Context) -> list[dict[str, Any]]:
         """The objects :meth:`run` would submit, as API dicts (built by KubernetesPodOperator, no cluster)."""
-        plan = self.plan(request)
+        plan = self.plan(request, conf)
         if plan.num_nodes > 1:
             _, service, job = multinode_manifests(plan, context=context)
             return [service, job]

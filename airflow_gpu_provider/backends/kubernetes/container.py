@@ -40,8 +40,6 @@ LAUNCHER = _WRITE_RUNTIME + "runpy.run_path(p,run_name='__main__')"
 INSTALLER = _WRITE_RUNTIME + "import sys;sys.exit(runpy.run_path(p)['install_main'](sys.argv[1:]))"
 # Linux caps one environment string at 128 KiB (MAX_ARG_STRLEN); keep a margin for the name.
 MAX_ENV_VALUE = 120 * 1024
-BASELINE: dict[str, Any] = {"privileged": False, "allowPrivilegeEscalation": False}
-RUNTIME_DEFAULT_SECCOMP = {"type": "RuntimeDefault"}
 
 
 @functools.cache
@@ -84,35 +82,4 @@ def task_environment(
         **with_user_environment(provider, environment, resources.gpu_vendor),
         BOOTSTRAP_ENV: bootstrap_payload(),
         ENVELOPE_ENV: encode_envelope(envelope),
-    }
-
-
-def security_context(overrides: Mapping[str, Any] | None, *, restricted: bool, user: int) -> dict[str, Any]:
-    """Every container's security context; ``container_security_context`` keys replace the defaults.
-
-    Restricted (the Pod Security Standards profile, the default): a non-root user, the runtime's seccomp profile,
-    no capability, no privilege escalation. Baseline (the opt-out): not privileged, no privilege escalation.
-    """
-    defaults = dict(BASELINE)
-    if restricted:
-        defaults |= {
-            "runAsNonRoot": True,
-            "runAsUser": user,
-            "runAsGroup": user,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": RUNTIME_DEFAULT_SECCOMP,
-        }
-    return {**defaults, **(overrides or {})}
-
-
-def pod_security_context(*, restricted: bool, user: int) -> dict[str, Any]:
-    """The pod's security context (restricted profile): every container's user and group, the volumes' group."""
-    if not restricted:
-        return {}
-    return {
-        "runAsNonRoot": True,
-        "runAsUser": user,
-        "runAsGroup": user,
-        "fsGroup": user,
-        "seccompProfile": RUNTIME_DEFAULT_SECCOMP,
     }

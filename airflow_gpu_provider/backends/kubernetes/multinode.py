@@ -20,11 +20,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_gpu_provider.backends.kubernetes.options import DNS_LABEL
+from airflow_gpu_provider.backends.pods.options import DNS_LABEL
 from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.task.labels import kubernetes_label
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-JOB_LABEL = "airflow-gpu-provider/job"
+JOB_LABEL = kubernetes_label("job")
 
 
 @dataclass(frozen=True)

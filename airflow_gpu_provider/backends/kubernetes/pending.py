@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_gpu_provider.exceptions import GpuTaskError, HostOutOfMemoryError
+
 _INSUFFICIENT = re.compile(r"(\d+) Insufficient ([A-Za-z0-9./_-]+)")
 _TAINT = re.compile(r"(\d+) node\(s\) had (?:untolerated )?taint \{([^}]*)\}")
 _SELECTOR = re.compile(r"(\d+) node\(s\) didn't match (?:Pod's )?node (?:affinity/selector|selector)")
@@ -113,18 +115,23 @@ def termination(pod: Mapping[str, Any], container: str) -> dict[str, Any] | None
     return None
 
 
-def explain_termination(pod: Mapping[str, Any], container: str, limits: Mapping[str, str]) -> str | None:
-    """A sentence for a container the kernel or kubelet killed (OOMKilled, ...); None for ordinary exits."""
+def termination_error(pod: Mapping[str, Any], container: str, limits: Mapping[str, str]) -> GpuTaskError | None:
+    """The error of a container the kernel or kubelet killed; ``None`` for ordinary exits.
+
+    ``OOMKilled`` is a :class:`HostOutOfMemoryError` (an ``on_oom`` ladder's memory step); any other reason a
+    :class:`GpuTaskError` naming it.
+    """
     record = termination(pod, container)
     if not record or record.get("reason") in (None, "Completed", "Error"):
         return None
     reason = record["reason"]
     text = f"The main container of pod {_name(pod)} was stopped: {reason} (exit code {record.get('exitCode')})."
-    if reason == "OOMKilled":
-        limit = limits.get("memory")
-        text += (
-            f" It used more than its memory limit ({limit}); raise ResourceSettings.memory."
-            if limit
-            else " The node ran out of memory; set ResourceSettings.memory so the scheduler reserves enough."
-        )
-    return text
+    if reason != "OOMKilled":
+        return GpuTaskError(text)
+    limit = limits.get("memory")
+    text += (
+        f" It used more than its memory limit ({limit}); raise ResourceSettings.memory."
+        if limit
+        else " The node ran out of memory; set ResourceSettings.memory so the scheduler reserves enough."
+    )
+    return HostOutOfMemoryError(text)

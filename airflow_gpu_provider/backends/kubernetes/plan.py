@@ -9,20 +9,23 @@ import copy
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow_gpu_provider import config
-from airflow_gpu_provider.backends.kubernetes import container, resources, scheduling
+from airflow_gpu_provider.backends.kubernetes import container
+from airflow_gpu_provider.backends.pods import resources, scheduling
+from airflow_gpu_provider.backends.pods.security import pod_security_context, security_context
 from airflow_gpu_provider.backends.kubernetes.options import KubernetesOptions, check_pod_template
 from airflow_gpu_provider.backends.kubernetes.requirements import requirements_plan
 from airflow_gpu_provider.backends.options import BadOption
 from airflow_gpu_provider.exceptions import GpuTaskError
 from airflow_gpu_provider.settings import ResourceSettings
-from airflow_gpu_provider.task.checkpoint import CHECKPOINT_MOUNT, checkpoint_environment, kill_grace
-from airflow_gpu_provider.task.environment import summary
+from airflow_gpu_provider.checkpoint.location import CHECKPOINT_MOUNT, checkpoint_environment, unreachable
+from airflow_gpu_provider.task.labels import MANAGED_BY, kubernetes_label
 from airflow_gpu_provider.task.request import TaskRequest
 
-MANAGED_BY = {"app.kubernetes.io/managed-by": "airflow-gpu-provider"}
+if TYPE_CHECKING:
+    from airflow_gpu_provider.config.worker import GpuConfig
+
 DEFAULT_RENDEZVOUS_PORT = 29500
 
 
@@ -34,6 +37,7 @@ class KubernetesPlan:
     :param pending_timeout: seconds a pod may stay unscheduled before the task fails
     :param cpu_fallback: the CPU-only plan to run when no GPU node takes the pod (``on_missing_gpu="cpu"``)
     :param num_nodes: pods of a multi-node launch (an Indexed Job), meeting on ``port``
+    :param notes: what the plan could not give the task, for its log
     """
 
     task_id: str
@@ -59,6 +63,7 @@ class KubernetesPlan:
     num_nodes: int = 1
     port: int = DEFAULT_RENDEZVOUS_PORT
     termination_grace_period: int = 30
+    notes: tuple[str, ...] = ()
 
 
 def load_pod_template(options: KubernetesOptions) -> dict[str, Any] | None:
@@ -86,26 +91,31 @@ def load_pod_template(options: KubernetesOptions) -> dict[str, Any] | None:
     return template
 
 
-def plan_pod(request: TaskRequest, options: KubernetesOptions) -> KubernetesPlan:
+def plan_pod(request: TaskRequest, options: KubernetesOptions, conf: GpuConfig) -> KubernetesPlan:
     """Map the request onto the pod's pieces, with a CPU-only fallback pod under ``on_missing_gpu="cpu"``."""
-    primary = _pod(request, options, request.resources)
+    primary = _pod(request, options, conf, request.resources)
     if request.num_nodes > 1:
         return primary  # every node must get its GPUs: no CPU fallback for a multi-node launch
     if request.missing_gpu.runs_on_cpu and request.resources.requests_gpus:
-        fallback = _pod(request, options, request.resources.without_gpus(), cpu_fallback=True)
+        fallback = _pod(request, options, conf, request.resources.without_gpus(), cpu_fallback=True)
         primary = dataclasses.replace(primary, cpu_fallback=fallback)
     return primary
 
 
 def _pod(
-    request: TaskRequest, options: KubernetesOptions, wanted: ResourceSettings, *, cpu_fallback: bool = False
+    request: TaskRequest,
+    options: KubernetesOptions,
+    conf: GpuConfig,
+    wanted: ResourceSettings,
+    *,
+    cpu_fallback: bool = False,
 ) -> KubernetesPlan:
     amounts = resources.container_resources(wanted)
     restricted = options.pod_security == "restricted"
-    security = container.security_context(
+    security = security_context(
         options.container_security_context, restricted=restricted, user=options.run_as_user
     )
-    base_image = request.image.parent_image or config.get("default_parent_image")
+    base_image = request.image.parent_image or conf.default_parent_image
     deps = requirements_plan(
         request.image,
         mode=options.requirements_mode,
@@ -121,10 +131,10 @@ def _pod(
     toleration_key = wanted.gpu_vendor.k8s_resource if accelerator_key else None  # MIG nodes too
     place = scheduling.placement(wanted, toleration_key, options, (template or {}).get("spec"))
     # gpus None: the runtime asks nvidia-smi inside the pod
-    task_summary = summary(request, backend="kubernetes", image=deps.image, gpus=None, cpu_fallback=cpu_fallback)
+    envelope = request.runtime_envelope(backend="kubernetes", image=deps.image, gpus=None, cpu_fallback=cpu_fallback)
     shm_volumes, shm_mounts = resources.shm_volume(wanted)
     command, args = container.launch_command(result_to_log=request.num_nodes > 1)
-    checkpoint_volumes, checkpoint_mounts, checkpoint_env = checkpoint_volume(request, options)
+    checkpoint_volumes, checkpoint_mounts, checkpoint_env, notes = checkpoint_volume(request, options)
     return KubernetesPlan(
         task_id=request.labels.get("task_id", "gpu-task"),
         image=deps.image,
@@ -133,7 +143,7 @@ def _pod(
         environment=container.task_environment(
             wanted,
             {**request.image.environment, **deps.environment, **checkpoint_env},
-            {**request.envelope, "summary": task_summary},
+            envelope,
         ),
         resources=amounts,
         options=options,
@@ -145,40 +155,46 @@ def _pod(
         affinity=place.affinity,
         labels={
             **MANAGED_BY,
-            "airflow-gpu-provider/requirements": request.image.requirements_hash,
+            kubernetes_label("requirements"): request.image.requirements_hash,
             **(options.labels or {}),
         },
-        annotations={"airflow-gpu-provider/resources": task_summary["resources"], **(options.annotations or {})},
+        annotations={kubernetes_label("resources"): envelope["summary"]["resources"], **(options.annotations or {})},
         security_context=security,
-        pod_security_context=container.pod_security_context(restricted=restricted, user=options.run_as_user),
+        pod_security_context=pod_security_context(restricted=restricted, user=options.run_as_user),
         pod_template=template,
         pending_timeout=options.pending_timeout or request.missing_gpu.pending_timeout,
         num_nodes=request.num_nodes,
         port=request.rendezvous_port or DEFAULT_RENDEZVOUS_PORT,
-        termination_grace_period=round(kill_grace(options.termination_grace_period)),
+        termination_grace_period=round(conf.grace(options.termination_grace_period)),
+        notes=notes,
     )
 
 
 def checkpoint_volume(
     request: TaskRequest, options: KubernetesOptions
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, str]]:
-    """``(volumes, mounts, environment)`` that show the pod its checkpoint folder.
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, str], tuple[str, ...]]:
+    """``(volumes, mounts, environment, notes)`` that show the pod its checkpoint folder.
 
     A URI root: the URI itself. A path root: the ``checkpoint_claim`` PersistentVolumeClaim (whose root is the
     checkpoint root), its subPath for this task mounted at :data:`CHECKPOINT_MOUNT`. A path root without a claim
-    is not reachable from a pod: none, and ``resume=True`` is an error.
+    is not reachable from a pod (:func:`~airflow_gpu_provider.checkpoint.location.unreachable`: an error with
+    ``resume=True``, else a note for the log).
     """
     location = request.checkpoint
     if location is not None and location.is_uri:
-        return [], [], checkpoint_environment(location.path)
-    if location is None or options.checkpoint_claim is None:
-        if location is not None and request.envelope.get("resume"):
-            raise GpuTaskError(
-                f"{request.display_name} has resume=True, but its checkpoint root {location.root!r} is a path, which "
-                "a pod reaches only on a PersistentVolumeClaim: set backend_options['checkpoint_claim'], or make "
-                "checkpoint= (or [gpu] checkpoint_root) an object-storage URI."
-            )
-        return [], [], {}
+        return [], [], checkpoint_environment(location.path), ()
+    if location is None:
+        return [], [], {}, ()
+    if options.checkpoint_claim is None:
+        note = unreachable(
+            request.display_name,
+            location,
+            resume=request.resume,
+            where="in a pod",
+            fix="Set backend_options['checkpoint_claim'] (a PersistentVolumeClaim whose root is the checkpoint root), "
+            "or make checkpoint= (or [gpu] checkpoint_root) an object-storage URI",
+        )
+        return [], [], {}, (note,)
     volume = {"name": "checkpoint", "persistentVolumeClaim": {"claimName": options.checkpoint_claim}}
     mount = {"name": "checkpoint", "mountPath": CHECKPOINT_MOUNT, "subPath": location.relative}
-    return [volume], [mount], checkpoint_environment(CHECKPOINT_MOUNT)
+    return [volume], [mount], checkpoint_environment(CHECKPOINT_MOUNT), ()

@@ -18,15 +18,10 @@ from kubernetes.client import ApiClient, Configuration
 from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
-from airflow_gpu_provider.backends.kubernetes.pending import (
-    Unschedulable,
-    explain_termination,
-    termination,
-    unschedulable,
-)
+from airflow_gpu_provider.backends.kubernetes.pending import Unschedulable, termination_error, unschedulable
 from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan
 from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError, HostOutOfMemoryError, RemoteTaskError
-from airflow_gpu_provider.task.request import result_value
+from airflow_gpu_provider.task.result import result_value
 
 _API = ApiClient(configuration=Configuration())
 
@@ -94,11 +89,7 @@ class GpuPodOperator(KubernetesPodOperator):
             except RemoteTaskError as err:
                 return err
         if self.remote_pod is not None:
-            pod = to_dict(self.remote_pod)
-            text = explain_termination(pod, self.base_container_name, limits)
-            if text is not None:  # an OOM kill is a host OOM: an on_oom ladder's memory step
-                oom = (termination(pod, self.base_container_name) or {}).get("reason") == "OOMKilled"
-                return HostOutOfMemoryError(text) if oom else GpuTaskError(text)
+            return termination_error(to_dict(self.remote_pod), self.base_container_name, limits)
         return None
 
 

@@ -28,12 +28,15 @@ from airflow_gpu_provider.host.allocator import HostGpus
 from airflow_gpu_provider.host.state import private_dir, task_folder
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.settings.units import format_bytes
-from airflow_gpu_provider.task.checkpoint import checkpoint_environment, kill_grace
-from airflow_gpu_provider.task.environment import summary, thread_environment, visible_devices
-from airflow_gpu_provider.task.request import TaskRequest, TaskResult, read_result_file, task_result
+from airflow_gpu_provider.checkpoint.location import checkpoint_environment
+from airflow_gpu_provider.task.environment import thread_environment, visible_devices
+from airflow_gpu_provider.task.request import TaskRequest
+from airflow_gpu_provider.task.result import TaskResult, read_result_file, task_result
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from airflow_gpu_provider.config.worker import GpuConfig
 
 
 @dataclass(frozen=True)
@@ -58,19 +61,19 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
         super().__init__(options, log)
         self._task: TaskProcess | None = None
 
-    def plan(self, request: TaskRequest) -> LocalPlan:
+    def plan(self, request: TaskRequest, conf: GpuConfig) -> LocalPlan:
         """Translate a request: thread variables, image environment, the checkpoint folder, the host's GPUs. No I/O."""
         checkpoint = None if request.checkpoint is None else request.checkpoint.path
         return LocalPlan(
             request=request,
-            host=HostGpus.configured(devices=self.options.devices, state_dir=self.options.state_dir),
+            host=HostGpus.configured(conf, devices=self.options.devices, state_dir=self.options.state_dir),
             environment={
                 "PYTHONUNBUFFERED": "1",
                 **thread_environment(request.resources),
                 **request.image.environment,
                 **checkpoint_environment(checkpoint),
             },
-            kill_grace=kill_grace(self.options.kill_grace),
+            kill_grace=conf.grace(self.options.kill_grace),
         )
 
     # ------------------------------------------------------------------ run
@@ -97,17 +100,13 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
             with _task_folder(plan.host.state_dir) as workdir:
                 ids = [device.id for device in allocation.devices]
                 environment = {**os.environ, **plan.environment, **visible_devices(request.resources.gpu_vendor, ids)}
-                envelope = {
-                    **request.envelope,
-                    "die_with_parent": True,
-                    "summary": summary(
-                        request,
-                        backend=self.options.backend,
-                        image=image_name,
-                        gpus=[device.describe() for device in allocation.devices],
-                        cpu_fallback=allocation.cpu_fallback,
-                    ),
-                }
+                envelope = request.runtime_envelope(
+                    backend=self.options.backend,
+                    image=image_name,
+                    gpus=[device.describe() for device in allocation.devices],
+                    cpu_fallback=allocation.cpu_fallback,
+                    die_with_parent=True,
+                )
                 envelope_path = Path(workdir, "envelope.json")
                 result_path = Path(workdir, "result.json")
                 envelope_path.write_text(json.dumps(envelope))

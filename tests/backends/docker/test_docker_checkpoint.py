@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import load_dag, run_dag, task_states, xcom
 
-from airflow_gpu_provider.task.checkpoint import CHECKPOINT_MOUNT, location, run_folder
+from airflow_gpu_provider.checkpoint.location import CHECKPOINT_MOUNT, location, run_folder
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("no_leaks", "airflow_home")]
 DAG_FILE = Path(__file__).resolve().parents[2] / "dags" / "docker_dags.py"

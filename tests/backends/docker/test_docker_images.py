@@ -15,9 +15,11 @@ from airflow_gpu_provider.backends.docker.backend import DockerBackend
 from airflow_gpu_provider.backends.docker.images.dockerfile import CA_PATH, BuildOptions, derived_image_spec
 from airflow_gpu_provider.backends.docker.images.engine import ImageError, ensure_derived_image
 from airflow_gpu_provider.backends.docker.options import DockerOptions
-from airflow_gpu_provider.payload import callable_envelope, shipped_callable
+from airflow_gpu_provider.task.envelope import Envelope
+from airflow_gpu_provider.task.callable import shipped_callable
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.task.request import TaskRequest
+from airflow_gpu_provider.config.worker import GpuConfig
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("no_leaks")]
 OPTIONS = {"repository": TEST_REPOSITORY}
@@ -32,7 +34,7 @@ def installed_version() -> dict:
 
 
 def request(image: ImageSettings) -> TaskRequest:
-    envelope = callable_envelope(shipped_callable(installed_version, owner="test"), [], {})
+    envelope = Envelope.call(shipped_callable(installed_version, owner="test"), [], {})
     return TaskRequest(ResourceSettings(), image, envelope, "fail", {"dag_id": "d", "task_id": "t"})
 
 
@@ -48,7 +50,7 @@ def image_with(wheels, version, **kwargs) -> ImageSettings:
 def test_requirements_from_a_local_wheel_dir_are_built_once_then_reused(docker_client, task_log, wheel_dir):
     wheels, version = wheel_dir
     backend = DockerBackend(DockerOptions.parse(OPTIONS), log=task_log[0])
-    plan = backend.plan(request(image_with(wheels, version)))
+    plan = backend.plan(request(image_with(wheels, version)), GpuConfig.read())
     assert backend.run(plan, {}).return_value["version"] == version
     assert task_log[1].count("Building derived image") == 1
     assert task_log[1].count("Step 1/") == 1  # build progress is streamed to the task log
@@ -82,7 +84,7 @@ def test_concurrent_tasks_build_the_same_image_once(task_log, wheel_dir):
 
     def task() -> None:
         backend = DockerBackend(DockerOptions.parse(OPTIONS), log=task_log[0])
-        results.append(backend.run(backend.plan(request(image)), {}).return_value["version"])
+        results.append(backend.run(backend.plan(request(image), GpuConfig.read()), {}).return_value["version"])
 
     threads = [threading.Thread(target=task) for _ in range(3)]
     for thread in threads:
@@ -100,7 +102,7 @@ def test_pip_installer_and_ca_bundle(task_log, wheel_dir):
     backend = DockerBackend(
         DockerOptions.parse({**OPTIONS, "ca_bundle": "/etc/ssl/certs/ca-certificates.crt"}), log=task_log[0]
     )
-    result = backend.run(backend.plan(request(image)), {}).return_value
+    result = backend.run(backend.plan(request(image), GpuConfig.read()), {}).return_value
     assert result == {"version": version, "ssl_cert_file": CA_PATH}
     assert 'RUN ["python3", "-m", "pip", "install"' in task_log[1].text
 
@@ -114,7 +116,7 @@ def test_uv_pip_installed_in_the_image_and_a_pypi_requirement(task_log, wheel_di
         find_links=[str(wheels)],
     )
     backend = DockerBackend(DockerOptions.parse({**OPTIONS, "uv_source": "pip"}), log=task_log[0])
-    assert backend.run(backend.plan(request(image)), {}).return_value["version"] == version
+    assert backend.run(backend.plan(request(image), GpuConfig.read()), {}).return_value["version"] == version
     assert 'RUN ["python3", "-m", "pip", "install", "--no-cache-dir", "uv==' in task_log[1].text
     assert 'RUN ["python3", "-m", "uv", "pip", "install"' in task_log[1].text
     assert "+ six==1.16.0" in task_log[1].text
@@ -134,7 +136,7 @@ def test_failing_requirement_install_is_a_clear_error_and_leaves_no_container(do
     )
     backend = DockerBackend(DockerOptions.parse(OPTIONS), log=task_log[0])
     with pytest.raises(ImageError, match="Could not build the derived image") as excinfo:
-        backend.run(backend.plan(request(image)), {})
+        backend.run(backend.plan(request(image), GpuConfig.read()), {})
     message = str(excinfo.value)
     assert "airflow-gpu-provider-no-such-package" in message  # the installer's own words are in the error
     assert "returned a non-zero code" in message
@@ -148,7 +150,7 @@ def test_unreachable_registry_push_is_a_clear_error(task_log, wheel_dir):
     wheels, version = wheel_dir
     backend = DockerBackend(DockerOptions.parse({**OPTIONS, "registry": "localhost:1"}), log=task_log[0])
     with pytest.raises(ImageError, match=r"Pushing localhost:1/airflow-gpu-test-derived:.* failed"):
-        backend.run(backend.plan(request(image_with(wheels, version))), {})
+        backend.run(backend.plan(request(image_with(wheels, version)), GpuConfig.read()), {})
     assert "is not in the registry yet; building it" in task_log[1].text
 
 
@@ -184,9 +186,9 @@ def test_index_credentials_stay_out_of_the_image_its_history_and_the_log(docker_
             requirements=["airflow-gpu-private==1.0"],
             index_url=index.url(docker_host_address()),
         )
-        envelope = callable_envelope(shipped_callable(uses_the_private_package, owner="test"), [], {})
+        envelope = Envelope.call(shipped_callable(uses_the_private_package, owner="test"), [], {})
         backend = DockerBackend(DockerOptions.parse(OPTIONS), log=task_log[0])
-        plan = backend.plan(TaskRequest(ResourceSettings(), image, envelope, "fail", {"dag_id": "d", "task_id": "t"}))
+        plan = backend.plan(TaskRequest(ResourceSettings(), image, envelope, "fail", {"dag_id": "d", "task_id": "t"}), GpuConfig.read())
         assert backend.run(plan, {}).return_value == {"private": True}
         assert index.authorized
     assert index.password not in task_log[1].text

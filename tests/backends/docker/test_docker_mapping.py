@@ -6,15 +6,16 @@ import sys
 
 import pytest
 
-from airflow_gpu_provider.backends import BACKENDS, get_backend_class
+from airflow_gpu_provider.backends import BACKENDS
 from airflow_gpu_provider.backends.docker.backend import DockerBackend
 from airflow_gpu_provider.backends.docker.container import NVIDIA_ULIMITS, map_resources
 from airflow_gpu_provider.backends.docker.options import DockerOptions, mount_source_problem
 from airflow_gpu_provider.backends.docker.plan import COMMAND
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
-from airflow_gpu_provider.payload import command_envelope
+from airflow_gpu_provider.task.envelope import Envelope
 from airflow_gpu_provider.settings import GpuVendor, ImageSettings, ResourceSettings
 from airflow_gpu_provider.task.request import TaskRequest
+from airflow_gpu_provider.config.worker import GpuConfig
 
 GiB = 1024**3
 
@@ -121,11 +122,11 @@ def plan_for(options=None, **resources):
     request = TaskRequest(
         ResourceSettings(**resources),
         ImageSettings(parent_image="airflow-gpu-base:bookworm", environment={"OMP_NUM_THREADS": "7"}),
-        command_envelope(["true"]),
+        Envelope.run(["true"]),
         "cpu",
         {"dag_id": "d", "task_id": "t", "run_id": "r", "try_number": "1", "map_index": "-1"},
     )
-    return BACKENDS["docker"].create(options).plan(request)
+    return BACKENDS["docker"].create(options).plan(request, GpuConfig.read())
 
 
 def test_plan_holds_the_create_arguments():
@@ -152,8 +153,8 @@ def test_plan_reads_shm_default_from_config(monkeypatch):
 
 def test_plan_uses_default_parent_image(monkeypatch):
     monkeypatch.setenv("AIRFLOW__GPU__DEFAULT_PARENT_IMAGE", "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime")
-    request = TaskRequest(ResourceSettings(), ImageSettings(), command_envelope(["true"]))
-    assert DockerBackend(DockerOptions()).plan(request).parent_image == "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+    request = TaskRequest(ResourceSettings(), ImageSettings(), Envelope.run(["true"]))
+    assert DockerBackend(DockerOptions()).plan(request, GpuConfig.read()).parent_image == "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
 
 
 def test_cpu_task_has_no_fallback():
@@ -162,7 +163,7 @@ def test_cpu_task_has_no_fallback():
 
 # ---------------------------------------------------------------------- options
 def test_docker_backend_is_registered():
-    assert get_backend_class("docker") is DockerBackend
+    assert BACKENDS["docker"].backend_class() is DockerBackend
 
 
 @pytest.mark.parametrize(

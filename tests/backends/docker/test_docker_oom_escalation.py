@@ -6,7 +6,7 @@ import pytest
 from conftest import REPO
 from helpers import load_dag, run_dag, task_states, xcom
 
-from airflow_gpu_provider.task import escalation
+from airflow_gpu_provider.escalation import tries as escalation
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("airflow_home", "no_leaks")]
 

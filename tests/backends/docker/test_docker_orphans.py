@@ -15,13 +15,13 @@ KEEPING_WORKER = """
 import logging, sys
 from airflow_gpu_provider.backends import BACKENDS
 from airflow_gpu_provider.exceptions import RemoteTaskError
-from airflow_gpu_provider.payload import command_envelope
+from airflow_gpu_provider.task.envelope import Envelope
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.task.request import TaskRequest
 backend = BACKENDS["docker"].create({"state_dir": sys.argv[1], "auto_remove": "never"}, logging.getLogger("w"))
-request = TaskRequest(ResourceSettings(), ImageSettings(parent_image=sys.argv[2]), command_envelope(["false"]))
+request = TaskRequest(ResourceSettings(), ImageSettings(parent_image=sys.argv[2]), Envelope.run(["false"]))
 try:
-    backend.run(backend.plan(request), {})
+    backend.run(backend.plan(request, GpuConfig.read()), {})
 except RemoteTaskError:
     pass
 """
@@ -44,13 +44,14 @@ def test_a_container_kept_for_inspection_outlives_its_worker(docker_client, task
 GPU_WORKER = """
 import logging, sys
 from airflow_gpu_provider.backends import BACKENDS
-from airflow_gpu_provider.payload import command_envelope
+from airflow_gpu_provider.task.envelope import Envelope
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.task.request import TaskRequest
+from airflow_gpu_provider.config.worker import GpuConfig
 backend = BACKENDS["docker"].create({"state_dir": sys.argv[1]}, logging.getLogger("w"))
 resources = ResourceSettings(gpu_count=2)
-request = TaskRequest(resources, ImageSettings(parent_image=sys.argv[2]), command_envelope(["sleep", "300"]), "cpu")
-backend.run(backend.plan(request), {})
+request = TaskRequest(resources, ImageSettings(parent_image=sys.argv[2]), Envelope.run(["sleep", "300"]), "cpu")
+backend.run(backend.plan(request, GpuConfig.read()), {})
 """
 
 

@@ -13,7 +13,8 @@ from airflow_gpu_provider.backends.docker.backend import ContainerOomError, Dock
 from airflow_gpu_provider.backends.docker.images.engine import ImageError
 from airflow_gpu_provider.backends.docker.options import DockerOptions
 from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError, RemoteTaskError
-from airflow_gpu_provider.payload import callable_envelope, command_envelope, shipped_callable
+from airflow_gpu_provider.task.envelope import Envelope
+from airflow_gpu_provider.task.callable import shipped_callable
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.task.request import TaskRequest
 
@@ -28,12 +29,12 @@ def request(envelope, *, image=None, on_missing_gpu="fail", **resources) -> Task
 
 
 def call(function, *args, **kwargs):
-    return callable_envelope(shipped_callable(function, owner="test"), list(args), kwargs)
+    return Envelope.call(shipped_callable(function, owner="test"), list(args), kwargs)
 
 
 def run(task_log, req, options=None):
     backend = DockerBackend(DockerOptions.parse(options or {}), log=task_log[0])
-    return backend.run(backend.plan(req), {})
+    return backend.run(backend.plan(req, GpuConfig.read()), {})
 
 
 def add(a: int, b: int = 1) -> dict:
@@ -58,7 +59,7 @@ def test_callable_gets_arguments_and_returns_its_value(task_log):
 
 
 def test_command_runs_through_the_runtime(task_log):
-    result = run(task_log, request(command_envelope(["python3", "-c", "print('hello from a command')"])))
+    result = run(task_log, request(Envelope.run(["python3", "-c", "print('hello from a command')"])))
     assert result.return_value is None  # a command's exit status 0: no error raised
     assert "hello from a command" in task_log[1].text
     assert "[gpu] resources: no GPU" in task_log[1].text
@@ -66,7 +67,7 @@ def test_command_runs_through_the_runtime(task_log):
 
 def test_non_zero_exit_fails_the_task(task_log):
     with pytest.raises(RemoteTaskError, match="exited with status 3"):
-        run(task_log, request(command_envelope(["python3", "-c", "import sys; sys.exit(3)"])))
+        run(task_log, request(Envelope.run(["python3", "-c", "import sys; sys.exit(3)"])))
 
 
 def test_exception_fails_with_the_containers_traceback(task_log):
@@ -116,7 +117,7 @@ def test_gpu_request_reaches_the_engine_as_device_requests(docker_client, task_l
         "ids": (backend, {"gpu_count": 1}, {"Count": 0, "DeviceIDs": ["GPU-1111"]}),
     }
     for name, (owner, resources, expected) in cases.items():
-        plan = owner.plan(request(command_envelope(["true"]), cpu_count=2, memory="1Gi", **resources))
+        plan = owner.plan(request(Envelope.run(["true"]), cpu_count=2, memory="1Gi", **resources), GpuConfig.read())
         kwargs = plan.create_kwargs(BASE_IMAGE)
         host_config = docker_client.create_host_config(**kwargs.pop("host_config"))
         container = docker_client.create_container(host_config=host_config, **kwargs)
@@ -143,13 +144,13 @@ def test_bad_image_name_is_a_clear_error(task_log):
     with pytest.raises(
         ImageError, match="'airflow-gpu-test/no-such-image:nope' is not on the engine and cannot be pulled"
     ):
-        run(task_log, request(command_envelope(["true"]), image=image))
+        run(task_log, request(Envelope.run(["true"]), image=image))
 
 
 def test_unreachable_daemon_is_a_clear_error(task_log, tmp_path):
     started = time.monotonic()
     with pytest.raises(GpuTaskError, match=r"Cannot reach the Docker engine at unix://.*nothing\.sock"):
-        run(task_log, request(command_envelope(["true"])), {"docker_url": f"unix://{tmp_path}/nothing.sock"})
+        run(task_log, request(Envelope.run(["true"])), {"docker_url": f"unix://{tmp_path}/nothing.sock"})
     assert time.monotonic() - started < 10
 
 
@@ -167,7 +168,7 @@ def test_image_without_python_is_a_clear_error(docker_client, task_log, tmp_path
     tag = "airflow-gpu-test-derived:no-python"
     list(docker_client.build(fileobj=context, custom_context=True, tag=tag, rm=True, forcerm=True, decode=True))
     with pytest.raises(GpuTaskError, match="needs python3"):
-        run(task_log, request(command_envelope(["true"]), image=ImageSettings(parent_image=tag)))
+        run(task_log, request(Envelope.run(["true"]), image=ImageSettings(parent_image=tag)))
 
 
 def sleep_forever() -> None:
@@ -179,7 +180,7 @@ def sleep_forever() -> None:
 
 def test_kill_stops_and_removes_the_container(docker_client, task_log):
     backend = DockerBackend(DockerOptions.parse({"stop_timeout": 2}), log=task_log[0])
-    plan = backend.plan(request(call(sleep_forever)))
+    plan = backend.plan(request(call(sleep_forever)), GpuConfig.read())
     outcome: dict[str, BaseException] = {}
 
     def target() -> None:
@@ -222,7 +223,7 @@ def test_user_and_read_only_mount(task_log, tmp_path: Path):
 def test_auto_remove_success_keeps_a_failed_container_stopped(docker_client, task_log):
     before = container_ids(docker_client)
     with pytest.raises(RemoteTaskError):
-        run(task_log, request(command_envelope(["false"])), {"auto_remove": "success"})
+        run(task_log, request(Envelope.run(["false"])), {"auto_remove": "success"})
     (kept,) = container_ids(docker_client) - before
     try:
         assert docker_client.inspect_container(kept)["State"]["Running"] is False
@@ -284,7 +285,7 @@ def test_containers_keep_no_capability_and_gain_no_privilege(task_log):
 )
 def test_whatever_the_container_leaves_at_the_result_path_is_never_followed(task_log, made, fragment):
     with pytest.raises(GpuTaskError, match=fragment):
-        run(task_log, request(command_envelope(["sh", "-c", made])))
+        run(task_log, request(Envelope.run(["sh", "-c", made])))
 
 
 def test_the_providers_device_isolation_wins_over_the_tasks_environment(task_log):
@@ -298,13 +299,14 @@ def test_the_providers_device_isolation_wins_over_the_tasks_environment(task_log
 WORKER = """
 import logging, sys
 from airflow_gpu_provider.backends import BACKENDS
-from airflow_gpu_provider.payload import command_envelope
+from airflow_gpu_provider.task.envelope import Envelope
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.task.request import TaskRequest
+from airflow_gpu_provider.config.worker import GpuConfig
 logging.basicConfig(level=logging.INFO, stream=sys.stdout)
 backend = BACKENDS["docker"].create({"state_dir": sys.argv[1]}, logging.getLogger("worker"))
-request = TaskRequest(ResourceSettings(), ImageSettings(parent_image=sys.argv[2]), command_envelope(["sleep", "300"]))
-backend.run(backend.plan(request), {})
+request = TaskRequest(ResourceSettings(), ImageSettings(parent_image=sys.argv[2]), Envelope.run(["sleep", "300"]))
+backend.run(backend.plan(request, GpuConfig.read()), {})
 """
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import kubernetes_validate
 from kubernetes.utils import parse_quantity
+from airflow_gpu_provider.config.worker import GpuConfig
 
 # The oldest release whose Job features we rely on (pod-index labels, Indexed completion) and the newest schemas.
 KUBERNETES_VERSIONS = ("1.28", "1.37")
@@ -131,18 +132,18 @@ def plan_and_render(
 ) -> tuple[Any, list[dict[str, Any]]]:
     """Plan a request on the Kubernetes backend and render it with KubernetesPodOperator (no cluster)."""
     from airflow_gpu_provider.backends import BACKENDS
-    from airflow_gpu_provider.payload import command_envelope
+    from airflow_gpu_provider.task.envelope import Envelope
     from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
     from airflow_gpu_provider.task.request import TaskRequest
 
     request = TaskRequest(
         resources or ResourceSettings(),
         image or ImageSettings(),
-        envelope or command_envelope(["python3", "-c", "print('hi')"]),
+        envelope or Envelope.run(["python3", "-c", "print('hi')"]),
         policy,  # type: ignore[arg-type]
         {"dag_id": "d", "task_id": "train", "run_id": "manual", "try_number": "1", "map_index": "-1"},
     )
     options = {"namespace": "ml", **(options or {})}
     backend = BACKENDS["kubernetes"].create(options)
     restricted = options.get("pod_security", "restricted") == "restricted"
-    return backend.plan(request), [validate(obj, restricted=restricted) for obj in backend.render(request, None)]
+    return backend.plan(request, GpuConfig.read()), [validate(obj, restricted=restricted) for obj in backend.render(request, GpuConfig.read(), None)]

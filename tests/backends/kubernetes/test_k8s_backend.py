@@ -13,13 +13,13 @@ from k8s_manifests import env, main_container, plan_and_render
 from airflow_gpu_provider.backends.kubernetes.container import LAUNCHER
 from airflow_gpu_provider.backends.kubernetes.requirements import DEPS_DIR, INIT_CONTAINER
 from airflow_gpu_provider.exceptions import GpuTaskError, InvalidSettingError
-from airflow_gpu_provider.payload import command_envelope
+from airflow_gpu_provider.task.envelope import Envelope
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 
 
 def test_main_container_runs_the_shipped_runtime_and_writes_to_the_xcom_sidecar():
-    _, [pod] = plan_and_render(ResourceSettings(gpu_count=1), envelope=command_envelope(["nvidia-smi"]))
+    _, [pod] = plan_and_render(ResourceSettings(gpu_count=1), envelope=Envelope.run(["nvidia-smi"]))
     base = main_container(pod)
     assert base["command"] == ["python3", "-c", LAUNCHER]
     assert base["args"] == ["env:AIRFLOW_GPU_ENVELOPE", "/airflow/xcom/return.json"]
@@ -118,7 +118,7 @@ def test_cpu_policy_plans_a_cpu_only_fallback_pod():
 
 
 def test_arguments_too_large_for_an_environment_variable_are_a_clear_error():
-    envelope = command_envelope(["python3", "-c", "x" * 200_000])
+    envelope = Envelope.run(["python3", "-c", "x" * 200_000])
     with pytest.raises(GpuTaskError, match="Pass large data by reference"):
         plan_and_render(envelope=envelope)
 

@@ -11,7 +11,7 @@ from k8s_manifests import env, main_container, validate
 
 from airflow_gpu_provider import AccelerateOperator, GpuStepOperator
 from airflow_gpu_provider.exceptions import GpuTaskError, InvalidSettingError
-from airflow_gpu_provider.task.checkpoint import CHECKPOINT_MOUNT
+from airflow_gpu_provider.checkpoint.location import CHECKPOINT_MOUNT
 
 pytestmark = pytest.mark.usefixtures("airflow_home")
 
@@ -61,7 +61,7 @@ def test_a_path_root_without_a_claim_gives_the_pod_no_folder_and_cannot_resume()
         plain = GpuStepOperator(task_id="plain", python_callable=work, backend="kubernetes")
         resuming = AccelerateOperator(task_id="resuming", python_callable=work, backend="kubernetes", resume=True)
     assert "AIRFLOW_GPU_CHECKPOINT_DIR" not in env(main_container(_pod(plain)))
-    with pytest.raises(GpuTaskError, match=r"resume=True.*set backend_options\['checkpoint_claim'\]"):
+    with pytest.raises(GpuTaskError, match=r"resume=True.*Set backend_options\['checkpoint_claim'\]"):
         resuming.render_manifests()
 
 

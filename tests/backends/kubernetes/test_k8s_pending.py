@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from airflow_gpu_provider.backends.kubernetes.pending import explain_termination, unschedulable
+from airflow_gpu_provider.backends.kubernetes.pending import termination_error, unschedulable
+from airflow_gpu_provider.exceptions import GpuTaskError, HostOutOfMemoryError
 
 GPU_SHORT = (
     "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available: "
@@ -83,13 +84,20 @@ def test_oom_killed_container_is_explained_with_its_limit():
             ],
         },
     }
-    text = explain_termination(pod, "base", {"memory": "4Gi"})
-    assert text is not None
-    assert "OOMKilled (exit code 137)" in text
-    assert "memory limit (4Gi)" in text
+    error = termination_error(pod, "base", {"memory": "4Gi"})
+    assert isinstance(error, HostOutOfMemoryError)  # an on_oom ladder's memory step
+    assert "OOMKilled (exit code 137)" in str(error)
+    assert "memory limit (4Gi)" in str(error)
+
+
+def test_another_kill_is_named_but_is_no_oom():
+    pod = {"status": {"containerStatuses": [{"name": "base", "state": {"terminated": {"reason": "ContainerCannotRun",
+                                                                                     "exitCode": 128}}}]}}
+    error = termination_error(pod, "base", {})
+    assert type(error) is GpuTaskError and "ContainerCannotRun (exit code 128)" in str(error)
 
 
 def test_ordinary_errors_are_left_to_the_traceback():
     pod = {"status": {"containerStatuses": [{"name": "base", "state": {"terminated": {"reason": "Error"}}}]}}
-    assert explain_termination(pod, "base", {}) is None
-    assert explain_termination({"status": {}}, "base", {}) is None
+    assert termination_error(pod, "base", {}) is None
+    assert termination_error({"status": {}}, "base", {}) is None

@@ -14,7 +14,7 @@ from backends.docker.docker_fixtures import BASE_IMAGE
 from pod_in_docker import leftover_containers, run_pod
 
 from airflow_gpu_provider.exceptions import InvalidSettingError, RemoteTaskError
-from airflow_gpu_provider.task.request import result_value
+from airflow_gpu_provider.task.result import result_value
 
 pytestmark = pytest.mark.docker  # the Docker guard: an engine and the base image (built when missing), or skip
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from k8s_manifests import plan_and_render
 
-from airflow_gpu_provider.backends.kubernetes.labels import LABEL_SCHEMES, accelerator_requirements
+from airflow_gpu_provider.backends.pods.node_labels import LABEL_SCHEMES, accelerator_requirements
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.settings import ResourceSettings
 

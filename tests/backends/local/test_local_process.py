@@ -16,9 +16,11 @@ from airflow_gpu_provider.backends import BACKENDS
 from airflow_gpu_provider.exceptions import RemoteTaskError
 from airflow_gpu_provider.host.allocator import GpuAllocator
 from airflow_gpu_provider.host.inventory import Device
-from airflow_gpu_provider.payload import callable_envelope, shipped_callable
+from airflow_gpu_provider.task.envelope import Envelope
+from airflow_gpu_provider.task.callable import shipped_callable
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.task.request import TaskRequest
+from airflow_gpu_provider.config.worker import GpuConfig
 
 
 def backend(state_dir, **options):
@@ -27,7 +29,7 @@ def backend(state_dir, **options):
 
 
 def request(function, *args, gpus=1):
-    envelope = callable_envelope(shipped_callable(function, owner="test"), list(args), {})
+    envelope = Envelope.call(shipped_callable(function, owner="test"), list(args), {})
     return TaskRequest(ResourceSettings(gpu_count=gpus), ImageSettings(), envelope)
 
 
@@ -77,7 +79,7 @@ def test_a_background_child_neither_hangs_the_task_nor_outlives_it(tmp_path):
     pid_file = tmp_path / "pid"
     started = time.monotonic()
     local = backend(tmp_path / "state")
-    result = local.run(local.plan(request(leaves_a_background_child, str(pid_file))), {})
+    result = local.run(local.plan(request(leaves_a_background_child, str(pid_file)), GpuConfig.read()), {})
     assert result.return_value == "done"
     assert time.monotonic() - started < 60  # used to wait for the end of the output: execution_timeout
     assert not alive(int(pid_file.read_text()))
@@ -87,7 +89,7 @@ def test_a_background_child_neither_hangs_the_task_nor_outlives_it(tmp_path):
 def test_a_setsid_grandchild_is_stopped_with_the_task_before_its_gpu_is_free(tmp_path):
     pid_file = tmp_path / "pid"
     local = backend(tmp_path / "state")
-    plan = local.plan(request(starts_a_setsid_grandchild, str(pid_file)))
+    plan = local.plan(request(starts_a_setsid_grandchild, str(pid_file)), GpuConfig.read())
     errors: list[BaseException] = []
     runner = threading.Thread(target=lambda: errors.append(pytest.raises(RemoteTaskError, local.run, plan, {}).value))
     runner.start()
@@ -107,7 +109,7 @@ def test_a_setsid_grandchild_is_stopped_with_the_task_before_its_gpu_is_free(tmp
 def test_on_kill_from_a_signal_handler_stops_the_task_cleanly(tmp_path):
     """Airflow calls on_kill from its SIGTERM handler, in the thread that is streaming the task's output."""
     local = backend(tmp_path / "state")
-    plan = local.plan(request(sleeps))
+    plan = local.plan(request(sleeps), GpuConfig.read())
     previous = signal.signal(signal.SIGUSR1, lambda *_: local.kill())
     try:
         threading.Timer(1.5, os.kill, args=(os.getpid(), signal.SIGUSR1)).start()
@@ -123,7 +125,7 @@ def test_on_kill_from_a_signal_handler_stops_the_task_cleanly(tmp_path):
 def test_huge_lines_are_logged_in_pieces_and_progress_bars_stream(tmp_path, caplog):
     local = backend(tmp_path / "state")
     with caplog.at_level(logging.INFO, logger="test.local"):
-        assert local.run(local.plan(request(prints_a_huge_line_and_progress, gpus=0)), {}).return_value == 1
+        assert local.run(local.plan(request(prints_a_huge_line_and_progress, gpus=0), GpuConfig.read()), {}).return_value == 1
     lines = [r.getMessage() for r in caplog.records if r.name == "test.local"]
     assert max(len(line) for line in lines) <= 8192  # never 3 MB held and logged whole
     assert sum(line.count("x") for line in lines) == 3_000_000
@@ -143,7 +145,7 @@ def test_what_a_killed_worker_left_is_cleaned_by_the_next_task(tmp_path):
     state.chmod(0o700)
     (state / "tasks").chmod(0o700)
     local = backend(state)
-    assert local.run(local.plan(request(returns_one, gpus=0)), {}).return_value == 1
+    assert local.run(local.plan(request(returns_one, gpus=0), GpuConfig.read()), {}).return_value == 1
     assert list((state / "tasks").iterdir()) == [other]
 
 

@@ -8,15 +8,17 @@ import time
 import pytest
 
 from airflow_gpu_provider.backends import BACKENDS
-from airflow_gpu_provider.payload import command_envelope
+from airflow_gpu_provider.task.envelope import Envelope
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
-from airflow_gpu_provider.task.request import ResultError, TaskRequest
+from airflow_gpu_provider.task.result import ResultError
+from airflow_gpu_provider.task.request import TaskRequest
+from airflow_gpu_provider.config.worker import GpuConfig
 
 
 def run_command(tmp_path, script: str):
     backend = BACKENDS["local"].create({"state_dir": str(tmp_path / "state"), "devices": "none"})
-    request = TaskRequest(ResourceSettings(), ImageSettings(), command_envelope(["sh", "-c", script]))
-    return backend.run(backend.plan(request), {})
+    request = TaskRequest(ResourceSettings(), ImageSettings(), Envelope.run(["sh", "-c", script]))
+    return backend.run(backend.plan(request, GpuConfig.read()), {})
 
 
 @pytest.mark.parametrize(

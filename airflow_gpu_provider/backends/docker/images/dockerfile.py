@@ -26,6 +26,7 @@ from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.runtime.bootstrap import ENVELOPE_VERSION, split_credentials, uv_ca_variable
 from airflow_gpu_provider.settings import ImageSettings
+from airflow_gpu_provider.task.labels import PROVIDER
 from airflow_gpu_provider.version import __version__
 
 SHARE = "/usr/local/share/airflow-gpu"
@@ -35,7 +36,7 @@ INSTALL_STAGE = "airflow-gpu-install"
 INSTALL_FROM_FILE = (
     f"import runpy,sys;sys.exit(runpy.run_path({SHARE + '/bootstrap.py'!r})['install_main'](sys.argv[1:]))"
 )
-LABEL_PREFIX = "airflow-gpu-provider"
+LABEL_PREFIX = PROVIDER
 RUNTIME_VERSION = f"{__version__}/envelope-{ENVELOPE_VERSION}"
 """Part of every tag: a provider release that changes how images are built gets new images."""
 GO_ARCHITECTURES = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "ppc64le": "ppc64le", "s390x": "s390x"}

@@ -1,0 +1,182 @@
+"""KubernetesExecutor: the worker pod's ``pod_override``, made by the Kubernetes backend's own mapping modules.
+
+The pod asks for what the Kubernetes backend's pod asks for: the vendor's GPU resource (limits = requests, MIG
+slices), cpu and memory, the accelerator's node labels, the GPU toleration, ``/dev/shm``, the restricted security
+context (:mod:`~airflow_gpu_provider.backends.pods.resources`, ``.scheduling``, ``.container``). The executor
+merges it into its worker pod template: its first container into the template's ``base`` container, whose
+``resources`` and ``securityContext`` it *replaces*, and the spec's ``nodeSelector`` and ``tolerations`` too. So the
+template (``[kubernetes_executor] pod_template_file``, or the task's ``executor_config["pod_template_file"]``), when
+readable where the DAG is parsed, is merged here first, with the Kubernetes backend's template rules.
+
+A task's own ``pod_override`` is merged, not replaced: what both set must agree, or the DAG fails to parse with an
+error that names both values. The kubernetes client is imported only here, for tasks that go to KubernetesExecutor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from airflow_gpu_provider.backends.pods import resources, scheduling, security
+from airflow_gpu_provider.backends.pods.options import PodOptions
+from airflow_gpu_provider.backends.pods.security import restricted_problem
+from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.settings import ALL_GPUS, ResourceSettings
+from airflow_gpu_provider.task.labels import MANAGED_BY, kubernetes_label
+
+FIELD = "executor_config['pod_override']"
+_FROM_PLACEMENT = ("tolerations", "affinity")  # merged with the user's by the scheduling rules, not key by key
+
+
+def executor_config(
+    owner: str, wanted: ResourceSettings, pod_options: Mapping[str, Any], given: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The task's ``executor_config`` with the GPU ``pod_override`` (a ``V1Pod``) merged into its own."""
+    if wanted.gpu_count == ALL_GPUS:
+        raise InvalidSettingError(
+            owner, "gpu_count", ALL_GPUS, "a KubernetesExecutor pod asks for a number of GPUs", "an integer"
+        )
+    try:
+        options = PodOptions.parse(dict(pod_options))
+    except InvalidSettingError as err:
+        field = err.field.replace("backend_options[", "backend_options['kubernetes'][", 1)
+        raise InvalidSettingError(owner, field, err.value, err.reason, err.accepted) from None
+    given = dict(given or {})
+    user = to_dict(given.get("pod_override")) or {}
+    template = worker_template(owner, given.get("pod_template_file"))
+    template_user = ((template.get("spec") or {}).get("securityContext") or {}).get("runAsUser")
+    if "run_as_user" not in pod_options and isinstance(template_user, int) and template_user > 0:
+        options = dataclasses.replace(options, run_as_user=template_user)  # the worker image's user (airflow: 50000)
+    provider = provider_pod(wanted, options, template, user.get("spec") or {})
+    merged = merge(provider, user, owner)
+    if options.pod_security == "restricted":
+        context = ((merged["spec"].get("containers") or [{}])[0]).get("securityContext") or {}
+        problem = restricted_problem(context)
+        if problem:
+            raise InvalidSettingError(
+                owner, FIELD, context, f"{problem} breaks the restricted pod security profile of GPU pods",
+                "a securityContext within the restricted profile, or backend_options={'kubernetes': "
+                "{'pod_security': 'baseline'}} to opt out",
+            )  # fmt: skip
+    return {**given, "pod_override": to_pod(merged)}
+
+
+def provider_pod(
+    wanted: ResourceSettings, options: PodOptions, template: Mapping[str, Any], user_spec: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The GPU pod as an API dict: the Kubernetes backend's mapping, over the worker template's scheduling fields."""
+    template_spec = template.get("spec") or {}
+    base = ((template_spec.get("containers") or [{}])[0]) or {}
+    amounts = resources.container_resources(wanted)
+    for kind in ("requests", "limits"):  # the executor replaces the template's: keep what the task leaves unset
+        kept = {k: v for k, v in ((base.get("resources") or {}).get(kind) or {}).items() if k not in amounts[kind]}
+        amounts[kind] = {**kept, **amounts[kind]}
+    restricted = options.pod_security == "restricted"
+    overrides = {**(base.get("securityContext") or {}), **(options.container_security_context or {})}
+    accelerator_key = resources.accelerator_resource(wanted)
+    options = dataclasses.replace(
+        options,
+        tolerations=(*options.tolerations, *(user_spec.get("tolerations") or [])),
+        affinity=user_spec.get("affinity") or options.affinity,
+    )
+    place = scheduling.placement(
+        wanted, wanted.gpu_vendor.k8s_resource if accelerator_key else None, options, template_spec
+    )
+    volumes, mounts = resources.shm_volume(wanted)
+    main: dict[str, Any] = {
+        "name": "base",
+        "resources": {kind: values for kind, values in amounts.items() if values},
+        "securityContext": security.security_context(overrides, restricted=restricted, user=options.run_as_user),
+    }
+    if mounts:
+        main["volumeMounts"] = mounts
+    spec: dict[str, Any] = {
+        "containers": [main],
+        "nodeSelector": place.node_selector,
+        "tolerations": place.tolerations,
+        "affinity": place.affinity,
+        "securityContext": security.pod_security_context(restricted=restricted, user=options.run_as_user),
+        "volumes": volumes,
+        "priorityClassName": options.priority_class_name,
+        "runtimeClassName": options.runtime_class_name,
+        "serviceAccountName": options.service_account_name,
+    }
+    metadata = {
+        "labels": {**MANAGED_BY, **(options.labels or {})},
+        "annotations": {kubernetes_label("resources"): wanted.describe(), **(options.annotations or {})},
+    }
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": _pruned(spec)}
+
+
+def merge(provider: Mapping[str, Any], user: Mapping[str, Any], owner: str, path: str = "") -> dict[str, Any]:
+    """The user's pod with the provider's merged in; one field with two values is an error naming both."""
+    merged = dict(user)
+    for key, mine in provider.items():
+        where = f"{path}.{key}" if path else key
+        theirs = user.get(key)
+        if theirs is None or theirs in ({}, []) or key in _FROM_PLACEMENT:
+            merged[key] = mine
+        elif key == "containers":  # the executor merges the first container into the template's "base"
+            merged[key] = [merge(mine[0], theirs[0], owner, f"{where}[0]"), *theirs[1:]]
+        elif isinstance(mine, Mapping) and isinstance(theirs, Mapping):
+            merged[key] = merge(mine, theirs, owner, where)
+        elif isinstance(mine, list) and isinstance(theirs, list):
+            merged[key] = _merge_lists(mine, theirs, owner, where)
+        elif mine != theirs:
+            raise InvalidSettingError(
+                owner,
+                FIELD,
+                {where: theirs},
+                f"the pod_override sets {where}={theirs!r} but the task's resources and backend_options "
+                f"need {where}={mine!r}",
+                f"a pod_override without {where} (the provider sets it), or resources that agree with it",
+            )
+    return merged
+
+
+def _merge_lists(mine: list[Any], theirs: list[Any], owner: str, where: str) -> list[Any]:
+    """Named items (volumes, mounts, env) by name, conflicts checked; anything else: united without duplicates."""
+    if all(isinstance(item, Mapping) and "name" in item for item in [*mine, *theirs]):
+        by_name = {item["name"]: dict(item) for item in theirs}
+        for item in mine:
+            name = item["name"]
+            by_name[name] = merge(item, by_name[name], owner, f"{where}[{name}]") if name in by_name else dict(item)
+        return list(by_name.values())
+    return [*theirs, *(item for item in mine if item not in theirs)]
+
+
+def worker_template(owner: str, task_template: str | None) -> dict[str, Any]:
+    """The executor's worker pod template as a dict, when readable here; ``{}`` otherwise."""
+    from airflow_gpu_provider.config import airflow_setting
+
+    path = task_template or airflow_setting("kubernetes_executor", "pod_template_file")
+    if not path or not Path(path).is_file():
+        return {}
+    import yaml
+
+    try:
+        return dict(yaml.safe_load(Path(path).read_text()) or {})
+    except (yaml.YAMLError, ValueError, TypeError) as err:
+        raise InvalidSettingError(owner, "pod_template_file", path, f"not a pod YAML file: {err}", None) from None
+
+
+def to_dict(pod: Any) -> dict[str, Any] | None:
+    """A ``V1Pod`` (or an API dict) as an API dict."""
+    if pod is None or isinstance(pod, Mapping):
+        return None if pod is None else dict(pod)
+    from kubernetes.client import ApiClient
+
+    return ApiClient().sanitize_for_serialization(pod)  # type: ignore[no-any-return]
+
+
+def to_pod(manifest: Mapping[str, Any]) -> Any:
+    """The API dict as a ``V1Pod``, what the executor's ``pod_override`` must be (as ``PodGenerator`` builds it)."""
+    from kubernetes.client import ApiClient, Configuration, V1Pod
+
+    return ApiClient(configuration=Configuration())._ApiClient__deserialize_model(dict(manifest), V1Pod)  # type: ignore[attr-defined]
+
+
+def _pruned(spec: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in spec.items() if value not in (None, {}, [])}

@@ -1,0 +1,89 @@
+"""The ``[gpu]`` configuration section: the table of options (:mod:`.options`), read as Airflow reads it.
+
+Every option can be set in ``airflow.cfg`` or as ``AIRFLOW__GPU__<NAME>``. :func:`get` reads one option (cheap
+enough for every operator built while a DAG is parsed); :class:`~.worker.GpuConfig` is all of them, read once when
+a task starts and handed to the backend's ``plan()``, which reads no configuration itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+from airflow_gpu_provider.config.options import OPTIONS, SECTION, Option
+
+__all__ = ["OPTIONS", "SECTION", "Option", "airflow_setting", "check_choice", "get", "provider_config"]
+
+_BY_NAME = {option.name: option for option in OPTIONS}
+
+
+def provider_config() -> dict[str, Any]:
+    """The ``config`` entry of ``get_provider_info()``."""
+    return {
+        SECTION: {
+            "description": "GPU tasks: default backend, GPU inventory and pool, images and requirements.",
+            "options": {
+                o.name: {
+                    "description": o.description,
+                    "version_added": "0.1.0",
+                    "type": o.type,
+                    "example": o.example,
+                    "default": o.default,
+                }
+                for o in OPTIONS
+            },
+        }
+    }
+
+
+def _conf() -> Any:
+    try:
+        from airflow.sdk.configuration import conf
+    except ImportError:  # pragma: no cover - Airflow 3.0 has it only in core
+        from airflow.configuration import conf
+    return conf
+
+
+def airflow_setting(section: str, key: str, fallback: str | None = None) -> str | None:
+    """An option of another section (``[core] executor``), as Airflow reads it: environment first."""
+    return _conf().get(section, key, fallback=fallback)  # type: ignore[no-any-return]
+
+
+def _typed(option: Option, text: str) -> Any:
+    if option.type == "boolean":
+        lowered = text.strip().lower()
+        if lowered not in ("t", "true", "1", "f", "false", "0"):
+            raise ValueError(f"[{SECTION}] {option.name}={text!r} is not a boolean (True or False)")
+        return lowered in ("t", "true", "1")
+    if option.type == "integer":
+        return int(text)
+    if option.type == "float":
+        return float(text)
+    return text.strip()
+
+
+@functools.cache
+def _from_config_file(name: str) -> Any:
+    """The airflow.cfg value (or the default), read once per process: Airflow does not reload it either."""
+    option = _BY_NAME[name]
+    return _typed(option, _conf().get(SECTION, name, fallback=option.default))
+
+
+def get(name: str) -> Any:
+    """Read one ``[gpu]`` option, typed.
+
+    ``AIRFLOW__GPU__<NAME>`` first (as Airflow does), then airflow.cfg, then the documented default. Cheap enough
+    for every operator built while a DAG is parsed.
+    """
+    text = os.environ.get(f"AIRFLOW__{SECTION.upper()}__{name.upper()}")
+    return _typed(_BY_NAME[name], text) if text is not None else _from_config_file(name)
+
+
+def check_choice(owner: str, field: str, value: object, choices: tuple[str, ...]) -> str:
+    """Return ``value`` if it is one of ``choices``; otherwise raise an error naming all three."""
+    from airflow_gpu_provider.exceptions import InvalidSettingError
+
+    if value not in choices:
+        raise InvalidSettingError(owner, field, value, "unknown value", " or ".join(map(repr, choices)))
+    return str(value)

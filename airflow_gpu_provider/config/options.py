@@ -1,0 +1,182 @@
+"""The ``[gpu]`` options: one table, from which the provider info, the defaults and the typed getters come."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+SECTION = "gpu"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One ``[gpu]`` option as the provider-info schema describes it."""
+
+    name: str
+    type: Literal["string", "boolean", "integer", "float"]
+    default: str
+    description: str
+    example: str | None = None
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "backend",
+        "string",
+        "local",
+        "Backend for GPU tasks that don't name one: local (a child process on the worker), docker, "
+        "kubernetes, or executor (Airflow's executor places the task on a GPU worker, pod or queue, where it runs "
+        "like local). Moving a DAG between them needs only this option.",
+        "docker",
+    ),
+    Option(
+        "on_missing_gpu",
+        "string",
+        "fail",
+        "What a task does when fewer GPUs are present or free than it requested: fail (fail fast, naming "
+        "what was requested and what exists), wait (until GPUs are free) or cpu (run on CPU, with a "
+        "warning).",
+        "wait",
+    ),
+    Option(
+        "devices",
+        "string",
+        "auto",
+        "GPU inventory of a worker host for the local backend: auto (ask NVML, from the nvml extra), none, "
+        "or a comma-separated list of device ids such as 0,1,2,3, each optionally with its model (0=L4,1=A100-80GB: "
+        "a known model gives the device's memory, which OOM escalation compares).",
+        "0,1",
+    ),
+    Option(
+        "state_dir",
+        "string",
+        "/var/tmp/airflow-gpu-provider",
+        "Host-wide directory shared by every worker of one user on a host: one lock file per GPU, the cached "
+        "virtualenvs of injected requirements, the tasks' private folders, build locks and Accelerate's option "
+        "cache. Created 0700 when missing; refused when another user owns it or may write to it.",
+        "/srv/airflow-gpu",
+    ),
+    Option(
+        "pool",
+        "string",
+        "",
+        "Airflow pool that GPU tasks join, with pool_slots equal to their gpu_count; empty for none. Size it "
+        "to the number of GPUs (airflow pools set gpu 4 'GPUs'), or let [gpu] inventory size it. {accelerator} "
+        "and {queue} give one pool per worker class (gpu-{accelerator}: gpu-a100, gpu-h100).",
+        "gpu",
+    ),
+    Option(
+        "queue",
+        "string",
+        "gpu",
+        "Queue of GPU tasks on the executor backend under CeleryExecutor or the Edge executor ({accelerator} is "
+        "the task's accelerator model in lower case, or any when it names none: gpu-{accelerator} gives gpu-a100). "
+        "CPU-only tasks keep their queue.",
+        "gpu-{accelerator}",
+    ),
+    Option(
+        "executor",
+        "string",
+        "",
+        "Executor that GPU tasks of the executor backend go to, set as the task's executor, when [core] executor "
+        "names several (e.g. CeleryExecutor,KubernetesExecutor); empty: the default (first) executor.",
+        "KubernetesExecutor",
+    ),
+    Option(
+        "inventory",
+        "string",
+        "",
+        "GPUs of each worker class, for the GPU pools the scheduler creates or checks when it starts: "
+        "comma-separated MODEL=COUNT (accelerator models, or * for GPU tasks that name none). With "
+        "[gpu] pool = gpu-{accelerator} (or {queue}) each model gets its own pool of that size; a pool without a "
+        "placeholder gets the total. Empty: pools are left to you.",
+        "A100=16, H100=8",
+    ),
+    Option(
+        "wait_poll_interval", "float", "5.0", "Seconds between attempts to get GPUs when on_missing_gpu is wait.", "1.0"
+    ),
+    Option(
+        "default_parent_image",
+        "string",
+        "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime",
+        "CUDA-enabled parent image for Docker and Kubernetes tasks that don't set ImageSettings.parent_image.",
+        "nvcr.io/nvidia/pytorch:24.10-py3",
+    ),
+    Option(
+        "shm_size",
+        "string",
+        "8Gi",
+        "Size of /dev/shm for Docker containers whose ResourceSettings.shm_size is unset (capped at the task's "
+        "memory limit). Docker's own default of 64 MB breaks PyTorch DataLoader workers.",
+        "16Gi",
+    ),
+    Option(
+        "ca_bundle",
+        "string",
+        "",
+        "PEM file on the worker with the CA certificates that package installs inside derived images must trust "
+        "(a TLS-intercepting proxy's CA). Copied into the image and exported as SSL_CERT_FILE; empty for none.",
+        "/etc/ssl/certs/ca-certificates.crt",
+    ),
+    Option(
+        "image_registry",
+        "string",
+        "",
+        "Registry (and namespace) that derived images are pushed to after they are built, so other hosts and "
+        "Kubernetes can pull them; empty keeps them on the local Docker engine.",
+        "registry.example.com/ml",
+    ),
+    Option(
+        "clear_cache_between_tasks",
+        "boolean",
+        "True",
+        "Whether the listener clears the CUDA cache of a worker's task process after each task "
+        "(a no-op when the task never loaded torch).",
+        "False",
+    ),
+    Option(
+        "profile",
+        "boolean",
+        "True",
+        "Whether GPU tasks are profiled while they run: GPU utilisation, memory, power and temperature through NVML "
+        "(or CPU and memory of the task's processes where there is no GPU), summarised with advice at the end of "
+        "the log, stored in XCom under gpu_profile and shown in the UI's GPU tab.",
+        "False",
+    ),
+    Option(
+        "checkpoint_root",
+        "string",
+        "",
+        "Where GPU tasks' checkpoint folders are (AIRFLOW_GPU_CHECKPOINT_DIR; one per task and DAG run, the same for "
+        "every try): an absolute path, or an object-storage URI (s3://, gs://, abfs://, ...) that a retry on "
+        "another host reaches. Empty: <state_dir>/checkpoints, on each worker host. A task's checkpoint= overrides it.",
+        "s3://ml-bucket/airflow-checkpoints",
+    ),
+    Option(
+        "checkpoint_cleanup",
+        "boolean",
+        "True",
+        "Whether the checkpoint folders of a DAG run are deleted when it succeeds (local roots the deleting host "
+        "reaches, and URI roots through fsspec).",
+        "False",
+    ),
+    Option(
+        "kill_grace",
+        "float",
+        "30.0",
+        "Seconds a stopped GPU task (on_kill, execution_timeout, a pod eviction) gets between SIGTERM and SIGKILL, "
+        "to write a last checkpoint: the local process tree, docker stop's timeout, the pod's "
+        "terminationGracePeriodSeconds. backend_options kill_grace / stop_timeout / termination_grace_period "
+        "override it per task.",
+        "120",
+    ),
+    Option("profile_interval", "float", "1.0", "Seconds between two samples of a task's profile.", "5.0"),
+    Option(
+        "prices",
+        "string",
+        "",
+        "Price per device-hour of each accelerator model, for the cost in task profiles (on-prem too: your own "
+        "amortised cost): comma-separated MODEL=PRICE; cpu=PRICE prices CPU profiles. Empty: no cost shown.",
+        "A100-80GB=3.04, H100=4.10, L4=0.71",
+    ),
+)

@@ -1,0 +1,55 @@
+"""The worker's ``[gpu]`` options, read once when a task starts: :class:`GpuConfig`.
+
+A backend's ``plan()`` gets one and reads no configuration itself, so a plan is a pure function of the task's
+request and this snapshot (and tests build either by hand).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from airflow_gpu_provider import config
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    """Every ``[gpu]`` option, typed (see :data:`~airflow_gpu_provider.config.options.OPTIONS` for each meaning).
+
+    Fields have no defaults here: each default is written once, in the options table.
+    """
+
+    backend: str
+    on_missing_gpu: str
+    devices: str
+    state_dir: str
+    pool: str
+    queue: str
+    executor: str
+    inventory: str
+    wait_poll_interval: float
+    default_parent_image: str
+    shm_size: str
+    ca_bundle: str
+    image_registry: str
+    clear_cache_between_tasks: bool
+    profile: bool
+    checkpoint_root: str
+    checkpoint_cleanup: bool
+    kill_grace: float
+    profile_interval: float
+    prices: str
+
+    @classmethod
+    def read(cls, **overrides: object) -> GpuConfig:
+        """The options as this process sees them now (``AIRFLOW__GPU__*`` first, then airflow.cfg, then defaults).
+
+        :param overrides: values to use instead (tests, and a backend's own options that replace a ``[gpu]`` one)
+        """
+        values = {field.name: config.get(field.name) for field in dataclasses.fields(cls) if field.name not in overrides}
+        return cls(**values, **overrides)  # type: ignore[arg-type]
+
+    def grace(self, option: float | None) -> float:
+        """Seconds between SIGTERM and SIGKILL: a backend option's value (``kill_grace``, ``stop_timeout``,
+        ``termination_grace_period``), else ``[gpu] kill_grace``."""
+        return self.kill_grace if option is None else float(option)

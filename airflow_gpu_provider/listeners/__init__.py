@@ -1,1 +1,0 @@
-"""Listeners registered by :mod:`airflow_gpu_provider.plugin`."""

@@ -1,0 +1,262 @@
+"""What a task runs: a callable's source and its JSON arguments, or a command, checked when the DAG is parsed.
+
+The function's **source** is shipped, not its module: it must import what it needs inside its body. That is checked
+when the DAG is parsed (:func:`shipped_callable`), so a ``NameError`` never waits for a GPU to surface.
+Arguments and return values travel as JSON: ``None``, ``bool``, ``int``, ``float``, ``str``, and lists/dicts
+of those (tuples arrive as lists).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import functools
+import inspect
+import json
+import linecache
+import os
+import shlex
+import symtable
+import textwrap
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from airflow_gpu_provider.exceptions import InvalidSettingError
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+# Context values a shipped function may receive by naming a parameter after them (all JSON).
+CONTEXT_VALUES: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "params": lambda ctx: dict(ctx.get("params") or {}),
+    "run_id": lambda ctx: ctx.get("run_id"),
+    "ds": lambda ctx: ctx.get("ds"),
+    "ds_nodash": lambda ctx: ctx.get("ds_nodash"),
+    "ts": lambda ctx: ctx.get("ts"),
+    "ts_nodash": lambda ctx: ctx.get("ts_nodash"),
+    "logical_date": lambda ctx: _iso(ctx.get("logical_date")),
+    "data_interval_start": lambda ctx: _iso(ctx.get("data_interval_start")),
+    "data_interval_end": lambda ctx: _iso(ctx.get("data_interval_end")),
+    "try_number": lambda ctx: getattr(ctx.get("ti"), "try_number", None),
+    "task_instance_key_str": lambda ctx: ctx.get("task_instance_key_str"),
+}
+
+
+@dataclass(frozen=True)
+class ShippedCallable:
+    """A function reduced to what the runtime needs to rebuild it."""
+
+    name: str
+    source: str
+    filename: str
+    first_line: int
+    context_params: tuple[str, ...]
+
+
+def _known_context_keys() -> frozenset[str]:
+    from airflow.sdk.definitions.context import KNOWN_CONTEXT_KEYS
+
+    return frozenset(KNOWN_CONTEXT_KEYS)
+
+
+def _global_reads(source: str, name: str) -> set[str]:
+    """Names the function reads from module (or builtin) scope: what no scope of its own binds.
+
+    Scope-aware (``symtable``): a nested function's parameter or a comprehension variable binds the name there only.
+    Defaults are evaluated where the function is defined, so their names count; annotations are not evaluated
+    (the runtime compiles with ``from __future__ import annotations``).
+    """
+    module = symtable.symtable("from __future__ import annotations\n" + source, "<gpu task>", "exec")
+    reads = {s.get_name() for s in module.get_symbols() if s.is_referenced()}  # defaults
+    pending = [t for t in module.get_children() if t.get_name() == name]
+    while pending:
+        table = pending.pop()
+        reads |= {s.get_name() for s in table.get_symbols() if s.is_referenced() and s.is_global()}
+        pending.extend(table.get_children())
+    return reads
+
+
+@functools.lru_cache(maxsize=32)
+def _file_functions(filename: str, mtime_ns: int) -> dict[int, ast.FunctionDef]:
+    """Every function of a source file by its first line (decorators included), parsed once per file."""
+    tree = ast.parse("".join(linecache.getlines(filename)), filename)
+    return {
+        (node.decorator_list[0].lineno if node.decorator_list else node.lineno): node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef)
+    }
+
+
+def _function_source(function: Callable[..., Any], owner: str) -> tuple[ast.FunctionDef, str, int]:
+    """The function's AST node, its source without decorators (dedented), and the line of its ``def``."""
+    filename = inspect.getsourcefile(function)
+    node = None
+    if filename is not None:
+        try:
+            linecache.checkcache(filename)
+            node = _file_functions(filename, os.stat(filename).st_mtime_ns)[function.__code__.co_firstlineno]
+        except (OSError, SyntaxError, KeyError):
+            node = None
+    if filename is not None and node is not None:
+        lines = linecache.getlines(filename)[node.lineno - 1 : node.end_lineno]
+        return node, textwrap.dedent("".join(lines)), node.lineno
+    try:  # not in a readable file we could parse (e.g. defined interactively): ask inspect
+        lines, start = inspect.getsourcelines(function)
+    except (OSError, TypeError) as err:
+        raise InvalidSettingError(
+            owner,
+            "python_callable",
+            function.__name__,
+            f"its source is not available ({err})",
+            "a function defined in a file",
+        ) from None
+    text = textwrap.dedent("".join(lines))
+    parsed = ast.parse(text).body[0]
+    assert isinstance(parsed, ast.FunctionDef)
+    body = "\n".join(text.splitlines()[parsed.lineno - 1 : parsed.end_lineno]) + "\n"
+    return parsed, body, start + parsed.lineno - 1
+
+
+def shipped_callable(function: Callable[..., Any], *, owner: str) -> ShippedCallable:
+    """Extract a function's source (decorators removed) and check that it can run on its own.
+
+    :raises InvalidSettingError: for lambdas, async functions, bound methods, or functions that read
+        module-level names or closure variables, which do not travel with the source.
+    """
+    name = getattr(function, "__name__", repr(function))
+    accepted = "a module-level or nested 'def' function that imports what it uses inside its body"
+    if not inspect.isfunction(function) or name == "<lambda>":
+        raise InvalidSettingError(owner, "python_callable", function, "only plain functions can be shipped", accepted)
+    if inspect.iscoroutinefunction(function):
+        raise InvalidSettingError(owner, "python_callable", name, "async functions are not supported", accepted)
+    node, source, first_line = _function_source(function, owner)
+
+    free = _global_reads(source, node.name) - set(dir(builtins))
+    outside = sorted(n for n in free if n in function.__globals__ or n in function.__code__.co_freevars)
+    if outside:
+        raise InvalidSettingError(
+            owner,
+            "python_callable",
+            name,
+            f"it uses {', '.join(map(repr, outside))} from outside the function; only the function's source "
+            "travels to the GPU process, container or pod",
+            "import or define those names inside the function body, or pass values as arguments",
+        )
+
+    signature = inspect.signature(function)
+    context_keys = _known_context_keys()
+    context_params = tuple(p for p in signature.parameters if p in context_keys)
+    unsupported = [p for p in context_params if p not in CONTEXT_VALUES]
+    if unsupported:
+        raise InvalidSettingError(
+            owner,
+            "python_callable",
+            name,
+            f"parameter(s) {', '.join(map(repr, unsupported))} ask for Airflow context objects, which cannot "
+            "leave the worker",
+            f"context values that travel as JSON: {', '.join(sorted(CONTEXT_VALUES))}",
+        )
+    return ShippedCallable(name, source, inspect.getsourcefile(function) or "<gpu task>", first_line, context_params)
+
+
+JSON_ACCEPTED = "None, bool, int, float (finite), str, and lists/dicts of those (or an upstream task's XCom)"
+
+
+def _unresolved_as_none(value: Any) -> Any:
+    """``value`` with upstream XCom references (resolved when the task runs) replaced by ``None``."""
+    from airflow.sdk.definitions._internal.mixins import ResolveMixin
+
+    if isinstance(value, ResolveMixin):
+        return None
+    if isinstance(value, (list, tuple)):
+        return [_unresolved_as_none(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _unresolved_as_none(item) for key, item in value.items()}
+    return value
+
+
+def _check_json_argument(owner: str, field: str, value: Any) -> None:
+    """At DAG parse time: an argument that can never travel as JSON is an error now, not when the task starts."""
+    try:
+        json.dumps(_unresolved_as_none(value), allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as err:
+        raise InvalidSettingError(
+            owner, field, value, f"a {type(value).__name__} cannot travel as JSON ({err})", JSON_ACCEPTED
+        ) from None
+
+
+def _json_checked(owner: str, label: str, value: Any) -> Any:
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as err:
+        raise TypeError(
+            f"{owner}: {label} is a {type(value).__name__} that cannot travel as JSON ({err}). GPU tasks take "
+            "None, bool, int, float (finite), str, and lists/dicts of those"
+        ) from None
+
+
+def call_arguments(
+    shipped: ShippedCallable,
+    signature: inspect.Signature,
+    op_args: Sequence[Any],
+    op_kwargs: Mapping[str, Any],
+    context: Mapping[str, Any],
+    *,
+    owner: str,
+) -> tuple[list[Any], dict[str, Any]]:
+    """JSON-checked positional and keyword arguments, with the requested context values filled in."""
+    kwargs = dict(op_kwargs)
+    bound = signature.bind_partial(*op_args, **kwargs).arguments
+    for key in shipped.context_params:
+        if key not in bound:
+            kwargs[key] = CONTEXT_VALUES[key](context)
+    args = [_json_checked(owner, f"positional argument {i}", a) for i, a in enumerate(op_args)]
+    return args, {k: _json_checked(owner, f"argument {k!r}", v) for k, v in kwargs.items()}
+
+
+def check_command(owner: str, command: object) -> None:
+    """An argument list (or a string to split as a shell would, without one) that runs something."""
+    accepted = "a list of strings such as ['python', 'train.py'], or one string split with shlex"
+    if isinstance(command, str):
+        try:
+            argv = shlex.split(command)
+        except ValueError as err:  # "No closing quotation"
+            raise InvalidSettingError(
+                owner, "command", command, f"cannot be split into arguments ({err})", accepted
+            ) from None
+    elif isinstance(command, Sequence) and not isinstance(command, (bytes, bytearray)):
+        argv = list(command)
+    else:
+        raise InvalidSettingError(owner, "command", command, "expected a list of arguments or a string", accepted)
+    for part in argv:
+        if isinstance(part, bool) or not isinstance(part, (str, int, float, os.PathLike)) or "\x00" in str(part):
+            raise InvalidSettingError(
+                owner, "command", part, "arguments are strings (or numbers) without NUL", accepted
+            )
+    if not argv:
+        raise InvalidSettingError(owner, "command", command, "an empty command runs nothing", accepted)
+
+
+def check_call_arguments(owner: str, function: Callable[..., Any], args: object, kwargs: object) -> None:
+    """Arguments that the function cannot take, or that cannot travel as JSON, are an error now, not on the GPU."""
+    if isinstance(args, (str, bytes, bytearray, Mapping)) or not isinstance(args, Collection):
+        raise InvalidSettingError(owner, "op_args", args, "expected a list of positional arguments", "a list")
+    if not isinstance(kwargs, Mapping) or not all(isinstance(key, str) for key in kwargs):
+        raise InvalidSettingError(owner, "op_kwargs", kwargs, "expected a dict of keyword arguments", "a dict of str")
+    args, kwargs = list(args), dict(kwargs)
+    for index, value in enumerate(args):
+        _check_json_argument(owner, f"op_args[{index}]", value)
+    for key, value in kwargs.items():
+        _check_json_argument(owner, f"op_kwargs[{key!r}]", value)
+    signature = inspect.signature(function)
+    try:
+        signature.bind_partial(*args, **kwargs)
+    except TypeError as err:
+        raise InvalidSettingError(
+            owner, "op_args/op_kwargs", {"op_args": list(args), "op_kwargs": dict(kwargs)}, str(err),
+            f"the parameters of {function.__name__}{signature}",
+        ) from None  # fmt: skip

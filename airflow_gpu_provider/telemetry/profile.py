@@ -1,0 +1,162 @@
+"""The one profile schema: a task try's profile as the runtime's sampler writes it, read defensively.
+
+The runtime (``runtime/telemetry/``) samples the task's devices and returns a dict with the result envelope (schema
+version 1, docs/telemetry.md); the worker completes it (``report.py``: the task, what it asked for, advice, cost)
+and stores it in XCom under ``gpu_profile``. Every reader goes through :meth:`Profile.read`: the advice, the cost,
+the log lines, the OpenLineage facet and the UI. Whatever a task pushed under that key (a string, a half-filled
+dict) reads as "no profile" or as a profile with the missing values blank, never as an error.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+SUPPORTED_VERSIONS = (1,)
+MAX_POINTS = 600  # the sampler sends at most this many; more are cut, never drawn
+
+
+def number(value: Any) -> float | None:
+    """A finite float, or None for anything else (bools, strings, NaN included)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def text(value: Any, limit: int = 500) -> str:
+    """A string of at most ``limit`` characters; None becomes ``""``."""
+    return "" if value is None else str(value)[:limit]
+
+
+def numbers(value: Any) -> list[float | None]:
+    """A series: a list of numbers (None where a sample is missing), at most ``MAX_POINTS`` long."""
+    return [number(item) for item in value[:MAX_POINTS]] if isinstance(value, list) else []
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any, limit: int) -> list[Any]:
+    return value[:limit] if isinstance(value, list) else []
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device's summary (a GPU, or the task's process tree for a CPU profile)."""
+
+    index: str
+    name: str
+    uuid: str
+    memory_total: float | None
+    mean_util: float | None
+    p95_util: float | None
+    peak_memory: float | None
+    peak_memory_pct: float | None
+    energy_wh: float | None
+    idle_s: float | None
+    peak_power_w: float | None
+    max_temperature_c: float | None
+
+    @classmethod
+    def read(cls, value: Any) -> Device:
+        """Build from one ``devices`` entry."""
+        raw = _mapping(value)
+        get = {key: number(raw.get(key)) for key in cls.__dataclass_fields__ if key not in ("index", "name", "uuid")}
+        return cls(
+            index=text(raw.get("index"), 40), name=text(raw.get("name"), 120), uuid=text(raw.get("uuid"), 80), **get
+        )
+
+
+@dataclass(frozen=True)
+class Series:
+    """One device's samples, aligned with :attr:`Profile.times`."""
+
+    util: list[float | None] = field(default_factory=list)
+    memory_used: list[float | None] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One task try's profile, as the pages need it."""
+
+    kind: str  # "gpu" or "cpu"
+    host: str
+    interval_s: float | None
+    started: float | None
+    duration_s: float | None
+    samples: int
+    devices: tuple[Device, ...]
+    times: list[float | None]
+    series: dict[str, Series]
+    task: dict[str, Any]
+    requested: dict[str, Any]
+    gpu_seconds: float | None
+    advice: tuple[str, ...]
+    cost: dict[str, Any] | None
+    error: str = ""  # the sampler's own trouble: the profile is incomplete
+
+    @property
+    def is_cpu(self) -> bool:
+        """A CPU profile: the host had no GPU (or no NVML); util is CPU % and memory is RSS."""
+        return self.kind == "cpu"
+
+    @property
+    def finished(self) -> float | None:
+        """Epoch seconds of the last sample."""
+        if self.started is None:
+            return None
+        return self.started + (self.duration_s or 0.0)
+
+    @property
+    def peak_memory(self) -> float | None:
+        """The highest peak memory over the devices."""
+        peaks = [d.peak_memory for d in self.devices if d.peak_memory is not None]
+        return max(peaks) if peaks else None
+
+    @property
+    def peak_memory_pct(self) -> float | None:
+        """The highest peak memory over the devices, in % of its card."""
+        peaks = [d.peak_memory_pct for d in self.devices if d.peak_memory_pct is not None]
+        return max(peaks) if peaks else None
+
+    @property
+    def mean_util(self) -> float | None:
+        """The mean of the devices' mean utilisation."""
+        values = [d.mean_util for d in self.devices if d.mean_util is not None]
+        return sum(values) / len(values) if values else None
+
+    @classmethod
+    def read(cls, value: Any) -> Profile | None:
+        """Build from an XCom value; None when it is not a profile of a supported version."""
+        raw = _mapping(value)
+        if raw.get("version") not in SUPPORTED_VERSIONS:
+            return None
+        raw_series = _mapping(raw.get("series"))
+        raw_devices = [item for item in _list(raw.get("devices"), 64) if isinstance(item, dict)]
+        devices = tuple(Device.read(item) for item in raw_devices)
+        series = {}
+        for device, item in zip(devices, raw_devices, strict=True):
+            samples = _mapping(raw_series.get(text(item.get("index"))))
+            series[device.index] = Series(
+                util=numbers(samples.get("util")), memory_used=numbers(samples.get("memory_used"))
+            )
+        cost = raw.get("cost")
+        return cls(
+            kind="cpu" if raw.get("kind") == "cpu" else "gpu",
+            host=text(raw.get("host"), 200),
+            interval_s=number(raw.get("interval_s")),
+            started=number(raw.get("started")),
+            duration_s=number(raw.get("duration_s")),
+            samples=int(number(raw.get("samples")) or 0),
+            devices=devices,
+            times=numbers(raw_series.get("t")),
+            series=series,
+            task=_mapping(raw.get("task")),
+            requested=_mapping(raw.get("requested")),
+            gpu_seconds=number(raw.get("gpu_seconds")),
+            advice=tuple(text(item) for item in _list(raw.get("advice"), 20) if isinstance(item, str)),
+            cost=cost if isinstance(cost, dict) else None,
+            error=text(raw.get("error")),
+        )

@@ -1,0 +1,143 @@
+from __future__ import annotations
+
+import inspect
+import json
+import os
+
+import pytest
+from airflow.sdk import task
+
+from airflow_gpu_provider import gpu_task
+from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.task.callable import call_arguments, shipped_callable
+
+MODULE_CONSTANT = 3
+
+
+@task.gpu(
+    gpu_count=1,
+    memory="1Gi",
+)
+def decorated_with_task_gpu(x):
+    return x + 1
+
+
+@gpu_task(gpu_count=1)
+def decorated_with_gpu_task(x):
+    return x * 2
+
+
+def uses_module_constant():
+    return MODULE_CONSTANT
+
+
+def uses_module_import():
+    return os.getpid()
+
+
+def self_contained(epochs: int, params=None):
+    import math
+
+    def helper(v):
+        return math.sqrt(v)
+
+    total = [helper(i) for i in range(epochs)]
+    try:
+        pass
+    except ValueError as err:
+        print(err)
+    return {"total": sum(total), "params": params}
+
+
+def wants_ti(ti=None):
+    return None
+
+
+def shadowed_in_a_nested_function():
+    def helper(json):  # binds json only inside helper
+        return json
+
+    return helper(1), json.dumps({})  # the module's json: not shipped
+
+
+def module_name_in_a_default(indent=json.dumps({})):  # noqa: B008 - a module name in a default, on purpose
+    return indent
+
+
+def module_name_in_a_comprehension_only():
+    return [os.sep for _ in range(2)]
+
+
+def annotated_with_module_names(value: os.PathLike) -> json.JSONDecoder:  # annotations are never evaluated
+    return value
+
+
+def test_decorators_are_stripped_from_the_shipped_source():
+    for decorated, expected_first_line in (
+        (decorated_with_task_gpu, "def decorated_with_task_gpu(x):"),
+        (decorated_with_gpu_task, "def decorated_with_gpu_task(x):"),
+    ):
+        shipped = shipped_callable(decorated.function, owner="t")
+        assert shipped.source.splitlines()[0] == expected_first_line
+        assert "@" not in shipped.source
+        _, start = inspect.getsourcelines(decorated.function)
+        assert shipped.first_line > start  # the 'def' line, after the decorator lines
+
+
+def test_self_contained_function_with_nested_names_ships():
+    shipped = shipped_callable(self_contained, owner="t")
+    assert shipped.name == "self_contained"
+    assert shipped.context_params == ("params",)
+
+
+@pytest.mark.parametrize(
+    ("function", "names"),
+    [
+        (uses_module_constant, "'MODULE_CONSTANT'"),
+        (uses_module_import, "'os'"),
+        (shadowed_in_a_nested_function, "'json'"),
+        (module_name_in_a_default, "'json'"),
+        (module_name_in_a_comprehension_only, "'os'"),
+    ],
+)
+def test_module_level_names_are_rejected_at_parse_time(function, names):
+    with pytest.raises(InvalidSettingError, match=f"it uses {names} from outside the function"):
+        shipped_callable(function, owner="GpuStepOperator('t')")
+
+
+def test_closures_lambdas_async_and_context_objects_are_rejected():
+    factor = 2
+
+    def closure(x):
+        return x * factor
+
+    async def coroutine():
+        return 1
+
+    with pytest.raises(InvalidSettingError, match="'factor' from outside"):
+        shipped_callable(closure, owner="t")
+    with pytest.raises(InvalidSettingError, match="only plain functions"):
+        shipped_callable(lambda: 1, owner="t")
+    with pytest.raises(InvalidSettingError, match="async functions"):
+        shipped_callable(coroutine, owner="t")
+    with pytest.raises(InvalidSettingError, match="'ti' ask for Airflow context objects.*params"):
+        shipped_callable(wants_ti, owner="t")
+
+
+def test_annotations_are_not_names_the_function_reads():
+    assert shipped_callable(annotated_with_module_names, owner="t").name == "annotated_with_module_names"
+
+
+def test_call_arguments_fill_context_values_and_check_json():
+    shipped = shipped_callable(self_contained, owner="t")
+    signature = inspect.signature(self_contained)
+    args, kwargs = call_arguments(shipped, signature, [3], {}, {"params": {"epochs": 3}}, owner="t")
+    assert args == [3]
+    assert kwargs == {"params": {"epochs": 3}}
+    args, kwargs = call_arguments(shipped, signature, [], {"epochs": (1, 2)}, {}, owner="t")
+    assert kwargs["epochs"] == [1, 2]  # tuples travel as lists
+    json.dumps(kwargs)
+    with pytest.raises(TypeError, match="argument 'epochs' is a set that cannot travel as JSON"):
+        call_arguments(shipped, signature, [], {"epochs": {1}}, {}, owner="t")
+    with pytest.raises(TypeError, match="argument 'epochs' is a float that cannot travel as JSON"):
+        call_arguments(shipped, signature, [], {"epochs": float("nan")}, {}, owner="t")
