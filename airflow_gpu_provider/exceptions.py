@@ -89,3 +89,16 @@ class HostOutOfMemoryError(RemoteTaskError):
     """The task ran out of host memory: its container or pod was OOM-killed, or Python raised ``MemoryError``."""
 
     kind = "host_oom"
+
+
+#: What to do after an out-of-memory failure, by its kind: worded once, for every backend and the OOM ladder.
+OOM_REMEDY: dict[str, str] = {
+    GpuOutOfMemoryError.kind: (
+        "Give it a GPU with more memory (on_oom=OomEscalation(accelerators=[...]) makes the next try ask for one) "
+        "or make it use less (a smaller batch)."
+    ),
+    HostOutOfMemoryError.kind: (
+        "Give it more memory (ResourceSettings.memory, or on_oom=OomEscalation(memory=[...]) for the next try) or "
+        "make it use less."
+    ),
+}

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from types import SimpleNamespace
+
 from airflow_gpu_provider.config.worker import GpuConfig
 
 _HOME = None if "AIRFLOW_HOME" in os.environ else tempfile.mkdtemp(prefix="airflow-gpu-bench-")
@@ -70,8 +71,8 @@ def prepared_image(base_image: str) -> tuple[str, int, float]:
     """
     from airflow_gpu_provider.backends import BACKENDS
     from airflow_gpu_provider.backends.docker.client import connect
-    from airflow_gpu_provider.task.envelope import Envelope
     from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+    from airflow_gpu_provider.task.envelope import Envelope
     from airflow_gpu_provider.task.request import TaskRequest
 
     log, counter = quiet_logger("bench.cache")

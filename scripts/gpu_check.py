@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
 from airflow_gpu_provider.config.worker import GpuConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,8 +76,8 @@ def probe_cuda_cache(mebibytes: int) -> dict:
     """Fill the CUDA cache and clear it with the provider's hook, then its listener; leave one for the runtime."""
     import torch
 
-    from airflow_gpu_provider.hooks.cuda import CudaHook
     from airflow_gpu_provider.hooks import cuda_cache
+    from airflow_gpu_provider.hooks.cuda import CudaHook
 
     if not torch.cuda.is_available():
         return {"error": f"torch {torch.__version__} sees no CUDA device (torch.version.cuda={torch.version.cuda})"}
@@ -150,8 +151,8 @@ def check_allocator(ctx: Context) -> str:
     """Real devices from the host allocator, exclusive, released."""
     from airflow_gpu_provider.exceptions import GpuUnavailableError
     from airflow_gpu_provider.host.allocator import GpuAllocator, HostGpus
-    from airflow_gpu_provider.task.envelope import Envelope
     from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+    from airflow_gpu_provider.task.envelope import Envelope
     from airflow_gpu_provider.task.request import TaskRequest
 
     host = HostGpus.configured(GpuConfig.read(), devices="auto")
@@ -188,9 +189,9 @@ def _run_local_task(
 ) -> tuple[Any, list[str]]:
     """Run a function as a 1-GPU local-backend task; return its value and the GPUs the backend gave it."""
     from airflow_gpu_provider.backends import BACKENDS
-    from airflow_gpu_provider.task.envelope import Envelope
-    from airflow_gpu_provider.task.callable import shipped_callable
     from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+    from airflow_gpu_provider.task.callable import shipped_callable
+    from airflow_gpu_provider.task.envelope import Envelope
     from airflow_gpu_provider.task.request import TaskRequest
 
     backend = BACKENDS["local"].create({"devices": "auto"}, log=ctx.log)
@@ -340,9 +341,9 @@ def allocate_too_much() -> None:
 
 def check_oom(ctx: Context) -> str:
     """A real CUDA OOM is a gpu_oom with the GPU's memory; the next try needs a larger GPU (on_oom escalation)."""
+    from airflow_gpu_provider.escalation import tries as escalation
     from airflow_gpu_provider.exceptions import GpuOutOfMemoryError, GpuUnavailableError
     from airflow_gpu_provider.settings import ResourceSettings
-    from airflow_gpu_provider.escalation import tries as escalation
 
     try:
         _run_local_task(ctx, allocate_too_much)

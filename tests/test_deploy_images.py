@@ -103,8 +103,8 @@ accelerate launch --multi_gpu --num_processes 2 --num_machines 1 /tmp/ranks.py 2
 
 
 def _envelope() -> str:
-    from airflow_gpu_provider.task.envelope import Envelope
     from airflow_gpu_provider.task.callable import shipped_callable
+    from airflow_gpu_provider.task.envelope import Envelope
 
     def matmul(size: int) -> dict:
         import torch

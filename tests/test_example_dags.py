@@ -6,8 +6,8 @@ import pytest
 from conftest import REPO
 
 from airflow_gpu_provider import ResourceSettings
-from airflow_gpu_provider.operators.spec import TaskSpec, beside_spec
 from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.operators.spec import TaskSpec, beside_spec
 
 GPU_PARAMS = {"epochs", "batch_size", "mixed_precision", "backend", "on_missing_gpu"}
 

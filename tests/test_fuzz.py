@@ -43,6 +43,7 @@ from backends.kubernetes.k8s_manifests import validate
 from hypothesis import HealthCheck, currently_in_test_context, event, example, given, settings
 from hypothesis import strategies as st
 
+from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
 from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
 from airflow_gpu_provider.render import stand_in
@@ -56,7 +57,6 @@ from airflow_gpu_provider.settings import (
     ResourceSettings,
 )
 from airflow_gpu_provider.settings.units import MAX_BYTES, MAX_CPUS, MIN_CPUS
-from airflow_gpu_provider.config.worker import GpuConfig
 
 FUZZ = settings(
     deadline=None,
@@ -1039,11 +1039,17 @@ def _templated(kwargs: Mapping[str, Any]) -> bool:
     return any(isinstance(v, str) and "{{" in v for v in kwargs.values())
 
 
+def _resolved_request(task: GpuStepOperator, context: Any, backend: str | None = None) -> tuple[Any, Any, Any]:
+    """The backend, its options and the request, as when the task starts (``TaskSpec.rendered``)."""
+    spec = task.rendered_spec(backend=backend)
+    return spec.info, spec.options, task.task_request(context, spec, GpuConfig.read())
+
+
 def _resolve(operator: GpuStepOperator, kwargs: dict[str, Any], value: Any, backend: str | None = None) -> Any:
     """The task's backend, options and request as when it starts (templates rendered with ``params.value``)."""
     task, context = stand_in(operator, {"value": value, "policy": "cpu"})
     try:
-        return task, context, task.resolved_request(context, backend=backend)
+        return task, context, _resolved_request(task, context, backend)
     except InvalidSettingError as err:
         if not _templated(kwargs):
             raise
@@ -1185,7 +1191,7 @@ def _construct_and_resolve(kwargs: dict[str, Any], value: Any) -> None:
         return
     task, context = stand_in(operator, {"value": value, "policy": "cpu", "backend": "docker"})
     try:
-        task.resolved_request(context)
+        _resolved_request(task, context)
     except InvalidSettingError as err:
         if not _templated(kwargs):
             raise AssertionError(f"accepted at parse time, refused when the task starts: {err}") from err
@@ -1201,8 +1207,8 @@ def test_callable_arguments_are_checked_against_the_signature_at_parse(function:
     if operator is None:
         return
     task, context = stand_in(operator)
-    _, _, request = task.resolved_request(context)
-    assert request.envelope["mode"] == "callable"
+    _, _, request = _resolved_request(task, context)
+    assert request.envelope.mode == "callable"
     _note("accepted")
 
 

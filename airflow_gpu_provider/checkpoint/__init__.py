@@ -1,2 +1,5 @@
-"""Checkpoint folders: where a task try's checkpoints live (location), the ``checkpoint=`` argument (mixin), and a
-successful run's cleanup (a listener). The runtime's half is ``runtime/checkpoint.py``."""
+"""Checkpoint folders, the Airflow-facing half (the runtime's half is ``runtime/checkpoint.py``).
+
+``location.py``: where a task try's checkpoints live; ``mixin.py``: the ``checkpoint=`` argument; ``cleanup.py``:
+a successful run's folders deleted (a listener).
+"""

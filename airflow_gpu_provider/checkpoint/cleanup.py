@@ -18,8 +18,8 @@ from typing import Any
 from airflow.listeners import hookimpl
 
 from airflow_gpu_provider import config
-from airflow_gpu_provider.host.state import UntrustedStateError, check_owned
 from airflow_gpu_provider.checkpoint.location import check_root, default_root, is_uri, join, run_folder
+from airflow_gpu_provider.host.state import UntrustedStateError, check_owned
 
 log = logging.getLogger(__name__)
 

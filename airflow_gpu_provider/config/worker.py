@@ -46,10 +46,14 @@ class GpuConfig:
 
         :param overrides: values to use instead (tests, and a backend's own options that replace a ``[gpu]`` one)
         """
-        values = {field.name: config.get(field.name) for field in dataclasses.fields(cls) if field.name not in overrides}
+        values = {
+            field.name: config.get(field.name) for field in dataclasses.fields(cls) if field.name not in overrides
+        }
         return cls(**values, **overrides)  # type: ignore[arg-type]
 
     def grace(self, option: float | None) -> float:
-        """Seconds between SIGTERM and SIGKILL: a backend option's value (``kill_grace``, ``stop_timeout``,
-        ``termination_grace_period``), else ``[gpu] kill_grace``."""
+        """Seconds between SIGTERM and SIGKILL: a backend option's value, else ``[gpu] kill_grace``.
+
+        :param option: ``kill_grace`` (local), ``stop_timeout`` (Docker) or ``termination_grace_period`` (Kubernetes)
+        """
         return self.kill_grace if option is None else float(option)

@@ -28,7 +28,9 @@ class _GpuDecoratedOperator(DecoratedOperator, GpuStepOperator):  # type: ignore
     template_fields: Sequence[str] = GpuStepOperator.template_fields
     template_fields_renderers = GpuStepOperator.template_fields_renderers
 
-    def __init__(self, *, python_callable: Callable[..., Any], op_args: Any = None, op_kwargs: Any = None, **kwargs: Any):
+    def __init__(
+        self, *, python_callable: Callable[..., Any], op_args: Any = None, op_kwargs: Any = None, **kwargs: Any
+    ):
         super().__init__(
             python_callable=python_callable,
             op_args=op_args,

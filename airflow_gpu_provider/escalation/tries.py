@@ -3,19 +3,17 @@
 The history of a task's tries (what each ran with and how it ended) decides the rung. It lives in Airflow's metadata
 DB as a Variable, through the Task SDK: the next try may run on another worker host, and a task instance's XComs
 are cleared when its next try starts. The Variable is deleted when the task succeeds; the whole history then goes
-to XCom under :data:`XCOM_KEY`. :func:`rung_for` and :func:`record` are pure; :func:`load`, :func:`save` and
-:func:`forget` do the I/O.
+to XCom under :data:`XCOM_KEY`. :func:`rung_for` and :func:`record` are pure; :mod:`.store` does the I/O.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_gpu_provider.escalation import store
 from airflow_gpu_provider.exceptions import (
     GpuOutOfMemoryError,
     HostOutOfMemoryError,
@@ -23,12 +21,10 @@ from airflow_gpu_provider.exceptions import (
     RemoteTaskError,
 )
 from airflow_gpu_provider.settings import ResourceSettings
-from airflow_gpu_provider.settings.units import format_bytes
 from airflow_gpu_provider.settings.escalation import OomEscalation
+from airflow_gpu_provider.settings.units import format_bytes
 
 XCOM_KEY = "gpu_escalation"
-VARIABLE_PREFIX = "airflow_gpu_provider.oom."
-GIB = 2**30
 # how a try ended: the runtime's error kinds, as the worker's exceptions carry them
 GPU_OOM, HOST_OOM, ERROR = GpuOutOfMemoryError.kind, HostOutOfMemoryError.kind, RemoteTaskError.kind
 KINDS = f"how each earlier try ended: {GPU_OOM!r}, {HOST_OOM!r} or {ERROR!r}"
@@ -93,35 +89,6 @@ def record(tries: int, resources: ResourceSettings, error: BaseException | None)
     return entry
 
 
-def variable_key(labels: Mapping[str, str]) -> str:
-    """The Variable of one task instance's history (any length of ids, one key of bounded length)."""
-    identity = json.dumps([labels.get(k, "") for k in ("dag_id", "run_id", "task_id", "map_index")])
-    return VARIABLE_PREFIX + hashlib.sha256(identity.encode()).hexdigest()[:32]
-
-
-def load(labels: Mapping[str, str]) -> list[dict[str, Any]]:
-    """The history of the task instance's earlier tries (empty for the first)."""
-    from airflow.sdk import Variable
-
-    stored = Variable.get(variable_key(labels), default=None, deserialize_json=True)
-    return list(stored.get("tries", [])) if isinstance(stored, dict) else []
-
-
-def save(labels: Mapping[str, str], history: Sequence[Mapping[str, Any]]) -> None:
-    """Keep the history for the next try, wherever it runs."""
-    from airflow.sdk import Variable
-
-    ids = {k: labels.get(k) for k in ("dag_id", "run_id", "task_id", "map_index")}
-    Variable.set(variable_key(labels), {**ids, "tries": list(history)}, serialize_json=True)
-
-
-def forget(labels: Mapping[str, str]) -> None:
-    """The task succeeded: its history is no longer needed."""
-    from airflow.sdk import Variable
-
-    Variable.delete(variable_key(labels))
-
-
 @dataclass
 class Tries:
     """One task instance's tries under an ``on_oom`` ladder, seen from the try that runs now.
@@ -138,7 +105,7 @@ class Tries:
     @classmethod
     def start(cls, on_oom: OomEscalation, labels: Mapping[str, str]) -> Tries:
         """The tries so far, from the metadata DB."""
-        history = load(labels)
+        history = store.load(labels)
         return cls(on_oom, labels, history, int(labels.get("try_number") or len(history) + 1))
 
     @classmethod
@@ -162,7 +129,7 @@ class Tries:
         earlier = bool(self.history)
         self.history.append(record(self.number, resources, error))
         if self.stored and error is not None:
-            save(self.labels, self.history)
+            store.save(self.labels, self.history)
         elif self.stored and earlier:
-            forget(self.labels)
+            store.forget(self.labels)
         return {"on_oom": self.on_oom.describe(), "tries": self.history}

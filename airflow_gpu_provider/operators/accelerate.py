@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
+from airflow_gpu_provider.checkpoint.mixin import CheckpointMixin
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
 from airflow_gpu_provider.launchers.accelerate import launch_section, load_spec
-from airflow_gpu_provider.checkpoint.mixin import CheckpointMixin
 from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
 from airflow_gpu_provider.settings import ResourceSettings
 
@@ -121,7 +121,9 @@ class AccelerateOperator(GpuStepOperator):
 
     def launch(self, resources: ResourceSettings) -> dict[str, Any]:
         """The envelope's ``launch`` section for these resources, validated by accelerate's parser."""
-        return launch_section(resources, self.launch_options, num_machines=self.num_machines, owner=self.task_spec.owner)
+        return launch_section(
+            resources, self.launch_options, num_machines=self.num_machines, owner=self.task_spec.owner
+        )
 
     def build_envelope(self, context: Context, spec: TaskSpec) -> Envelope:
         """The payload's envelope, wrapped in ``accelerate launch``."""

@@ -210,8 +210,8 @@ class GpuStepOperator(CheckpointMixin, LineageMixin, BaseOperator):
             self.log.info("%s", rung.line)
             if rung.exhausted:
                 raise AirflowFailException(
-                    f"{rung.line}: the on_oom ladder has no larger {rung.exhausted} step. Add one, or make the "
-                    "task use less memory (a smaller batch)."
+                    f"{rung.line}: the on_oom ladder has no larger {rung.exhausted} step. Add one to the ladder, or "
+                    "make the task use less memory (a smaller batch)."
                 )
             resources = rung.resources
             spec.info.check(resources, spec.num_nodes, spec.options, spec.image)  # type: ignore[arg-type]
@@ -269,7 +269,9 @@ class GpuStepOperator(CheckpointMixin, LineageMixin, BaseOperator):
             raise
         finally:
             self._running_backend = None
-            self.gpu_profile = report.publish(profile, request, str(spec.backend), context, self.log, conf)
+            self.gpu_profile = report.publish(
+                profile, request, str(spec.backend), context=context, log=self.log, conf=conf
+            )
             if tries is not None:
                 context["ti"].xcom_push(escalation.XCOM_KEY, tries.finish(request.resources, failure))
 

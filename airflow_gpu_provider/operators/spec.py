@@ -131,7 +131,7 @@ class TaskSpec:
         return dataclasses.replace(self, backend=name, options=options)
 
     def changed(self, arguments: Mapping[str, Any], *, num_nodes: int | None = None) -> TaskSpec:
-        """This spec with some arguments given again (``.override()``, a mapped value): settled again if one differs."""
+        """The spec with some arguments given again (``.override()``, a mapped value): settled again if one differs."""
         changes = {key: value for key, value in arguments.items() if key in SETTINGS}
         nodes = self.num_nodes if num_nodes is None else num_nodes
         if all(self.inputs.get(key, None) is value for key, value in changes.items()) and nodes == self.num_nodes:
@@ -208,13 +208,11 @@ class TaskSpec:
         return spec
 
     def on(self, backend: str) -> TaskSpec:
-        """This settled spec on another backend (``render_manifests(backend=...)``)."""
+        """The settled spec on another backend (``render_manifests(backend=...)``)."""
         return self if backend == self.backend else self._on_backend(backend)
 
 
-def _resources(
-    owner: str, resources: object, given: Mapping[str, Any]
-) -> tuple[ResourceSettings, dict[str, Any]]:
+def _resources(owner: str, resources: object, given: Mapping[str, Any]) -> tuple[ResourceSettings, dict[str, Any]]:
     """The resources with the concrete shortcuts applied (checked); the templated shortcuts apart."""
     if resources is not None and not isinstance(resources, ResourceSettings):
         raise InvalidSettingError(owner, "resources", resources, "expected a ResourceSettings", None)

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow_gpu_provider import config
-from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.backends.executor.executors import model_slug, queue_for
+from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.settings import ResourceSettings
 from airflow_gpu_provider.settings.resources import ALL_GPUS
 

@@ -13,7 +13,7 @@ import re
 from decimal import Decimal, InvalidOperation
 from enum import Enum
 
-from airflow_gpu_provider.runtime.protocol import format_bytes  # the one bytes formatter, the runtime's too
+from airflow_gpu_provider.runtime.protocol import format_bytes  # noqa: F401 - the one bytes formatter, the runtime's too
 
 
 class Unit(Enum):

@@ -14,7 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_gpu_provider.exceptions import GpuOutOfMemoryError, GpuTaskError, HostOutOfMemoryError, RemoteTaskError
+from airflow_gpu_provider.exceptions import (
+    OOM_REMEDY,
+    GpuOutOfMemoryError,
+    GpuTaskError,
+    HostOutOfMemoryError,
+    RemoteTaskError,
+)
 from airflow_gpu_provider.runtime import protocol
 
 MAX_RESULT_BYTES = 64 * 2**20  # a result envelope larger than this is not an XCom value
@@ -74,14 +80,14 @@ def task_result(result: Mapping[str, Any] | None, exit_code: int, *, where: str)
         details.update(remote_traceback=error.get("traceback", ""), gpus=result.get("gpus"))
         if error.get("kind") == protocol.GPU_OOM:
             raise GpuOutOfMemoryError(
-                f"The task ran out of GPU memory in {where} ({error.get('type')}: {error.get('message', '')}): it "
-                "needs a GPU with more memory, or to use less (a smaller batch). The traceback is in the log above.",
+                f"The task ran out of GPU memory in {where} ({error.get('type')}: {error.get('message', '')}). "
+                f"{OOM_REMEDY[GpuOutOfMemoryError.kind]} The traceback is in the log above.",
                 **details,
             )
         if error.get("kind") == protocol.HOST_OOM:
             raise HostOutOfMemoryError(
-                f"The task ran out of host memory in {where} ({error.get('type')}: {error.get('message', '')}). The "
-                "traceback is in the log above.",
+                f"The task ran out of host memory in {where} ({error.get('type')}: {error.get('message', '')}). "
+                f"{OOM_REMEDY[HostOutOfMemoryError.kind]} The traceback is in the log above.",
                 **details,
             )
         raise RemoteTaskError(

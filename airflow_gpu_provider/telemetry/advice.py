@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow_gpu_provider.runtime.protocol import format_bytes
-from airflow_gpu_provider.telemetry.profile import Device, Profile
 from airflow_gpu_provider.settings.accelerators import MEMORY_GIB, MIG_PROFILES, MODEL_VENDORS, mig_memory_gib
+from airflow_gpu_provider.telemetry.profile import Device, Profile
 
 GIB = 2**30
 HEADROOM = 1.2  # a smaller card must hold the peak and a fifth more

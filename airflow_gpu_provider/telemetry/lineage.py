@@ -8,7 +8,6 @@ and nothing changes.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
 from typing import Any
 
 from airflow_gpu_provider.telemetry.profile import Profile

@@ -96,7 +96,7 @@ def summary_lines(profile: Profile) -> list[str]:
 
 
 def publish(
-    profile: Mapping[str, Any] | None, request: TaskRequest, backend: str, context: Any, log: Any, conf: GpuConfig
+    profile: Mapping[str, Any] | None, request: TaskRequest, backend: str, *, context: Any, log: Any, conf: GpuConfig
 ) -> dict[str, Any] | None:
     """Complete the profile, push it to XCom and log its summary. Never raises: a task never fails for its profile."""
     if not profile:

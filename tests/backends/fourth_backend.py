@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 
 from airflow_gpu_provider.backends.base import Backend
 from airflow_gpu_provider.backends.options import BackendOptions, option, text
-from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.config.worker import GpuConfig
+from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.task.request import TaskRequest
 from airflow_gpu_provider.task.result import TaskResult, result_value
 

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
-from airflow_gpu_provider.config.worker import GpuConfig
 from airflow.sdk import DAG
 from fsspec.registry import known_implementations
 
 from airflow_gpu_provider import AccelerateOperator, GpuStepOperator, gpu_task
-from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.checkpoint.location import (
     URI_SCHEMES,
     CheckpointLocation,
@@ -19,6 +16,8 @@ from airflow_gpu_provider.checkpoint.location import (
     run_folder,
     task_location,
 )
+from airflow_gpu_provider.config.worker import GpuConfig
+from airflow_gpu_provider.exceptions import InvalidSettingError
 
 LABELS = {"dag_id": "train", "run_id": "manual__2024-01-01T00:00:00+00:00", "task_id": "fit", "map_index": "-1"}
 
@@ -75,7 +74,9 @@ def test_every_scheme_is_one_fsspec_knows():
 def test_default_root_is_the_state_dir_then_the_config(state_dir, monkeypatch):
     assert task_location("t", None, LABELS, GpuConfig.read()) == location(f"{state_dir}/checkpoints", LABELS)
     monkeypatch.setenv("AIRFLOW__GPU__CHECKPOINT_ROOT", "gs://models/ckpt")
-    assert task_location("t", None, LABELS, GpuConfig.read()) == CheckpointLocation("gs://models/ckpt", location("/", LABELS).relative)
+    assert task_location("t", None, LABELS, GpuConfig.read()) == CheckpointLocation(
+        "gs://models/ckpt", location("/", LABELS).relative
+    )
     assert task_location("t", "/data/ckpt", LABELS, GpuConfig.read()).root == "/data/ckpt"  # the task's own wins
     assert task_location("t", False, LABELS, GpuConfig.read()) is None
     monkeypatch.setenv("AIRFLOW__GPU__CHECKPOINT_ROOT", "relative/ckpt")

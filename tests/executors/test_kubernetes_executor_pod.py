@@ -20,8 +20,8 @@ from helpers import load_dag
 from kubernetes.client import ApiClient, V1Container, V1EnvVar, V1ObjectMeta, V1Pod, V1PodSpec, V1ResourceRequirements
 
 from airflow_gpu_provider import GpuStepOperator
+from airflow_gpu_provider.backends.executor.placement import PLACED_KEY
 from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.operators.spec import PLACED_KEY
 
 SHIPPED_TEMPLATE = Path(pod_generator.__file__).parent / "kubernetes_executor_templates" / "basic_template.yaml"
 USER_TEMPLATE = {

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from airflow_gpu_provider import GpuStepOperator
-from airflow_gpu_provider.operators.spec import TaskSpec
-from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
-from airflow_gpu_provider.pools import placement as pools
 from airflow_gpu_provider.backends.executor.executors import configured
+from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
+from airflow_gpu_provider.operators.spec import TaskSpec
+from airflow_gpu_provider.pools import placement as pools
 
 
 def op(**kwargs) -> GpuStepOperator:

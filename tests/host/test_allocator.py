@@ -194,8 +194,8 @@ def test_configured_inventory_and_model_matching():
 @pytest.mark.gpu
 def test_the_nvml_inventory_hands_out_the_hosts_real_gpus_one_task_each(real_gpus, tmp_path):
     from airflow_gpu_provider.host.allocator import HostGpus
-    from airflow_gpu_provider.task.envelope import Envelope
     from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+    from airflow_gpu_provider.task.envelope import Envelope
     from airflow_gpu_provider.task.request import TaskRequest
 
     host = HostGpus(devices="auto", state_dir=str(tmp_path))

@@ -17,14 +17,14 @@ from helpers import alive, load_dag, run_dag, task_states, xcom
 from airflow_gpu_provider import GpuStepOperator, ImageSettings, ResourceSettings
 from airflow_gpu_provider.backends.local.backend import LocalBackend
 from airflow_gpu_provider.backends.local.options import LocalOptions
+from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import InvalidSettingError, RemoteTaskError, UnknownSettingError
 from airflow_gpu_provider.host.allocator import GpuAllocator
 from airflow_gpu_provider.host.inventory import Device
-from airflow_gpu_provider.task.envelope import Envelope
-from airflow_gpu_provider.task.callable import shipped_callable
 from airflow_gpu_provider.pools.placement import ALL_SLOTS_KEY
+from airflow_gpu_provider.task.callable import shipped_callable
+from airflow_gpu_provider.task.envelope import Envelope
 from airflow_gpu_provider.task.request import TaskRequest
-from airflow_gpu_provider.config.worker import GpuConfig
 
 pytestmark = pytest.mark.usefixtures("airflow_home")
 DAG_FILE = REPO / "tests" / "dags" / "gpu_step_dags.py"

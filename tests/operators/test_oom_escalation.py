@@ -10,6 +10,7 @@ import pytest
 from conftest import REPO
 from helpers import load_dag, run_dag, task_states, xcom
 
+from airflow_gpu_provider.escalation import store
 from airflow_gpu_provider.escalation import tries as escalation
 
 pytestmark = pytest.mark.usefixtures("airflow_home")
@@ -27,7 +28,7 @@ def _stored(dag_run, task_id: str) -> list[dict]:
     from airflow.models.variable import Variable
 
     labels = {"dag_id": dag_run.dag_id, "run_id": dag_run.run_id, "task_id": task_id, "map_index": "-1"}
-    return Variable.get(escalation.variable_key(labels), default_var={"tries": []}, deserialize_json=True)["tries"]
+    return Variable.get(store.variable_key(labels), default_var={"tries": []}, deserialize_json=True)["tries"]
 
 
 def test_a_gpu_oom_retries_on_the_next_accelerator_of_the_ladder(capfd):
@@ -61,7 +62,8 @@ def test_without_a_ladder_the_local_backend_picks_a_gpu_with_more_memory(capfd):
     assert value["resources"]["accelerator"] is None  # same request; only the device is larger
     out = capfd.readouterr()
     assert (
-        "(try 1 ran out of GPU memory on L4 (24.0 GiB); this try needs a GPU with more than 24.0 GiB)" in out.out + out.err
+        "(try 1 ran out of GPU memory on L4 (24.0 GiB); this try needs a GPU with more than 24.0 GiB)"
+        in out.out + out.err
     )
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from airflow_gpu_provider.task.envelope import Envelope
-from airflow_gpu_provider.task.callable import shipped_callable
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.runtime.bootstrap import clear_cuda_cache, uv_ca_variable
+from airflow_gpu_provider.task.callable import shipped_callable
+from airflow_gpu_provider.task.envelope import Envelope
 
 SUMMARY = {"backend": "test", "image": "img", "requirements_hash": "abc123", "resources": "1x nvidia GPU", "gpus": []}
 
@@ -110,9 +110,7 @@ def test_sys_exit_in_user_code(tmp_path, code, status, ok):
 
 
 def test_command_mode_execs_and_propagates_exit_status(tmp_path):
-    proc, result = run_envelope(
-        tmp_path, Envelope.run([sys.executable, "-c", "print('hello'); raise SystemExit(7)"])
-    )
+    proc, result = run_envelope(tmp_path, Envelope.run([sys.executable, "-c", "print('hello'); raise SystemExit(7)"]))
     assert proc.returncode == 7
     assert proc.stdout.splitlines()[0].startswith("[gpu] backend=test")
     assert "hello" in proc.stdout

@@ -8,14 +8,14 @@ import json
 import pytest
 
 from airflow_gpu_provider.backends import BACKENDS
+from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import RemoteTaskError
-from airflow_gpu_provider.task.envelope import Envelope, summary
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+from airflow_gpu_provider.task.envelope import Envelope, summary
 from airflow_gpu_provider.task.environment import gpu_free_environment, lock_holder, visible_devices
 from airflow_gpu_provider.task.missing_gpu import POLICIES
 from airflow_gpu_provider.task.request import TaskRequest
 from airflow_gpu_provider.task.result import result_value
-from airflow_gpu_provider.config.worker import GpuConfig
 
 LABELS = {"dag_id": "d", "task_id": "t", "run_id": "r1", "try_number": "1", "map_index": "3"}
 

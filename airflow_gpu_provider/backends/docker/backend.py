@@ -25,7 +25,7 @@ from airflow_gpu_provider.backends.docker.images.engine import ensure_derived_im
 from airflow_gpu_provider.backends.docker.options import DockerOptions, mount_source_problem
 from airflow_gpu_provider.backends.docker.orphans import AUTO_REMOVE_LABEL, WORKER_LABEL, reap_orphans
 from airflow_gpu_provider.backends.docker.plan import DockerPlan, plan_container
-from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError, HostOutOfMemoryError
+from airflow_gpu_provider.exceptions import OOM_REMEDY, GpuTaskError, GpuUnavailableError, HostOutOfMemoryError
 from airflow_gpu_provider.host.allocator import Allocation
 from airflow_gpu_provider.host.keeper import Keeper
 from airflow_gpu_provider.host.workers import worker_identity
@@ -205,8 +205,8 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
                     limit = kwargs["host_config"].get("mem_limit")
                     raise ContainerOomError(
                         f"Container {container_id[:12]} was killed because it ran out of memory (OOM, exit status "
-                        f"{exit_code}; memory limit {format_bytes(limit) if limit else 'none'}). Raise memory= or "
-                        "reduce the task's memory use."
+                        f"{exit_code}; memory limit {format_bytes(limit) if limit else 'none'}). "
+                        + OOM_REMEDY[ContainerOomError.kind]
                     )
                 result = read_result(client, container_id)
                 outcome = task_result(result, exit_code, where=f"container {container_id[:12]}")

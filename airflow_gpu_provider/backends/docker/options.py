@@ -19,9 +19,9 @@ from airflow_gpu_provider.backends.options import (
     string_list,
     text,
 )
+from airflow_gpu_provider.checkpoint.location import CHECKPOINT_MOUNT
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.settings import AMD, INTEL, NVIDIA, ResourceSettings
-from airflow_gpu_provider.checkpoint.location import CHECKPOINT_MOUNT
 from airflow_gpu_provider.task.environment import DRIVER_CAPABILITIES
 
 PullPolicy = Literal["missing", "always", "never"]

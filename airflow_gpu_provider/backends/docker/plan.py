@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 from airflow_gpu_provider.backends.docker.container import ContainerResources, map_resources
 from airflow_gpu_provider.backends.docker.images.dockerfile import BuildOptions
 from airflow_gpu_provider.backends.docker.options import CONTAINER_DIR, DockerOptions
+from airflow_gpu_provider.checkpoint.location import CHECKPOINT_MOUNT, checkpoint_environment, unreachable
 from airflow_gpu_provider.host.allocator import HostGpus
 from airflow_gpu_provider.settings.units import parse_bytes
-from airflow_gpu_provider.checkpoint.location import CHECKPOINT_MOUNT, checkpoint_environment, unreachable
 from airflow_gpu_provider.task.environment import with_user_environment
 from airflow_gpu_provider.task.labels import PROVIDER, docker_label
 from airflow_gpu_provider.task.request import TaskRequest

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_gpu_provider.exceptions import GpuTaskError, HostOutOfMemoryError
+from airflow_gpu_provider.exceptions import OOM_REMEDY, GpuTaskError, HostOutOfMemoryError
 
 _INSUFFICIENT = re.compile(r"(\d+) Insufficient ([A-Za-z0-9./_-]+)")
 _TAINT = re.compile(r"(\d+) node\(s\) had (?:untolerated )?taint \{([^}]*)\}")
@@ -129,9 +129,5 @@ def termination_error(pod: Mapping[str, Any], container: str, limits: Mapping[st
     if reason != "OOMKilled":
         return GpuTaskError(text)
     limit = limits.get("memory")
-    text += (
-        f" It used more than its memory limit ({limit}); raise ResourceSettings.memory."
-        if limit
-        else " The node ran out of memory; set ResourceSettings.memory so the scheduler reserves enough."
-    )
-    return HostOutOfMemoryError(text)
+    text += f" It used more than its memory limit ({limit})." if limit else " The node ran out of memory."
+    return HostOutOfMemoryError(f"{text} {OOM_REMEDY[HostOutOfMemoryError.kind]}")

@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.backends.kubernetes import container
-from airflow_gpu_provider.backends.pods import resources, scheduling
-from airflow_gpu_provider.backends.pods.security import pod_security_context, security_context
 from airflow_gpu_provider.backends.kubernetes.options import KubernetesOptions, check_pod_template
 from airflow_gpu_provider.backends.kubernetes.requirements import requirements_plan
 from airflow_gpu_provider.backends.options import BadOption
-from airflow_gpu_provider.exceptions import GpuTaskError
-from airflow_gpu_provider.settings import ResourceSettings
+from airflow_gpu_provider.backends.pods import resources, scheduling
+from airflow_gpu_provider.backends.pods.security import pod_security_context, security_context
 from airflow_gpu_provider.checkpoint.location import CHECKPOINT_MOUNT, checkpoint_environment, unreachable
+from airflow_gpu_provider.settings import ResourceSettings
 from airflow_gpu_provider.task.labels import MANAGED_BY, kubernetes_label
 from airflow_gpu_provider.task.request import TaskRequest
 
@@ -112,9 +111,7 @@ def _pod(
 ) -> KubernetesPlan:
     amounts = resources.container_resources(wanted)
     restricted = options.pod_security == "restricted"
-    security = security_context(
-        options.container_security_context, restricted=restricted, user=options.run_as_user
-    )
+    security = security_context(options.container_security_context, restricted=restricted, user=options.run_as_user)
     base_image = request.image.parent_image or conf.default_parent_image
     deps = requirements_plan(
         request.image,

@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from airflow_gpu_provider.backends.kubernetes.pending import Unschedulable, termination_error, unschedulable
 from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan
-from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError, HostOutOfMemoryError, RemoteTaskError
+from airflow_gpu_provider.exceptions import GpuUnavailableError, RemoteTaskError
 from airflow_gpu_provider.task.result import result_value
 
 _API = ApiClient(configuration=Configuration())

@@ -30,7 +30,10 @@ _NAME_PART = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 QUALIFIED_NAME = re.compile(rf"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_NAME_PART}$")
 LABEL_VALUE = re.compile(rf"^({_NAME_PART})?$")
 
+
 def string_check(pattern: re.Pattern[str] | None = None, accepted: str = "str") -> Any:
+    """A check of non-empty strings (matching ``pattern``, when given)."""
+
     def check(value: Any) -> str:
         if not isinstance(value, str) or not value or (pattern is not None and not pattern.fullmatch(value)):
             raise BadOption("not a valid value", accepted)
@@ -74,6 +77,7 @@ def _string_map(*, label_values: bool) -> Any:
 
 
 def check_tolerations(value: Any) -> tuple[dict[str, Any], ...]:
+    """Tolerations in the API form, by the API server's own rules (``validateTolerations``)."""
     accepted = "a list of dicts with key, operator (Exists|Equal), value, effect, tolerationSeconds"
     tolerations = dict_list(value, keys=TOLERATION_KEYS, what="toleration", accepted=accepted)
     for item in tolerations:  # the API server's rules (validateTolerations)
@@ -125,7 +129,6 @@ def _user_id(value: Any) -> int:
     return value
 
 
-
 dns_subdomain = string_check(DNS_SUBDOMAIN, "a DNS subdomain name")
 
 
@@ -164,5 +167,5 @@ class PodOptions(BackendOptions):
             )
 
     def check(self, resources: ResourceSettings) -> None:
-        """At DAG parse time: the accelerator's node labels exist in the label scheme and no selector contradicts them."""
+        """At DAG parse time: the accelerator's node labels exist in its label scheme; no selector contradicts them."""
         node_selector(resources, self.label_scheme, self.accelerator_labels, template={}, user=self.node_selector or {})

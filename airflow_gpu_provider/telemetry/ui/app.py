@@ -19,9 +19,9 @@ from fastapi.responses import HTMLResponse
 from starlette.exceptions import HTTPException
 
 from airflow_gpu_provider.telemetry.ui import store
+from airflow_gpu_provider.telemetry.ui.format import TaskKey
 from airflow_gpu_provider.telemetry.ui.html import SECURITY_HEADERS, e, layout
 from airflow_gpu_provider.telemetry.ui.overview_page import render_overview
-from airflow_gpu_provider.telemetry.ui.format import TaskKey
 from airflow_gpu_provider.telemetry.ui.task_page import render_no_profile, render_task_page
 
 MAX_LIMIT = 500

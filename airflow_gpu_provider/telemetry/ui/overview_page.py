@@ -6,9 +6,9 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from airflow_gpu_provider.telemetry.ui.html import e, layout, table, task_path, when
 from airflow_gpu_provider.telemetry.profile import number
 from airflow_gpu_provider.telemetry.ui.format import ProfileRow, fixed, gib, money, pct, requested
+from airflow_gpu_provider.telemetry.ui.html import e, layout, table, task_path, when
 
 
 @dataclass

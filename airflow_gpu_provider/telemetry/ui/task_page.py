@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from airflow_gpu_provider.telemetry.ui.chart import colour, memory_chart, utilisation_chart
-from airflow_gpu_provider.telemetry.ui.html import e, fact_table, layout, table, when
 from airflow_gpu_provider.telemetry.profile import Device, Profile
+from airflow_gpu_provider.telemetry.ui.chart import colour, memory_chart, utilisation_chart
 from airflow_gpu_provider.telemetry.ui.format import TaskKey, duration, fixed, gib, money, pct, requested
+from airflow_gpu_provider.telemetry.ui.html import e, fact_table, layout, table, when
 
 CPU_BADGE = "CPU profile (no GPU on this host)"
 

@@ -15,11 +15,11 @@ from airflow_gpu_provider.backends.docker.backend import DockerBackend
 from airflow_gpu_provider.backends.docker.images.dockerfile import CA_PATH, BuildOptions, derived_image_spec
 from airflow_gpu_provider.backends.docker.images.engine import ImageError, ensure_derived_image
 from airflow_gpu_provider.backends.docker.options import DockerOptions
-from airflow_gpu_provider.task.envelope import Envelope
-from airflow_gpu_provider.task.callable import shipped_callable
-from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
-from airflow_gpu_provider.task.request import TaskRequest
 from airflow_gpu_provider.config.worker import GpuConfig
+from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+from airflow_gpu_provider.task.callable import shipped_callable
+from airflow_gpu_provider.task.envelope import Envelope
+from airflow_gpu_provider.task.request import TaskRequest
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("no_leaks")]
 OPTIONS = {"repository": TEST_REPOSITORY}
@@ -188,7 +188,9 @@ def test_index_credentials_stay_out_of_the_image_its_history_and_the_log(docker_
         )
         envelope = Envelope.call(shipped_callable(uses_the_private_package, owner="test"), [], {})
         backend = DockerBackend(DockerOptions.parse(OPTIONS), log=task_log[0])
-        plan = backend.plan(TaskRequest(ResourceSettings(), image, envelope, "fail", {"dag_id": "d", "task_id": "t"}), GpuConfig.read())
+        plan = backend.plan(
+            TaskRequest(ResourceSettings(), image, envelope, "fail", {"dag_id": "d", "task_id": "t"}), GpuConfig.read()
+        )
         assert backend.run(plan, {}).return_value == {"private": True}
         assert index.authorized
     assert index.password not in task_log[1].text

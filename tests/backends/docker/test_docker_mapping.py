@@ -11,11 +11,11 @@ from airflow_gpu_provider.backends.docker.backend import DockerBackend
 from airflow_gpu_provider.backends.docker.container import NVIDIA_ULIMITS, map_resources
 from airflow_gpu_provider.backends.docker.options import DockerOptions, mount_source_problem
 from airflow_gpu_provider.backends.docker.plan import COMMAND
-from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
-from airflow_gpu_provider.task.envelope import Envelope
-from airflow_gpu_provider.settings import GpuVendor, ImageSettings, ResourceSettings
-from airflow_gpu_provider.task.request import TaskRequest
 from airflow_gpu_provider.config.worker import GpuConfig
+from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
+from airflow_gpu_provider.settings import GpuVendor, ImageSettings, ResourceSettings
+from airflow_gpu_provider.task.envelope import Envelope
+from airflow_gpu_provider.task.request import TaskRequest
 
 GiB = 1024**3
 
@@ -154,7 +154,10 @@ def test_plan_reads_shm_default_from_config(monkeypatch):
 def test_plan_uses_default_parent_image(monkeypatch):
     monkeypatch.setenv("AIRFLOW__GPU__DEFAULT_PARENT_IMAGE", "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime")
     request = TaskRequest(ResourceSettings(), ImageSettings(), Envelope.run(["true"]))
-    assert DockerBackend(DockerOptions()).plan(request, GpuConfig.read()).parent_image == "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+    assert (
+        DockerBackend(DockerOptions()).plan(request, GpuConfig.read()).parent_image
+        == "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+    )
 
 
 def test_cpu_task_has_no_fallback():

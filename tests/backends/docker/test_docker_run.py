@@ -12,10 +12,11 @@ from backends.docker.docker_fixtures import BASE_IMAGE, container_ids
 from airflow_gpu_provider.backends.docker.backend import ContainerOomError, DockerBackend
 from airflow_gpu_provider.backends.docker.images.engine import ImageError
 from airflow_gpu_provider.backends.docker.options import DockerOptions
+from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError, RemoteTaskError
-from airflow_gpu_provider.task.envelope import Envelope
-from airflow_gpu_provider.task.callable import shipped_callable
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+from airflow_gpu_provider.task.callable import shipped_callable
+from airflow_gpu_provider.task.envelope import Envelope
 from airflow_gpu_provider.task.request import TaskRequest
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("no_leaks")]

@@ -8,6 +8,7 @@ from typing import Any
 
 import kubernetes_validate
 from kubernetes.utils import parse_quantity
+
 from airflow_gpu_provider.config.worker import GpuConfig
 
 # The oldest release whose Job features we rely on (pod-index labels, Indexed completion) and the newest schemas.
@@ -132,8 +133,8 @@ def plan_and_render(
 ) -> tuple[Any, list[dict[str, Any]]]:
     """Plan a request on the Kubernetes backend and render it with KubernetesPodOperator (no cluster)."""
     from airflow_gpu_provider.backends import BACKENDS
-    from airflow_gpu_provider.task.envelope import Envelope
     from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+    from airflow_gpu_provider.task.envelope import Envelope
     from airflow_gpu_provider.task.request import TaskRequest
 
     request = TaskRequest(
@@ -146,4 +147,6 @@ def plan_and_render(
     options = {"namespace": "ml", **(options or {})}
     backend = BACKENDS["kubernetes"].create(options)
     restricted = options.get("pod_security", "restricted") == "restricted"
-    return backend.plan(request, GpuConfig.read()), [validate(obj, restricted=restricted) for obj in backend.render(request, GpuConfig.read(), None)]
+    return backend.plan(request, GpuConfig.read()), [
+        validate(obj, restricted=restricted) for obj in backend.render(request, GpuConfig.read(), None)
+    ]

@@ -13,9 +13,9 @@ from k8s_manifests import env, main_container, plan_and_render
 from airflow_gpu_provider.backends.kubernetes.container import LAUNCHER
 from airflow_gpu_provider.backends.kubernetes.requirements import DEPS_DIR, INIT_CONTAINER
 from airflow_gpu_provider.exceptions import GpuTaskError, InvalidSettingError
-from airflow_gpu_provider.task.envelope import Envelope
 from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+from airflow_gpu_provider.task.envelope import Envelope
 
 
 def test_main_container_runs_the_shipped_runtime_and_writes_to_the_xcom_sidecar():

@@ -10,8 +10,8 @@ from airflow.sdk import DAG
 from k8s_manifests import env, main_container, validate
 
 from airflow_gpu_provider import AccelerateOperator, GpuStepOperator
-from airflow_gpu_provider.exceptions import GpuTaskError, InvalidSettingError
 from airflow_gpu_provider.checkpoint.location import CHECKPOINT_MOUNT
+from airflow_gpu_provider.exceptions import GpuTaskError, InvalidSettingError
 
 pytestmark = pytest.mark.usefixtures("airflow_home")
 

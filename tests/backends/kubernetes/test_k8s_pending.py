@@ -91,8 +91,13 @@ def test_oom_killed_container_is_explained_with_its_limit():
 
 
 def test_another_kill_is_named_but_is_no_oom():
-    pod = {"status": {"containerStatuses": [{"name": "base", "state": {"terminated": {"reason": "ContainerCannotRun",
-                                                                                     "exitCode": 128}}}]}}
+    pod = {
+        "status": {
+            "containerStatuses": [
+                {"name": "base", "state": {"terminated": {"reason": "ContainerCannotRun", "exitCode": 128}}}
+            ]
+        }
+    }
     error = termination_error(pod, "base", {})
     assert type(error) is GpuTaskError and "ContainerCannotRun (exit code 128)" in str(error)
 

@@ -13,14 +13,14 @@ import pytest
 from helpers import alive
 
 from airflow_gpu_provider.backends import BACKENDS
+from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import RemoteTaskError
 from airflow_gpu_provider.host.allocator import GpuAllocator
 from airflow_gpu_provider.host.inventory import Device
-from airflow_gpu_provider.task.envelope import Envelope
-from airflow_gpu_provider.task.callable import shipped_callable
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+from airflow_gpu_provider.task.callable import shipped_callable
+from airflow_gpu_provider.task.envelope import Envelope
 from airflow_gpu_provider.task.request import TaskRequest
-from airflow_gpu_provider.config.worker import GpuConfig
 
 
 def backend(state_dir, **options):
@@ -125,7 +125,10 @@ def test_on_kill_from_a_signal_handler_stops_the_task_cleanly(tmp_path):
 def test_huge_lines_are_logged_in_pieces_and_progress_bars_stream(tmp_path, caplog):
     local = backend(tmp_path / "state")
     with caplog.at_level(logging.INFO, logger="test.local"):
-        assert local.run(local.plan(request(prints_a_huge_line_and_progress, gpus=0), GpuConfig.read()), {}).return_value == 1
+        assert (
+            local.run(local.plan(request(prints_a_huge_line_and_progress, gpus=0), GpuConfig.read()), {}).return_value
+            == 1
+        )
     lines = [r.getMessage() for r in caplog.records if r.name == "test.local"]
     assert max(len(line) for line in lines) <= 8192  # never 3 MB held and logged whole
     assert sum(line.count("x") for line in lines) == 3_000_000

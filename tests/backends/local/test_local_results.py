@@ -8,11 +8,11 @@ import time
 import pytest
 
 from airflow_gpu_provider.backends import BACKENDS
-from airflow_gpu_provider.task.envelope import Envelope
-from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
-from airflow_gpu_provider.task.result import ResultError
-from airflow_gpu_provider.task.request import TaskRequest
 from airflow_gpu_provider.config.worker import GpuConfig
+from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+from airflow_gpu_provider.task.envelope import Envelope
+from airflow_gpu_provider.task.request import TaskRequest
+from airflow_gpu_provider.task.result import ResultError
 
 
 def run_command(tmp_path, script: str):

@@ -16,9 +16,9 @@ from jwt import InvalidTokenError
 from telemetry.ui.profiles import CPU_PROFILE, GPU_PROFILE
 
 from airflow_gpu_provider.telemetry import ui
+from airflow_gpu_provider.telemetry.profile import Profile
 from airflow_gpu_provider.telemetry.ui import app as ui_app
 from airflow_gpu_provider.telemetry.ui import store
-from airflow_gpu_provider.telemetry.profile import Profile
 from airflow_gpu_provider.telemetry.ui.format import ProfileRow, TaskKey
 
 TASK = "/gpu/dags/gpu_training_demo/runs/manual__2026-11-23T13%3A00%3A00%2B00%3A00/tasks/train"

@@ -8,10 +8,10 @@ import re
 import pytest
 from telemetry.ui.profiles import CPU_PROFILE, GIB, GPU_PROFILE, hostile
 
-from airflow_gpu_provider.telemetry.ui.chart import memory_chart, utilisation_chart
-from airflow_gpu_provider.telemetry.ui.overview_page import render_overview
 from airflow_gpu_provider.telemetry.profile import MAX_POINTS, Profile
+from airflow_gpu_provider.telemetry.ui.chart import memory_chart, utilisation_chart
 from airflow_gpu_provider.telemetry.ui.format import ProfileRow, TaskKey, requested
+from airflow_gpu_provider.telemetry.ui.overview_page import render_overview
 from airflow_gpu_provider.telemetry.ui.task_page import CPU_BADGE, render_no_profile, render_task_page
 
 KEY = TaskKey("gpu_training_demo", "manual__2026-11-23T13:00:00+00:00", "train")
