@@ -49,3 +49,17 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def mapped_xcoms(dag_run: Any, task_id: str, key: str = "return_value") -> dict[int, Any]:
+    """``{map_index: value}`` of a mapped task of a finished run."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.scalars(
+            XComModel.get_many(
+                run_id=dag_run.run_id, dag_ids=dag_run.dag_id, task_ids=task_id, key=key, map_indexes=None
+            )
+        ).all()
+        return {row.map_index: XComModel.deserialize_value(row) for row in rows}

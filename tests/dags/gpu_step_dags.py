@@ -168,3 +168,27 @@ with DAG("gpu_step_resources", schedule=None, start_date=START):
     GpuStepOperator(
         task_id="fallback", python_callable=effective_resources, gpu_count=2, accelerator="A100", on_missing_gpu="cpu"
     )
+
+
+def scaled(a, b, scale=1):
+    import os
+
+    return {"sum": (a + b) * scale, "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+with DAG("gpu_step_mapped", schedule=None, start_date=START):
+    # the classic operator mapped: .partial() settles the task and places it (its GPU pool) as a plain task is
+    GpuStepOperator.partial(
+        task_id="classic",
+        python_callable=scaled,
+        op_args=[1, 2],
+        gpu_count=1,
+        on_missing_gpu="wait",
+        backend_options={"devices": "0,1"},
+    ).expand(op_kwargs=[{"scale": 1}, {"scale": 10}])
+
+    @gpu_task(gpu_count=1, on_missing_gpu="wait", backend_options={"devices": "0,1"})
+    def decorated(a: int, b: int) -> dict:
+        return {"sum": a + b}
+
+    decorated.partial(a=1).expand(b=[2, 3])

@@ -18,6 +18,7 @@ from airflow_gpu_provider.exceptions import RemoteTaskError
 from airflow_gpu_provider.task.envelope import Envelope
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.task.request import TaskRequest
+from airflow_gpu_provider.config.worker import GpuConfig
 backend = BACKENDS["docker"].create({"state_dir": sys.argv[1], "auto_remove": "never"}, logging.getLogger("w"))
 request = TaskRequest(ResourceSettings(), ImageSettings(parent_image=sys.argv[2]), Envelope.run(["false"]))
 try:
