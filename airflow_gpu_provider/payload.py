@@ -220,7 +220,7 @@ def call_arguments(
 
 def callable_envelope(shipped: ShippedCallable, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The runtime envelope for a function call (the backend adds ``summary``)."""
-    from airflow_gpu_provider.runtime.bootstrap import ENVELOPE_VERSION
+    from airflow_gpu_provider.runtime.protocol import ENVELOPE_VERSION
 
     return {
         "version": ENVELOPE_VERSION,
@@ -237,7 +237,7 @@ def callable_envelope(shipped: ShippedCallable, args: list[Any], kwargs: dict[st
 
 def command_envelope(command: Sequence[str]) -> dict[str, Any]:
     """The runtime envelope for a command (argument list; no shell)."""
-    from airflow_gpu_provider.runtime.bootstrap import ENVELOPE_VERSION
+    from airflow_gpu_provider.runtime.protocol import ENVELOPE_VERSION
 
     return {"version": ENVELOPE_VERSION, "mode": "command", "command": [str(part) for part in command]}
 

@@ -142,7 +142,7 @@ def task_location(owner: str, checkpoint: str | bool | None, labels: Mapping[str
 
 def checkpoint_environment(folder: str | None) -> dict[str, str]:
     """``AIRFLOW_GPU_CHECKPOINT_DIR`` for the task: the folder as the task sees it (none without one)."""
-    from airflow_gpu_provider.runtime.bootstrap import CHECKPOINT_ENV  # the protocol's; kept off the parse path
+    from airflow_gpu_provider.runtime.protocol import CHECKPOINT_ENV  # the protocol's; kept off the parse path
 
     return {} if folder is None else {CHECKPOINT_ENV: folder}
 

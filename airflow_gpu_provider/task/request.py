@@ -113,7 +113,7 @@ def task_result(result: Mapping[str, Any] | None, exit_code: int, *, where: str)
 
     The error carries the try's profile too: a failed try's (an OOM's) is the one that explains it.
     """
-    from airflow_gpu_provider.runtime.bootstrap import GPU_OOM, HOST_OOM  # the protocol's; not on the parse path
+    from airflow_gpu_provider.runtime.protocol import GPU_OOM, HOST_OOM  # the protocol's; not on the parse path
 
     profile = None if result is None else result.get("profile")
     if result is not None and not result.get("ok", False) and "exit_status" not in result:

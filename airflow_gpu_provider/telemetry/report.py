@@ -1,8 +1,8 @@
 """The worker's half of a GPU task's profile: ask for it in the envelope, complete it, log it, store it in XCom.
 
-The runtime samples (``runtime/bootstrap.py``, :class:`Profiler`) and returns the series and a per-device summary
-with the result envelope; here the profile gets the task's identity, what it asked for, the advice and the cost,
-then goes to XCom under :data:`XCOM_KEY` (the return value keeps ``return_value``) and to the end of the log.
+The runtime samples (``runtime/telemetry/sampler.py``, :class:`Profiler`) and returns the series and a per-device
+summary with the result envelope; here the profile gets the task's identity, what it asked for, the advice and the
+cost, then goes to XCom under :data:`XCOM_KEY` (the return value keeps ``return_value``) and to the end of the log.
 """
 
 from __future__ import annotations

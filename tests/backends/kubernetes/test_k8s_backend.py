@@ -14,8 +14,8 @@ from airflow_gpu_provider.backends.kubernetes.container import LAUNCHER
 from airflow_gpu_provider.backends.kubernetes.requirements import DEPS_DIR, INIT_CONTAINER
 from airflow_gpu_provider.exceptions import GpuTaskError, InvalidSettingError
 from airflow_gpu_provider.payload import command_envelope
-from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+from airflow_gpu_provider.task.runtime_zip import archive
 
 
 def test_main_container_runs_the_shipped_runtime_and_writes_to_the_xcom_sidecar():
@@ -24,7 +24,7 @@ def test_main_container_runs_the_shipped_runtime_and_writes_to_the_xcom_sidecar(
     assert base["command"] == ["python3", "-c", LAUNCHER]
     assert base["args"] == ["env:AIRFLOW_GPU_ENVELOPE", "/airflow/xcom/return.json"]
     variables = env(base)
-    assert zlib.decompress(base64.b64decode(variables["AIRFLOW_GPU_BOOTSTRAP"])) == BOOTSTRAP_PATH.read_bytes()
+    assert zlib.decompress(base64.b64decode(variables["AIRFLOW_GPU_BOOTSTRAP"])) == archive()  # the runtime.pyz
     envelope = json.loads(base64.b64decode(variables["AIRFLOW_GPU_ENVELOPE"]))
     assert envelope["command"] == ["nvidia-smi"]
     assert envelope["summary"] == {
