@@ -62,7 +62,9 @@ def test_requirements_are_installed_by_an_init_container_into_a_shared_empty_dir
     [init] = pod["spec"]["initContainers"]
     assert init["name"] == INIT_CONTAINER
     assert init["image"] == "nvcr.io/nvidia/pytorch:24.10-py3"  # same Python, same preinstalled packages
+    assert init["command"] == ["python3", "-c", LAUNCHER]  # the runtime's archive, as the main container's
     assert init["args"] == [
+        "install",
         DEPS_DIR,
         "uv",
         "--index-url",
