@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -99,15 +100,23 @@ def _install(image: ImageSettings, python: Path, uv: str | None, runtime: Path, 
         "-", image.python_package_installer, *index_args, "--", *image.requirements,
     ]  # fmt: skip
     with _netrc(netrc) as environ:
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ)
+        process = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ, start_new_session=True
+        )
         assert process.stdout is not None and process.stderr is not None
         errors: list[str] = []
         drain = threading.Thread(target=errors.extend, args=(process.stderr,), daemon=True)
         drain.start()
-        for line in process.stdout:
-            log.info("%s", line.rstrip().removeprefix(f"{PREFIX} "))
-        status = process.wait()
-        drain.join()
+        try:
+            for line in process.stdout:
+                log.info("%s", line.rstrip().removeprefix(f"{PREFIX} "))
+        except BaseException:  # the task was interrupted: its installers go with it (their own process group)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            raise
+        finally:
+            status = process.wait()
+            drain.join()
     if status != 0:
         raise InstallError("".join(errors).strip().removeprefix(f"{PREFIX} ") or f"exit status {status}")
 
