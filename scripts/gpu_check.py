@@ -394,7 +394,7 @@ CHECKS: dict[str, Callable[[Context], str]] = {
 # ------------------------------------------------------------------------------------------------ running them
 def find_gpus() -> tuple[list[dict[str, Any]], str]:
     """The NVIDIA GPUs of this machine as the provider lists them (NVML, else nvidia-smi), and why there are none."""
-    from airflow_gpu_provider.runtime.bootstrap import list_gpus
+    from airflow_gpu_provider.runtime.cuda import list_gpus
 
     gpus = list_gpus()
     if gpus:

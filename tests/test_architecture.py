@@ -8,12 +8,17 @@
   module;
 - every registry entry names a backend package whose halves exist and agree with it (the executor backend runs
   with the local run half, on options of the same shape);
-- modules stay small: nothing over 300 lines except the runtime, which is shipped as one file.
+- the runtime (``runtime/``) imports only the standard library and itself (relatively: it is shipped under another
+  name), the worker imports only its protocol and its CUDA helpers, and its archive is the same bytes every time;
+- modules stay small: nothing over 300 lines, the runtime's modules included.
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,11 +28,17 @@ from conftest import REPO
 from airflow_gpu_provider.backends import BACKENDS
 from airflow_gpu_provider.backends.base import Backend
 from airflow_gpu_provider.backends.options import BackendOptions
+from airflow_gpu_provider.task import runtime_zip
 
 PACKAGE = REPO / "airflow_gpu_provider"
 NAME = "airflow_gpu_provider"
 MAX_LINES = 300
-SHIPPED_AS_ONE_FILE = {f"{NAME}.runtime.bootstrap"}
+RUNTIME = f"{NAME}.runtime"
+#: What the worker runs of the runtime in its own process: the protocol, and the CUDA helpers (CudaHook and the
+#: host's GPU inventory must run the very code the task process runs). Everything else runs from the archive.
+WORKER_IMPORTS_OF_THE_RUNTIME = {f"{RUNTIME}.protocol", f"{RUNTIME}.cuda"}
+#: The task's own packages, which the runtime uses inside a function when the task's environment has them.
+TASK_PACKAGES = {"torch", "pynvml", "fsspec", "accelerate"}
 ABOVE_BACKENDS = (
     "operators",
     "decorators",
@@ -187,4 +198,54 @@ def test_the_executor_backend_shapes_its_pod_with_the_shared_pod_mapping():
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_modules_stay_small(module):
     lines = len(MODULES[module].read_text().splitlines())
-    assert module in SHIPPED_AS_ONE_FILE or lines <= MAX_LINES, f"{module}: {lines} lines"
+    assert lines <= MAX_LINES, f"{module}: {lines} lines"
+
+
+def _absolute_imports(tree: ast.AST) -> Iterator[tuple[str, bool]]:
+    """``(top-level name, inside a function)`` of every absolute import; relative ones are checked by the graph."""
+
+    def visit(node: ast.AST, in_function: bool) -> Iterator[tuple[str, bool]]:
+        if isinstance(node, ast.Import):
+            yield from ((alias.name.split(".")[0], in_function) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            yield (node.module or "").split(".")[0], in_function
+        inside = in_function or isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        for child in ast.iter_child_nodes(node):
+            yield from visit(child, inside)
+
+    yield from visit(tree, False)
+
+
+RUNTIME_MODULES = sorted(m for m in MODULES if m == RUNTIME or m.startswith(f"{RUNTIME}."))
+
+
+@pytest.mark.parametrize("module", RUNTIME_MODULES)
+def test_the_runtime_imports_only_the_standard_library_and_itself(module):
+    """It runs in any image with python3, as ``airflow_gpu_runtime``: never ``airflow_gpu_provider`` by name."""
+    tree = ast.parse(MODULES[module].read_text())
+    for name, in_function in _absolute_imports(tree):
+        allowed = name in sys.stdlib_module_names or (in_function and name in TASK_PACKAGES)
+        assert allowed, f"{module} imports {name}: the runtime imports the stdlib, and itself relatively"
+    outside = {target for target in GRAPH[module] if not target.startswith(RUNTIME)}
+    assert outside == set(), f"{module} imports {outside}"
+
+
+def test_the_worker_imports_only_the_protocol_and_the_cuda_helpers_of_the_runtime():
+    used = {t for m in MODULES if not m.startswith(RUNTIME) for t in GRAPH[m] if t.startswith(RUNTIME)}
+    assert used == WORKER_IMPORTS_OF_THE_RUNTIME, used
+    assert GRAPH[f"{RUNTIME}.cuda"] == set()  # run in the worker's own process: it imports nothing of the runtime
+
+
+def test_the_runtime_archive_is_the_same_bytes_every_time(tmp_path):
+    """Built twice, and from a copy with other dates, modes and a ``__pycache__``: the same bytes, so the same digest
+    (a derived image's tag is built on it)."""
+    first, second = runtime_zip.build(), runtime_zip.build()
+    assert first == second == runtime_zip.archive()
+    copy = tmp_path / "runtime"
+    shutil.copytree(runtime_zip.RUNTIME_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    for number, path in enumerate(sorted(copy.rglob("*.py"))):
+        path.chmod(0o600 if number % 2 else 0o755)
+        os.utime(path, (1_234_567_890 + number, 1_234_567_890 + number))
+    (copy / "__pycache__").mkdir()
+    (copy / "__pycache__" / "protocol.cpython-311.pyc").write_bytes(b"not source")
+    assert runtime_zip.build(copy) == first

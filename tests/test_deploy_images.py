@@ -125,7 +125,7 @@ def test_training_image_runs_the_runtime_and_accelerate(image):
     assert out.startswith("2.13.0")
     out = _run(
         image,
-        "python3 -m airflow_gpu_provider.runtime.bootstrap env:ENVELOPE /tmp/result.json && cat /tmp/result.json",
+        "python3 -m airflow_gpu_provider.runtime env:ENVELOPE /tmp/result.json && cat /tmp/result.json",
         f"ENVELOPE={_envelope()}",
         "NVIDIA_VISIBLE_DEVICES=void",  # as the provider starts a CPU container: no GPU even where the runtime gives all
     )

@@ -20,14 +20,15 @@ def test_parsing_example_dags_imports_nothing_heavy(dag_file):
         f"bag = DagBag(dag_folder={dag_file!r});"
         "print(json.dumps({'errors': {k: str(v) for k, v in bag.import_errors.items()}, 'dags': len(bag.dags),"
         f" 'heavy': sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}),"
-        " 'runtime': 'airflow_gpu_provider.runtime.bootstrap' in sys.modules}))"
+        " 'runtime': sorted(m for m in sys.modules if m.startswith('airflow_gpu_provider.runtime.')"
+        " and m != 'airflow_gpu_provider.runtime.protocol')}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     report = json.loads(out.strip().splitlines()[-1])
     assert report["errors"] == {}
     assert report["dags"] >= 1
     assert report["heavy"] == []
-    assert not report["runtime"]  # the shipped runtime (1,400 lines) is the task's, not the parser's
+    assert report["runtime"] == []  # the shipped runtime is the task's, not the parser's (its protocol may be read)
 
 
 def _heavy_modules_parsing(dag_file: str, executor: str) -> list[str]:

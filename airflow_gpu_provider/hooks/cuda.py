@@ -11,7 +11,7 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
-from airflow_gpu_provider.runtime.bootstrap import clear_cuda_cache, cuda_memory_stats, list_gpus
+from airflow_gpu_provider.runtime.cuda import clear_cuda_cache, cuda_memory_stats, list_gpus
 from airflow_gpu_provider.settings.units import format_bytes
 
 

@@ -61,7 +61,7 @@ def host_devices(option: str, vendor: GpuVendor = NVIDIA) -> list[Device]:
         return configured
     if vendor != NVIDIA:
         return []  # only NVIDIA GPUs are discovered; list other vendors' devices in [gpu] devices
-    from airflow_gpu_provider.runtime.bootstrap import list_gpus  # the runtime's one NVML probe, when asked
+    from airflow_gpu_provider.runtime.cuda import list_gpus  # the runtime's one NVML probe, when asked
 
     return [Device(g.get("uuid") or g["index"], g["name"], g["memory_total"]) for g in list_gpus()]
 

@@ -10,14 +10,15 @@ checking only what the templates changed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from airflow_gpu_provider import config
 from airflow_gpu_provider.backends import BACKENDS, BackendInfo
-from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
 from airflow_gpu_provider.pools import placement as pools
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.settings.escalation import OomEscalation
@@ -87,8 +88,9 @@ class TaskSpec:
         :raises InvalidSettingError: for anything the task could never run with
         """
         given = {key: value for key, value in arguments.items() if key in SETTINGS}
-        resources, templated = _resources(owner, given.get("resources"), given)
-        image = _image(owner, given.get("image"), given)
+        with _named(owner):
+            resources, templated = _resources(owner, given.get("resources"), given)
+            image = _image(owner, given.get("image"), given)
         policy = given.get("on_missing_gpu")
         if policy is None:
             policy = config.get("on_missing_gpu")
@@ -194,7 +196,8 @@ class TaskSpec:
             image = dataclasses.replace(self.image, environment={**self.image.environment, **environment})
             spec = dataclasses.replace(spec, image=image)
         if self.templated:
-            resources = self.resources.with_overrides(**{k: overrides.get(k, v) for k, v in self.templated.items()})
+            with _named(self.owner):
+                resources = self.resources.with_overrides(**{k: overrides.get(k, v) for k, v in self.templated.items()})
             spec = dataclasses.replace(spec, resources=resources, templated={})
             if spec.on_oom is not None:
                 spec.on_oom.check(resources, owner=self.owner)
@@ -210,6 +213,19 @@ class TaskSpec:
     def on(self, backend: str) -> TaskSpec:
         """The settled spec on another backend (``render_manifests(backend=...)``)."""
         return self if backend == self.backend else self._on_backend(backend)
+
+
+@contextlib.contextmanager
+def _named(owner: str) -> Iterator[None]:
+    """Errors of the settings a task was given name the task (``@task.gpu('train')``), not the settings class."""
+    try:
+        yield
+    except UnknownSettingError:
+        raise
+    except InvalidSettingError as err:
+        if err.owner in ("ResourceSettings", "ImageSettings"):
+            raise InvalidSettingError(owner, err.field, err.value, err.reason, err.accepted) from None
+        raise
 
 
 def _resources(owner: str, resources: object, given: Mapping[str, Any]) -> tuple[ResourceSettings, dict[str, Any]]:

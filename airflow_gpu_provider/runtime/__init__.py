@@ -1,8 +1,6 @@
-"""The stdlib-only runtime that runs inside child processes, containers and pods (see ``bootstrap.py``)."""
+"""The stdlib-only runtime that runs inside child processes, containers and pods.
 
-from __future__ import annotations
-
-from pathlib import Path
-
-BOOTSTRAP_PATH = Path(__file__).with_name("bootstrap.py")
-"""The file that backends ship into the child process, container or pod and run with ``python3``."""
+Shipped as one zip archive under the top-level name ``airflow_gpu_runtime`` (``task/runtime_zip.py`` builds it), so
+its modules import only the standard library and each other, relatively. The contract with the worker, and the
+only module the worker imports besides ``cuda.py``: ``protocol.py``.
+"""

@@ -1,27 +1,176 @@
-"""TEMPORARY shim until the runtime package lands (branch issue18-runtime): the protocol's names."""
+"""The contract between the worker and the runtime (envelope version 2): what both sides read and write.
 
-from airflow_gpu_provider.runtime.bootstrap import (  # noqa: F401
-    CHECKPOINT_ENV,
-    ENVELOPE_VERSION,
-    GPU_OOM,
-    HOST_OOM,
-    RESULT_MARKER,
-    RESULT_TO_LOG,
-    redact,
-    split_credentials,
-    uv_ca_variable,
-)
+The runtime is shipped as one zip archive (``runtime.pyz``, built by ``task/runtime_zip.py``) holding this package
+as ``airflow_gpu_runtime``; any image with ``python3`` runs it::
 
+    python3 runtime.pyz ENVELOPE RESULT                the task process
+    python3 runtime.pyz ENVELOPE --rank-results DIR     one rank of a launch (started by the runtime itself)
+    python3 runtime.pyz install [OPTIONS] TARGET INSTALLER [INDEX ARGS...] -- REQUIREMENTS...
+                                                        a task's requirements (``install.py``)
+
+``python3 -m airflow_gpu_runtime`` (the archive on ``PYTHONPATH``) runs the same. ``ENVELOPE`` is a JSON file
+path, or ``env:NAME`` for base64 JSON in an environment variable. ``RESULT`` is where the result envelope goes: a
+file path, or ``-`` to print it as the last log line (``[gpu] result: {...}``) where no file can travel back (a
+multi-node Kubernetes run). It is a command-line argument, not part of the envelope, so that a runtime that cannot
+read its envelope still reports why. The envelope::
+
+    {"version": 2, "mode": "callable", "function": "train", "source": "def train(...): ...",
+     "filename": "/dags/demo.py", "first_line": 12, "args": [...], "kwargs": {...}, "clear_cache": true,
+     "summary": {"backend": "local", "image": "...", "requirements_hash": "...", "resources": "...",
+                 "gpus": [{"index": "0", "name": "...", "memory_total": 85899345920}] | null},
+     "die_with_parent": false, "profile": {"interval_s": 1.0} | null, "resume": true,
+     "launch": {"module": "accelerate.commands.launch", "args": ["--num_processes", "2", ...],
+                "environment": {...}, "cpu_environment": {"ACCELERATE_USE_CPU": "1"},
+                "rank_arguments": {"--machine_rank": "NODE_RANK"}, "free_port_argument": "--main_process_port"}}
+
+    {"version": 2, "mode": "command", "command": ["python", "train.py"], "summary": {...}}
+
+``summary`` (added by the backend) starts the log; ``gpus: null`` asks the driver; its ``effective`` resources
+(after a CPU fallback) are exported to the task as ``AIRFLOW_GPU_RESOURCES`` (JSON). ``launch`` (optional) runs the
+payload once per rank under a launcher: ``environment`` is added to the ranks' environment, ``cpu_environment``
+too when the task has no GPU, ``rank_arguments`` take their values from the environment (a pod's node rank), and
+``free_port_argument`` gets a free local port unless given. Each rank writes ``DIR/rank<RANK>.json``; the result is
+rank 0's value, or the earliest error of any rank. A process that another launcher started as a rank other than 0
+(``RANK``) reports nothing: rank 0 reports for the group.
+
+The task's checkpoint folder comes in the environment (``AIRFLOW_GPU_CHECKPOINT_DIR``, set by the backend: a path
+here, or a URI), not in the envelope; it is made when missing and named in the log. ``resume`` (optional) looks
+for the newest ``accelerator.save_state`` folder there, exports it as ``AIRFLOW_GPU_RESUME_FROM`` /
+``AIRFLOW_GPU_RESUME_STEP``, and loads it in each process that runs the function right after its first
+``Accelerator.prepare`` (``checkpoint.py``).
+
+``profile`` (optional) starts the sampler for the try (one per node under a launcher, ``telemetry/``): NVML
+through ``ctypes``, else a CPU profile from ``/proc``; a command then runs as the runtime's child instead of
+replacing it.
+
+The result envelope: ``{"ok": true, "return_value": ..., "cache": [...]}`` or
+``{"ok": false, "error": {"type": ..., "kind": "gpu_oom"|"host_oom"|"error", "message": ..., "traceback": ...}}``
+(a command's failure: ``{"ok": false, "exit_status": N}``), with ``"profile": {...}`` when the try was sampled and
+``"gpus": [...]`` when it failed. Exit status 0 on success, 1 when the user code raised, 2 when the envelope itself
+is unusable (a command: its own status, 127 when it cannot start).
+
+Installer credentials never travel on a command line nor in a log: :func:`split_credentials` takes them out of
+the index URLs into netrc lines, which reach the installers as the file named by ``NETRC``; :func:`redact` hides
+any that are left in a line of output.
+
+This module is what the worker imports of the runtime (with ``cuda.py``); it stays cheap to import.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+ENVELOPE_VERSION = 2
+PREFIX = "[gpu]"
+EXIT_USER_ERROR = 1
+EXIT_BAD_ENVELOPE = 2
+EXIT_CANNOT_START = 127  # a command that cannot be started, as a shell reports it
+RESULT_TO_LOG = "-"
+RESULT_MARKER = f"{PREFIX} result: "
+RANK_RESULTS = "--rank-results"
+INSTALL = "install"  # the first argument of ``runtime.pyz install ...``
+RESOURCES_ENV = "AIRFLOW_GPU_RESOURCES"  # the resources the task runs with, as JSON (the summary's "effective")
+CHECKPOINT_ENV = "AIRFLOW_GPU_CHECKPOINT_DIR"  # the task's checkpoint folder (set by the backend): a path or a URI
+RESUME_FROM_ENV = "AIRFLOW_GPU_RESUME_FROM"  # with "resume": the newest checkpoint found there, loaded after prepare()
+RESUME_STEP_ENV = "AIRFLOW_GPU_RESUME_STEP"  # and the number in its folder's name (checkpoint_2 -> 2)
+CHECKPOINT_URI_ENV = "AIRFLOW_GPU_CHECKPOINT_URI"  # with "resume" and a URI folder: the URI, staged locally
+
+# The error kinds of a failed result (``error.kind``); a container or pod OOM-killed is HOST_OOM too, told by its
+# backend.
+GPU_OOM = "gpu_oom"
+HOST_OOM = "host_oom"
 ERROR = "error"
 
 
+def load_envelope(source: str) -> dict[str, Any]:
+    """Read an envelope from a file or from ``env:NAME``; raise for one this runtime cannot read."""
+    import json
+
+    if source.startswith("env:"):
+        import base64
+
+        raw = base64.b64decode(os.environ[source[4:]]).decode()
+    else:
+        with open(source, encoding="utf-8") as handle:
+            raw = handle.read()
+    envelope: dict[str, Any] = json.loads(raw)
+    if envelope.get("version") != ENVELOPE_VERSION:
+        raise ValueError(f"envelope version {envelope.get('version')!r}, this runtime reads {ENVELOPE_VERSION}")
+    return envelope
+
+
+def write_result(result_to: str, result: dict[str, Any]) -> None:
+    """Report the result envelope: to a file (atomically), or as the last log line (``-``)."""
+    import json
+
+    if result_to == RESULT_TO_LOG:
+        print(RESULT_MARKER + json.dumps(result), flush=True)
+        return
+    directory = os.path.dirname(os.path.abspath(result_to))
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{result_to}.tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(result, handle)
+    os.replace(tmp, result_to)
+
+
+def rank_result_path(rank_results: str) -> str:
+    """Where this rank (``RANK``, 0 when unset) writes its result in a launch's rank folder."""
+    return os.path.join(rank_results, f"rank{os.environ.get('RANK', '0')}.json")
+
+
 def format_bytes(amount: float | None) -> str:
-    """TEMPORARY: the one bytes formatter (``17179869184`` -> ``16.0 GiB``; ``?`` when unknown)."""
+    """Bytes for logs: ``17179869184`` -> ``16.0 GiB``, ``512`` -> ``512 B``, ``None`` -> ``?``."""
     if amount is None:
         return "?"
     value = float(amount)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
-    raise AssertionError("unreachable")  # pragma: no cover
+    return f"{value:.1f} TiB"
+
+
+class InstallError(RuntimeError):
+    """An installer command failed, or its index credentials cannot be passed; the message says why."""
+
+
+def redact(text: str) -> str:
+    """``text`` with the credentials of every URL in it replaced: ``https://***@host/...``."""
+    import re
+
+    return re.sub(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@", r"\g<scheme>***@", text)
+
+
+def uv_ca_variable(uv_version: str) -> str:
+    """The variable that makes this uv trust the system CA store, as pip does (renamed in uv 0.11)."""
+    import re
+
+    numbers = tuple(int(part) for part in re.findall(r"\d+", uv_version)[:2])
+    return "UV_SYSTEM_CERTS" if numbers >= (0, 11) else "UV_NATIVE_TLS"
+
+
+def split_credentials(index_args: list[str]) -> tuple[list[str], str]:
+    """Index arguments with the credentials taken out of their URLs, and those credentials as netrc lines.
+
+    Installers get the credentials from the netrc file (``NETRC``, read by uv and pip alike): never on a command
+    line, which every user of the host can read in ``/proc``, nor in a log.
+
+    :raises InstallError: for credentials with white space, which a netrc file cannot hold
+    """
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    clean, lines = [], []
+    for arg in index_args:
+        parts = urlsplit(arg) if "://" in arg else None
+        if parts is None or parts.username is None:
+            clean.append(arg)
+            continue
+        host = parts.hostname or ""
+        clean.append(urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else ""))))
+        login, password = unquote(parts.username), unquote(parts.password or "")
+        if any(c.isspace() for c in login + password):
+            raise InstallError(f"credentials for {host} with white space cannot be passed in a netrc file")
+        lines.append(f"machine {host} login {login} password {password or chr(34) * 2}")  # a token alone: ""
+    return clean, "".join(f"{line}\n" for line in lines)

@@ -155,7 +155,7 @@ class ImageSettings:
         It keys cached venvs and derived images (and their labels): a rotated token must not rebuild them, and no
         digest of a secret goes into a label.
         """
-        from airflow_gpu_provider.runtime.bootstrap import redact  # the one redaction; not on the DAG-parse path
+        from airflow_gpu_provider.runtime.protocol import redact  # the one redaction; not on the DAG-parse path
 
         return {
             "requirements": sorted(redact(requirement) for requirement in self.requirements),

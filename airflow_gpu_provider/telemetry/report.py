@@ -1,6 +1,6 @@
 """The worker's half of a GPU task's profile: ask for it in the envelope, complete it, log it, store it in XCom.
 
-The runtime samples (``runtime/telemetry/``) and returns the series and a per-device summary with the result
+The runtime samples (``runtime/telemetry/sampler.py``) and returns the series and a per-device summary with the result
 envelope; here the profile (read as :class:`~.profile.Profile`) gets the task's identity, what it asked for, the
 advice and the cost, then goes to XCom under :data:`XCOM_KEY` (the return value keeps ``return_value``) and to the
 end of the log.

@@ -17,9 +17,9 @@ from typing import Any, ClassVar
 from airflow_gpu_provider.backends.base import Backend
 from airflow_gpu_provider.backends.options import BackendOptions, option, text
 from airflow_gpu_provider.config.worker import GpuConfig
-from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.task.request import TaskRequest
 from airflow_gpu_provider.task.result import TaskResult, result_value
+from airflow_gpu_provider.task.runtime_zip import runtime_file
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class InlineBackend(Backend[InlineOptions, InlinePlan]):
             Path(folder, "envelope.json").write_text(json.dumps(envelope))
             result_path = Path(folder, "result.json")
             proc = subprocess.run(
-                [plan.python, str(BOOTSTRAP_PATH), str(Path(folder, "envelope.json")), str(result_path)],
+                [plan.python, str(runtime_file(folder)), str(Path(folder, "envelope.json")), str(result_path)],
                 capture_output=True,
                 text=True,
                 check=False,

@@ -7,18 +7,16 @@ task process or from any rank of a launch, and the worker raises :class:`GpuOutO
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
-from conftest import REPO
+from shipped_runtime import run_runtime, shipped
 
 from airflow_gpu_provider.exceptions import GpuOutOfMemoryError, HostOutOfMemoryError, RemoteTaskError
-from airflow_gpu_provider.runtime.bootstrap import GPU_OOM, HOST_OOM, _error, _merge_ranks, is_gpu_oom
+from airflow_gpu_provider.runtime.protocol import GPU_OOM, HOST_OOM
 from airflow_gpu_provider.task.result import task_result
 
-BOOTSTRAP = REPO / "airflow_gpu_provider" / "runtime" / "bootstrap.py"
+escalation, launch = shipped("escalation"), shipped("launch")  # the runtime's halves, from its archive
 
 
 def run_task(tmp_path, body: str) -> tuple[dict, str]:
@@ -30,12 +28,7 @@ def run_task(tmp_path, body: str) -> tuple[dict, str]:
         "summary": {"backend": "test", "gpus": []},
     }
     (tmp_path / "envelope.json").write_text(json.dumps(envelope))
-    done = subprocess.run(
-        [sys.executable, str(BOOTSTRAP), str(tmp_path / "envelope.json"), str(tmp_path / "result.json")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_runtime(str(tmp_path / "envelope.json"), str(tmp_path / "result.json"), timeout=120)
     return json.loads((tmp_path / "result.json").read_text()), done.stderr
 
 
@@ -68,8 +61,8 @@ def test_an_oom_wrapped_by_the_users_code_is_still_one(tmp_path):
     ids=["ValueError", "other RuntimeError"],
 )
 def test_other_failures_are_plain_errors(exc):
-    assert not is_gpu_oom(exc)
-    error = _error(exc)
+    assert not escalation.is_gpu_oom(exc)
+    error = escalation.error_record(exc)
     assert error["kind"] == "error"
     with pytest.raises(RemoteTaskError) as raised:
         task_result({"ok": False, "error": error}, 1, where="x")
@@ -85,13 +78,16 @@ def test_other_failures_are_plain_errors(exc):
     ],
 )
 def test_other_accelerators_oom_texts(text):
-    assert is_gpu_oom(RuntimeError(text))
+    assert escalation.is_gpu_oom(RuntimeError(text))
 
 
 def test_an_oom_in_any_rank_of_a_launch_is_the_launchs():
     ok = {"ok": True, "return_value": 1}
-    oom = {"ok": False, "error": _error(RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB"))}
-    result, status = _merge_ranks({0: ok, 1: oom}, 1, "accelerate.commands.launch")
+    oom = {
+        "ok": False,
+        "error": escalation.error_record(RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB")),
+    }
+    result, status = launch.merge_ranks({0: ok, 1: oom}, 1, "accelerate.commands.launch")
     assert status == 1 and result["error"]["kind"] == GPU_OOM
     with pytest.raises(GpuOutOfMemoryError, match="rank 1: CUDA out of memory"):
         task_result(result, 1, where="the local task process")
@@ -117,7 +113,10 @@ def test_a_failed_try_names_the_gpus_it_ran_on(tmp_path):
 
 def test_an_oom_is_the_cause_even_when_another_rank_failed_first():
     """A rank that ran out of memory breaks the collective: the others fail after it, or even before it reports."""
-    broken = {"ok": False, "error": {**_error(RuntimeError("NCCL communicator was aborted")), "time": 1.0}}
-    oom = {"ok": False, "error": {**_error(RuntimeError("CUDA out of memory")), "time": 2.0}}
-    result, _ = _merge_ranks({0: broken, 1: oom}, 1, "accelerate.commands.launch")
+    broken = {
+        "ok": False,
+        "error": {**escalation.error_record(RuntimeError("NCCL communicator was aborted")), "time": 1.0},
+    }
+    oom = {"ok": False, "error": {**escalation.error_record(RuntimeError("CUDA out of memory")), "time": 2.0}}
+    result, _ = launch.merge_ranks({0: broken, 1: oom}, 1, "accelerate.commands.launch")
     assert result["error"]["kind"] == GPU_OOM and result["error"]["message"].startswith("rank 1:")

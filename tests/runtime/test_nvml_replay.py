@@ -290,7 +290,7 @@ def test_the_provider_inventory_lists_the_recorded_gpus(lib_dir: Path) -> None:
         """
         import json
         from airflow_gpu_provider.host.inventory import host_devices
-        from airflow_gpu_provider.runtime.bootstrap import list_gpus
+        from airflow_gpu_provider.runtime.cuda import list_gpus
         devices = [[d.id, d.name, d.memory_total] for d in host_devices("auto")]
         print(json.dumps([list_gpus(), devices]))
         """,

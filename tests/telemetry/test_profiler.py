@@ -1,4 +1,4 @@
-"""The runtime's sampler (runtime/bootstrap.py ``Profiler``), in real task processes.
+"""The runtime's sampler (runtime/telemetry/sampler.py ``Profiler``), in real task processes.
 
 Without a GPU here, the NVML path runs against a replay of recorded nvidia-smi streams: ``libnvidia-ml.so.1``
 built from ``tests/nvml_replay`` (real RTX 4090/4080 values, see its recordings/README.md), loaded by the
@@ -10,19 +10,16 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import REPO
 from nvml_replay import RECORDINGS, built_or_skip, replay_environment
+from shipped_runtime import run_runtime, shipped
 
-from airflow_gpu_provider.runtime import bootstrap
-from airflow_gpu_provider.runtime.bootstrap import PROFILE_POINTS, Profiler
-
-BOOTSTRAP = REPO / "airflow_gpu_provider" / "runtime" / "bootstrap.py"
+sampler, proctree = shipped("telemetry.sampler"), shipped("telemetry.proctree")  # from the runtime's archive
+PROFILE_POINTS, Profiler = sampler.PROFILE_POINTS, sampler.Profiler
 TWO_GPUS = RECORDINGS / "rtx4090_rtx4080_2gpu.csv"
 MIB = 2**20
 
@@ -50,11 +47,10 @@ def run_task(tmp_path: Path, body: str, *, env: dict[str, str] | None = None, in
         **envelope,
     }
     (tmp_path / "envelope.json").write_text(json.dumps(envelope))
-    done = subprocess.run(
-        [sys.executable, str(BOOTSTRAP), str(tmp_path / "envelope.json"), str(tmp_path / "result.json")],
+    done = run_runtime(
+        str(tmp_path / "envelope.json"),
+        str(tmp_path / "result.json"),
         env={**{k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}, **(env or {})},
-        capture_output=True,
-        text=True,
         timeout=120,
     )
     return json.loads((tmp_path / "result.json").read_text()), done.stdout + done.stderr
@@ -176,7 +172,7 @@ def test_the_series_stays_bounded_and_the_figures_exact_over_many_samples(monkey
 
 def test_a_sampling_error_is_one_log_line_and_the_task_goes_on(monkeypatch, capsys):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    monkeypatch.setattr(bootstrap._ProcessTree, "sample", lambda self: 1 / 0)
+    monkeypatch.setattr(proctree.ProcessTree, "sample", lambda self: 1 / 0)
     profiler = Profiler(interval_s=0.01)
     profiler.thread.join(timeout=5)
     profile = profiler.stop()

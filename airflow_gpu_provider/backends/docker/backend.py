@@ -29,11 +29,11 @@ from airflow_gpu_provider.exceptions import OOM_REMEDY, GpuTaskError, GpuUnavail
 from airflow_gpu_provider.host.allocator import Allocation
 from airflow_gpu_provider.host.keeper import Keeper
 from airflow_gpu_provider.host.workers import worker_identity
-from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.settings.units import format_bytes
 from airflow_gpu_provider.task.output import LineSplitter
 from airflow_gpu_provider.task.request import TaskRequest
 from airflow_gpu_provider.task.result import TaskResult, task_result
+from airflow_gpu_provider.task.runtime_zip import FILE_NAME, archive
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -259,7 +259,7 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         """The runtime and the envelope (with the resource summary the runtime prints first)."""
         # gpus None: the runtime asks nvidia-smi in the container (a CPU task gets NVIDIA_VISIBLE_DEVICES=void)
         envelope = plan.request.runtime_envelope(backend=self.name, image=image, gpus=None, cpu_fallback=cpu_fallback)
-        return {"bootstrap.py": BOOTSTRAP_PATH.read_bytes(), "envelope.json": json.dumps(envelope).encode()}
+        return {FILE_NAME: archive(), "envelope.json": json.dumps(envelope).encode()}
 
     def _cleanup(self, client: Any, container_id: str, plan: DockerPlan, *, started: bool, succeeded: bool) -> None:
         """Remove the container (``auto_remove``); a kept or running one (a timeout) is stopped first. Never raises.

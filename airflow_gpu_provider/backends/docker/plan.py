@@ -17,12 +17,13 @@ from airflow_gpu_provider.settings.units import parse_bytes
 from airflow_gpu_provider.task.environment import with_user_environment
 from airflow_gpu_provider.task.labels import PROVIDER, docker_label
 from airflow_gpu_provider.task.request import TaskRequest
+from airflow_gpu_provider.task.runtime_zip import FILE_NAME
 
 if TYPE_CHECKING:
     from airflow_gpu_provider.config.worker import GpuConfig
 
 RESULT_PATH = "/tmp/airflow-gpu-result.json"  # read back through the Docker API
-COMMAND = ["python3", f"{CONTAINER_DIR}/bootstrap.py", f"{CONTAINER_DIR}/envelope.json", RESULT_PATH]
+COMMAND = ["python3", f"{CONTAINER_DIR}/{FILE_NAME}", f"{CONTAINER_DIR}/envelope.json", RESULT_PATH]
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
 """The pod's containers: the stdlib runtime shipped in environment variables, their commands and environment.
 
-No ConfigMap and no image change: ``AIRFLOW_GPU_BOOTSTRAP`` holds ``runtime/bootstrap.py`` (zlib + base64),
-``AIRFLOW_GPU_ENVELOPE`` the task envelope (base64 JSON, read by the runtime as ``env:AIRFLOW_GPU_ENVELOPE``), and
-the main container runs ``python3 -c <launcher> env:AIRFLOW_GPU_ENVELOPE /airflow/xcom/return.json``: the runtime
-writes its result envelope where KubernetesPodOperator's XCom sidecar reads it. The init container that installs
-requirements runs the same runtime's installer.
+No ConfigMap and no image change: ``AIRFLOW_GPU_BOOTSTRAP`` holds the runtime's archive (``runtime.pyz``, zlib +
+base64), ``AIRFLOW_GPU_ENVELOPE`` the task envelope (base64 JSON, read by the runtime as
+``env:AIRFLOW_GPU_ENVELOPE``), and the main container runs ``python3 -c <launcher> env:AIRFLOW_GPU_ENVELOPE
+/airflow/xcom/return.json``: the launcher writes the archive to a file and runs it, and the runtime writes its
+result envelope where KubernetesPodOperator's XCom sidecar reads it. The init container that installs requirements
+runs the same launcher, as ``runtime.pyz install ...``.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow_gpu_provider.exceptions import GpuTaskError
-from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
-from airflow_gpu_provider.runtime.bootstrap import RESULT_TO_LOG
+from airflow_gpu_provider.runtime.protocol import RESULT_TO_LOG
 from airflow_gpu_provider.settings import ResourceSettings
 from airflow_gpu_provider.task.environment import (
     driver_environment,
@@ -26,26 +26,27 @@ from airflow_gpu_provider.task.environment import (
     thread_environment,
     with_user_environment,
 )
+from airflow_gpu_provider.task.runtime_zip import archive
 
 BOOTSTRAP_ENV = "AIRFLOW_GPU_BOOTSTRAP"
 ENVELOPE_ENV = "AIRFLOW_GPU_ENVELOPE"
 RESULT_PATH = "/airflow/xcom/return.json"  # KubernetesPodOperator's XCom sidecar reads this file
-# Writes the runtime to a file, then runs it as __main__ (launched ranks run that file again) or calls its installer.
-_WRITE_RUNTIME = (
+# Writes the runtime's archive to a file, then runs it as __main__ (launched ranks run that file again), with the
+# container's arguments: a task's envelope and result, or ``install ...`` in the init container.
+LAUNCHER = (
     "import base64,os,runpy,tempfile,zlib;"
-    "p=os.path.join(tempfile.gettempdir(),'airflow_gpu_bootstrap.py');"
+    "p=os.path.join(tempfile.gettempdir(),'airflow_gpu_runtime.pyz');"
     f"open(p,'wb').write(zlib.decompress(base64.b64decode(os.environ[{BOOTSTRAP_ENV!r}])));"
+    "runpy.run_path(p,run_name='__main__')"
 )
-LAUNCHER = _WRITE_RUNTIME + "runpy.run_path(p,run_name='__main__')"
-INSTALLER = _WRITE_RUNTIME + "import sys;sys.exit(runpy.run_path(p)['install_main'](sys.argv[1:]))"
 # Linux caps one environment string at 128 KiB (MAX_ARG_STRLEN); keep a margin for the name.
 MAX_ENV_VALUE = 120 * 1024
 
 
 @functools.cache
 def bootstrap_payload() -> str:
-    """``runtime/bootstrap.py``, compressed and base64-encoded for an environment variable."""
-    return base64.b64encode(zlib.compress(BOOTSTRAP_PATH.read_bytes(), 9)).decode()
+    """The runtime's archive, compressed (once, as a whole: its members are stored) and base64-encoded."""
+    return base64.b64encode(zlib.compress(archive(), 9)).decode()
 
 
 def encode_envelope(envelope: Mapping[str, Any]) -> str:

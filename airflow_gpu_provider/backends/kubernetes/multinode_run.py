@@ -25,7 +25,7 @@ from airflow_gpu_provider.backends.kubernetes.pending import unschedulable
 from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan
 from airflow_gpu_provider.backends.kubernetes.pod_operator import build_operator, to_dict
 from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError
-from airflow_gpu_provider.runtime.bootstrap import RESULT_MARKER
+from airflow_gpu_provider.runtime.protocol import RESULT_MARKER
 
 MAIN_CONTAINER = "base"
 

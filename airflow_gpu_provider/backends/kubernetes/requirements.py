@@ -2,7 +2,7 @@
 
 ``requirements_mode="init-container"`` (default): an init container runs the task's own image (so the same Python
 and the same preinstalled packages, e.g. torch) and the runtime's installer
-(:func:`~airflow_gpu_provider.runtime.bootstrap.install_requirements`, the one the local backend's venvs use too):
+(``runtime.pyz install``, the one the local backend's venvs use too):
 uv installs into ``DEPS_DIR`` only what the image lacks, so ``accelerate`` never drags in a second multi-GB torch.
 The main container mounts the directory read-only and finds it on ``PYTHONPATH``. uv comes from the image if it has
 one, otherwise from PyPI (pip).
@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_gpu_provider.backends.kubernetes.container import BOOTSTRAP_ENV, INSTALLER, bootstrap_payload
-from airflow_gpu_provider.runtime.bootstrap import split_credentials
+from airflow_gpu_provider.backends.kubernetes.container import BOOTSTRAP_ENV, LAUNCHER, bootstrap_payload
+from airflow_gpu_provider.runtime.protocol import INSTALL, split_credentials
 from airflow_gpu_provider.settings import ImageSettings
 
 DEPS_VOLUME = "gpu-deps"
@@ -69,8 +69,9 @@ def requirements_plan(
     init: dict[str, Any] = {
         "name": INIT_CONTAINER,
         "image": installer_image or base_image,
-        "command": ["python3", "-c", INSTALLER],
+        "command": ["python3", "-c", LAUNCHER],
         "args": [
+            INSTALL,
             DEPS_DIR,
             image.python_package_installer,
             *split_credentials(image.installer_index_args())[0],  # never credentials in the pod spec

@@ -27,11 +27,11 @@ from airflow_gpu_provider.backends.options import WorkerOptions
 from airflow_gpu_provider.checkpoint.location import checkpoint_environment
 from airflow_gpu_provider.host.allocator import HostGpus
 from airflow_gpu_provider.host.state import private_dir, task_folder
-from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.settings.units import format_bytes
 from airflow_gpu_provider.task.environment import thread_environment, visible_devices
 from airflow_gpu_provider.task.request import TaskRequest
 from airflow_gpu_provider.task.result import TaskResult, read_result_file, task_result
+from airflow_gpu_provider.task.runtime_zip import runtime_file
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -86,9 +86,10 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
                 format_bytes(request.resources.memory),
             )
         python = Path(sys.executable)
+        runtime = runtime_file(plan.host.state_dir)
         image_name = f"worker python {platform.python_version()}"
         if request.image.requirements:
-            python = ensure_venv(request.image, Path(plan.host.state_dir) / "venvs", self.log)
+            python = ensure_venv(request.image, Path(plan.host.state_dir) / "venvs", self.log, runtime=runtime)
             image_name += f" + venv {python.parent.parent.name}"
 
         if request.checkpoint is not None and not request.checkpoint.is_uri:
@@ -110,7 +111,7 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
                 envelope_path = Path(workdir, "envelope.json")
                 result_path = Path(workdir, "result.json")
                 envelope_path.write_text(json.dumps(envelope))
-                argv = [str(python), str(BOOTSTRAP_PATH), str(envelope_path), str(result_path)]
+                argv = [str(python), str(runtime), str(envelope_path), str(result_path)]
                 self.log.info("Starting task process on GPUs %s", ids or "none")
                 task = TaskProcess(
                     argv, environment, cwd=workdir, pass_fds=allocation.fds, log=self.log, kill_grace=plan.kill_grace

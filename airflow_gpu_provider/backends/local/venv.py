@@ -2,9 +2,10 @@
 
 A venv holds only what the worker's own environment lacks; the worker's packages (torch, ...) stay visible through
 a ``.pth`` file, so a requirement like ``accelerate`` never drags a second multi-GB torch download in. The install
-is the runtime's :func:`~airflow_gpu_provider.runtime.bootstrap.install_requirements`, the same one Kubernetes init
-containers run: uv resolves against the worker environment and installs the missing pins; pip sees the worker's
-packages through the ``.pth`` file by itself.
+is the runtime's installer, run from its archive (``python runtime.pyz install ...``, output streamed to the task
+log), the same one Kubernetes init containers run: uv resolves against the worker environment and installs the
+missing pins; pip sees the worker's packages through the ``.pth`` file by itself. Index credentials reach it in a
+private netrc file (``NETRC``), never on its command line.
 
 Venvs are keyed by the image's requirements hash plus the worker environment, created under a per-key ``flock``
 (concurrent tasks build once) and marked ready only when complete (a crash mid-build is rebuilt).
@@ -12,22 +13,28 @@ Venvs are keyed by the image's requirements hash plus the worker environment, cr
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
+import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from airflow_gpu_provider.exceptions import GpuTaskError
 from airflow_gpu_provider.host.state import check_owned, exclusive, open_private, private_dir
-from airflow_gpu_provider.runtime.bootstrap import InstallError, install_requirements
+from airflow_gpu_provider.runtime.protocol import INSTALL, PREFIX, InstallError, split_credentials
 from airflow_gpu_provider.settings import ImageSettings
+from airflow_gpu_provider.task.runtime_zip import runtime_file
 
 READY_MARKER = ".airflow-gpu-ready"
 
@@ -62,7 +69,59 @@ def _uv() -> str:
     return find_uv_bin()
 
 
-def _create(path: Path, image: ImageSettings, log: logging.Logger) -> None:
+@contextlib.contextmanager
+def _netrc(netrc: str) -> Iterator[dict[str, str]]:
+    """The installer's environment; with index credentials, ``NETRC`` names a private file that holds them.
+
+    The file (0600 in a 0700 folder) lives for the install's time only.
+    """
+    if not netrc:
+        yield dict(os.environ)
+        return
+    folder = tempfile.mkdtemp(prefix="airflow-gpu-netrc-")  # 0700
+    try:
+        path = os.path.join(folder, "netrc")
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as handle:
+            handle.write(netrc)
+        yield {**os.environ, "NETRC": path}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _install(image: ImageSettings, python: Path, uv: str | None, runtime: Path, log: logging.Logger) -> None:
+    """``python runtime.pyz install``: what the worker lacks, into the venv of ``python``; its output to the log.
+
+    :raises InstallError: when the installer fails (its message ends with the installer's last lines)
+    """
+    index_args, netrc = split_credentials(image.installer_index_args())
+    argv = [
+        sys.executable, str(runtime), INSTALL, "--python", str(python), "--resolve-with", sys.executable,
+        "--where", "the worker environment", *(["--uv", uv] if uv else []),
+        "-", image.python_package_installer, *index_args, "--", *image.requirements,
+    ]  # fmt: skip
+    with _netrc(netrc) as environ:
+        process = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ, start_new_session=True
+        )
+        assert process.stdout is not None and process.stderr is not None
+        errors: list[str] = []
+        drain = threading.Thread(target=errors.extend, args=(process.stderr,), daemon=True)
+        drain.start()
+        try:
+            for line in process.stdout:
+                log.info("%s", line.rstrip().removeprefix(f"{PREFIX} "))
+        except BaseException:  # the task was interrupted: its installers go with it (their own process group)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            raise
+        finally:
+            status = process.wait()
+            drain.join()
+    if status != 0:
+        raise InstallError("".join(errors).strip().removeprefix(f"{PREFIX} ") or f"exit status {status}")
+
+
+def _create(path: Path, image: ImageSettings, runtime: Path, log: logging.Logger) -> None:
     """A venv that sees the worker's packages (a ``.pth`` file), with what the worker lacks installed into it."""
     emit = functools.partial(log.info, "%s")
     uv = _uv() if image.python_package_installer == "uv" else None
@@ -81,16 +140,7 @@ def _create(path: Path, image: ImageSettings, log: logging.Logger) -> None:
             check=True,
         ).stdout.strip()
         Path(purelib, "_airflow_gpu_worker_site.pth").write_text("\n".join(_worker_site_dirs()) + "\n")
-        install_requirements(
-            list(image.requirements),
-            image.installer_index_args(),
-            installer=image.python_package_installer,
-            python=str(python),
-            resolve_with=sys.executable,  # what the worker itself lacks
-            uv=uv,
-            emit=emit,
-            where="the worker environment",
-        )
+        _install(image, python, uv, runtime, log)  # what the worker itself lacks
     except (InstallError, subprocess.CalledProcessError) as err:
         raise GpuTaskError(f"Building the virtualenv for the requirements failed: {err}") from None
 
@@ -105,9 +155,12 @@ def _ready(path: Path) -> bool:
     return True
 
 
-def ensure_venv(image: ImageSettings, cache_dir: str | os.PathLike[str], log: logging.Logger) -> Path:
+def ensure_venv(
+    image: ImageSettings, cache_dir: str | os.PathLike[str], log: logging.Logger, *, runtime: Path | None = None
+) -> Path:
     """Return the Python of a ready venv for ``image``'s requirements, creating it once per key.
 
+    :param runtime: the runtime's archive (default: written into the state dir that holds ``cache_dir``)
     :raises UntrustedStateError: when the cache folder, the venv or its marker is not the worker's own
     """
     root = private_dir(cache_dir)
@@ -126,7 +179,7 @@ def ensure_venv(image: ImageSettings, cache_dir: str | os.PathLike[str], log: lo
             log.warning("Removing incomplete virtualenv %s left by an interrupted build", path)
             shutil.rmtree(path)
         try:
-            _create(path, image, log)
+            _create(path, image, runtime or runtime_file(root.parent), log)
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)
             raise

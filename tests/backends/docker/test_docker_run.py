@@ -244,7 +244,7 @@ def test_files_through_the_docker_api_when_not_mounted(task_log, tmp_path):
 
 def test_worker_folder_is_private_read_only_and_removed(task_log, tmp_path):
     result = run(task_log, request(call(probe_the_task_folder)), {"state_dir": str(tmp_path)})
-    assert result.return_value == {"write": "refused", "inputs": ["bootstrap.py", "envelope.json"]}
+    assert result.return_value == {"write": "refused", "inputs": ["envelope.json", "runtime.pyz"]}
     parent = tmp_path / "docker-tasks"
     assert parent.stat().st_mode & 0o777 == 0o700  # no other user of the host reaches the task's files
     assert list(parent.iterdir()) == []

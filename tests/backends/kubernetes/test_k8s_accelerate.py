@@ -17,11 +17,11 @@ import pytest
 from conftest import REPO
 from helpers import load_dag
 from k8s_manifests import env, validate
+from shipped_runtime import shipped
 
 from airflow_gpu_provider.backends.kubernetes.container import ENVELOPE_ENV
 from airflow_gpu_provider.backends.kubernetes.multinode import COMPLETION_INDEX
 from airflow_gpu_provider.backends.kubernetes.multinode_run import result_from_log
-from airflow_gpu_provider.runtime.bootstrap import launch_command
 
 DAG_FILE = REPO / "tests" / "dags" / "accelerate_dags.py"
 pytestmark = pytest.mark.usefixtures("airflow_home")
@@ -59,7 +59,9 @@ def test_two_nodes_times_four_gpus_bf16_job_service_and_command_lines():
     envelope = envelope_of(job)
     pod_env = {"NODE_RANK": "", "MASTER_ADDR": main_address, "MASTER_PORT": "29500"}
     for rank in (0, 1):
-        argv = launch_command(envelope, "env:AIRFLOW_GPU_ENVELOPE", "/tmp/ranks", {**pod_env, "NODE_RANK": str(rank)})
+        argv = shipped("launch").launch_command(
+            envelope, "env:AIRFLOW_GPU_ENVELOPE", "/tmp/ranks", {**pod_env, "NODE_RANK": str(rank)}
+        )
         assert argv[1:] == [
             "-m",
             "accelerate.commands.launch",
@@ -81,7 +83,7 @@ def test_two_nodes_times_four_gpus_bf16_job_service_and_command_lines():
             "--rank-results",
             "/tmp/ranks",
         ]
-        assert argv[-4].endswith("airflow_gpu_bootstrap.py") or argv[-4].endswith("bootstrap.py")
+        assert argv[-4].endswith(".pyz")  # the runtime's archive, which every rank runs again
 
 
 @pytest.mark.docker

@@ -13,9 +13,9 @@ from k8s_manifests import env, main_container, plan_and_render
 from airflow_gpu_provider.backends.kubernetes.container import LAUNCHER
 from airflow_gpu_provider.backends.kubernetes.requirements import DEPS_DIR, INIT_CONTAINER
 from airflow_gpu_provider.exceptions import GpuTaskError, InvalidSettingError
-from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
-from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.task.envelope import Envelope
+from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+from airflow_gpu_provider.task.runtime_zip import archive
 
 
 def test_main_container_runs_the_shipped_runtime_and_writes_to_the_xcom_sidecar():
@@ -24,7 +24,7 @@ def test_main_container_runs_the_shipped_runtime_and_writes_to_the_xcom_sidecar(
     assert base["command"] == ["python3", "-c", LAUNCHER]
     assert base["args"] == ["env:AIRFLOW_GPU_ENVELOPE", "/airflow/xcom/return.json"]
     variables = env(base)
-    assert zlib.decompress(base64.b64decode(variables["AIRFLOW_GPU_BOOTSTRAP"])) == BOOTSTRAP_PATH.read_bytes()
+    assert zlib.decompress(base64.b64decode(variables["AIRFLOW_GPU_BOOTSTRAP"])) == archive()  # the runtime.pyz
     envelope = json.loads(base64.b64decode(variables["AIRFLOW_GPU_ENVELOPE"]))
     assert envelope["command"] == ["nvidia-smi"]
     assert envelope["summary"] == {
@@ -62,7 +62,9 @@ def test_requirements_are_installed_by_an_init_container_into_a_shared_empty_dir
     [init] = pod["spec"]["initContainers"]
     assert init["name"] == INIT_CONTAINER
     assert init["image"] == "nvcr.io/nvidia/pytorch:24.10-py3"  # same Python, same preinstalled packages
+    assert init["command"] == ["python3", "-c", LAUNCHER]  # the runtime's archive, as the main container's
     assert init["args"] == [
+        "install",
         DEPS_DIR,
         "uv",
         "--index-url",

@@ -45,7 +45,7 @@ def normalize(pod: dict) -> dict:
         v for c in [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]] for v in c.get("env") or []
     ):
         if variable["name"] == "AIRFLOW_GPU_BOOTSTRAP":
-            variable["value"] = "<airflow_gpu_provider/runtime/bootstrap.py, zlib + base64>"
+            variable["value"] = "<runtime.pyz (airflow_gpu_provider/runtime/), zlib + base64>"
         if variable["name"] == "AIRFLOW_GPU_ENVELOPE":
             envelope = json.loads(base64.b64decode(variable["value"]))
             envelope["source"] = f"<source of {envelope['function']}()>"

@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -139,3 +141,29 @@ def test_credentials_in_the_index_url_never_reach_a_log_or_a_command_line(tmp_pa
     assert index.password not in caplog.text
     assert f"--index-url http://127.0.0.1:{index.port}/simple" in caplog.text  # the URL, without its credentials
     assert seen and not any(index.password in lines for lines in seen)
+
+
+def test_an_interrupted_install_leaves_no_installer_running(tmp_path):
+    """The installer runs from the runtime's archive in its own process group: a task interrupted while it runs (a
+    timeout, on_kill) takes it, and the installers it started, along, at once."""
+
+    class Interrupted(Exception):
+        pass
+
+    class Log:
+        def info(self, message, *args):
+            if "pip install --dry-run" in message % args:  # uv now waits for an index that never answers
+                raise Interrupted
+
+        warning = info
+
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        index = f"http://127.0.0.1:{silent.getsockname()[1]}/simple"
+        started = time.monotonic()
+        with pytest.raises(Interrupted):
+            ensure_venv(ImageSettings(requirements=[SMALL], index_url=index), tmp_path / "venvs", Log())
+        assert time.monotonic() - started < 20  # not uv's own timeout
+        assert index not in _command_lines()  # neither the runtime's installer nor uv is left running
+    assert list((tmp_path / "venvs").iterdir()) == []  # the half-built venv is gone too

@@ -23,9 +23,9 @@ from urllib.parse import urlparse
 
 from airflow_gpu_provider.backends.docker.options import DockerOptions, UvSource
 from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
-from airflow_gpu_provider.runtime.bootstrap import ENVELOPE_VERSION, split_credentials, uv_ca_variable
+from airflow_gpu_provider.runtime.protocol import ENVELOPE_VERSION, INSTALL, split_credentials, uv_ca_variable
 from airflow_gpu_provider.settings import ImageSettings
+from airflow_gpu_provider.task import runtime_zip
 from airflow_gpu_provider.task.labels import PROVIDER
 from airflow_gpu_provider.version import __version__
 
@@ -33,9 +33,6 @@ SHARE = "/usr/local/share/airflow-gpu"
 CA_PATH = f"{SHARE}/ca-bundle.pem"
 DEPS_DIR = "/opt/airflow-gpu/site-packages"  # where a staged build installs (as Kubernetes init containers do)
 INSTALL_STAGE = "airflow-gpu-install"
-INSTALL_FROM_FILE = (
-    f"import runpy,sys;sys.exit(runpy.run_path({SHARE + '/bootstrap.py'!r})['install_main'](sys.argv[1:]))"
-)
 LABEL_PREFIX = PROVIDER
 RUNTIME_VERSION = f"{__version__}/envelope-{ENVELOPE_VERSION}"
 """Part of every tag: a provider release that changes how images are built gets new images."""
@@ -73,6 +70,7 @@ class DerivedImageSpec:
     :param uv_binary: the worker's uv binary, copied in as ``uv`` (not part of the hash: it is only a build tool)
     :param netrc: the index credentials, as a ``netrc`` file for the install stage (not part of the hash either:
         new credentials do not change what is installed)
+    :param runtime: the install stage runs the runtime's installer: its archive goes into the build context
     """
 
     parent: str
@@ -82,6 +80,7 @@ class DerivedImageSpec:
     fingerprint: str = ""
     uv_binary: str | None = None
     netrc: str = field(default="", repr=False)
+    runtime: bool = False
 
     def tag_for(self, parent_id: str) -> str:
         """The image reference for a parent image id: ``name:<16 hex digits>``."""
@@ -185,7 +184,7 @@ def _staged(parent: str, image: ImageSettings, preamble: list[str], steps: list[
     after the build.
     """
     installer = [
-        "env", f"NETRC={SHARE}/netrc", "python3", "-c", f"{INSTALL_FROM_FILE}", DEPS_DIR,
+        "env", f"NETRC={SHARE}/netrc", "python3", f"{SHARE}/{runtime_zip.FILE_NAME}", INSTALL, DEPS_DIR,
         image.python_package_installer, *index_args, "--", *image.requirements,
     ]  # fmt: skip
     return (
@@ -194,7 +193,7 @@ def _staged(parent: str, image: ImageSettings, preamble: list[str], steps: list[
                 f"FROM {parent} AS {INSTALL_STAGE}",
                 *preamble,
                 f"LABEL {LABEL_PREFIX}.build-stage={INSTALL_STAGE}",
-                f"COPY bootstrap.py {SHARE}/bootstrap.py",
+                f"COPY {runtime_zip.FILE_NAME} {SHARE}/{runtime_zip.FILE_NAME}",
                 f"COPY netrc {SHARE}/netrc",
                 *steps,
                 f"RUN {json.dumps(installer)}",
@@ -258,8 +257,6 @@ def derived_image_spec(
     if image.python_package_installer == "uv":
         uv_source = "worker" if uv_binary else "pip"
     netrc = split_credentials(image.installer_index_args())[1]
-    if netrc:
-        files.append(("bootstrap.py", str(BOOTSTRAP_PATH)))
     labels = {
         f"{LABEL_PREFIX}.derived": "true",
         f"{LABEL_PREFIX}.parent": parent,
@@ -282,7 +279,10 @@ def derived_image_spec(
     fingerprint = json.dumps(
         {
             "dockerfile": dockerfile,
-            "files": {name: _file_fingerprint(Path(path)) for name, path in files},
+            "files": {
+                **{name: _file_fingerprint(Path(path)) for name, path in files},
+                **({runtime_zip.FILE_NAME: {"sha256": runtime_zip.digest()}} if netrc else {}),
+            },
             "runtime": RUNTIME_VERSION,
         },
         sort_keys=True,
@@ -295,4 +295,5 @@ def derived_image_spec(
         fingerprint,
         uv_binary if uv_source == "worker" else None,
         netrc,
+        runtime=bool(netrc),
     )

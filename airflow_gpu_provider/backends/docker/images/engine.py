@@ -26,7 +26,8 @@ from airflow_gpu_provider.backends.docker.images.dockerfile import INSTALL_STAGE
 from airflow_gpu_provider.backends.docker.options import PullPolicy
 from airflow_gpu_provider.exceptions import GpuTaskError
 from airflow_gpu_provider.host.state import exclusive
-from airflow_gpu_provider.runtime.bootstrap import redact
+from airflow_gpu_provider.runtime.protocol import redact
+from airflow_gpu_provider.task import runtime_zip
 
 TAIL_LINES = 30
 _RUNNING_IN = re.compile(r"Running in ([0-9a-f]{12,64})")
@@ -120,7 +121,7 @@ def resolve_image(client: Any, reference: str, policy: PullPolicy | str, log: lo
 
 
 def _build_context(spec: DerivedImageSpec, handle: Any) -> None:
-    """Write the build context (Dockerfile, uv, CA bundle, wheel directories) as a tar into ``handle``."""
+    """Write the build context (Dockerfile, uv, CA bundle, wheel directories, the runtime) as a tar into ``handle``."""
     with tarfile.open(fileobj=handle, mode="w") as tar:
         dockerfile = spec.dockerfile.encode()
         info = tarfile.TarInfo("Dockerfile")
@@ -133,6 +134,11 @@ def _build_context(spec: DerivedImageSpec, handle: Any) -> None:
             info = tarfile.TarInfo("netrc")
             info.size, info.mode = len(secret), 0o600
             tar.addfile(info, io.BytesIO(secret))
+        if spec.runtime:  # the install stage runs the runtime's installer
+            runtime = runtime_zip.archive()
+            info = tarfile.TarInfo(runtime_zip.FILE_NAME)
+            info.size, info.mode = len(runtime), 0o644
+            tar.addfile(info, io.BytesIO(runtime))
         for name, path in spec.files:
             source = Path(path)
             if source.is_dir():

@@ -12,7 +12,6 @@ from airflow_gpu_provider.backends.docker.images.dockerfile import (
     render_dockerfile,
 )
 from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
 from airflow_gpu_provider.settings import ImageSettings
 
 PARENT = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
@@ -164,7 +163,11 @@ def test_credentials_stay_in_a_build_stage_that_is_not_the_image():
     assert "netrc" not in final
     assert "COPY --from=airflow-gpu-install /opt/airflow-gpu/site-packages /opt/airflow-gpu/site-packages" in final
     assert "ENV PYTHONPATH=/opt/airflow-gpu/site-packages" in final
-    assert ("bootstrap.py", str(BOOTSTRAP_PATH)) in spec.files
+    assert spec.runtime  # the install stage runs the runtime's installer from its archive, in the build context
+    assert "COPY runtime.pyz /usr/local/share/airflow-gpu/runtime.pyz" in install
+    assert (
+        '"python3", "/usr/local/share/airflow-gpu/runtime.pyz", "install", "/opt/airflow-gpu/site-packages"' in install
+    )
     assert final.endswith('RUN ["python3", "-m", "compileall", "-q", "/opt/airflow-gpu/site-packages"]\n')
     uncompiled = derived_image_spec(PARENT, image, BuildOptions(compile_bytecode=False), uv_binary="/usr/bin/uv")
     assert "compileall" not in uncompiled.dockerfile

@@ -1,4 +1,4 @@
-"""The runtime, run for real as a child process, exactly as every backend runs it."""
+"""The runtime, run for real as a child process from its archive (``runtime.pyz``), exactly as backends run it."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from shipped_runtime import run_runtime, runtime_path, shipped
 
-from airflow_gpu_provider.runtime import BOOTSTRAP_PATH
-from airflow_gpu_provider.runtime.bootstrap import clear_cuda_cache, uv_ca_variable
+from shipped_runtime import callable_envelope, command_envelope
+
 from airflow_gpu_provider.task.callable import shipped_callable
-from airflow_gpu_provider.task.envelope import Envelope
 
 SUMMARY = {"backend": "test", "image": "img", "requirements_hash": "abc123", "resources": "1x nvidia GPU", "gpus": []}
 
@@ -49,13 +49,7 @@ def run_envelope(
     path = tmp_path / "envelope.json"
     path.write_text(json.dumps(envelope))
     result = tmp_path / "result.json"
-    proc = subprocess.run(
-        [sys.executable, str(BOOTSTRAP_PATH), str(path), str(result)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=60,
-    )
+    proc = run_runtime(str(path), str(result), env={**os.environ, **(env or {})}, timeout=60)
     return proc, (json.loads(result.read_text()) if result.exists() else None)
 
 
@@ -127,12 +121,8 @@ def test_envelope_from_environment_variable(tmp_path):
     envelope = {**envelope_for(add, 1, 1), "summary": SUMMARY}
     encoded = base64.b64encode(json.dumps(envelope).encode()).decode()
     result_path = tmp_path / "out" / "result.json"
-    proc = subprocess.run(
-        [sys.executable, str(BOOTSTRAP_PATH), "env:GPU_TASK_ENVELOPE", str(result_path)],
-        env={**os.environ, "GPU_TASK_ENVELOPE": encoded},
-        capture_output=True,
-        text=True,
-        timeout=60,
+    proc = run_runtime(
+        "env:GPU_TASK_ENVELOPE", str(result_path), env={**os.environ, "GPU_TASK_ENVELOPE": encoded}, timeout=60
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(result_path.read_text())["return_value"]["sum"] == 2
@@ -141,12 +131,7 @@ def test_envelope_from_environment_variable(tmp_path):
 def test_unusable_envelope_exits_2_with_an_error_result(tmp_path):
     path = tmp_path / "envelope.json"
     path.write_text(json.dumps({"version": 99}))
-    proc = subprocess.run(
-        [sys.executable, str(BOOTSTRAP_PATH), str(path), str(tmp_path / "r.json")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_runtime(str(path), str(tmp_path / "r.json"), timeout=60)
     assert proc.returncode == 2
     assert "envelope version 99" in proc.stderr
     assert json.loads((tmp_path / "r.json").read_text())["ok"] is False
@@ -159,23 +144,25 @@ def test_only_rank_zero_writes_the_result(tmp_path):
 
 
 def test_runtime_is_stdlib_only():
-    """It must run in any image with python3: only standard-library imports at module level."""
+    """It must run in any image with python3: importing every module of the archive loads only the stdlib."""
     code = (
-        "import sys, runpy; before = set(sys.modules); "
-        f"runpy.run_path({str(BOOTSTRAP_PATH)!r}, run_name='probe'); "
+        "import sys, zipfile, importlib; before = set(sys.modules); path = sys.argv[1]; sys.path.insert(0, path); "
+        "names = [n[:-3].replace('/', '.').removesuffix('.__init__') for n in zipfile.ZipFile(path).namelist()]; "
+        "[importlib.import_module(n) for n in names if n != '__main__']; "
         "new = {m.split('.')[0] for m in set(sys.modules) - before}; "
-        "third = sorted(m for m in new if m not in sys.stdlib_module_names and not m.startswith('_')); "
-        "print(third)"
+        "print(sorted(m for m in new if m not in sys.stdlib_module_names and not m.startswith('_')))"
     )
-    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", code, str(runtime_path())], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "['airflow_gpu_runtime']"
 
 
 def test_clear_cuda_cache_with_torch_loaded_and_no_gpu_visible():
     """torch in the test process sees no GPU on any host (conftest: CUDA_VISIBLE_DEVICES="")."""
     import torch  # noqa: F401 - loaded on purpose
 
-    result = clear_cuda_cache()
+    result = shipped("cuda").clear_cuda_cache()
     assert result["status"] == "skipped"
     assert result["reason"] == "CUDA is not available"
     assert result["freed_bytes"] == 0
@@ -212,9 +199,7 @@ def test_result_to_the_log_when_no_file_can_travel_back(tmp_path):
     envelope = {**envelope_for(add, 2, 2), "summary": SUMMARY}
     path = tmp_path / "envelope.json"
     path.write_text(json.dumps(envelope))
-    proc = subprocess.run(
-        [sys.executable, str(BOOTSTRAP_PATH), str(path), "-"], capture_output=True, text=True, timeout=60
-    )
+    proc = run_runtime(str(path), "-", timeout=60)
     assert proc.returncode == 0, proc.stderr
     last = proc.stdout.splitlines()[-1]
     assert last.startswith("[gpu] result: ")
@@ -225,12 +210,8 @@ def test_a_rank_reports_into_the_rank_folder(tmp_path):
     envelope = {**envelope_for(add, 1, 2), "summary": SUMMARY}
     path = tmp_path / "envelope.json"
     path.write_text(json.dumps(envelope))
-    proc = subprocess.run(
-        [sys.executable, str(BOOTSTRAP_PATH), str(path), "--rank-results", str(tmp_path / "ranks")],
-        env={**os.environ, "RANK": "3"},
-        capture_output=True,
-        text=True,
-        timeout=60,
+    proc = run_runtime(
+        str(path), "--rank-results", str(tmp_path / "ranks"), env={**os.environ, "RANK": "3"}, timeout=60
     )
     assert proc.returncode == 0, proc.stderr
     assert "[gpu] backend=" not in proc.stdout  # the summary is the launcher's, printed once
@@ -247,4 +228,4 @@ def test_a_rank_reports_into_the_rank_folder(tmp_path):
     ],
 )
 def test_ca_variable_follows_the_uv_version(version, variable):
-    assert uv_ca_variable(version) == variable
+    assert shipped("protocol").uv_ca_variable(version) == variable

@@ -1,0 +1,134 @@
+"""The runtime's entry point: one task try, one rank of a launch, or an install (the forms: ``protocol.py``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__" and not __package__:  # pragma: no cover - run in subprocesses by the tests
+    # Run as a file, not as a module: a rank of a launch when the runtime is an unpacked folder (``python -m
+    # airflow_gpu_provider.runtime``; launch.runtime_script). Import this package by its name, from the folder above.
+    import importlib
+
+    folder, parts = os.path.dirname(os.path.abspath(__file__)), list[str]()
+    while os.path.isfile(os.path.join(folder, "__init__.py")):
+        folder, name = os.path.split(folder)
+        parts.insert(0, name)
+    sys.path[0] = folder  # not this folder, whose module names are not top-level ones
+    sys.exit(importlib.import_module(".".join(parts) + ".__main__").main())
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from .checkpoint import drop_stages, prepare_checkpoint, resume_after_prepare, upload_saves
+from .command import run_command
+from .cuda import clear_cuda_cache
+from .escalation import error_record
+from .function import call_function
+from .protocol import (
+    EXIT_BAD_ENVELOPE,
+    EXIT_USER_ERROR,
+    INSTALL,
+    PREFIX,
+    RANK_RESULTS,
+    RESOURCES_ENV,
+    load_envelope,
+    rank_result_path,
+    write_result,
+)
+from .signals import Terminated, die_with_parent, end_by_sigterm, exit_on_sigterm
+from .summary import describe_cache, print_summary
+
+if TYPE_CHECKING:
+    from .telemetry.sampler import Profiler
+
+USAGE = (
+    f"usage: runtime.pyz ENVELOPE RESULT  |  runtime.pyz ENVELOPE {RANK_RESULTS} DIR  |  "
+    f"runtime.pyz {INSTALL} [OPTIONS] TARGET INSTALLER [INDEX ARGS...] -- REQUIREMENTS..."
+)
+
+
+def _start_profiler(envelope: dict[str, Any]) -> Profiler | None:
+    if not envelope.get("profile"):
+        return None
+    from .telemetry.sampler import start_profiler  # only where the task is sampled
+
+    return start_profiler(envelope)
+
+
+def run(envelope: dict[str, Any], source: str, result_to: str, *, rank: bool = False) -> int:
+    """Run one envelope (read from ``source``) as the task process, or as one rank of a launch.
+
+    :param result_to: where the result goes: a file, or ``-`` for the log
+    :param rank: this process is one rank of a launch started by this runtime (no summary, no launcher, no sampler)
+    """
+    if envelope.get("die_with_parent") and not rank:
+        die_with_parent()
+    clear = envelope.get("clear_cache", True)
+    before = clear_cuda_cache() if clear else {"status": "skipped", "reason": "disabled", "freed_bytes": 0}
+    profiler, gpus = None, []
+    if not rank:
+        summary = envelope.get("summary") or {}
+        if "effective" in summary:  # for the user's code, its commands and a launcher's ranks
+            os.environ[RESOURCES_ENV] = json.dumps(summary["effective"])
+        gpus = print_summary(summary, before)
+        prepare_checkpoint(envelope)
+        profiler = _start_profiler(envelope)
+        if envelope.get("launch"):
+            from .launch import run_launcher  # only where the envelope has a launcher
+
+            return run_launcher(envelope, source, result_to, profiler, gpus)
+    if envelope["mode"] == "command":
+        result, status = run_command(envelope, sampled=profiler is not None)
+    else:
+        if not rank:
+            exit_on_sigterm()
+        if envelope.get("resume"):
+            resume_after_prepare()
+            upload_saves()
+        try:
+            result = call_function(envelope)
+        except Terminated:
+            return end_by_sigterm(drop_stages)
+        status = 0 if result["ok"] else EXIT_USER_ERROR
+    after = clear_cuda_cache() if clear else before
+    result["cache"] = [before, after]
+    if profiler is not None:
+        result["profile"] = profiler.stop()
+    if not result["ok"] and not rank:
+        result["gpus"] = gpus  # what an OOM escalation compares the next try's GPU with
+    if result["ok"] and envelope["mode"] == "callable":
+        who = f"rank {os.environ.get('RANK', '0')}: " if rank else ""
+        print(
+            f"{PREFIX} {who}{envelope['function']}() finished in {result['duration_s']:.2f}s; CUDA cache after task: "
+            f"{describe_cache(after)}",
+            flush=True,
+        )
+    if rank or os.environ.get("RANK", "0") == "0":  # under another launcher, rank 0 reports for the group
+        write_result(result_to, result)
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point: ``ENVELOPE RESULT``, ``ENVELOPE --rank-results DIR`` or ``install ...``."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [INSTALL]:
+        from .install import install_main
+
+        return install_main(argv[1:])
+    rank = len(argv) == 3 and argv[1] == RANK_RESULTS
+    if len(argv) != 2 and not rank:
+        print(USAGE, file=sys.stderr)
+        return EXIT_BAD_ENVELOPE
+    result_to = rank_result_path(argv[2]) if rank else argv[1]
+    try:
+        envelope = load_envelope(argv[0])
+    except (OSError, KeyError, ValueError) as exc:
+        print(f"{PREFIX} unusable task envelope {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
+        write_result(result_to, {"ok": False, "error": error_record(exc)})
+        return EXIT_BAD_ENVELOPE
+    return run(envelope, argv[0], result_to, rank=rank)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""A command task (``mode: command``): the runtime becomes the command, or runs it as a child while sampling."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from .escalation import error_record
+from .protocol import EXIT_CANNOT_START, PREFIX
+from .signals import run_child
+
+
+def run_command(envelope: dict[str, Any], *, sampled: bool) -> tuple[dict[str, Any], int]:
+    """Run the command (no shell): this process becomes it, or, while a sampler runs here, it runs as a child.
+
+    :param sampled: a sampler runs in this process, which must then outlive the command
+    :return: the result envelope and the exit status (the command's; 127 when it cannot start)
+    """
+    command = [str(part) for part in envelope["command"]]
+    sys.stdout.flush()
+    try:
+        if not sampled:
+            os.execvp(command[0], command)  # noqa: S606 - an argument list, no shell; does not return
+        status = run_child(command)
+    except OSError as exc:
+        print(f"{PREFIX} cannot run {command[0]!r}: {exc}", file=sys.stderr, flush=True)
+        return {"ok": False, "error": error_record(exc)}, EXIT_CANNOT_START
+    return command_result(status), status
+
+
+def command_result(status: int) -> dict[str, Any]:
+    """A command's result envelope: its exit status decides (``result_value`` words the failure)."""
+    return {"ok": True, "return_value": None} if status == 0 else {"ok": False, "exit_status": status}

@@ -1,0 +1,118 @@
+"""A launcher's ranks (``launch`` in the envelope): each runs this runtime again; their results become one."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from .command import command_result
+from .cuda import list_gpus
+from .protocol import EXIT_USER_ERROR, GPU_OOM, HOST_OOM, PREFIX, RANK_RESULTS, write_result
+from .signals import run_child
+
+if TYPE_CHECKING:
+    from .telemetry.sampler import Profiler
+
+
+def runtime_script() -> str:
+    """What runs this runtime again as ``python SCRIPT ...``: the archive it was loaded from, else ``__main__.py``.
+
+    An unpacked runtime (``python -m airflow_gpu_provider.runtime``) has no archive: its ``__main__.py``, run as a
+    file, finds its package.
+    """
+    archive = getattr(__spec__.loader, "archive", None)  # a zipimporter's: the .pyz file
+    if archive:
+        return os.path.abspath(archive)
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main__.py")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return int(probe.getsockname()[1])
+
+
+def launch_command(envelope: dict[str, Any], source: str, rank_results: str, environ: dict[str, str]) -> list[str]:
+    """The launcher's argv, e.g. ``python -m accelerate.commands.launch <args> runtime.pyz ENVELOPE ...``.
+
+    :param source: the envelope's source (every rank reads it again)
+    :param rank_results: the folder the ranks write their results to
+    :param environ: the ranks' environment (``rank_arguments`` read it)
+    """
+    launch = envelope["launch"]
+    argv = [sys.executable, "-m", launch["module"], *[str(a) for a in launch["args"]]]
+    for flag, variable in (launch.get("rank_arguments") or {}).items():
+        argv += [flag, environ[variable]]
+    port_flag = launch.get("free_port_argument")
+    if port_flag and port_flag not in argv:
+        argv += [port_flag, str(_free_port())]
+    if envelope["mode"] == "callable":
+        return [*argv, runtime_script(), source, RANK_RESULTS, rank_results]
+    return [*argv, *[str(part) for part in envelope["command"]]]
+
+
+def _has_gpus(envelope: dict[str, Any]) -> bool:
+    gpus = (envelope.get("summary") or {}).get("gpus")
+    return bool(gpus) if gpus is not None else bool(list_gpus())
+
+
+def run_launcher(
+    envelope: dict[str, Any], source: str, result_to: str, profiler: Profiler | None, gpus: list[dict[str, Any]]
+) -> int:
+    """Run the payload under the envelope's launcher; rank 0's result, or the earliest error of any rank, wins."""
+    import tempfile
+
+    launch = envelope["launch"]
+    environ = {**os.environ, **(launch.get("environment") or {})}
+    no_gpu = launch.get("cpu_environment") or {}
+    if no_gpu and not _has_gpus(envelope):
+        environ.update(no_gpu)
+    on_cpu = bool(no_gpu) and all(environ.get(name) == value for name, value in no_gpu.items())
+    with tempfile.TemporaryDirectory(prefix="airflow-gpu-ranks-") as rank_results:
+        argv = launch_command(envelope, source, rank_results, environ)
+        cpu_note = f" (CPU: {' '.join(f'{k}={v}' for k, v in no_gpu.items())})" if on_cpu else ""
+        print(f"{PREFIX} launching{cpu_note}: {' '.join(argv)}", flush=True)
+        status = run_child(argv, environ)
+        profile = None if profiler is None else profiler.stop()
+        if envelope["mode"] != "callable":
+            if profile is not None:
+                write_result(result_to, {**command_result(status), "profile": profile})
+            return status
+        results = {}
+        for name in os.listdir(rank_results):
+            if name.startswith("rank") and name.endswith(".json") and name[4:-5].isdigit():
+                with open(os.path.join(rank_results, name), encoding="utf-8") as handle:
+                    results[int(name[4:-5])] = json.load(handle)
+    result, status = merge_ranks(results, status, launch["module"])
+    if profile is not None:
+        result["profile"] = profile
+    if not result.get("ok"):
+        result["gpus"] = gpus  # what an OOM escalation compares the next try's GPU with
+    write_result(result_to, result)
+    return status
+
+
+def merge_ranks(results: dict[int, dict[str, Any]], status: int, launcher: str) -> tuple[dict[str, Any], int]:
+    """One result for the launch: the earliest error of any rank, else rank 0's value."""
+    # an out-of-memory error of any rank is the cause; the other ranks' errors (a broken collective) follow it
+    errors = sorted(
+        (r["error"].get("kind") not in (GPU_OOM, HOST_OOM), r["error"].get("time", 0), rank)
+        for rank, r in results.items()
+        if not r.get("ok")
+    )
+    if errors:
+        rank = errors[0][2]
+        failed = results[rank]
+        failed["error"]["message"] = f"rank {rank}: {failed['error']['message']}"
+        return failed, EXIT_USER_ERROR
+    if status == 0:  # rank 0's value; on the other machines of a multi-node run, rank 0 is elsewhere
+        return {**results.get(0, {"ok": True, "return_value": None}), "ranks": len(results)}, 0
+    message = (
+        f"{launcher} exited with status {status} and no rank reported an exception "
+        "(a rank was killed, or the launcher itself failed): see the log above"
+    )
+    return {"ok": False, "error": {"type": "LaunchError", "message": message, "traceback": ""}}, status or 1

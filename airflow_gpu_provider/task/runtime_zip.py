@@ -1,0 +1,111 @@
+"""The runtime as every backend ships it: one deterministic zip archive (``runtime.pyz``) built from ``runtime/``.
+
+Python runs a zip archive with a ``__main__.py`` at its root (PEP 441), so a runtime of many small modules still
+travels as one file: a local path, a file in a Docker container's ``/airflow-gpu``, a pod's environment variable.
+Inside the archive::
+
+    __main__.py               calls airflow_gpu_runtime.__main__.main(); sys.argv[0] stays the archive's path
+    airflow_gpu_runtime/      the package runtime/, under a name of its own: a provider of another version
+                              installed in the image cannot shadow it (hence relative imports only in runtime/)
+
+The same source gives the same bytes on every machine: files in path order, stored (not compressed: Kubernetes
+compresses the whole archive once), dated 1980-01-01, mode 0644, no ``__pycache__``. So the archive's digest,
+and every cache key built on it (a derived image's tag), changes only when the runtime's source does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import io
+import os
+import stat
+import tempfile
+import zipfile
+from pathlib import Path
+
+from airflow_gpu_provider.host.state import open_private, private_dir
+
+RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"
+PACKAGE = "airflow_gpu_runtime"
+FILE_NAME = "runtime.pyz"
+DATE_TIME = (1980, 1, 1, 0, 0, 0)  # the earliest a zip archive can say
+MODE = stat.S_IFREG | 0o644
+ROOT_MAIN = f'''"""The GPU task runtime shipped in this archive: see {PACKAGE}/protocol.py."""
+
+import sys
+
+from {PACKAGE}.__main__ import main
+
+# Run as a script, as the runtime always was: a library that starts this process again (PyTorch Lightning's ddp)
+# then runs `sys.executable sys.argv`, this archive, rather than `python -m __main__`, which would not find it.
+__spec__ = None
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+def members(folder: Path = RUNTIME_DIR) -> list[tuple[str, bytes]]:
+    """``(name in the archive, content)`` of every file, in the archive's order: the root ``__main__.py`` first."""
+    sources = sorted(
+        path.relative_to(folder).as_posix()
+        for path in folder.rglob("*.py")
+        if "__pycache__" not in path.parts and not path.name.startswith(".")
+    )
+    return [
+        ("__main__.py", ROOT_MAIN.encode()),
+        *((f"{PACKAGE}/{name}", (folder / name).read_bytes()) for name in sources),
+    ]
+
+
+def build(folder: Path = RUNTIME_DIR) -> bytes:
+    """The archive of the runtime in ``folder``: the same bytes for the same source, wherever it is built."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+        for name, data in members(folder):
+            info = zipfile.ZipInfo(name, date_time=DATE_TIME)
+            info.create_system = 3  # Unix, on any build machine: the mode below is a Unix one
+            info.external_attr = MODE << 16
+            info.compress_type = zipfile.ZIP_STORED
+            archive.writestr(info, data)
+    return buffer.getvalue()
+
+
+@functools.cache
+def archive() -> bytes:
+    """The archive of the installed runtime, built once per process."""
+    return build()
+
+
+@functools.cache
+def digest() -> str:
+    """The archive's sha256, in hex."""
+    return hashlib.sha256(archive()).hexdigest()
+
+
+def runtime_file(state_dir: str | os.PathLike[str]) -> Path:
+    """The archive as a file of the state dir, for the local backend: written once per digest, then reused.
+
+    ``<state_dir>/runtime/runtime-<digest>.pyz``: 0600 in a folder of the worker's own (0700), written atomically
+    (a task never runs a half-written archive), and rewritten if its content is not the archive's.
+
+    :raises UntrustedStateError: when the folder or the file is not the worker's own
+    """
+    data = archive()
+    folder = private_dir(Path(state_dir) / "runtime")
+    path = folder / f"runtime-{digest()[:16]}.pyz"
+    with contextlib.suppress(FileNotFoundError), os.fdopen(open_private(path, os.O_RDONLY), "rb") as handle:
+        if handle.read() == data:
+            return path
+    descriptor, temporary = tempfile.mkstemp(prefix=".runtime-", suffix=".tmp", dir=folder)  # 0600
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    return path
