@@ -14,11 +14,9 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-from shipped_runtime import run_runtime, runtime_path
+from shipped_runtime import callable_envelope, run_runtime, runtime_path
 
 from airflow_gpu_provider.backends.kubernetes.container import BOOTSTRAP_ENV, LAUNCHER, bootstrap_payload
-from shipped_runtime import callable_envelope
-
 from airflow_gpu_provider.task.callable import shipped_callable
 from airflow_gpu_provider.task.runtime_zip import archive
 

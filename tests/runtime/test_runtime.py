@@ -10,9 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from shipped_runtime import run_runtime, runtime_path, shipped
-
-from shipped_runtime import callable_envelope, command_envelope
+from shipped_runtime import callable_envelope, command_envelope, run_runtime, runtime_path, shipped
 
 from airflow_gpu_provider.task.callable import shipped_callable
 
@@ -54,7 +52,7 @@ def run_envelope(
 
 
 def envelope_for(function, *args, **kwargs) -> dict:
-    return Envelope.call(shipped_callable(function, owner="test"), list(args), kwargs)
+    return callable_envelope(shipped_callable(function, owner="test"), list(args), kwargs)
 
 
 def test_callable_result_and_summary_first(tmp_path):
@@ -104,7 +102,7 @@ def test_sys_exit_in_user_code(tmp_path, code, status, ok):
 
 
 def test_command_mode_execs_and_propagates_exit_status(tmp_path):
-    proc, result = run_envelope(tmp_path, Envelope.run([sys.executable, "-c", "print('hello'); raise SystemExit(7)"]))
+    proc, result = run_envelope(tmp_path, command_envelope([sys.executable, "-c", "print('hello'); raise SystemExit(7)"]))
     assert proc.returncode == 7
     assert proc.stdout.splitlines()[0].startswith("[gpu] backend=test")
     assert "hello" in proc.stdout
@@ -112,7 +110,7 @@ def test_command_mode_execs_and_propagates_exit_status(tmp_path):
 
 
 def test_command_not_found(tmp_path):
-    proc, result = run_envelope(tmp_path, Envelope.run(["/nonexistent/binary"]))
+    proc, result = run_envelope(tmp_path, command_envelope(["/nonexistent/binary"]))
     assert proc.returncode == 127
     assert result["ok"] is False
 

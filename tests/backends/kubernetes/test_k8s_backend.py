@@ -13,8 +13,8 @@ from k8s_manifests import env, main_container, plan_and_render
 from airflow_gpu_provider.backends.kubernetes.container import LAUNCHER
 from airflow_gpu_provider.backends.kubernetes.requirements import DEPS_DIR, INIT_CONTAINER
 from airflow_gpu_provider.exceptions import GpuTaskError, InvalidSettingError
-from airflow_gpu_provider.task.envelope import Envelope
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+from airflow_gpu_provider.task.envelope import Envelope
 from airflow_gpu_provider.task.runtime_zip import archive
 
 
