@@ -112,8 +112,8 @@ def _envelope() -> str:
         product = torch.ones(size, size) @ torch.ones(size, size)
         return {"sum": float(product.sum()), "torch": torch.__version__}
 
-    envelope = Envelope.call(shipped_callable(matmul, owner="test"), [8], {})
-    envelope["summary"] = {"backend": "docker", "image": "training", "requirements_hash": "none", "resources": "cpu"}
+    summary = {"backend": "docker", "image": "training", "requirements_hash": "none", "resources": "cpu"}
+    envelope = Envelope.call(shipped_callable(matmul, owner="test"), [8], {}).to_json(summary=summary)
     return base64.b64encode(json.dumps(envelope).encode()).decode()
 
 

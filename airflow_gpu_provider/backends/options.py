@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
-from airflow_gpu_provider.host.inventory import parse_devices
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 
 Check = Callable[[Any], Any]
@@ -144,6 +143,8 @@ def string_list(value: Any) -> tuple[str, ...]:
 
 def _devices(value: object) -> str:
     try:
+        from airflow_gpu_provider.host.inventory import parse_devices  # only for tasks that list devices
+
         parse_devices(text(value))
     except InvalidSettingError as err:
         raise BadOption(err.reason, err.accepted) from None

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow_gpu_provider import config
-from airflow_gpu_provider.backends.executor.executors import model_slug, queue_for
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.settings import ResourceSettings
 from airflow_gpu_provider.settings.resources import ALL_GPUS
@@ -28,6 +27,8 @@ def pool_for(owner: str, resources: ResourceSettings, queue: str | None) -> str 
     template = config.get("pool")
     if not template:
         return None
+    from airflow_gpu_provider.backends.executor.executors import model_slug, queue_for  # a pool per worker class
+
     if "{queue}" in template:
         template = template.replace("{queue}", queue or queue_for(owner, resources, config.get("queue")))
     return template.replace("{accelerator}", model_slug(resources))

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlparse
 
-from packaging.requirements import InvalidRequirement, Requirement
-
 from airflow_gpu_provider.exceptions import InvalidSettingError
 
 Installer = Literal["uv", "pip"]
@@ -116,6 +114,8 @@ class ImageSettings:
             )
 
         requirements = _string_tuple("requirements", self.requirements, "a list of PEP 508 strings")
+        if requirements:  # packaging costs a few ms: only for tasks that inject requirements
+            from packaging.requirements import InvalidRequirement, Requirement
         normalized = []
         for text in requirements:
             try:

@@ -8,9 +8,10 @@ and nothing changes.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow_gpu_provider.telemetry.profile import Profile
+if TYPE_CHECKING:
+    from airflow_gpu_provider.telemetry.profile import Profile
 
 SCHEMA_URL = (
     "https://github.com/airflow-gpu-provider/airflow-gpu-provider/blob/main/docs/telemetry.md#the-gpu-run-facet"
@@ -74,6 +75,8 @@ class LineageMixin:
 
     def _lineage(self) -> Any:
         from airflow.providers.openlineage.extractors import OperatorLineage
+
+        from airflow_gpu_provider.telemetry.profile import Profile  # when a try ends, not at DAG parse
 
         profile = Profile.read(self.gpu_profile)
         if profile is None:
