@@ -79,7 +79,7 @@ def heavy_imports(path: Path) -> list[str]:
     return sorted(m for m in modules if m.split(".")[0] in ("torch", "accelerate", "docker", "kubernetes", "pynvml"))
 
 
-def bench_parse(folder: Path, rounds: int = 15) -> None:
+def bench_parse(folder: Path, rounds: int = 25) -> None:
     from airflow.utils.file import iter_airflow_imports
 
     paths = write_dags(folder)

@@ -11,7 +11,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from airflow_gpu_provider.task.runtime_zip import PACKAGE, runtime_file
+from airflow_gpu_provider.host.state import runtime_file
+from airflow_gpu_provider.task.runtime_zip import PACKAGE
 
 
 @functools.cache

@@ -20,8 +20,7 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_gpu_provider.exceptions import InvalidSettingError, MissingDependencyError
 from airflow_gpu_provider.settings import ALL_GPUS, ImageSettings, ResourceSettings
@@ -31,8 +30,7 @@ if TYPE_CHECKING:
     from airflow_gpu_provider.backends.options import BackendOptions
 
 
-@dataclass(frozen=True)
-class BackendInfo:
+class BackendInfo(NamedTuple):
     """One backend.
 
     :param backend: ``module:Class`` of its :class:`~.base.Backend`

@@ -17,8 +17,7 @@ import os
 import posixpath
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from airflow_gpu_provider.exceptions import GpuTaskError, InvalidSettingError
 from airflow_gpu_provider.runtime import protocol
@@ -37,8 +36,7 @@ _MAX_SEGMENT = 200  # bytes of a folder name (file systems allow 255)
 _ACCEPTED = "an absolute local path ('/data/ckpt'), a URI such as 's3://bucket/ckpt', or False for none"
 
 
-@dataclass(frozen=True)
-class CheckpointLocation:
+class CheckpointLocation(NamedTuple):
     """A task's checkpoint folder: ``root`` (a local path or a URI) and the folder under it.
 
     :param relative: ``<dag_id>/<run_id>/<task_id>[~map<i>]``, path-safe

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 SECTION = "gpu"
 
 
-@dataclass(frozen=True)
-class Option:
+class Option(NamedTuple):
     """One ``[gpu]`` option as the provider-info schema describes it."""
 
     name: str

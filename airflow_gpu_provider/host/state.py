@@ -130,3 +130,31 @@ def task_folder(parent: str | os.PathLike[str]) -> Path:
         if is_dead(stale.name[len("task-") :].rsplit("-", 1)[0]):
             shutil.rmtree(stale, ignore_errors=True)
     return Path(tempfile.mkdtemp(prefix=f"task-{worker_identity()}-", dir=folder))
+
+
+def runtime_file(state_dir: str | os.PathLike[str]) -> Path:
+    """The archive as a file of the state dir, for the local backend: written once per digest, then reused.
+
+    ``<state_dir>/runtime/runtime-<digest>.pyz``: 0600 in a folder of the worker's own (0700), written atomically
+    (a task never runs a half-written archive), and rewritten if its content is not the archive's.
+
+    :raises UntrustedStateError: when the folder or the file is not the worker's own
+    """
+    from airflow_gpu_provider.task.runtime_zip import archive, digest  # built when a local task first runs
+
+    data = archive()
+    folder = private_dir(Path(state_dir) / "runtime")
+    path = folder / f"runtime-{digest()[:16]}.pyz"
+    with contextlib.suppress(FileNotFoundError), os.fdopen(open_private(path, os.O_RDONLY), "rb") as handle:
+        if handle.read() == data:
+            return path
+    descriptor, temporary = tempfile.mkstemp(prefix=".runtime-", suffix=".tmp", dir=folder)  # 0600
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    return path

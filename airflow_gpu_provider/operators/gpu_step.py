@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import shlex
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -14,7 +13,6 @@ from airflow_gpu_provider.checkpoint.mixin import CheckpointMixin
 from airflow_gpu_provider.exceptions import GpuUnavailableError, InvalidSettingError, RemoteTaskError
 from airflow_gpu_provider.operators.spec import TaskSpec, beside_spec, is_template
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
-from airflow_gpu_provider.settings.escalation import OomEscalation
 from airflow_gpu_provider.settings.image import check_environment
 from airflow_gpu_provider.task.callable import (
     call_arguments,
@@ -31,6 +29,7 @@ if TYPE_CHECKING:
     from airflow_gpu_provider.backends.base import Backend
     from airflow_gpu_provider.config.worker import GpuConfig
     from airflow_gpu_provider.escalation.tries import Tries
+    from airflow_gpu_provider.settings.escalation import OomEscalation
     from airflow_gpu_provider.task.envelope import Envelope
     from airflow_gpu_provider.task.request import TaskRequest
 
@@ -130,8 +129,8 @@ class GpuStepOperator(CheckpointMixin, LineageMixin, BaseOperator):
         self.python_callable = python_callable
         self.shipped = shipped_callable(python_callable, owner=owner) if python_callable is not None else None
         self.command = command
-        if python_callable is not None:
-            check_call_arguments(owner, python_callable, op_args or [], op_kwargs or {})
+        if python_callable is not None and self.shipped is not None:
+            check_call_arguments(owner, python_callable, op_args or [], op_kwargs or {}, self.shipped.signature)
         self.op_args = list(op_args or [])
         self.op_kwargs = dict(op_kwargs or {})
         # the templated arguments, rendered when the task starts (the settled values are in task_spec)
@@ -175,7 +174,7 @@ class GpuStepOperator(CheckpointMixin, LineageMixin, BaseOperator):
         assert self.python_callable is not None
         args, kwargs = call_arguments(
             self.shipped,
-            inspect.signature(self.python_callable),
+            self.shipped.signature,
             self.op_args,
             self.op_kwargs,
             context,

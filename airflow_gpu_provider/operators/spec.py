@@ -13,21 +13,22 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from airflow_gpu_provider import config
 from airflow_gpu_provider.backends import BACKENDS, BackendInfo
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
 from airflow_gpu_provider.pools import placement as pools
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
-from airflow_gpu_provider.settings.escalation import OomEscalation
 from airflow_gpu_provider.task import missing_gpu
 
 if TYPE_CHECKING:
     from airflow_gpu_provider.backends.options import BackendOptions
+    from airflow_gpu_provider.settings.escalation import OomEscalation
     from airflow_gpu_provider.task.missing_gpu import OnMissingGpu
 
+_NONE: Mapping[str, Any] = MappingProxyType({})  # an empty mapping no one can change: a default of TaskSpec
 #: The resource fields a task may give one by one (``gpu_count=2``) instead of a whole ``ResourceSettings``.
 RESOURCE_SHORTCUTS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ResourceSettings))
 #: The image fields a task may give one by one (``requirements=[...]``).
@@ -55,8 +56,7 @@ def is_template(value: object) -> bool:
     return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
-@dataclass(frozen=True)
-class TaskSpec:
+class TaskSpec(NamedTuple):
     """A GPU task as settled when the DAG is parsed; templated fields are settled when it starts.
 
     :param owner: the task as its author wrote it, for errors: ``@task.gpu('train')``, ``GpuStepOperator('train')``
@@ -67,19 +67,22 @@ class TaskSpec:
     :param backend_options: the options as given, for a backend chosen by a template
     :param on_missing_gpu: the policy; ``None`` while it is a template
     :param inputs: the arguments the spec was settled from (a changed one settles it again)
+
+    A named tuple rather than a dataclass: it is built for every task of every DAG parse, and a dataclass costs
+    more to define than most of what a task does at parse.
     """
 
     owner: str
     resources: ResourceSettings
     image: ImageSettings
-    templated: Mapping[str, Any] = field(default_factory=dict)
+    templated: Mapping[str, Any] = _NONE
     backend: str | None = None
     options: BackendOptions | None = None
-    backend_options: Mapping[str, Any] = field(default_factory=dict)
+    backend_options: Mapping[str, Any] = _NONE
     on_missing_gpu: OnMissingGpu | None = None
     on_oom: OomEscalation | None = None
     num_nodes: int = 1
-    inputs: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    inputs: Mapping[str, Any] = _NONE
 
     @classmethod
     def settle(cls, owner: str, arguments: Mapping[str, Any], *, num_nodes: int = 1) -> TaskSpec:
@@ -117,20 +120,22 @@ class TaskSpec:
         if not is_template(backend):
             spec = spec._on_backend(str(backend))
         on_oom = given.get("on_oom")
+        if on_oom is not None:  # the ladder's module loads only for tasks that have one
+            from airflow_gpu_provider.settings.escalation import OomEscalation
         if on_oom is not None and not isinstance(on_oom, OomEscalation):
             raise InvalidSettingError(
                 owner, "on_oom", on_oom, "expected an OomEscalation", "OomEscalation(accelerators=['L4', 'A100-80GB'])"
             )
         if on_oom is not None and not templated:  # templated resources are checked when rendered
             on_oom.check(resources, owner=owner)
-        return dataclasses.replace(spec, on_oom=on_oom)
+        return spec._replace(on_oom=on_oom)
 
     def _on_backend(self, name: str) -> TaskSpec:
         """The spec on backend ``name``: its options parsed, and what it cannot run refused."""
         info = BACKENDS[config.check_choice(self.owner, "backend", name, tuple(BACKENDS))]
         options = info.parse_options(self.backend_options)
         info.check(None if self.templated else self.resources, self.num_nodes, options, self.image)
-        return dataclasses.replace(self, backend=name, options=options)
+        return self._replace(backend=name, options=options)
 
     def changed(self, arguments: Mapping[str, Any], *, num_nodes: int | None = None) -> TaskSpec:
         """The spec with some arguments given again (``.override()``, a mapped value): settled again if one differs."""
@@ -194,16 +199,16 @@ class TaskSpec:
         spec = self
         if environment:
             image = dataclasses.replace(self.image, environment={**self.image.environment, **environment})
-            spec = dataclasses.replace(spec, image=image)
+            spec = spec._replace(image=image)
         if self.templated:
             with _named(self.owner):
                 resources = self.resources.with_overrides(**{k: overrides.get(k, v) for k, v in self.templated.items()})
-            spec = dataclasses.replace(spec, resources=resources, templated={})
+            spec = spec._replace(resources=resources, templated=_NONE)
             if spec.on_oom is not None:
                 spec.on_oom.check(resources, owner=self.owner)
         if spec.on_missing_gpu is None:
             policy = config.check_choice(self.owner, "on_missing_gpu", on_missing_gpu, missing_gpu.NAMES)
-            spec = dataclasses.replace(spec, on_missing_gpu=cast("OnMissingGpu", policy))
+            spec = spec._replace(on_missing_gpu=cast("OnMissingGpu", policy))
         if spec.backend is None:
             spec = spec._on_backend(str(backend))
         elif self.templated:

@@ -1,6 +1,11 @@
-"""Pure, immutable settings: what a task needs (resources) and what it runs with (image)."""
+"""Pure, immutable settings: what a task needs (resources) and what it runs with (image).
+
+``OomEscalation`` loads on first use: most DAGs have no ladder, and every parse process pays for each import.
+"""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.settings.accelerators import (
     AMD,
@@ -12,9 +17,11 @@ from airflow_gpu_provider.settings.accelerators import (
     GpuVendor,
     MigProfile,
 )
-from airflow_gpu_provider.settings.escalation import OomEscalation
 from airflow_gpu_provider.settings.image import ImageSettings
 from airflow_gpu_provider.settings.resources import ALL_GPUS, ResourceSettings
+
+if TYPE_CHECKING:
+    from airflow_gpu_provider.settings.escalation import OomEscalation
 
 __all__ = [
     "ALL_GPUS",
@@ -30,3 +37,11 @@ __all__ = [
     "OomEscalation",
     "ResourceSettings",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "OomEscalation":
+        from airflow_gpu_provider.settings.escalation import OomEscalation
+
+        return OomEscalation
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

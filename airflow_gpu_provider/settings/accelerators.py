@@ -6,9 +6,10 @@ don't cover. A vendor the table lacks is one :class:`GpuVendor` instance away, w
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from enum import Enum
+
+from airflow_gpu_provider.settings.grammar import ACCELERATOR, ENV_NAME, MIG_PROFILE, RESOURCE_NAME, VENDOR_NAME
 
 
 @dataclass(frozen=True)
@@ -27,11 +28,11 @@ class GpuVendor:
     supports_mig: bool = False
 
     def __post_init__(self) -> None:
-        if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", self.name):
+        if not VENDOR_NAME.fullmatch(str(self.name)):
             raise ValueError(f"GpuVendor.name={self.name!r} must be lower-case letters, digits and '-'")
-        if not re.fullmatch(r"([a-z0-9.-]+/)?[A-Za-z0-9][A-Za-z0-9._-]*", self.k8s_resource):
+        if not RESOURCE_NAME.fullmatch(str(self.k8s_resource)):
             raise ValueError(f"GpuVendor.k8s_resource={self.k8s_resource!r} is not a resource name")
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.visible_devices_env):
+        if not ENV_NAME.fullmatch(str(self.visible_devices_env)):
             raise ValueError(f"GpuVendor.visible_devices_env={self.visible_devices_env!r} is not a variable name")
 
     def __str__(self) -> str:
@@ -46,11 +47,20 @@ class GpuVendor:
         )
 
 
-NVIDIA = GpuVendor("nvidia", "nvidia.com/gpu", "CUDA_VISIBLE_DEVICES", supports_mig=True)
-AMD = GpuVendor("amd", "amd.com/gpu", "ROCR_VISIBLE_DEVICES")
-INTEL = GpuVendor("intel", "gpu.intel.com/i915", "ZE_AFFINITY_MASK")
-AWS_NEURON = GpuVendor("aws-neuron", "aws.amazon.com/neuron", "NEURON_RT_VISIBLE_CORES")
-GOOGLE_TPU = GpuVendor("google-tpu", "google.com/tpu", "TPU_VISIBLE_CHIPS")
+def _known(name: str, k8s_resource: str, visible_devices_env: str, *, supports_mig: bool = False) -> GpuVendor:
+    """A vendor of this table, built without the checks a user's ``GpuVendor(...)`` gets (its values are known)."""
+    vendor = object.__new__(GpuVendor)
+    for field, value in (("name", name), ("k8s_resource", k8s_resource), ("visible_devices_env", visible_devices_env)):
+        object.__setattr__(vendor, field, value)
+    object.__setattr__(vendor, "supports_mig", supports_mig)
+    return vendor
+
+
+NVIDIA = _known("nvidia", "nvidia.com/gpu", "CUDA_VISIBLE_DEVICES", supports_mig=True)
+AMD = _known("amd", "amd.com/gpu", "ROCR_VISIBLE_DEVICES")
+INTEL = _known("intel", "gpu.intel.com/i915", "ZE_AFFINITY_MASK")
+AWS_NEURON = _known("aws-neuron", "aws.amazon.com/neuron", "NEURON_RT_VISIBLE_CORES")
+GOOGLE_TPU = _known("google-tpu", "google.com/tpu", "TPU_VISIBLE_CHIPS")
 
 VENDORS: dict[str, GpuVendor] = {v.name: v for v in (NVIDIA, AMD, INTEL, AWS_NEURON, GOOGLE_TPU)}
 
@@ -162,6 +172,4 @@ class MigProfile(str, Enum):
         return self.value
 
 
-# Matched whole (fullmatch): "$" alone would let a trailing newline through into a resource name.
-ACCELERATOR_PATTERN = re.compile(r"(?P<model>[A-Za-z0-9][A-Za-z0-9._-]*)(:(?P<count>[^:]*))?", re.ASCII)
-MIG_PATTERN = re.compile(r"[1-9][0-9]*g\.[1-9][0-9]*gb(\+me)?", re.ASCII)
+ACCELERATOR_PATTERN, MIG_PATTERN = ACCELERATOR, MIG_PROFILE  # the names other modules know them by

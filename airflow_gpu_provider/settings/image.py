@@ -9,26 +9,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlparse
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.settings.grammar import ENV_NAME, IMAGE_REFERENCE
 
 Installer = Literal["uv", "pip"]
 INSTALLERS: tuple[str, ...] = ("uv", "pip")
 _OWNER = "ImageSettings"
 
-# A Docker image reference: [registry[:port]/]name[/name...][:tag][@sha256:digest]
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_IMAGE_REFERENCE = re.compile(
-    rf"(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*"
-    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?",
-    re.ASCII,
-)
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 
 
 def _invalid(name: str, value: object, reason: str, accepted: str | None = None) -> InvalidSettingError:
@@ -103,7 +95,7 @@ class ImageSettings:
             object.__setattr__(self, name, value)
 
         if self.parent_image is not None and (
-            not isinstance(self.parent_image, str) or not _IMAGE_REFERENCE.fullmatch(self.parent_image)
+            not isinstance(self.parent_image, str) or not IMAGE_REFERENCE.fullmatch(self.parent_image)
         ):
             raise _invalid(
                 "parent_image",

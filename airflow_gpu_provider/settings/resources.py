@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -16,6 +15,7 @@ from airflow_gpu_provider.settings.accelerators import (
     VENDORS,
     GpuVendor,
 )
+from airflow_gpu_provider.settings.grammar import DECIMAL
 from airflow_gpu_provider.settings.units import (
     BYTES_ACCEPTED,
     CPU_ACCEPTED,
@@ -31,7 +31,7 @@ ALL_GPUS: Literal["all"] = "all"
 GpuCount = int | Literal["all"]
 MAX_GPUS = 1024  # per machine; more is a typo (or a count in the wrong field)
 _OWNER = "ResourceSettings"
-_DECIMAL = re.compile(r"[0-9]+", re.ASCII)  # "２", "٣" and "¹" are digits to str.isdigit(), not to Kubernetes
+_DECIMAL = DECIMAL  # "２", "٣" and "¹" are digits to str.isdigit(), not to Kubernetes
 
 
 def _invalid(name: str, value: object, reason: str, accepted: str | None = None) -> InvalidSettingError:

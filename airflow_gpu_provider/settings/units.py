@@ -9,11 +9,11 @@ The kubernetes client itself is not imported here: it costs seconds and this mod
 from __future__ import annotations
 
 import math
-import re
 from decimal import Decimal, InvalidOperation
 from enum import Enum
 
 from airflow_gpu_provider.runtime.protocol import format_bytes  # noqa: F401 - the one bytes formatter, the runtime's too
+from airflow_gpu_provider.settings.grammar import QUANTITY
 
 
 class Unit(Enum):
@@ -53,10 +53,6 @@ _BYTE_SUFFIXES["b"] = None  # type: ignore[assignment]  # plain bytes: "512B"
 _K8S_SUFFIXES = {unit.suffix: unit for unit in Unit}
 _K8S_SUFFIXES["K"] = Unit.K  # a common spelling of kilo
 
-# ASCII only: str.isdigit() and \d also take "２" or "٣", which Kubernetes and Docker do not.
-_NUMBER = re.compile(
-    r"\s*(?P<number>[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?)\s*(?P<suffix>[A-Za-z]*)\s*", re.ASCII
-)
 MIN_CPUS = Decimal("0.001")  # 1m, the smallest Kubernetes CPU quantity; less means "no limit" to Docker
 MAX_CPUS = 65536
 MIN_MEMORY = 6 * 2**20  # Docker's smallest memory limit
@@ -75,7 +71,7 @@ def parse_quantity(value: str) -> Decimal:
 
     :raises ValueError: when the text is not a quantity.
     """
-    match = _NUMBER.fullmatch(value)
+    match = QUANTITY.fullmatch(value)
     if match is None:
         raise ValueError(f"{value!r} is not a number with an optional unit")
     try:

@@ -18,10 +18,9 @@ import os
 import shlex
 import symtable
 import textwrap
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
 
@@ -46,15 +45,15 @@ CONTEXT_VALUES: dict[str, Callable[[Mapping[str, Any]], Any]] = {
 }
 
 
-@dataclass(frozen=True)
-class ShippedCallable:
-    """A function reduced to what the runtime needs to rebuild it."""
+class ShippedCallable(NamedTuple):
+    """A function reduced to what the runtime needs to rebuild it (and its signature, for the worker's checks)."""
 
     name: str
     source: str
     filename: str
     first_line: int
     context_params: tuple[str, ...]
+    signature: inspect.Signature
 
 
 def _known_context_keys() -> frozenset[str]:
@@ -86,9 +85,19 @@ def _file_functions(filename: str, mtime_ns: int) -> dict[int, ast.FunctionDef]:
     tree = ast.parse("".join(linecache.getlines(filename)), filename)
     return {
         (node.decorator_list[0].lineno if node.decorator_list else node.lineno): node
-        for node in ast.walk(tree)
+        for node in _statements(tree.body)
         if isinstance(node, ast.FunctionDef)
     }
+
+
+def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """Every statement in ``body``, nested ones too: a ``def`` is a statement, so expressions need no visit."""
+    for node in body:
+        yield node
+        for name in ("body", "orelse", "finalbody"):
+            yield from _statements(getattr(node, name, None) or [])
+        for part in getattr(node, "handlers", None) or getattr(node, "cases", None) or []:
+            yield from _statements(part.body)
 
 
 def _function_source(function: Callable[..., Any], owner: str) -> tuple[ast.FunctionDef, str, int]:
@@ -160,7 +169,8 @@ def shipped_callable(function: Callable[..., Any], *, owner: str) -> ShippedCall
             "leave the worker",
             f"context values that travel as JSON: {', '.join(sorted(CONTEXT_VALUES))}",
         )
-    return ShippedCallable(name, source, inspect.getsourcefile(function) or "<gpu task>", first_line, context_params)
+    filename = inspect.getsourcefile(function) or "<gpu task>"
+    return ShippedCallable(name, source, filename, first_line, context_params, signature)
 
 
 JSON_ACCEPTED = "None, bool, int, float (finite), str, and lists/dicts of those (or an upstream task's XCom)"
@@ -241,7 +251,9 @@ def check_command(owner: str, command: object) -> None:
         raise InvalidSettingError(owner, "command", command, "an empty command runs nothing", accepted)
 
 
-def check_call_arguments(owner: str, function: Callable[..., Any], args: object, kwargs: object) -> None:
+def check_call_arguments(
+    owner: str, function: Callable[..., Any], args: object, kwargs: object, signature: inspect.Signature | None = None
+) -> None:
     """Arguments that the function cannot take, or that cannot travel as JSON, are an error now, not on the GPU."""
     if isinstance(args, (str, bytes, bytearray, Mapping)) or not isinstance(args, Collection):
         raise InvalidSettingError(owner, "op_args", args, "expected a list of positional arguments", "a list")
@@ -252,7 +264,7 @@ def check_call_arguments(owner: str, function: Callable[..., Any], args: object,
         _check_json_argument(owner, f"op_args[{index}]", value)
     for key, value in kwargs.items():
         _check_json_argument(owner, f"op_kwargs[{key!r}]", value)
-    signature = inspect.signature(function)
+    signature = signature or inspect.signature(function)
     try:
         signature.bind_partial(*args, **kwargs)
     except TypeError as err:

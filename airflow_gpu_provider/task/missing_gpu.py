@@ -21,14 +21,12 @@ cpu     run on the CPU now, with a warning   run a CPU-only container, with a   
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 OnMissingGpu = Literal["fail", "wait", "cpu"]
 
 
-@dataclass(frozen=True)
-class MissingGpuPolicy:
+class MissingGpuPolicy(NamedTuple):
     """One ``on_missing_gpu`` value and what it means.
 
     :param waits: keep trying until busy GPUs are free

@@ -15,17 +15,12 @@ and every cache key built on it (a derived image's tag), changes only when the r
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import io
-import os
 import stat
-import tempfile
 import zipfile
 from pathlib import Path
-
-from airflow_gpu_provider.host.state import open_private, private_dir
 
 RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"
 PACKAGE = "airflow_gpu_runtime"
@@ -83,29 +78,3 @@ def archive() -> bytes:
 def digest() -> str:
     """The archive's sha256, in hex."""
     return hashlib.sha256(archive()).hexdigest()
-
-
-def runtime_file(state_dir: str | os.PathLike[str]) -> Path:
-    """The archive as a file of the state dir, for the local backend: written once per digest, then reused.
-
-    ``<state_dir>/runtime/runtime-<digest>.pyz``: 0600 in a folder of the worker's own (0700), written atomically
-    (a task never runs a half-written archive), and rewritten if its content is not the archive's.
-
-    :raises UntrustedStateError: when the folder or the file is not the worker's own
-    """
-    data = archive()
-    folder = private_dir(Path(state_dir) / "runtime")
-    path = folder / f"runtime-{digest()[:16]}.pyz"
-    with contextlib.suppress(FileNotFoundError), os.fdopen(open_private(path, os.O_RDONLY), "rb") as handle:
-        if handle.read() == data:
-            return path
-    descriptor, temporary = tempfile.mkstemp(prefix=".runtime-", suffix=".tmp", dir=folder)  # 0600
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-    return path

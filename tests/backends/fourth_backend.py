@@ -17,9 +17,9 @@ from typing import Any, ClassVar
 from airflow_gpu_provider.backends.base import Backend
 from airflow_gpu_provider.backends.options import BackendOptions, option, text
 from airflow_gpu_provider.config.worker import GpuConfig
+from airflow_gpu_provider.host.state import runtime_file
 from airflow_gpu_provider.task.request import TaskRequest
 from airflow_gpu_provider.task.result import TaskResult, result_value
-from airflow_gpu_provider.task.runtime_zip import runtime_file
 
 
 @dataclass(frozen=True)

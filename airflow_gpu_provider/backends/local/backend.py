@@ -26,12 +26,11 @@ from airflow_gpu_provider.backends.local.venv import ensure_venv
 from airflow_gpu_provider.backends.options import WorkerOptions
 from airflow_gpu_provider.checkpoint.location import checkpoint_environment
 from airflow_gpu_provider.host.allocator import HostGpus
-from airflow_gpu_provider.host.state import private_dir, task_folder
+from airflow_gpu_provider.host.state import private_dir, runtime_file, task_folder
 from airflow_gpu_provider.settings.units import format_bytes
 from airflow_gpu_provider.task.environment import thread_environment, visible_devices
 from airflow_gpu_provider.task.request import TaskRequest
 from airflow_gpu_provider.task.result import TaskResult, read_result_file, task_result
-from airflow_gpu_provider.task.runtime_zip import runtime_file
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

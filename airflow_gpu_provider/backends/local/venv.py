@@ -31,10 +31,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from airflow_gpu_provider.exceptions import GpuTaskError
-from airflow_gpu_provider.host.state import check_owned, exclusive, open_private, private_dir
+from airflow_gpu_provider.host.state import check_owned, exclusive, open_private, private_dir, runtime_file
 from airflow_gpu_provider.runtime.protocol import INSTALL, PREFIX, InstallError, split_credentials
 from airflow_gpu_provider.settings import ImageSettings
-from airflow_gpu_provider.task.runtime_zip import runtime_file
 
 READY_MARKER = ".airflow-gpu-ready"
 
