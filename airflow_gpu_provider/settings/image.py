@@ -22,7 +22,6 @@ INSTALLERS: tuple[str, ...] = ("uv", "pip")
 _OWNER = "ImageSettings"
 
 
-
 def _invalid(name: str, value: object, reason: str, accepted: str | None = None) -> InvalidSettingError:
     return InvalidSettingError(_OWNER, name, value, reason, accepted)
 

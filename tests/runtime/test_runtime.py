@@ -102,7 +102,9 @@ def test_sys_exit_in_user_code(tmp_path, code, status, ok):
 
 
 def test_command_mode_execs_and_propagates_exit_status(tmp_path):
-    proc, result = run_envelope(tmp_path, command_envelope([sys.executable, "-c", "print('hello'); raise SystemExit(7)"]))
+    proc, result = run_envelope(
+        tmp_path, command_envelope([sys.executable, "-c", "print('hello'); raise SystemExit(7)"])
+    )
     assert proc.returncode == 7
     assert proc.stdout.splitlines()[0].startswith("[gpu] backend=test")
     assert "hello" in proc.stdout
