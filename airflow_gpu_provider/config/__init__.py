@@ -11,7 +11,13 @@ import functools
 import os
 from typing import Any
 
-from airflow_gpu_provider.config.options import OPTIONS, SECTION, Option
+from airflow_gpu_provider.config import options
+from airflow_gpu_provider.config.allow_lists import ALLOW_LISTS
+from airflow_gpu_provider.config.options import SECTION, Option
+
+OPTIONS: tuple[Option, ...] = (*options.OPTIONS, *ALLOW_LISTS)
+POSITIVE_SECONDS = ("wait_poll_interval", "kill_grace", "profile_interval")
+POD_SECURITY_LEVELS = ("restricted", "baseline", "privileged")
 
 __all__ = ["OPTIONS", "SECTION", "Option", "airflow_setting", "check_choice", "get", "provider_config"]
 
@@ -59,8 +65,16 @@ def _typed(option: Option, text: str) -> Any:
     if option.type == "integer":
         return int(text)
     if option.type == "float":
-        return float(text)
-    return text.strip()
+        value = float(text)
+        if option.name in POSITIVE_SECONDS and not 0 < value <= 10**9:  # NaN and infinity fail this too
+            raise ValueError(f"[{SECTION}] {option.name}={text!r} is not a positive number of seconds (at most 1e9)")
+        return value
+    value = text.strip()
+    if option.name == "state_dir" and (not value.startswith("/") or value.rstrip("/") == ""):
+        raise ValueError(f"[{SECTION}] state_dir={text!r} must be an absolute folder other than '/'")
+    if option.name == "min_pod_security" and value not in POD_SECURITY_LEVELS:
+        raise ValueError(f"[{SECTION}] min_pod_security={text!r} is none of {', '.join(POD_SECURITY_LEVELS)}")
+    return value
 
 
 @functools.cache

@@ -39,6 +39,16 @@ class GpuConfig:
     kill_grace: float
     profile_interval: float
     prices: str
+    allowed_mount_roots: str
+    allowed_volumes: str
+    allowed_capabilities: str
+    allowed_users: str
+    allowed_groups: str
+    allowed_network_modes: str
+    allowed_ipc_modes: str
+    allowed_build_paths: str
+    allowed_checkpoint_roots: str
+    min_pod_security: str
 
     @classmethod
     def read(cls, **overrides: object) -> GpuConfig:

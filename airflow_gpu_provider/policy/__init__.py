@@ -1,0 +1,118 @@
+"""The one policy layer: every decision that reaches the host, for every backend, against the admin's allow-lists.
+
+Default deny. A DAG author's task gets of a host what the deployment's ``[gpu]`` allow-lists give
+(``config/allow_lists.py``), nothing more; asking for more is an error at DAG parse naming the field, the value
+and the ``[gpu]`` option that would allow it (:class:`PolicyError`). The worker checks again on the final object it
+submits, with its own configuration. Nothing else in the package makes these decisions; each check names the rule
+of docs/security.md it enforces.
+
+- ``paths.py``: no path trusted by its name (resolved without links, every ancestor checked, deletions by marker)
+- ``docker.py``: the container a Docker task may get (mounts, capabilities, users, groups, namespaces, devices)
+- ``pods.py``: the pod a Kubernetes task may get (Pod Security Standards over the whole pod)
+- ``build.py``: what of the worker a derived image's build may read
+- ``checkpoints.py``: the roots a task may checkpoint to, and what may be deleted
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from airflow_gpu_provider.exceptions import InvalidSettingError
+
+if TYPE_CHECKING:
+    from airflow_gpu_provider.config.worker import GpuConfig
+
+LEVELS = ("restricted", "baseline", "privileged")  # Pod Security Standards, strongest first
+
+
+class PolicyError(InvalidSettingError):
+    """A task asks for more of a host than the deployment's ``[gpu]`` allow-lists give."""
+
+    def __init__(self, owner: str, field: str, value: object, reason: str, option: str, allow: str) -> None:
+        super().__init__(owner, field, value, f"{reason} ({option})", f"what [gpu] {option} lists: {allow}")
+        self.option = option
+
+
+def _names(text: str) -> frozenset[str]:
+    return frozenset(part.strip() for part in text.split(",") if part.strip())
+
+
+def _paths(option: str, text: str) -> tuple[str, ...]:
+    from airflow_gpu_provider.policy.paths import UnsafePathError, components
+
+    roots = []
+    for part in filter(None, (item.strip() for item in text.split(","))):
+        if "://" not in part:
+            try:
+                components(part)
+            except UnsafePathError as err:
+                raise ValueError(f"[gpu] {option}: {part!r} is not an absolute path ({err.problem})") from None
+            part = "/" + "/".join(components(part))
+        roots.append(part.rstrip("/") or "/")
+    return tuple(roots)
+
+
+class MountRoot(NamedTuple):
+    """A host folder Docker tasks may mount, and whether read-write."""
+
+    path: str
+    writable: bool
+
+
+def _mount_roots(text: str) -> tuple[MountRoot, ...]:
+    roots = []
+    for part in filter(None, (item.strip() for item in text.split(","))):
+        path, _, mode = part.rpartition(":") if part.endswith((":ro", ":rw")) else (part, "", "ro")
+        (clean,) = _paths("allowed_mount_roots", path)
+        if clean == "/":
+            raise ValueError("[gpu] allowed_mount_roots: '/' would give tasks the whole host")
+        roots.append(MountRoot(clean, mode == "rw"))
+    return tuple(roots)
+
+
+class Policy(NamedTuple):
+    """The admin's allow-lists, parsed: what a DAG author's task may get of a host."""
+
+    mount_roots: tuple[MountRoot, ...]
+    volumes: frozenset[str]
+    capabilities: frozenset[str]
+    users: frozenset[str]
+    groups: frozenset[str]
+    network_modes: frozenset[str]
+    ipc_modes: frozenset[str]
+    build_paths: tuple[str, ...]
+    checkpoint_roots: tuple[str, ...]
+    min_pod_security: str
+    state_dir: str
+
+    @classmethod
+    def of(cls, conf: GpuConfig | Any) -> Policy:
+        """The policy of a configuration (``GpuConfig``, or anything with its attributes)."""
+        default_root = conf.checkpoint_root or f"{conf.state_dir.rstrip('/')}/checkpoints"
+        return cls(
+            mount_roots=_mount_roots(conf.allowed_mount_roots),
+            volumes=_names(conf.allowed_volumes),
+            capabilities=frozenset(name.upper().removeprefix("CAP_") for name in _names(conf.allowed_capabilities)),
+            users=_names(conf.allowed_users),
+            groups=_names(conf.allowed_groups),
+            network_modes=_names(conf.allowed_network_modes),
+            ipc_modes=_names(conf.allowed_ipc_modes),
+            build_paths=_paths("allowed_build_paths", conf.allowed_build_paths),
+            checkpoint_roots=(
+                *_paths("checkpoint_root", default_root),
+                *_paths("allowed_checkpoint_roots", conf.allowed_checkpoint_roots),
+            ),
+            min_pod_security=conf.min_pod_security,
+            state_dir=conf.state_dir,
+        )
+
+    @classmethod
+    def current(cls) -> Policy:
+        """The policy of this process's ``[gpu]`` section (at DAG parse, the DAG processor's)."""
+        from airflow_gpu_provider.config.worker import GpuConfig
+
+        return cls.of(GpuConfig.read())
+
+    def allows_pod_security(self, level: str) -> bool:
+        """Whether a task may ask for pod-security ``level``."""
+        return LEVELS.index(level) <= LEVELS.index(self.min_pod_security)
