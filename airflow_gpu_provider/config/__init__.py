@@ -65,10 +65,10 @@ def _typed(option: Option, text: str) -> Any:
     if option.type == "integer":
         return int(text)
     if option.type == "float":
-        value = float(text)
-        if option.name in POSITIVE_SECONDS and not 0 < value <= 10**9:  # NaN and infinity fail this too
+        seconds = float(text)
+        if option.name in POSITIVE_SECONDS and not 0 < seconds <= 10**9:  # NaN and infinity fail this too
             raise ValueError(f"[{SECTION}] {option.name}={text!r} is not a positive number of seconds (at most 1e9)")
-        return value
+        return seconds
     value = text.strip()
     if option.name == "state_dir" and (not value.startswith("/") or value.rstrip("/") == ""):
         raise ValueError(f"[{SECTION}] state_dir={text!r} must be an absolute folder other than '/'")

@@ -28,7 +28,7 @@ LEVELS = ("restricted", "baseline", "privileged")  # Pod Security Standards, str
 class PolicyError(InvalidSettingError):
     """A task asks for more of a host than the deployment's ``[gpu]`` allow-lists give."""
 
-    def __init__(self, owner: str, field: str, value: object, reason: str, option: str, allow: str) -> None:
+    def __init__(self, owner: str, field: str, value: object, reason: str, *, option: str, allow: str) -> None:
         super().__init__(owner, field, value, f"{reason} ({option})", f"what [gpu] {option} lists: {allow}")
         self.option = option
 
@@ -42,13 +42,13 @@ def _paths(option: str, text: str) -> tuple[str, ...]:
 
     roots = []
     for part in filter(None, (item.strip() for item in text.split(","))):
+        root = part
         if "://" not in part:
             try:
-                components(part)
+                root = "/" + "/".join(components(part))
             except UnsafePathError as err:
                 raise ValueError(f"[gpu] {option}: {part!r} is not an absolute path ({err.problem})") from None
-            part = "/" + "/".join(components(part))
-        roots.append(part.rstrip("/") or "/")
+        roots.append(root.rstrip("/") or "/")
     return tuple(roots)
 
 
