@@ -1,25 +1,29 @@
 """Delete a DAG run's checkpoint folders when the run succeeds (``[gpu] checkpoint_cleanup``).
 
 The listener runs where the run's state changes (the scheduler; the process of ``dag.test()``). It finds each
-task's root in the task instance's rendered ``checkpoint`` field (``None``: the default root) and removes
-``<root>/<dag_id>/<run_id>``: a local root only when this host reaches it and the folder is this user's own (a
-worker-local state dir on another host stays: it is removed with the state dir), a URI root through Airflow's
-``ObjectStoragePath`` (fsspec; an ``s3://conn_id@bucket/...`` root uses that connection). Never raises.
+task's root in the task instance's rendered ``checkpoint`` field (``None``: the default root), keeps only the roots
+the deployment's ``[gpu]`` section allows (read here, in the scheduler), and removes ``<root>/<dag_id>/<run_id>``:
+a local root's folder only when it is the provider's (marked for this run, reached without following links; a
+worker-local state dir on another host stays, and goes with the state dir), a URI root's through Airflow's
+``ObjectStoragePath`` (fsspec; an ``s3://conn_id@bucket/...`` root, as the admin listed it, uses that connection).
+Never raises.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.listeners import hookimpl
 
 from airflow_gpu_provider import config
 from airflow_gpu_provider.checkpoint.location import check_root, default_root, is_uri, join, run_folder
-from airflow_gpu_provider.host.state import UntrustedStateError, check_owned
+from airflow_gpu_provider.exceptions import GpuTaskError
+from airflow_gpu_provider.policy.checkpoints import allowed, remove_run
+from airflow_gpu_provider.runtime.protocol import redact
+
+if TYPE_CHECKING:
+    from airflow_gpu_provider.policy import Policy
 
 log = logging.getLogger(__name__)
 
@@ -46,34 +50,39 @@ def run_roots(dag_run: Any, session: Any) -> set[str]:
     return roots
 
 
-def remove_run_folder(root: str, dag_id: str, run_id: str) -> bool:
-    """Delete ``<root>/<dag_id>/<run_id>``; whether there was one to delete."""
-    folder = join(root, run_folder(dag_id, run_id))
-    if is_uri(root):
-        from airflow.sdk import ObjectStoragePath
+def remove_run_folder(root: str, dag_id: str, run_id: str, policy: Policy) -> bool:
+    """Delete ``<root>/<dag_id>/<run_id>`` when the deployment allows ``root``; whether there was one to delete.
 
-        path = ObjectStoragePath(folder)
-        if not path.exists():
-            return False
-        path.rmdir(recursive=True)
-        return True
-    try:
-        check_owned(Path(folder), os.lstat(folder), directory=True)
-    except FileNotFoundError:
+    Rule (docs/security.md): DAG-author code never acts in the scheduler, and a rendered ``checkpoint`` is the DAG
+    author's: only a root of the admin's ``[gpu]`` allow-list counts; a local folder goes only when it holds the
+    provider's marker for this run, through descriptors (``policy/checkpoints.py``).
+    """
+    if not allowed(root, policy):
+        log.warning("Checkpoint cleanup of %s skips %s: not a checkpoint root the deployment allows", run_id, root)
         return False
-    shutil.rmtree(folder)
+    relative = run_folder(dag_id, run_id)
+    if not is_uri(root):
+        return remove_run(root, relative, {"dag_id": dag_id, "run_id": run_id}, policy)
+    from airflow.sdk import ObjectStoragePath
+
+    path = ObjectStoragePath(join(root, relative))
+    if not path.exists():
+        return False
+    path.rmdir(recursive=True)
     return True
 
 
 def cleanup(dag_run: Any, session: Any) -> list[str]:
     """Remove the run's checkpoint folders; return those removed."""
-    removed = []
+    from airflow_gpu_provider.policy import Policy
+
+    removed, policy = [], Policy.current()  # the scheduler's own [gpu] section
     for root in sorted(run_roots(dag_run, session)):
         try:
-            if remove_run_folder(root, dag_run.dag_id, dag_run.run_id):
-                removed.append(join(root, run_folder(dag_run.dag_id, dag_run.run_id)))
-        except (OSError, UntrustedStateError, ImportError, ValueError) as err:
-            log.warning("Could not delete the checkpoints of %s under %s: %s", dag_run.run_id, root, err)
+            if remove_run_folder(root, dag_run.dag_id, dag_run.run_id, policy):
+                removed.append(redact(join(root, run_folder(dag_run.dag_id, dag_run.run_id))))
+        except (OSError, ImportError, ValueError, GpuTaskError) as err:
+            log.warning("Could not delete the checkpoints of %s under %s: %s", dag_run.run_id, redact(root), err)
     if removed:
         log.info("Deleted the checkpoints of successful run %s: %s", dag_run.run_id, ", ".join(removed))
     return removed

@@ -55,6 +55,22 @@ class CheckpointLocation(NamedTuple):
         """The folder itself: a local path or a URI."""
         return join(self.root, self.relative)
 
+    @property
+    def run_relative(self) -> str:
+        """``<dag_id>/<run_id>``: the run's folder under the root (the provider's marker lies there)."""
+        return self.relative.rsplit("/", 1)[0]
+
+    def make(self, labels: Mapping[str, str]) -> str:
+        """Make the folder on this worker (a path root), private to it, its run folder marked as the provider's."""
+        from airflow_gpu_provider.policy.checkpoints import make_folder  # the worker's, when a try starts
+
+        return make_folder(self.root, self.run_relative, self.relative.rsplit("/", 1)[1], labels)
+
+
+def is_template(value: str) -> bool:
+    """Whether a root is a Jinja template, checked when the task starts."""
+    return "{{" in value or "{%" in value
+
 
 def is_uri(root: str) -> bool:
     """Whether ``root`` is a URI (``scheme://...``) rather than a local path."""
@@ -77,7 +93,7 @@ def check_root(owner: str, field: str, value: object) -> str | bool | None:
         value = str(value)
     if not isinstance(value, str) or not value.strip() or "\x00" in value:
         raise InvalidSettingError(owner, field, value, "expected a path or URI", _ACCEPTED)
-    if "{{" in value or "{%" in value:
+    if is_template(value):
         return value  # checked when rendered
     if is_uri(value):
         scheme, _, rest = value.partition("://")
@@ -132,10 +148,18 @@ def location(root: str, labels: Mapping[str, str]) -> CheckpointLocation:
 def task_location(
     owner: str, checkpoint: str | bool | None, labels: Mapping[str, str], conf: GpuConfig
 ) -> CheckpointLocation | None:
-    """The checkpoint folder of a task try: its own root (rendered), else the default; ``None`` with ``False``."""
+    """The checkpoint folder of a task try: its own root (rendered), else the default; ``None`` with ``False``.
+
+    :raises PolicyError: for a root the deployment does not allow (``[gpu] allowed_checkpoint_roots``)
+    """
+    from airflow_gpu_provider.policy import Policy
+    from airflow_gpu_provider.policy.checkpoints import check_root as permitted
+
     root = check_root(owner, "checkpoint", checkpoint)
     if root is False:
         return None
+    if isinstance(root, str):
+        permitted(owner, "checkpoint", root, Policy.of(conf))  # rule: a DAG author never picks a folder of their own
     return location(root if isinstance(root, str) else default_root(conf), labels)
 
 

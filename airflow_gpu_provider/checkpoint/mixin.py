@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpu_provider.checkpoint.location import CheckpointLocation, check_root, task_location
+from airflow_gpu_provider.checkpoint.location import CheckpointLocation, check_root, is_template, task_location
 
 if TYPE_CHECKING:
     from airflow_gpu_provider.config.worker import GpuConfig
@@ -21,7 +21,13 @@ class CheckpointMixin:
     task_id: str
 
     def __init__(self, *, checkpoint: Any = None, **kwargs: Any) -> None:
-        self.checkpoint = check_root(f"{type(self).__name__}({kwargs.get('task_id', '?')!r})", "checkpoint", checkpoint)
+        owner = f"{type(self).__name__}({kwargs.get('task_id', '?')!r})"
+        self.checkpoint = check_root(owner, "checkpoint", checkpoint)
+        if isinstance(self.checkpoint, str) and not is_template(self.checkpoint):
+            from airflow_gpu_provider.policy import Policy
+            from airflow_gpu_provider.policy.checkpoints import check_root as permitted
+
+            permitted(owner, "checkpoint", self.checkpoint, Policy.current())  # a templated root: when rendered
         super().__init__(**kwargs)
 
     def checkpoint_location(self, labels: Mapping[str, str], conf: GpuConfig) -> CheckpointLocation | None:

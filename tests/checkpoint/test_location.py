@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+
+from airflow_gpu_provider.policy import PolicyError
 from airflow.sdk import DAG
 from fsspec.registry import known_implementations
 
@@ -77,6 +79,9 @@ def test_default_root_is_the_state_dir_then_the_config(state_dir, monkeypatch):
     assert task_location("t", None, LABELS, GpuConfig.read()) == CheckpointLocation(
         "gs://models/ckpt", location("/", LABELS).relative
     )
+    with pytest.raises(PolicyError, match=r"checkpoint='/data/ckpt' is invalid: a checkpoint root the deployment"):
+        task_location("t", "/data/ckpt", LABELS, GpuConfig.read())  # rule: never a folder of the DAG author's own
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", "/data")
     assert task_location("t", "/data/ckpt", LABELS, GpuConfig.read()).root == "/data/ckpt"  # the task's own wins
     assert task_location("t", False, LABELS, GpuConfig.read()) is None
     monkeypatch.setenv("AIRFLOW__GPU__CHECKPOINT_ROOT", "relative/ckpt")
@@ -104,7 +109,8 @@ def test_bad_roots_fail_at_parse_naming_the_field(value, reason):
             gpu_task(checkpoint=value)(work)()
 
 
-def test_good_roots_and_templates_are_kept():
+def test_good_roots_and_templates_are_kept(monkeypatch):
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", "s3://b")
     assert check_root("o", "checkpoint", "/data//ckpt/") == "/data/ckpt"
     assert check_root("o", "checkpoint", "S3://Bucket/ckpt") == "S3://Bucket/ckpt"
     assert check_root("o", "checkpoint", "file:///data/ckpt") == "file:///data/ckpt"

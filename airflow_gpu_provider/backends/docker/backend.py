@@ -22,13 +22,15 @@ from airflow_gpu_provider.backends.docker.files import TaskFiles, checkpoint_fol
 from airflow_gpu_provider.backends.docker.images.catalogue import cpu_only_reason
 from airflow_gpu_provider.backends.docker.images.dockerfile import derived_image_spec, worker_uv
 from airflow_gpu_provider.backends.docker.images.engine import ensure_derived_image, resolve_image
-from airflow_gpu_provider.backends.docker.options import DockerOptions, mount_source_problem
+from airflow_gpu_provider.backends.docker.options import DockerOptions
 from airflow_gpu_provider.backends.docker.orphans import AUTO_REMOVE_LABEL, WORKER_LABEL, reap_orphans
 from airflow_gpu_provider.backends.docker.plan import DockerPlan, plan_container
 from airflow_gpu_provider.exceptions import OOM_REMEDY, GpuTaskError, GpuUnavailableError, HostOutOfMemoryError
 from airflow_gpu_provider.host.allocator import Allocation
 from airflow_gpu_provider.host.keeper import Keeper
 from airflow_gpu_provider.host.workers import worker_identity
+from airflow_gpu_provider.policy import Policy
+from airflow_gpu_provider.policy.docker import check_container
 from airflow_gpu_provider.settings.units import format_bytes
 from airflow_gpu_provider.task.output import LineSplitter
 from airflow_gpu_provider.task.request import TaskRequest
@@ -90,10 +92,6 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
     # ------------------------------------------------------------------ run
     def run(self, plan: DockerPlan, context: Context) -> TaskResult:
         """Find or build the image, run the container to completion, return its result; remove it on every path."""
-        for mount in plan.options.mounts:  # again on the worker: paths may resolve otherwise than at DAG parse
-            problem = mount_source_problem(mount.get("source", ""), read_only=bool(mount.get("read_only")))
-            if mount.get("type", "bind") == "bind" and problem:
-                raise GpuTaskError(f"Refusing the mount {mount}: {problem}.")
         checkpoint_folder(plan)
         client = self._client = connect(self.options)
         reap_orphans(client, self.log)  # before any GPU is taken: a dead worker's container may still hold it
@@ -238,6 +236,11 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         files.mounted = plan.options.mount_tmp_dir
         while True:
             mounts = [*host_config.get("mounts", []), *([files.mount] if files.mounted else [])]
+            # the final object: the whole create call, after every merge, against the worker's [gpu] policy
+            location = plan.request.checkpoint
+            own = [str(files.path), *([] if location is None or location.is_uri else [location.path])]
+            policy = plan.policy or Policy.current()
+            check_container(kwargs, {**host_config, "mounts": mounts}, policy, provider_sources=own)
             try:
                 config_ = client.create_host_config(**{**host_config, "mounts": mounts or None})
                 return str(client.create_container(host_config=config_, **kwargs)["Id"])

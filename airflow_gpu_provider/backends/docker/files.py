@@ -24,10 +24,8 @@ from typing import Any
 
 from docker.errors import NotFound
 
-from airflow_gpu_provider.backends.docker.options import mount_source_problem
 from airflow_gpu_provider.backends.docker.plan import CONTAINER_DIR, RESULT_PATH, DockerPlan
-from airflow_gpu_provider.exceptions import GpuTaskError
-from airflow_gpu_provider.host.state import private_dir, task_folder
+from airflow_gpu_provider.host.state import task_folder
 from airflow_gpu_provider.task.result import MAX_RESULT_BYTES, ResultError
 
 
@@ -80,10 +78,7 @@ def checkpoint_folder(plan: DockerPlan) -> None:
     location = plan.request.checkpoint
     if location is None or location.is_uri or not plan.options.engine_is_local:
         return  # nothing on this worker to make (a remote engine's plan says why in its notes)
-    problem = mount_source_problem(location.path, read_only=False)
-    if problem:
-        raise GpuTaskError(f"Refusing the checkpoint folder as a mount: {problem}.")
-    private_dir(location.path)
+    location.make(plan.request.labels)
 
 
 # Go's os.FileMode type bits, as the engine reports a path's stat: anything but a regular file.

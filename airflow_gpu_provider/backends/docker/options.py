@@ -35,56 +35,10 @@ MOUNT_KEYS = frozenset({"source", "target", "type", "read_only"})
 DEFAULT_DOCKER_URL = "unix://var/run/docker.sock"
 CONTAINER_DIR = "/airflow-gpu"  # the runtime and the envelope, mounted read-only (or copied in): no mount goes there
 SUPPORTED_VENDORS: tuple[str, ...] = (NVIDIA.name, AMD.name, INTEL.name)
-# Whoever reaches these controls the host (the container runtimes' sockets and state): never mounted, even read-only,
-# nor any folder that holds one.
-RUNTIME_CONTROL: tuple[str, ...] = (
-    "/var/run/docker.sock",
-    "/run/docker.sock",
-    "/run/docker",
-    "/run/containerd",
-    "/var/run/containerd",
-    "/var/lib/docker",
-    "/var/lib/containerd",
-    "/run/crio",
-    "/run/podman",
-)
-# The host itself: never mounted (devices, kernel interfaces, root's home), or never writable (the system's files).
-NEVER: tuple[str, ...] = ("/proc", "/sys", "/dev", "/boot", "/root")
-READ_ONLY: tuple[str, ...] = (
-    "/etc",
-    "/usr",
-    "/bin",
-    "/sbin",
-    "/lib",
-    "/lib32",
-    "/lib64",
-    "/var/lib",
-    "/var/log",
-    "/run",
-)
 
 
 def _inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
-
-
-def mount_source_problem(source: str, *, read_only: bool) -> str | None:
-    """Why a bind mount of ``source`` is refused, or ``None``.
-
-    The path is resolved first (``//var/run``, ``..`` and symlinks all lead to the real place), on the host that
-    checks it: the DAG processor at parse time, the worker again before the container is created.
-    """
-    path = os.path.realpath(source)
-    named = f"{source!r}" + (f" (really {path!r})" if path != source else "")
-    if path.endswith("docker.sock") or any(
-        _inside(control, path) or _inside(path, control) for control in RUNTIME_CONTROL
-    ):
-        return f"{named} is or holds the Docker socket or another container runtime's socket or state (host root)"
-    if any(_inside(path, folder) for folder in NEVER) or path == "/":
-        return f"{named} is a part of the host that no task container may see"
-    if not read_only and any(_inside(path, folder) for folder in READ_ONLY):
-        return f"{named} holds the host's system files: mount it with read_only=True, or mount a data folder"
-    return None
 
 
 def _docker_url(value: Any) -> str | tuple[str, ...]:
@@ -142,9 +96,6 @@ def _mounts(value: Any) -> tuple[dict[str, Any], ...]:
             raise BadOption("a tmpfs mount takes no 'source'", accepted, value=mount)
         if kind != "tmpfs" and (not isinstance(source, str) or not source or "\x00" in source):
             raise BadOption("'source' is required for bind and volume mounts", accepted, value=mount)
-        problem = mount_source_problem(str(source), read_only=bool(mount.get("read_only"))) if kind == "bind" else None
-        if problem:
-            raise BadOption(problem, "mounts of data or model folders", value=mount)
     return mounts
 
 
@@ -190,10 +141,11 @@ class DockerOptions(BackendOptions):
     :param timeout: API call timeout in seconds
     :param tls_ca_cert: TLS to a remote engine (with ``tls_client_cert`` and ``tls_client_key``)
     :param network_mode: ``bridge``, ``none``, ``host`` or a network name (default: the engine's)
-    :param mounts: ``[{"source", "target", "type": "bind"|"volume"|"tmpfs", "read_only"}]``; the Docker socket (or a
-        folder holding it) is refused
+    :param mounts: ``[{"source", "target", "type": "bind"|"volume"|"tmpfs", "read_only"}]``; bind sources beneath
+        ``[gpu] allowed_mount_roots`` and volumes of ``[gpu] allowed_volumes`` only (``policy/docker.py``)
     :param ipc_mode: e.g. ``"host"`` to share the host's IPC namespace and ``/dev/shm``
-    :param user: who the task runs as in the container (default: the image's)
+    :param user: who the task runs as in the container (default: the worker's own uid:gid; others only from
+        ``[gpu] allowed_users``)
     :param working_dir: where the task runs in the container (default: the image's)
     :param auto_remove: ``force`` removes every container, ``success`` keeps failed ones (stopped) for
         inspection, ``never`` keeps all
@@ -247,6 +199,15 @@ class DockerOptions(BackendOptions):
     def check(self, resources: ResourceSettings) -> None:
         """At DAG parse time: GPUs that Docker cannot hand out with these options."""
         check_gpu_request(resources, self.devices)
+
+    def permitted(self, owner: str) -> None:
+        """At DAG parse time: what these options ask of the host, against the deployment's ``[gpu]`` allow-lists."""
+        asks = self.mounts or self.cap_add or self.user is not None or self.group_add or self.network_mode
+        if asks or self.ipc_mode:  # the policy is read only for tasks that ask for something of the host
+            from airflow_gpu_provider.policy import Policy
+            from airflow_gpu_provider.policy.docker import check_options
+
+            check_options(owner, self, Policy.current())
 
     @property
     def engine_url(self) -> str | tuple[str, ...]:

@@ -13,6 +13,8 @@ from airflow_gpu_provider.backends.docker.images.dockerfile import BuildOptions
 from airflow_gpu_provider.backends.docker.options import CONTAINER_DIR, DockerOptions
 from airflow_gpu_provider.checkpoint.location import CHECKPOINT_MOUNT, checkpoint_environment, unreachable
 from airflow_gpu_provider.host.allocator import HostGpus
+from airflow_gpu_provider.policy import Policy
+from airflow_gpu_provider.policy.docker import WORKER_USER
 from airflow_gpu_provider.settings.units import parse_bytes
 from airflow_gpu_provider.task.environment import with_user_environment
 from airflow_gpu_provider.task.labels import PROVIDER, docker_label
@@ -37,6 +39,7 @@ class DockerPlan:
     :param stop_timeout: seconds between SIGTERM and SIGKILL when the container is stopped
     :param cuda_image: a CUDA image to suggest when a GPU task's image looks CPU-only (``[gpu] default_parent_image``)
     :param notes: what the plan could not give the task (beyond the resource mapping's notes), for its log
+    :param policy: the worker's ``[gpu]`` allow-lists, which the whole create call must meet
     """
 
     request: TaskRequest
@@ -52,6 +55,7 @@ class DockerPlan:
     stop_timeout: float = 30.0
     cuda_image: str = ""
     notes: tuple[str, ...] = ()
+    policy: Policy | None = None
 
     def create_kwargs(self, image: str, *, cpu_fallback: bool = False) -> dict[str, Any]:
         """``create_container`` arguments, with ``host_config`` as ``create_host_config`` arguments."""
@@ -90,8 +94,10 @@ def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig
         "environment": {"PYTHONUNBUFFERED": "1"},
         "labels": {PROVIDER: "true", **{docker_label(key): value for key, value in request.labels.items()}},
     }
-    if options.user is not None:
-        container["user"] = options.user
+    # rule: a task runs as the worker's own user unless the admin allows another (policy/docker.py)
+    container["user"] = WORKER_USER if options.user is None else str(options.user)
+    if options.user is None and os.geteuid() != 0:
+        container["environment"]["HOME"] = "/tmp"  # a user the image may not know has no home
     if options.working_dir is not None:
         container["working_dir"] = options.working_dir
     # No privilege can be gained inside (setuid binaries), and no capability is kept unless asked for.
@@ -129,6 +135,7 @@ def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig
         stop_timeout=conf.grace(options.stop_timeout),
         cuda_image=conf.default_parent_image,
         notes=notes,
+        policy=Policy.of(conf),
     )
 
 
@@ -138,8 +145,8 @@ def checkpoint_mount(
     """The task's checkpoint folder in the container (``container`` gets its environment, and maybe its user).
 
     A URI root: the URI itself. A path root on a local engine: the worker's folder, bind-mounted read-write at
-    :data:`CHECKPOINT_MOUNT`; the container then runs as the worker's user unless ``user`` is set, so that it may
-    write to the worker's private folder (and the worker may delete what it wrote). A remote engine cannot reach it
+    :data:`CHECKPOINT_MOUNT` (the container runs as the worker's user, so it may write to the worker's private
+    folder, and the worker may delete what it wrote). A remote engine cannot reach it
     (:func:`~airflow_gpu_provider.checkpoint.location.unreachable`: an error with ``resume=True``, else a note).
 
     :return: the mounts, and the notes for the task's log
@@ -154,8 +161,4 @@ def checkpoint_mount(
         note = unreachable(request.display_name, location, resume=request.resume, where="on a remote engine", fix=fix)
         return [], (note,)
     container["environment"].update(checkpoint_environment(CHECKPOINT_MOUNT))
-    if options.user is None:
-        container["user"] = f"{os.getuid()}:{os.getgid()}"
-        if os.getuid() != 0:
-            container["environment"].setdefault("HOME", "/tmp")  # a user the image may not know has no home
     return [{"Target": CHECKPOINT_MOUNT, "Source": location.path, "Type": "bind", "ReadOnly": False}], ()

@@ -26,7 +26,7 @@ from airflow_gpu_provider.backends.local.venv import ensure_venv
 from airflow_gpu_provider.backends.options import WorkerOptions
 from airflow_gpu_provider.checkpoint.location import checkpoint_environment
 from airflow_gpu_provider.host.allocator import HostGpus
-from airflow_gpu_provider.host.state import private_dir, runtime_file, task_folder
+from airflow_gpu_provider.host.state import runtime_file, task_folder
 from airflow_gpu_provider.settings.units import format_bytes
 from airflow_gpu_provider.task.environment import thread_environment, visible_devices
 from airflow_gpu_provider.task.request import TaskRequest
@@ -92,7 +92,7 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
             image_name += f" + venv {python.parent.parent.name}"
 
         if request.checkpoint is not None and not request.checkpoint.is_uri:
-            private_dir(request.checkpoint.path)  # 0700, the worker's own: the same folder for the next try
+            request.checkpoint.make(request.labels)  # 0700, the worker's own: the same folder for the next try
         reap_orphans(self.log)  # before any GPU is taken: a dead worker's task process may still hold it
         allocation = plan.host.allocate(request, backend=self.options.backend, log=self.log)
         survivors: list[int] = []

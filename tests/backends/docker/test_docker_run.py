@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import threading
 import time
 from pathlib import Path
@@ -213,7 +215,9 @@ def whoami_and_read(path: str) -> dict:
         return {"uid": os.getuid(), "data": handle.read()}
 
 
-def test_user_and_read_only_mount(task_log, tmp_path: Path):
+def test_user_and_read_only_mount(task_log, tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_USERS", "1000:1000")  # the deployment allows them (policy/docker.py)
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_MOUNT_ROOTS", f"{tmp_path}:ro")
     (tmp_path / "data.txt").write_text("mounted data")
     tmp_path.chmod(0o755)
     options = {"user": "1000:1000", "mounts": [{"source": str(tmp_path), "target": "/data", "read_only": True}]}
@@ -233,8 +237,9 @@ def test_auto_remove_success_keeps_a_failed_container_stopped(docker_client, tas
         docker_client.remove_container(kept, force=True)
 
 
-def test_files_through_the_docker_api_when_not_mounted(task_log, tmp_path):
+def test_files_through_the_docker_api_when_not_mounted(task_log, tmp_path, monkeypatch):
     """mount_tmp_dir=False (remote engines): runtime and envelope are copied in, the result copied out."""
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_USERS", "1000")
     options = {"mount_tmp_dir": False, "user": "1000", "state_dir": str(tmp_path)}
     assert run(task_log, request(call(add, 20, b=22)), options).return_value["sum"] == 42
     with pytest.raises(RemoteTaskError, match="boom from the container"):
@@ -268,9 +273,10 @@ def privileges() -> dict:
     return {"uid": status["Uid"].split()[0], "caps": status["CapEff"], "no_new_privs": status["NoNewPrivs"]}
 
 
-def test_containers_keep_no_capability_and_gain_no_privilege(task_log):
+def test_containers_keep_no_capability_and_gain_no_privilege(task_log, monkeypatch):
     value = run(task_log, request(call(privileges))).return_value
-    assert value == {"uid": "0", "caps": "0000000000000000", "no_new_privs": "1"}
+    assert value == {"uid": str(os.geteuid()), "caps": "0000000000000000", "no_new_privs": "1"}
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CAPABILITIES", "SYS_PTRACE")  # the deployment allows it
     kept = run(task_log, request(call(privileges)), {"cap_add": ["SYS_PTRACE"]}).return_value
     assert int(kept["caps"], 16) == 1 << 19  # CAP_SYS_PTRACE alone
 

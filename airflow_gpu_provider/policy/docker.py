@@ -1,0 +1,188 @@
+"""The container a Docker task may get: checked on the options at DAG parse, and on the whole create call.
+
+Rules (docs/security.md): a task gets no privilege and no capability the admin did not list; it runs as the
+worker's own user unless the admin lists another; it joins no host namespace and no other container's; it sees the
+devices of its GPUs only; it mounts host folders only beneath ``[gpu] allowed_mount_roots``, by paths no one but
+root and the worker can redirect, never the runtime's sockets or the system's folders, never what tasks may write to
+(a folder beneath a read-write root, the state dir, a checkpoint root), and named volumes only of
+``[gpu] allowed_volumes``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from airflow_gpu_provider.policy import Policy, PolicyError
+from airflow_gpu_provider.policy.paths import UnsafePathError, beneath, components, stable
+
+# Whoever reaches these controls the host: never mounted, even read-only, nor any folder that holds one.
+RUNTIME_CONTROL: tuple[str, ...] = (
+    "/var/run/docker.sock", "/run/docker.sock", "/run/docker", "/run/containerd", "/var/run/containerd",
+    "/var/lib/docker", "/var/lib/containerd", "/run/crio", "/run/podman", "/var/run/crio", "/var/run/podman",
+)  # fmt: skip
+# The host itself: never mounted, whatever the admin lists (devices, kernel interfaces, boot, credentials).
+SYSTEM: tuple[str, ...] = ("/", "/proc", "/sys", "/dev", "/boot", "/root", "/etc", "/run", "/var/run")
+#: What the provider itself adds for AMD and Intel GPUs (``backends/docker/container.py``).
+DEVICE_PATHS: frozenset[str] = frozenset({"/dev/kfd", "/dev/dri"})
+DEVICE_GROUPS: frozenset[str] = frozenset({"video", "render"})
+SAFE_SECURITY_OPTIONS: frozenset[str] = frozenset({"no-new-privileges:true", "no-new-privileges"})
+WORKER_USER = f"{os.geteuid()}:{os.getegid()}"
+
+
+def root_problem(path: str, policy: Policy) -> str | None:
+    """Why a host folder may not be an allowed mount root at all (the admin's list is checked against it too)."""
+    if any(beneath(path, system) or beneath(system, path) for system in SYSTEM if system != "/") or path == "/":
+        return "it is or holds a part of the host no task may see (devices, kernel, boot, credentials, /etc)"
+    if any(beneath(path, control) or beneath(control, path) for control in RUNTIME_CONTROL):
+        return "it is or holds a container runtime's socket or state, which controls the host"
+    for task_written in (policy.state_dir, *[r for r in policy.checkpoint_roots if "://" not in r]):
+        if beneath(path, task_written) or beneath(task_written, path):
+            return f"it overlaps {task_written}, which tasks write to (the state dir or a checkpoint root)"
+    return None
+
+
+def _mount_problem(source: str, *, writable: bool, policy: Policy) -> tuple[str, str] | None:
+    """``(reason, option)`` when a bind mount of ``source`` is not allowed, by its name; ``None`` when it is."""
+    try:
+        path = "/" + "/".join(components(source))
+    except UnsafePathError as err:
+        return err.problem, "allowed_mount_roots"
+    problem = root_problem(path, policy)
+    if problem:
+        return problem, "allowed_mount_roots"
+    for root in policy.mount_roots:
+        if not beneath(path, root.path):
+            continue
+        if writable and not root.writable:
+            return f"{root.path} may be mounted read-only only", "allowed_mount_roots"
+        if path != root.path and any(beneath(path, r.path) and r.writable for r in policy.mount_roots):
+            # another task may write there, and so swap a folder of this path for a link to the host's /
+            return f"it lies beneath {root.path}, which tasks may mount read-write: mount the root itself", (
+                "allowed_mount_roots"
+            )
+        return None
+    return "it is beneath none of the roots the deployment allows", "allowed_mount_roots"
+
+
+def check_options(owner: str, options: Any, policy: Policy) -> None:
+    """At DAG parse: what a Docker task's options ask for of the host, against ``policy``.
+
+    :raises PolicyError: naming the option, the value and the ``[gpu]`` allow-list that would allow it
+    """
+    for mount in options.mounts:
+        kind = mount.get("type", "bind")
+        if kind == "bind":
+            found = _mount_problem(mount["source"], writable=not mount.get("read_only"), policy=policy)
+            if found:
+                raise PolicyError(owner, "backend_options['mounts']", mount, found[0], option=found[1],
+                                  allow=_roots(policy))  # fmt: skip
+        elif kind == "volume" and mount["source"] not in policy.volumes:
+            raise PolicyError(owner, "backend_options['mounts']", mount, "a named volume the deployment does not list",
+                              option="allowed_volumes", allow=_listed(policy.volumes))  # fmt: skip
+    _check_listed(owner, "cap_add", options.cap_add, policy.capabilities, "allowed_capabilities", upper=True)
+    if options.user is not None and not user_allowed(str(options.user), policy):
+        raise PolicyError(owner, "backend_options['user']", options.user, "a user the deployment does not list",
+                          option="allowed_users", allow=f"the worker's own ({WORKER_USER}), {_listed(policy.users)}")
+    _check_listed(owner, "group_add", options.group_add or (), policy.groups | DEVICE_GROUPS, "allowed_groups")
+    for field, value, allowed, option in (
+        ("network_mode", options.network_mode, policy.network_modes, "allowed_network_modes"),
+        ("ipc_mode", options.ipc_mode, policy.ipc_modes, "allowed_ipc_modes"),
+    ):
+        if value is not None and value not in allowed:
+            raise PolicyError(owner, f"backend_options[{field!r}]", value, "a mode the deployment does not list",
+                              option=option, allow=_listed(allowed))  # fmt: skip
+
+
+def user_allowed(user: str, policy: Policy) -> bool:
+    """Whether a container may run as ``user``: the worker's own, or one the admin lists (root only if listed)."""
+    return user in (WORKER_USER, str(os.geteuid())) or user in policy.users or user.partition(":")[0] in policy.users
+
+
+def _check_listed(
+    owner: str, field: str, values: Iterable[Any], allowed: frozenset[str], option: str, *, upper: bool = False
+) -> None:
+    for value in values:
+        name = str(value).upper().removeprefix("CAP_") if upper else str(value)
+        if name == "ALL" or name not in allowed:  # rule: nothing privileged; ALL is never a default
+            raise PolicyError(owner, f"backend_options[{field!r}]", value, "not in the deployment's list",
+                              option=option, allow=_listed(allowed))  # fmt: skip
+
+
+def _listed(values: Iterable[str]) -> str:
+    return ", ".join(sorted(values)) or "none (the list is empty)"
+
+
+def _roots(policy: Policy) -> str:
+    return ", ".join(f"{r.path}:{'rw' if r.writable else 'ro'}" for r in policy.mount_roots) or "none"
+
+
+def check_container(
+    create: Mapping[str, Any], host_config: Mapping[str, Any], policy: Policy, *, provider_sources: Sequence[str]
+) -> None:
+    """The final object: the whole ``create_container`` call meets ``policy``, or nothing is created.
+
+    Run on the worker just before the container is created, with the worker's own ``[gpu]`` section, after every
+    merge (the image's user aside: the provider sets one). Bind sources are resolved again on this host, without
+    following links (:func:`~.paths.stable`).
+
+    :param provider_sources: the bind sources the provider made itself (the task's files, its checkpoint folder)
+    :raises UnsafePathError: naming what breaks which rule
+    """
+
+    def refuse(what: str, value: object) -> UnsafePathError:
+        return UnsafePathError(f"the task container's {what}={value!r}", "the deployment's [gpu] policy forbids it")
+
+    for key in ("privileged", "oom_kill_disable"):
+        if host_config.get(key):  # rule: nothing privileged
+            raise refuse(key, host_config[key])
+    for key in ("pid_mode", "userns_mode", "uts_mode", "cgroupns", "volumes_from", "links", "sysctls", "binds"):
+        if host_config.get(key):
+            raise refuse(key, host_config[key])
+    if list(host_config.get("cap_drop") or []) != ["ALL"]:
+        raise refuse("cap_drop", host_config.get("cap_drop"))
+    for capability in host_config.get("cap_add") or []:
+        name = str(capability).upper().removeprefix("CAP_")
+        if name == "ALL" or name not in policy.capabilities:
+            raise refuse("cap_add", capability)
+    options = set(host_config.get("security_opt") or [])
+    if not options & SAFE_SECURITY_OPTIONS or options - SAFE_SECURITY_OPTIONS:
+        raise refuse("security_opt", sorted(options))
+    for mode_key, allowed in (("network_mode", policy.network_modes), ("ipc_mode", policy.ipc_modes)):
+        mode = host_config.get(mode_key)
+        if mode not in (None, "", "default") and mode not in allowed:
+            raise refuse(mode_key, mode)
+    for device in host_config.get("devices") or []:
+        if str(device).split(":")[0] not in DEVICE_PATHS:
+            raise refuse("devices", device)
+    for group in host_config.get("group_add") or []:
+        if str(group) not in policy.groups | DEVICE_GROUPS:
+            raise refuse("group_add", group)
+    for request in host_config.get("device_requests") or []:
+        if [list(c) for c in (request.get("capabilities") or [])] != [["gpu"]]:
+            raise refuse("device_requests", request)
+    user = str(create.get("user") or "")
+    if not user or not user_allowed(user, policy):
+        raise refuse("user", user or "the image's own")
+    for mount in host_config.get("mounts") or []:
+        _check_final_mount(mount, policy, provider_sources)
+
+
+def _check_final_mount(mount: Mapping[str, Any], policy: Policy, provider_sources: Sequence[str]) -> None:
+    kind, source = mount.get("Type", "bind"), str(mount.get("Source") or "")
+    if kind == "tmpfs":
+        return
+    if kind == "volume":
+        if source not in policy.volumes:
+            raise UnsafePathError(f"the volume {source!r}", "the deployment's [gpu] allowed_volumes lacks it")
+        return
+    if kind != "bind":
+        raise UnsafePathError(f"the mount {dict(mount)!r}", "only bind, volume and tmpfs mounts are known")
+    if source in provider_sources:
+        stable(source)  # made by the provider, private to the worker: still never through a link
+        return
+    found = _mount_problem(source, writable=not mount.get("ReadOnly"), policy=policy)
+    if found:
+        raise UnsafePathError(source, f"{found[0]} ([gpu] {found[1]})")
+    stable(source)  # rule: no path trusted by its name: Docker resolves this name again when it starts
