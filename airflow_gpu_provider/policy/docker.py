@@ -28,7 +28,14 @@ SYSTEM: tuple[str, ...] = ("/", "/proc", "/sys", "/dev", "/boot", "/root", "/etc
 DEVICE_PATHS: frozenset[str] = frozenset({"/dev/kfd", "/dev/dri"})
 DEVICE_GROUPS: frozenset[str] = frozenset({"video", "render"})
 SAFE_SECURITY_OPTIONS: frozenset[str] = frozenset({"no-new-privileges:true", "no-new-privileges"})
-WORKER_USER = f"{os.geteuid()}:{os.getegid()}"
+
+
+def worker_user() -> str:
+    """The user a Docker task runs as unless the admin lists another: the worker's own ``uid:gid``."""
+    return f"{os.geteuid()}:{os.getegid()}"
+
+
+WORKER_USER = worker_user()
 
 
 def root_problem(path: str, policy: Policy) -> str | None:
@@ -83,8 +90,14 @@ def check_options(owner: str, options: Any, policy: Policy) -> None:
                               option="allowed_volumes", allow=_listed(policy.volumes))  # fmt: skip
     _check_listed(owner, "cap_add", options.cap_add, policy.capabilities, "allowed_capabilities", upper=True)
     if options.user is not None and not user_allowed(str(options.user), policy):
-        raise PolicyError(owner, "backend_options['user']", options.user, "a user the deployment does not list",
-                          option="allowed_users", allow=f"the worker's own ({WORKER_USER}), {_listed(policy.users)}")
+        raise PolicyError(
+            owner,
+            "backend_options['user']",
+            options.user,
+            "a user the deployment does not list",
+            option="allowed_users",
+            allow=f"the worker's own ({worker_user()}), {_listed(policy.users)}",
+        )
     _check_listed(owner, "group_add", options.group_add or (), policy.groups | DEVICE_GROUPS, "allowed_groups")
     for field, value, allowed, option in (
         ("network_mode", options.network_mode, policy.network_modes, "allowed_network_modes"),
@@ -96,8 +109,12 @@ def check_options(owner: str, options: Any, policy: Policy) -> None:
 
 
 def user_allowed(user: str, policy: Policy) -> bool:
-    """Whether a container may run as ``user``: the worker's own, or one the admin lists (root only if listed)."""
-    return user in (WORKER_USER, str(os.geteuid())) or user in policy.users or user.partition(":")[0] in policy.users
+    """Whether a container may run as ``user``: the worker's own, or one the admin lists (root only if listed).
+
+    A worker that runs as root makes root its own user: run workers as a user of their own (docs/security.md).
+    """
+    own = worker_user()
+    return user in (own, own.partition(":")[0]) or user in policy.users or user.partition(":")[0] in policy.users
 
 
 def _check_listed(

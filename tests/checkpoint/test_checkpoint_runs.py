@@ -23,7 +23,6 @@ def _try_numbers(dag_run) -> dict[str, int]:
         return {ti.task_id: ti.try_number for ti in dag_run.get_task_instances(session=session)}
 
 
-
 @pytest.fixture(autouse=True)
 def allowed_roots(tmp_path, monkeypatch):
     """The deployment allows the test's folder as a checkpoint root, as a path and as a file:// URI (policy/)."""

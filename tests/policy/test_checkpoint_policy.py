@@ -1,0 +1,91 @@
+"""Checkpoint roots only from the admin's list; folders made and deleted without trusting a name (H1, H4)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+from airflow.sdk import DAG
+
+from airflow_gpu_provider import GpuStepOperator
+from airflow_gpu_provider.backends import BACKENDS
+from airflow_gpu_provider.checkpoint.cleanup import remove_run_folder
+from airflow_gpu_provider.checkpoint.location import location
+from airflow_gpu_provider.config.worker import GpuConfig
+from airflow_gpu_provider.policy import Policy, PolicyError
+from airflow_gpu_provider.policy.paths import UnsafePathError
+from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+from airflow_gpu_provider.task.envelope import Envelope
+from airflow_gpu_provider.task.request import TaskRequest
+
+OTHER_USER = 1000
+
+
+def work() -> int:
+    return 1
+
+
+def test_h1_a_dag_author_cannot_name_a_folder_the_scheduler_would_delete(tmp_path, monkeypatch):
+    """H1: dag_id 'airflow', checkpoint '<dir>/opt', run id 'logs' deleted <dir>/opt/airflow/logs from the scheduler."""
+    unrelated = tmp_path / "opt" / "airflow" / "logs"
+    unrelated.mkdir(parents=True)
+    (unrelated / "scheduler.log").write_text("not a checkpoint")
+    with DAG("airflow", schedule=None), pytest.raises(PolicyError, match="allowed_checkpoint_roots"):
+        GpuStepOperator(task_id="t", python_callable=work, checkpoint=str(tmp_path / "opt"))
+    # the scheduler's cleanup takes no root the admin did not list, whatever a (templated) field rendered to
+    assert remove_run_folder(str(tmp_path / "opt"), "airflow", "logs", Policy.current()) is False
+    # and in an allowed root, only a folder the provider made and marked for that very run
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", str(tmp_path / "opt"))
+    with pytest.raises(UnsafePathError, match="no marker of the provider"):
+        remove_run_folder(str(tmp_path / "opt"), "airflow", "logs", Policy.current())
+    assert (unrelated / "scheduler.log").read_text() == "not a checkpoint"
+
+
+def test_h1_a_uri_root_is_deleted_only_under_an_allowed_prefix(tmp_path, monkeypatch):
+    store = tmp_path / "bucket" / "airflow" / "logs"
+    store.mkdir(parents=True)
+    (store / "x").write_text("y")
+    assert remove_run_folder(f"file://{tmp_path}/bucket", "airflow", "logs", Policy.current()) is False
+    assert (store / "x").exists()
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", f"file://{tmp_path}/bucket")
+    assert remove_run_folder(f"file://{tmp_path}/bucket", "airflow", "logs", Policy.current()) is True
+    assert not store.exists()
+
+
+def test_a_root_of_the_allow_list_is_accepted_at_parse(tmp_path, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", f"{tmp_path}, s3://ml/ckpt")
+    with DAG("allowed_roots", schedule=None):
+        assert GpuStepOperator(task_id="a", python_callable=work, checkpoint=str(tmp_path / "x")).checkpoint
+        assert GpuStepOperator(task_id="b", python_callable=work, checkpoint="s3://ml/ckpt/team").checkpoint
+        with pytest.raises(PolicyError, match=r"checkpoint='s3://ml/ckpt-other'"):
+            GpuStepOperator(task_id="c", python_callable=work, checkpoint="s3://ml/ckpt-other")
+
+
+def test_h4_another_user_cannot_redirect_a_tasks_checkpoint_folder(tmp_path, monkeypatch):
+    """H4: <root>/<dag> belonged to another local user, who swapped <run> for a link between check and use."""
+    root = tmp_path / "shared"
+    root.mkdir()
+    root.chmod(0o755)
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", str(root))
+    labels = {"dag_id": "train", "run_id": "r1", "task_id": "fit", "try_number": "1", "map_index": "-1"}
+    folder = location(str(root), labels)
+    (root / "train").mkdir()
+    os.chown(root / "train", OTHER_USER, OTHER_USER)  # theirs: they may rename or replace anything in it
+    backend = BACKENDS["local"].create({}, logging.getLogger("t"))
+    request = TaskRequest(
+        ResourceSettings(), ImageSettings(), Envelope.run(["true"]), "fail", labels, checkpoint=folder
+    )
+    with pytest.raises(UnsafePathError, match=f"belongs to uid {OTHER_USER}"):
+        backend.run(backend.plan(request, GpuConfig.read()), {})
+    assert not Path(folder.path).exists()  # nothing made, nothing run
+
+
+def test_the_task_folder_is_private_and_its_run_folder_marked(tmp_path, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", str(tmp_path))
+    labels = {"dag_id": "train", "run_id": "r1", "task_id": "fit", "try_number": "1", "map_index": "-1"}
+    folder = location(str(tmp_path), labels)
+    made = Path(folder.make(labels))
+    assert made.stat().st_mode & 0o777 == 0o700 and made.stat().st_uid == os.geteuid()
+    assert (made.parent / ".airflow-gpu-provider").is_file()
