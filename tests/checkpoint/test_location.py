@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
-from airflow_gpu_provider.policy import PolicyError
 from airflow.sdk import DAG
 from fsspec.registry import known_implementations
 
@@ -20,6 +18,7 @@ from airflow_gpu_provider.checkpoint.location import (
 )
 from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.policy import PolicyError
 
 LABELS = {"dag_id": "train", "run_id": "manual__2024-01-01T00:00:00+00:00", "task_id": "fit", "map_index": "-1"}
 

@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from backends.docker.docker_fixtures import BASE_IMAGE
 
 from airflow_gpu_provider import GpuStepOperator
