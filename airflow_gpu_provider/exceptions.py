@@ -14,11 +14,13 @@ class InvalidSettingError(ValueError):
     """A setting has a bad value. Raised at DAG parse time, before anything starts."""
 
     def __init__(self, owner: str, field: str, value: object, reason: str, accepted: str | None = None) -> None:
+        from airflow_gpu_provider.runtime.protocol import redact  # rule: credentials never reach an import error
+
         self.owner, self.field, self.value, self.reason, self.accepted = owner, field, value, reason, accepted
         message = f"{owner}: {field}={value!r} is invalid: {reason}"
         if accepted:
             message += f". Accepted: {accepted}"
-        super().__init__(message)
+        super().__init__(redact(message))
 
 
 class UnknownSettingError(InvalidSettingError, TypeError):

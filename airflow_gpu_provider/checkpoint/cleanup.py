@@ -58,7 +58,7 @@ def remove_run_folder(root: str, dag_id: str, run_id: str, policy: Policy) -> bo
     provider's marker for this run, through descriptors (``policy/checkpoints.py``).
     """
     if not allowed(root, policy):
-        log.warning("Checkpoint cleanup of %s skips %s: not a checkpoint root the deployment allows", run_id, root)
+        log.warning("Checkpoint cleanup of %s skips %s: not a root the deployment allows", run_id, redact(root))
         return False
     relative = run_folder(dag_id, run_id)
     if not is_uri(root):

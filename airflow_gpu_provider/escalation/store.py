@@ -1,43 +1,65 @@
-"""Where the history of a task instance's tries lives between its tries: an Airflow Variable, through the Task SDK.
+"""Where the history of a task instance's tries lives between its tries: Airflow's task state store (AIP-103).
 
 The next try may run on another worker host, and a task instance's XComs are cleared when its next try starts, so
-the history goes to the metadata DB. One Variable per task instance, deleted when the task succeeds.
+the history goes to the metadata DB, in the task state store of the task instance itself: visible in its Task State
+Store tab, deleted when the task succeeds, and written by nothing but that task instance — another DAG cannot forge
+it (rule: a task's history is its own, docs/security.md). What is read back is still checked entry by entry.
+
+On an Airflow without the store (before 3.3) the history cannot travel between tries: each try runs on the task's
+own resources, and the log says so.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-VARIABLE_PREFIX = "airflow_gpu_provider.oom."
+from airflow_gpu_provider.runtime import protocol
+
+KEY = "airflow_gpu_provider.oom_history"
+KINDS = frozenset({protocol.GPU_OOM, protocol.HOST_OOM, protocol.ERROR, "success"})
+MAX_ENTRIES = 100  # more tries than any task has: the rest is not a history
+log = logging.getLogger(__name__)
 
 
-def variable_key(labels: Mapping[str, str]) -> str:
-    """The Variable of one task instance's history (any length of ids, one key of bounded length)."""
-    identity = json.dumps([labels.get(k, "") for k in ("dag_id", "run_id", "task_id", "map_index")])
-    return VARIABLE_PREFIX + hashlib.sha256(identity.encode()).hexdigest()[:32]
+def _entry(value: Any, before: int) -> dict[str, Any] | None:
+    """One entry as a try recorded it (``tries.record``), or ``None``."""
+    if not isinstance(value, dict) or value.get("kind") not in KINDS:
+        return None
+    number, memory = value.get("try"), value.get("gpu_memory")
+    if isinstance(number, bool) or not isinstance(number, int) or not 0 < number < before:
+        return None
+    if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int) or memory <= 0):
+        return None
+    return value
 
 
-def load(labels: Mapping[str, str]) -> list[dict[str, Any]]:
-    """The history of the task instance's earlier tries (empty for the first)."""
-    from airflow.sdk import Variable
+def load(state_store: Any, try_number: int) -> list[dict[str, Any]]:
+    """The history of the task instance's earlier tries (empty for the first, or without a store).
 
-    stored = Variable.get(variable_key(labels), default=None, deserialize_json=True)
-    return list(stored.get("tries", [])) if isinstance(stored, dict) else []
+    :param state_store: ``context["task_state_store"]`` (``None`` before Airflow 3.3)
+    :param try_number: this try's number: entries of later tries are not history
+    """
+    if state_store is None:
+        if try_number > 1:
+            log.warning("[gpu] no task state store (Airflow < 3.3): this try cannot know how the earlier ones ended")
+        return []
+    stored = state_store.get(KEY, default=None)
+    entries = stored if isinstance(stored, list) else []
+    history = [entry for entry in (_entry(value, try_number) for value in entries[:MAX_ENTRIES]) if entry]
+    if len(history) != len(entries):
+        log.warning("[gpu] %d entries of the OOM history are not the provider's and were ignored", len(entries))
+    return history
 
 
-def save(labels: Mapping[str, str], history: Sequence[Mapping[str, Any]]) -> None:
+def save(state_store: Any, history: Sequence[Mapping[str, Any]]) -> None:
     """Keep the history for the next try, wherever it runs."""
-    from airflow.sdk import Variable
-
-    ids = {k: labels.get(k) for k in ("dag_id", "run_id", "task_id", "map_index")}
-    Variable.set(variable_key(labels), {**ids, "tries": list(history)}, serialize_json=True)
+    if state_store is not None:
+        state_store.set(KEY, [dict(entry) for entry in history])
 
 
-def forget(labels: Mapping[str, str]) -> None:
+def forget(state_store: Any) -> None:
     """The task succeeded: its history is no longer needed."""
-    from airflow.sdk import Variable
-
-    Variable.delete(variable_key(labels))
+    if state_store is not None:
+        state_store.delete(KEY)

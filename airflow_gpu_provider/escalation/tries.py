@@ -1,9 +1,9 @@
 """Retries that learn from out-of-memory failures: which rung of its ``on_oom`` ladder a try runs on, and why.
 
-The history of a task's tries (what each ran with and how it ended) decides the rung. It lives in Airflow's metadata
-DB as a Variable, through the Task SDK: the next try may run on another worker host, and a task instance's XComs
-are cleared when its next try starts. The Variable is deleted when the task succeeds; the whole history then goes
-to XCom under :data:`XCOM_KEY`. :func:`rung_for` and :func:`record` are pure; :mod:`.store` does the I/O.
+The history of a task's tries (what each ran with and how it ended) decides the rung. It lives in the task
+instance's task state store (:mod:`.store`): the next try may run on another worker host, and a task instance's
+XComs are cleared when its next try starts. It is deleted when the task succeeds; the whole history then goes to
+XCom under :data:`XCOM_KEY`. :func:`rung_for` and :func:`record` are pure; :mod:`.store` does the I/O.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from airflow_gpu_provider.exceptions import (
 from airflow_gpu_provider.settings import ResourceSettings
 from airflow_gpu_provider.settings.escalation import OomEscalation
 from airflow_gpu_provider.settings.units import format_bytes
+from airflow_gpu_provider.task.labels import task_labels
 
 XCOM_KEY = "gpu_escalation"
 # how a try ended: the runtime's error kinds, as the worker's exceptions carry them
@@ -93,20 +94,22 @@ def record(tries: int, resources: ResourceSettings, error: BaseException | None)
 class Tries:
     """One task instance's tries under an ``on_oom`` ladder, seen from the try that runs now.
 
-    :param stored: whether the history lives in a Variable (a real try) or was given (rendering a later try)
+    :param state_store: the task instance's task state store (``None``: the history was given, to render a later try)
     """
 
     on_oom: OomEscalation
     labels: Mapping[str, str]
     history: list[dict[str, Any]]
     number: int  # this try's number
-    stored: bool = True
+    state_store: Any = None
 
     @classmethod
-    def start(cls, on_oom: OomEscalation, labels: Mapping[str, str]) -> Tries:
-        """The tries so far, from the metadata DB."""
-        history = store.load(labels)
-        return cls(on_oom, labels, history, int(labels.get("try_number") or len(history) + 1))
+    def start(cls, on_oom: OomEscalation, context: Mapping[str, Any]) -> Tries:
+        """The tries so far, from the task instance's task state store (``store.py``)."""
+        labels = task_labels(context["ti"])
+        number = int(labels.get("try_number") or 1)
+        state_store = context.get("task_state_store")
+        return cls(on_oom, labels, store.load(state_store, number), number, state_store)
 
     @classmethod
     def after(cls, on_oom: OomEscalation, labels: Mapping[str, str], kinds: Sequence[str]) -> Tries:
@@ -115,7 +118,7 @@ class Tries:
         if unknown:
             raise InvalidSettingError("render_manifests", "after", list(kinds), f"unknown {unknown}", KINDS)
         history = [{"try": n, "kind": kind} for n, kind in enumerate(kinds, 1)]
-        return cls(on_oom, labels, history, len(history) + 1, stored=False)
+        return cls(on_oom, labels, history, len(history) + 1)
 
     def rung(self, resources: ResourceSettings) -> Rung:
         """The rung of this try, for the task's own (rendered) ``resources``."""
@@ -128,8 +131,8 @@ class Tries:
         """
         earlier = bool(self.history)
         self.history.append(record(self.number, resources, error))
-        if self.stored and error is not None:
-            store.save(self.labels, self.history)
-        elif self.stored and earlier:
-            store.forget(self.labels)
+        if error is not None:
+            store.save(self.state_store, self.history)
+        elif earlier:
+            store.forget(self.state_store)
         return {"on_oom": self.on_oom.describe(), "tries": self.history}

@@ -12,6 +12,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_gpu_provider.checkpoint.mixin import CheckpointMixin
 from airflow_gpu_provider.exceptions import GpuUnavailableError, InvalidSettingError, RemoteTaskError
 from airflow_gpu_provider.operators.spec import TaskSpec, beside_spec, is_template
+from airflow_gpu_provider.policy.secrets import MasksCredentials
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.settings.image import check_environment
 from airflow_gpu_provider.task.callable import (
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from airflow_gpu_provider.task.request import TaskRequest
 
 
-class GpuStepOperator(CheckpointMixin, LineageMixin, BaseOperator):
+class GpuStepOperator(MasksCredentials, CheckpointMixin, LineageMixin, BaseOperator):
     """Run a Python callable or a command on GPUs, on the local, Docker or Kubernetes backend.
 
     Declare resources once (``resources=ResourceSettings(...)`` or the shortcuts) and the backend maps them:
@@ -238,12 +239,11 @@ class GpuStepOperator(CheckpointMixin, LineageMixin, BaseOperator):
         """Plan the task on its backend and run it; the callable's return value goes to XCom."""
         from airflow_gpu_provider.config.worker import GpuConfig
         from airflow_gpu_provider.escalation import tries as escalation
-        from airflow_gpu_provider.task.labels import task_labels
         from airflow_gpu_provider.telemetry import report
 
         conf = GpuConfig.read()
         spec = self.rendered_spec()
-        tries = escalation.Tries.start(spec.on_oom, task_labels(context["ti"])) if spec.on_oom is not None else None
+        tries = escalation.Tries.start(spec.on_oom, context) if spec.on_oom is not None else None
         request = self.task_request(context, spec, conf, tries)
         backend = spec.info.backend_class()(spec.options, log=self.log)
         self.log.info(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .protocol import CHECKPOINT_ENV, CHECKPOINT_URI_ENV, PREFIX, RESUME_FROM_ENV, RESUME_STEP_ENV
+from .protocol import CHECKPOINT_ENV, CHECKPOINT_URI_ENV, PREFIX, RESUME_FROM_ENV, RESUME_STEP_ENV, redact
 
 CHECKPOINT_MARKER = "random_states_0.pkl"  # the last file accelerator.save_state writes (process 0's RNG states)
 
@@ -56,19 +56,20 @@ def prepare_checkpoint(envelope: dict[str, Any]) -> None:
         return
     if "://" not in folder:
         os.makedirs(folder, exist_ok=True)
-    print(f"{PREFIX} checkpoint folder ({CHECKPOINT_ENV}): {folder}", flush=True)
+    print(f"{PREFIX} checkpoint folder ({CHECKPOINT_ENV}): {redact(folder)}", flush=True)
     if not envelope.get("resume"):
         return
     if "://" in folder:
         try:
             folder = stage_from_uri(folder)
         except Exception as exc:  # noqa: BLE001 - no fsspec, no credentials: the task starts afresh, and says why
-            print(f"{PREFIX} resume: cannot read {folder} ({type(exc).__name__}: {exc}); fsspec and the store's "
-                  "credentials must be in the task's environment. Starting afresh", flush=True)  # fmt: skip
+            why = redact(f"{folder} ({type(exc).__name__}: {exc})")  # an error may repeat the URI's keys
+            print(f"{PREFIX} resume: cannot read {why}; fsspec and the store's credentials must be in the task's "
+                  "environment. Starting afresh", flush=True)  # fmt: skip
             return
     found = newest_checkpoint(folder)
     if found is None:
-        print(f"{PREFIX} resume: no checkpoint in {folder} yet, so the task starts afresh", flush=True)
+        print(f"{PREFIX} resume: no checkpoint in {redact(folder)} yet, so the task starts afresh", flush=True)
         return
     path, number = found
     os.environ[RESUME_FROM_ENV] = path
@@ -120,7 +121,7 @@ def stage_from_uri(uri: str) -> str:
     if found:
         _, name, sub, remote = max(found)
         fs.get(f"{remote}/", f"{os.path.join(stage, sub, name)}/", recursive=True)
-        print(f"{PREFIX} resume: downloaded {uri.rstrip('/')}/{os.path.join(sub, name)}", flush=True)
+        print(f"{PREFIX} resume: downloaded {redact(uri.rstrip('/'))}/{os.path.join(sub, name)}", flush=True)
     os.environ[CHECKPOINT_ENV], os.environ[CHECKPOINT_URI_ENV] = stage, uri
     print(f"{PREFIX} checkpoint folder staged locally ({CHECKPOINT_ENV}): {stage}", flush=True)
     return stage
@@ -141,7 +142,8 @@ def upload_saves() -> None:
         import fsspec
         from accelerate import Accelerator
     except Exception as exc:  # noqa: BLE001 - the function reports its own import errors
-        print(f"{PREFIX} checkpoints stay in {stage}, not uploaded to {uri}: {type(exc).__name__}: {exc}", flush=True)
+        why = redact(f"{uri}: {type(exc).__name__}: {exc}")
+        print(f"{PREFIX} checkpoints stay in {stage}, not uploaded to {why}", flush=True)
         return
     original = Accelerator.save_state
 
@@ -153,7 +155,7 @@ def upload_saves() -> None:
         if self.is_local_main_process and not relative.startswith(".."):
             fs, root = fsspec.core.url_to_fs(uri)
             fs.put(f"{saved}/", f"{root.rstrip('/')}/{relative}/", recursive=True)
-            print(f"{PREFIX} uploaded {relative} to {uri}", flush=True)
+            print(f"{PREFIX} uploaded {relative} to {redact(uri)}", flush=True)
         self.wait_for_everyone()
         return saved
 

@@ -137,10 +137,17 @@ class InstallError(RuntimeError):
 
 
 def redact(text: str) -> str:
-    """``text`` with the credentials of every URL in it replaced: ``https://***@host/...``."""
+    """``text`` with the credentials of every URL in it replaced: ``https://***@host/...``.
+
+    What goes: from ``://`` to the last ``@`` of the same word (a secret with a ``/``, as cloud keys have), and to
+    the last ``@`` before the next ``/`` (a mistyped URL with a space, ``https://user:to ken@host``): nothing of
+    the credentials is left, at the cost of hiding a little more than them now and then.
+    """
     import re
 
-    return re.sub(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@", r"\g<scheme>***@", text)
+    scheme = r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)"
+    text = re.sub(scheme + r"\S*@", r"\g<scheme>***@", text)
+    return re.sub(scheme + r"[^/\n]*@", r"\g<scheme>***@", text)
 
 
 def uv_ca_variable(uv_version: str) -> str:

@@ -7,6 +7,7 @@ Kubernetes: the requirements installed by an init container, or the derived imag
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -56,6 +57,8 @@ def _check_location(name: str, value: str, *, paths: bool) -> None:
     accepted = "an http(s) or file:// URL" + (", or an absolute directory path" if paths else "")
     if not isinstance(value, str) or not value.strip():
         raise _invalid(name, value, "expected a URL", accepted)
+    if any(char.isspace() for char in value):  # "https://h/simple\n" or a pasted space: another URL than meant
+        raise _invalid(name, value, "a URL holds no white space", accepted)
     try:
         parsed = urlparse(value)
     except ValueError as err:  # "https://[::1/simple": an unclosed IPv6 host
@@ -67,7 +70,7 @@ def _check_location(name: str, value: str, *, paths: bool) -> None:
     raise _invalid(name, value, "not a URL" + (" or an absolute path" if paths else ""), accepted)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ImageSettings:
     """Software environment of a task. Immutable; checked when built.
 
@@ -138,6 +141,13 @@ class ImageSettings:
         put("find_links", _string_tuple("find_links", self.find_links, "a list of directories or URLs"))
         for link in self.find_links:
             _check_location("find_links", link, paths=True)
+
+    def __repr__(self) -> str:
+        """The settings, the credentials of their URLs redacted (a repr reaches logs and the serialized DAG)."""
+        from airflow_gpu_provider.runtime.protocol import redact
+
+        fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+        return redact(f"ImageSettings({fields})")
 
     @property
     def install_options(self) -> dict[str, Any]:

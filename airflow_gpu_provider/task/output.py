@@ -2,13 +2,16 @@ r"""A task's output as log lines, for the local and Docker backends: bounded mem
 
 Output arrives in pieces that do not end at line ends. Lines end at ``\n``; a line longer than ``max_line`` bytes
 is logged in pieces (one huge line never sits whole in the worker's memory); a ``\r``-only update (a tqdm progress
-bar) is logged too, at most once a ``progress_interval``, and the last one before a real line end always is.
+bar) is logged too, at most once a ``progress_interval``, and the last one before a real line end always is. The
+credentials of every URL in a line are redacted (rule: no credential reaches a log; ``policy/secrets.py``).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+
+from airflow_gpu_provider.runtime.protocol import redact
 
 MAX_LINE = 8192
 PROGRESS_INTERVAL = 1.0
@@ -66,7 +69,7 @@ class LineSplitter:
 
 
 def _text(data: bytes) -> str:
-    return data.decode(errors="replace").rstrip()
+    return redact(data.decode(errors="replace").rstrip())
 
 
 def stream(read: Callable[[], bytes], emit: Callable[[str], object], splitter: LineSplitter | None = None) -> None:

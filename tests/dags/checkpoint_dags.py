@@ -164,3 +164,15 @@ with DAG(
 ):
     gpu_task(task_id="local_root", checkpoint="{{ params.root }}")(write_checkpoint)("False")
     gpu_task(task_id="uri_root", checkpoint="{{ params.uri }}")(write_checkpoint)("{{ params.fail }}")
+
+
+def shows_its_folder() -> str:
+    import os
+
+    print("my folder:", os.environ.get("AIRFLOW_GPU_CHECKPOINT_DIR"))
+    return "done"
+
+
+# M4: a checkpoint URI with keys in it, as a DAG author may write one (an allowed root, set by the test)
+with DAG("checkpoint_credentials", schedule=None, start_date=START, params={"root": ""}):
+    gpu_task(task_id="keyed", checkpoint="{{ params.root }}", backend="local")(shows_its_folder)()

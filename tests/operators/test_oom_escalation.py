@@ -24,11 +24,23 @@ def two_models(monkeypatch: pytest.MonkeyPatch, state_dir) -> None:
 
 
 def _stored(dag_run, task_id: str) -> list[dict]:
-    """The history kept in the metadata DB for the task's next try (empty when none is kept)."""
-    from airflow.models.variable import Variable
+    """The history kept in the task instance's task state store for its next try (empty when none is kept)."""
+    import json
 
-    labels = {"dag_id": dag_run.dag_id, "run_id": dag_run.run_id, "task_id": task_id, "map_index": "-1"}
-    return Variable.get(store.variable_key(labels), default_var={"tries": []}, deserialize_json=True)["tries"]
+    from airflow.models.task_state_store import TaskStateStoreModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        value = session.scalar(
+            select(TaskStateStoreModel.value).where(
+                TaskStateStoreModel.dag_id == dag_run.dag_id,
+                TaskStateStoreModel.run_id == dag_run.run_id,
+                TaskStateStoreModel.task_id == task_id,
+                TaskStateStoreModel.key == store.KEY,
+            )
+        )
+    return [] if value is None else json.loads(value)
 
 
 def test_a_gpu_oom_retries_on_the_next_accelerator_of_the_ladder(capfd):
