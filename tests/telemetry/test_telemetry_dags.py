@@ -142,3 +142,20 @@ def test_a_bad_price_list_costs_the_cost_only(capfd, monkeypatch):
     assert profile["cost"] is None and profile["samples"] >= 1
     out = capfd.readouterr()
     assert "No cost in the profile: [gpu] prices: 'A100' is not MODEL=PRICE" in out.out + out.err
+
+
+def test_the_gpus_page_reads_the_profiles_of_gpu_tasks_only():
+    """Low: any task could forge fleet telemetry by pushing a gpu_profile XCom."""
+    from airflow.utils.session import create_session
+
+    from airflow_gpu_provider.telemetry.ui.format import TaskKey
+    from airflow_gpu_provider.telemetry.ui.store import recent_profiles, task_profile
+
+    dr = run_dag(load_dag(DAG_FILE, "forged_profile"))
+    assert task_states(dr) == {"forger": "success", "real": "success"}
+    assert xcom(dr, "forger", "gpu_profile")["host"] == "forged-host"  # the row is there...
+    with create_session() as session:
+        rows = recent_profiles(session, {"forged_profile"})
+        assert [row.key.task_id for row in rows] == ["real"]  # ...and the page does not read it
+        assert task_profile(session, TaskKey("forged_profile", dr.run_id, "forger")) is None
+        assert task_profile(session, TaskKey("forged_profile", dr.run_id, "real")) is not None

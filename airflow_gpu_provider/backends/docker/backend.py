@@ -188,9 +188,10 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
                 except APIError as err:
                     if NO_GPU_RUNTIME in str(err.explanation):
                         raise _NoGpuRuntime(err.explanation) from None
+                    missing = "executable file not found" in str(err.explanation)  # the image has no python3
+                    hint = " The image needs python3 on its PATH." if missing else ""
                     raise GpuTaskError(
-                        f"Docker could not start the task container from {image}: {err.explanation}. The image "
-                        "needs python3 on its PATH."
+                        f"Docker could not start the task container from {image}: {err.explanation}.{hint}"
                     ) from None
                 started = True
                 keeper = self._keep_locks(client, container_id)

@@ -7,7 +7,7 @@ JSON the database already decoded). A custom XCom backend that keeps values else
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow.models.taskinstance import TaskInstance
 from airflow.models.xcom import XComModel
@@ -21,12 +21,28 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
 RECENT_LIMIT = 200
+#: The operators that push a profile. Any task may push an XCom under ``gpu_profile``: the pages read only those of
+#: GPU tasks (rule: fleet telemetry comes from GPU tasks; docs/security.md says what a task's own code can still do).
+GPU_OPERATORS = ("GpuStepOperator", "AccelerateOperator", "_GpuDecoratedOperator", "_AccelerateDecoratedOperator")
+GPU_DECORATOR = "@task.gpu"
+
+
+def _of_gpu_tasks() -> Any:
+    """The join with the task instance whose operator is a GPU one."""
+    return (
+        (TaskInstance.dag_id == XComModel.dag_id)
+        & (TaskInstance.run_id == XComModel.run_id)
+        & (TaskInstance.task_id == XComModel.task_id)
+        & (TaskInstance.map_index == XComModel.map_index)
+        & (TaskInstance.operator.in_(GPU_OPERATORS) | (TaskInstance.custom_operator_name == GPU_DECORATOR))
+    )
 
 
 def task_profile(session: Session, key: TaskKey) -> Profile | None:
     """The profile of a task instance's latest try, or None."""
     row = session.execute(
         select(XComModel.value)
+        .join(TaskInstance, _of_gpu_tasks())
         .where(
             XComModel.dag_id == key.dag_id,
             XComModel.run_id == key.run_id,
@@ -65,6 +81,7 @@ def recent_profiles(session: Session, dag_ids: Collection[str], limit: int = REC
             XComModel.timestamp,
             XComModel.value,
         )
+        .join(TaskInstance, _of_gpu_tasks())
         .where(XComModel.key == XCOM_KEY, XComModel.dag_id.in_(sorted(dag_ids)))
         .order_by(XComModel.timestamp.desc())
         .limit(limit)
