@@ -38,14 +38,14 @@ def _names(text: str) -> frozenset[str]:
 
 
 def _paths(option: str, text: str) -> tuple[str, ...]:
-    from airflow_gpu_provider.policy.paths import UnsafePathError, components
+    from airflow_gpu_provider.policy.paths import UnsafePathError, canonical
 
     roots = []
     for part in filter(None, (item.strip() for item in text.split(","))):
         root = part
         if "://" not in part:
             try:
-                root = "/" + "/".join(components(part))
+                root = canonical(part)
             except UnsafePathError as err:
                 raise ValueError(f"[gpu] {option}: {part!r} is not an absolute path ({err.problem})") from None
         roots.append(root.rstrip("/") or "/")
@@ -66,8 +66,10 @@ def _mount_roots(text: str) -> tuple[MountRoot, ...]:
         (clean,) = _paths("allowed_mount_roots", path)
         if clean == "/":
             raise ValueError("[gpu] allowed_mount_roots: '/' would give tasks the whole host")
+        if any(root.path == clean and root.writable != (mode == "rw") for root in roots):
+            raise ValueError(f"[gpu] allowed_mount_roots: {clean} is listed both read-only and read-write")
         roots.append(MountRoot(clean, mode == "rw"))
-    return tuple(roots)
+    return tuple(sorted(set(roots), key=lambda root: -len(root.path)))  # the most specific root first
 
 
 class Policy(NamedTuple):

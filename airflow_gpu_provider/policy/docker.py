@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from airflow_gpu_provider.policy import Policy, PolicyError
-from airflow_gpu_provider.policy.paths import UnsafePathError, beneath, components, stable
+from airflow_gpu_provider.policy.paths import UnsafePathError, beneath, canonical, stable
 
 # Whoever reaches these controls the host: never mounted, even read-only, nor any folder that holds one.
 RUNTIME_CONTROL: tuple[str, ...] = (
@@ -53,13 +53,13 @@ def root_problem(path: str, policy: Policy) -> str | None:
 def _mount_problem(source: str, *, writable: bool, policy: Policy) -> tuple[str, str] | None:
     """``(reason, option)`` when a bind mount of ``source`` is not allowed, by its name; ``None`` when it is."""
     try:
-        path = "/" + "/".join(components(source))
+        path = canonical(source)
     except UnsafePathError as err:
         return err.problem, "allowed_mount_roots"
     problem = root_problem(path, policy)
     if problem:
         return problem, "allowed_mount_roots"
-    for root in policy.mount_roots:
+    for root in policy.mount_roots:  # the most specific root that holds the path decides
         if not beneath(path, root.path):
             continue
         if writable and not root.writable:

@@ -52,6 +52,11 @@ def components(path: str) -> list[str]:
     return parts
 
 
+def canonical(path: str) -> str:
+    """``path`` as the policy checks it and the engine gets it: ``//data/x/`` is ``/data/x`` (see :func:`components`)."""
+    return "/" + "/".join(components(path))
+
+
 def _check_folder(where: str, info: os.stat_result) -> None:
     """A directory on the way: the worker's or root's, writable by no one else unless sticky."""
     if not stat.S_ISDIR(info.st_mode):

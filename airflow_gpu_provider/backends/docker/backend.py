@@ -231,20 +231,12 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
 
     def _create(self, client: Any, kwargs: dict[str, Any], files: TaskFiles, plan: DockerPlan) -> str:
         """Create the container with the worker folder mounted, or without it where the engine cannot see it."""
-        labels = {WORKER_LABEL: worker_identity(), AUTO_REMOVE_LABEL: plan.options.auto_remove}
-        kwargs = {**kwargs, "labels": {**kwargs["labels"], **labels}}
-        host_config = kwargs.pop("host_config")
         files.mounted = plan.options.mount_tmp_dir
         while True:
-            mounts = [*host_config.get("mounts", []), *([files.mount] if files.mounted else [])]
-            # the final object: the whole create call, after every merge, against the worker's [gpu] policy
-            location = plan.request.checkpoint
-            own = [str(files.path), *([] if location is None or location.is_uri else [location.path])]
-            policy = plan.policy or Policy.current()
-            check_container(kwargs, {**host_config, "mounts": mounts}, policy, provider_sources=own)
+            create, host_config = self.final_call(kwargs, files, plan)
             try:
-                config_ = client.create_host_config(**{**host_config, "mounts": mounts or None})
-                return str(client.create_container(host_config=config_, **kwargs)["Id"])
+                config_ = client.create_host_config(**{**host_config, "mounts": host_config["mounts"] or None})
+                return str(client.create_container(host_config=config_, **create)["Id"])
             except APIError as err:
                 if files.mounted and str(files.path) in str(err.explanation):
                     self.log.warning(
@@ -258,6 +250,25 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
                 raise GpuTaskError(
                     f"Docker could not create the task container from {kwargs['image']}: {err.explanation}"
                 ) from None
+
+    @staticmethod
+    def final_call(
+        kwargs: dict[str, Any], files: TaskFiles, plan: DockerPlan
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The whole create call, after every merge: ``(create_container arguments, host config arguments)``.
+
+        Checked against the worker's ``[gpu]`` policy (:func:`~airflow_gpu_provider.policy.docker.check_container`)
+        before it is returned: nothing reaches the engine that the policy refuses.
+        """
+        labels = {WORKER_LABEL: worker_identity(), AUTO_REMOVE_LABEL: plan.options.auto_remove}
+        create = {**kwargs, "labels": {**kwargs["labels"], **labels}}
+        host_config = create.pop("host_config")
+        mounts = [*host_config.get("mounts", []), *([files.mount] if files.mounted else [])]
+        host_config = {**host_config, "mounts": mounts}
+        location = plan.request.checkpoint
+        own = [str(files.path), *([] if location is None or location.is_uri else [location.path])]
+        check_container(create, host_config, plan.policy or Policy.current(), provider_sources=own)
+        return create, host_config
 
     def _files(self, plan: DockerPlan, image: str, cpu_fallback: bool) -> dict[str, bytes]:
         """The runtime and the envelope (with the resource summary the runtime prints first)."""

@@ -15,6 +15,7 @@ from airflow_gpu_provider.checkpoint.location import CHECKPOINT_MOUNT, checkpoin
 from airflow_gpu_provider.host.allocator import HostGpus
 from airflow_gpu_provider.policy import Policy
 from airflow_gpu_provider.policy.docker import WORKER_USER
+from airflow_gpu_provider.policy.paths import canonical
 from airflow_gpu_provider.settings.units import parse_bytes
 from airflow_gpu_provider.task.environment import with_user_environment
 from airflow_gpu_provider.task.labels import PROVIDER, docker_label
@@ -107,7 +108,7 @@ def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig
     if options.network_mode is not None:
         host_config["network_mode"] = options.network_mode
     mounts = [
-        {"Target": m["target"], "Source": m.get("source", ""), "Type": m.get("type", "bind"),
+        {"Target": m["target"], "Source": _source(m), "Type": m.get("type", "bind"),
          "ReadOnly": bool(m.get("read_only", False))}
         for m in options.mounts
     ]  # fmt: skip
@@ -137,6 +138,12 @@ def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig
         notes=notes,
         policy=Policy.of(conf),
     )
+
+
+def _source(mount: dict[str, Any]) -> str:
+    """A bind source as the policy checked it (``//data/`` is ``/data``): the engine gets no other name."""
+    source = str(mount.get("source", ""))
+    return canonical(source) if mount.get("type", "bind") == "bind" else source
 
 
 def checkpoint_mount(
