@@ -53,7 +53,7 @@ def components(path: str) -> list[str]:
 
 
 def canonical(path: str) -> str:
-    """``path`` as the policy checks it and the engine gets it: ``//data/x/`` is ``/data/x`` (see :func:`components`)."""
+    """``path`` as the policy checks it and the engine gets it: ``//data/x/`` is ``/data/x`` (:func:`components`)."""
     return "/" + "/".join(components(path))
 
 

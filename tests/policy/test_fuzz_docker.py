@@ -12,9 +12,9 @@ Derandomized: the same 5000 cases on every run.
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
 import os
 import posixpath
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any

@@ -252,9 +252,7 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
                 ) from None
 
     @staticmethod
-    def final_call(
-        kwargs: dict[str, Any], files: TaskFiles, plan: DockerPlan
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
+    def final_call(kwargs: dict[str, Any], files: TaskFiles, plan: DockerPlan) -> tuple[dict[str, Any], dict[str, Any]]:
         """The whole create call, after every merge: ``(create_container arguments, host config arguments)``.
 
         Checked against the worker's ``[gpu]`` policy (:func:`~airflow_gpu_provider.policy.docker.check_container`)
