@@ -14,7 +14,7 @@ class InvalidSettingError(ValueError):
     """A setting has a bad value. Raised at DAG parse time, before anything starts."""
 
     def __init__(self, owner: str, field: str, value: object, reason: str, accepted: str | None = None) -> None:
-        from airflow_gpu_provider.runtime.protocol import redact  # rule: credentials never reach an import error
+        from airflow_gpu_provider.runtime.protocol import redact  # rule S1: no credential in an import error
 
         self.owner, self.field, self.value, self.reason, self.accepted = owner, field, value, reason, accepted
         message = f"{owner}: {field}={value!r} is invalid: {reason}"

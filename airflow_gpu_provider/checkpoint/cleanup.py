@@ -6,7 +6,7 @@ the deployment's ``[gpu]`` section allows (read here, in the scheduler), and rem
 a local root's folder only when it is the provider's (marked for this run, reached without following links; a
 worker-local state dir on another host stays, and goes with the state dir), a URI root's through Airflow's
 ``ObjectStoragePath`` (fsspec; an ``s3://conn_id@bucket/...`` root, as the admin listed it, uses that connection).
-Never raises.
+Rules A1 and F2 of docs/security.md: a DAG's code and a run id never choose what the scheduler deletes. Never raises.
 """
 
 from __future__ import annotations

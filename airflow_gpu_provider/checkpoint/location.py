@@ -159,7 +159,7 @@ def task_location(
     if root is False:
         return None
     if isinstance(root, str):
-        permitted(owner, "checkpoint", root, Policy.of(conf))  # rule: a DAG author never picks a folder of their own
+        permitted(owner, "checkpoint", root, Policy.of(conf))  # rule F3
     return location(root if isinstance(root, str) else default_root(conf), labels)
 
 

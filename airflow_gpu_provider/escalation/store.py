@@ -3,7 +3,7 @@
 The next try may run on another worker host, and a task instance's XComs are cleared when its next try starts, so
 the history goes to the metadata DB, in the task state store of the task instance itself: visible in its Task State
 Store tab, deleted when the task succeeds, and written by nothing but that task instance — another DAG cannot forge
-it (rule: a task's history is its own, docs/security.md). What is read back is still checked entry by entry.
+it (rule T2 of docs/security.md). What is read back is still checked entry by entry.
 
 On an Airflow without the store (before 3.3) the history cannot travel between tries: each try runs on the task's
 own resources, and the log says so.

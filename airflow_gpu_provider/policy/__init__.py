@@ -60,7 +60,7 @@ class MountRoot(NamedTuple):
 
 
 def _mount_roots(text: str) -> tuple[MountRoot, ...]:
-    roots = []
+    roots: list[MountRoot] = []
     for part in filter(None, (item.strip() for item in text.split(","))):
         path, _, mode = part.rpartition(":") if part.endswith((":ro", ":rw")) else (part, "", "ro")
         (clean,) = _paths("allowed_mount_roots", path)

@@ -1,6 +1,6 @@
 """Where a task may keep checkpoints, and which of them the provider may delete.
 
-Rules (docs/security.md): a task's checkpoint root is ``[gpu] checkpoint_root`` (or the state dir's
+Rules F3 and F2 of docs/security.md: a task's checkpoint root is ``[gpu] checkpoint_root`` (or the state dir's
 ``checkpoints``), or a root of ``[gpu] allowed_checkpoint_roots`` (or beneath one): a DAG author never chooses a
 folder or bucket of their own. A task's folder is made without following links, by the worker, private to it, with
 the provider's marker in its run folder; the scheduler deletes a successful run's folder only beneath an allowed

@@ -1,6 +1,6 @@
 """The container a Docker task may get: checked on the options at DAG parse, and on the whole create call.
 
-Rules (docs/security.md): a task gets no privilege and no capability the admin did not list; it runs as the
+Rules D1-D5 of docs/security.md: a task gets no privilege and no capability the admin did not list; it runs as the
 worker's own user unless the admin lists another; it joins no host namespace and no other container's; it sees the
 devices of its GPUs only; it mounts host folders only beneath ``[gpu] allowed_mount_roots``, by paths no one but
 root and the worker can redirect, never the runtime's sockets or the system's folders, never what tasks may write to
@@ -80,7 +80,7 @@ def check_options(owner: str, options: Any, policy: Policy) -> None:
     """
     for mount in options.mounts:
         kind = mount.get("type", "bind")
-        if kind == "bind":
+        if kind == "bind":  # rule D5
             found = _mount_problem(mount["source"], writable=not mount.get("read_only"), policy=policy)
             if found:
                 raise PolicyError(owner, "backend_options['mounts']", mount, found[0], option=found[1],
@@ -89,7 +89,7 @@ def check_options(owner: str, options: Any, policy: Policy) -> None:
             raise PolicyError(owner, "backend_options['mounts']", mount, "a named volume the deployment does not list",
                               option="allowed_volumes", allow=_listed(policy.volumes))  # fmt: skip
     _check_listed(owner, "cap_add", options.cap_add, policy.capabilities, "allowed_capabilities", upper=True)
-    if options.user is not None and not user_allowed(str(options.user), policy):
+    if options.user is not None and not user_allowed(str(options.user), policy):  # rule D2
         raise PolicyError(
             owner,
             "backend_options['user']",
@@ -99,7 +99,7 @@ def check_options(owner: str, options: Any, policy: Policy) -> None:
             allow=f"the worker's own ({worker_user()}), {_listed(policy.users)}",
         )
     _check_listed(owner, "group_add", options.group_add or (), policy.groups | DEVICE_GROUPS, "allowed_groups")
-    for field, value, allowed, option in (
+    for field, value, allowed, option in (  # rule D3
         ("network_mode", options.network_mode, policy.network_modes, "allowed_network_modes"),
         ("ipc_mode", options.ipc_mode, policy.ipc_modes, "allowed_ipc_modes"),
     ):
@@ -122,7 +122,7 @@ def _check_listed(
 ) -> None:
     for value in values:
         name = str(value).upper().removeprefix("CAP_") if upper else str(value)
-        if name == "ALL" or name not in allowed:  # rule: nothing privileged; ALL is never a default
+        if name == "ALL" or name not in allowed:  # rules D1, D4: ALL is never a default
             raise PolicyError(owner, f"backend_options[{field!r}]", value, "not in the deployment's list",
                               option=option, allow=_listed(allowed))  # fmt: skip
 
@@ -138,7 +138,7 @@ def _roots(policy: Policy) -> str:
 def check_container(
     create: Mapping[str, Any], host_config: Mapping[str, Any], policy: Policy, *, provider_sources: Sequence[str]
 ) -> None:
-    """The final object: the whole ``create_container`` call meets ``policy``, or nothing is created.
+    """The final object: the whole ``create_container`` call meets ``policy``, or nothing is created (rule A2).
 
     Run on the worker just before the container is created, with the worker's own ``[gpu]`` section, after every
     merge (the image's user aside: the provider sets one). Bind sources are resolved again on this host, without
@@ -152,12 +152,12 @@ def check_container(
         return UnsafePathError(f"the task container's {what}={value!r}", "the deployment's [gpu] policy forbids it")
 
     for key in ("privileged", "oom_kill_disable"):
-        if host_config.get(key):  # rule: nothing privileged
+        if host_config.get(key):  # rule D1
             raise refuse(key, host_config[key])
     for key in ("pid_mode", "userns_mode", "uts_mode", "cgroupns", "volumes_from", "links", "sysctls", "binds"):
-        if host_config.get(key):
+        if host_config.get(key):  # rule D3 (binds: every mount goes through the checked mounts list, rule D5)
             raise refuse(key, host_config[key])
-    if list(host_config.get("cap_drop") or []) != ["ALL"]:
+    if list(host_config.get("cap_drop") or []) != ["ALL"]:  # rule D1
         raise refuse("cap_drop", host_config.get("cap_drop"))
     for capability in host_config.get("cap_add") or []:
         name = str(capability).upper().removeprefix("CAP_")
@@ -170,7 +170,7 @@ def check_container(
         mode = host_config.get(mode_key)
         if mode not in (None, "", "default") and mode not in allowed:
             raise refuse(mode_key, mode)
-    for device in host_config.get("devices") or []:
+    for device in host_config.get("devices") or []:  # rule D4
         if str(device).split(":")[0] not in DEVICE_PATHS:
             raise refuse("devices", device)
     for group in host_config.get("group_add") or []:
@@ -180,13 +180,14 @@ def check_container(
         if [list(c) for c in (request.get("capabilities") or [])] != [["gpu"]]:
             raise refuse("device_requests", request)
     user = str(create.get("user") or "")
-    if not user or not user_allowed(user, policy):
+    if not user or not user_allowed(user, policy):  # rule D2
         raise refuse("user", user or "the image's own")
     for mount in host_config.get("mounts") or []:
         _check_final_mount(mount, policy, provider_sources)
 
 
 def _check_final_mount(mount: Mapping[str, Any], policy: Policy, provider_sources: Sequence[str]) -> None:
+    """Rule D5 on one mount of the create call, and rule F1 on its source."""
     kind, source = mount.get("Type", "bind"), str(mount.get("Source") or "")
     if kind == "tmpfs":
         return
@@ -202,4 +203,4 @@ def _check_final_mount(mount: Mapping[str, Any], policy: Policy, provider_source
     found = _mount_problem(source, writable=not mount.get("ReadOnly"), policy=policy)
     if found:
         raise UnsafePathError(source, f"{found[0]} ([gpu] {found[1]})")
-    stable(source)  # rule: no path trusted by its name: Docker resolves this name again when it starts
+    stable(source)  # rule F1: Docker resolves this name again when it starts

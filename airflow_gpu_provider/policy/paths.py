@@ -5,11 +5,11 @@ walked from ``/`` with ``openat(O_PATH | O_NOFOLLOW)``, no component is a symbol
 way is owned by root or the worker and writable by no one else, unless it is sticky (``/tmp``, ``/var/tmp``) and
 the entry in it is root's or the worker's (in a sticky folder only an entry's owner may rename or remove it). A
 stable path can be handed to Docker, which resolves the name again when the container starts: the name still
-names the same thing. Anything else is refused, naming the component and why (rule: *no path is trusted by its
+names the same thing. Anything else is refused, naming the component and why (rule F1: *no path is trusted by its
 name*, docs/security.md).
 
 Folders the provider makes are made the same way (``mkdirat`` beneath a stable folder, 0700), and a tree is
-deleted only through descriptors, beneath a stable root, when it holds the marker the provider wrote.
+deleted only through descriptors, beneath a stable root, when it holds the marker the provider wrote (rule F2).
 """
 
 from __future__ import annotations

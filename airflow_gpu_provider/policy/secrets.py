@@ -1,6 +1,6 @@
 """Credentials in URLs (an index's token, a checkpoint URI's keys) never shown: redacted or masked where they appear.
 
-Rule (docs/security.md): a credential a DAG author wrote reaches no log of any process, no rendered field, no import
+Rule S1 of docs/security.md: a credential a DAG author wrote reaches no log of any process, no rendered field, no import
 error, no XCom. The provider's own messages redact URLs (``runtime/protocol.py``'s ``redact``: import errors,
 the scheduler's log, the runtime's lines, installer output, ``ImageSettings``' repr); in the task process every
 credential of the task's URLs is also registered with Airflow's secrets masker when the templates are rendered, so

@@ -3,7 +3,7 @@ r"""A task's output as log lines, for the local and Docker backends: bounded mem
 Output arrives in pieces that do not end at line ends. Lines end at ``\n``; a line longer than ``max_line`` bytes
 is logged in pieces (one huge line never sits whole in the worker's memory); a ``\r``-only update (a tqdm progress
 bar) is logged too, at most once a ``progress_interval``, and the last one before a real line end always is. The
-credentials of every URL in a line are redacted (rule: no credential reaches a log; ``policy/secrets.py``).
+credentials of every URL in a line are redacted (rule S1 of docs/security.md).
 """
 
 from __future__ import annotations

@@ -42,8 +42,16 @@ with DAG("forged_profile", schedule=None, start_date=START):
 
     @task
     def forger(ti=None) -> None:  # any task may push an XCom under gpu_profile; the GPUs page reads GPU tasks' only
-        fake = {"version": 1, "kind": "gpu", "host": "forged-host", "duration_s": 3600, "samples": 1, "devices": [
-            {"index": "0", "name": "NVIDIA H100 80GB HBM3", "memory_total": 85899345920, "mean_util": 99.0}]}
+        fake = {
+            "version": 1,
+            "kind": "gpu",
+            "host": "forged-host",
+            "duration_s": 3600,
+            "samples": 1,
+            "devices": [
+                {"index": "0", "name": "NVIDIA H100 80GB HBM3", "memory_total": 85899345920, "mean_util": 99.0}
+            ],
+        }
         ti.xcom_push(key="gpu_profile", value=fake)
 
     forger() >> GpuStepOperator(task_id="real", python_callable=burn, op_args=[0.3])

@@ -95,13 +95,13 @@ def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig
         "environment": {"PYTHONUNBUFFERED": "1"},
         "labels": {PROVIDER: "true", **{docker_label(key): value for key, value in request.labels.items()}},
     }
-    # rule: a task runs as the worker's own user unless the admin allows another (policy/docker.py)
+    # rule D2: a task runs as the worker's own user unless the admin allows another (policy/docker.py)
     container["user"] = WORKER_USER if options.user is None else str(options.user)
     if options.user is None and os.geteuid() != 0:
         container["environment"]["HOME"] = "/tmp"  # a user the image may not know has no home
     if options.working_dir is not None:
         container["working_dir"] = options.working_dir
-    # No privilege can be gained inside (setuid binaries), and no capability is kept unless asked for.
+    # rule D1: no privilege can be gained inside (setuid binaries), no capability is kept unless allowed.
     host_config: dict[str, Any] = {"security_opt": ["no-new-privileges:true"], "cap_drop": ["ALL"]}
     if options.cap_add:
         host_config["cap_add"] = list(options.cap_add)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 RECENT_LIMIT = 200
 #: The operators that push a profile. Any task may push an XCom under ``gpu_profile``: the pages read only those of
-#: GPU tasks (rule: fleet telemetry comes from GPU tasks; docs/security.md says what a task's own code can still do).
+#: GPU tasks (rule T2 of docs/security.md, which says what a task's own code can still do).
 GPU_OPERATORS = ("GpuStepOperator", "AccelerateOperator", "_GpuDecoratedOperator", "_AccelerateDecoratedOperator")
 GPU_DECORATOR = "@task.gpu"
 
