@@ -165,3 +165,20 @@ def test_the_backend_refuses_a_flipped_mount_and_creates_nothing(monkeypatch, tm
         backend.run(plan, {})
     assert {c["Id"] for c in docker_client.containers(all=True)} == before
     assert not Path(share / "data").is_dir() or Path(share / "data").is_symlink()
+
+
+def test_the_most_specific_mount_root_decides_and_no_path_is_listed_both_ways(monkeypatch, tmp_path):
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_MOUNT_ROOTS", f"{tmp_path}:ro, {tmp_path}/scratch:rw")
+    task(mounts=[{"source": f"{tmp_path}/scratch", "target": "/s"}])  # read-write: its own root says so
+    with pytest.raises(PolicyError, match="read-only only"):
+        task(mounts=[{"source": f"{tmp_path}/data", "target": "/d"}])
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_MOUNT_ROOTS", f"{tmp_path}:ro, {tmp_path}/:rw")
+    with pytest.raises(ValueError, match="listed both read-only and read-write"):
+        Policy.current()
+
+
+def test_a_bind_source_reaches_the_engine_in_the_form_that_was_checked(monkeypatch, tmp_path):
+    (tmp_path / "data").mkdir()
+    _, host, _ = _create_call({"allowed_mount_roots": f"{tmp_path}:ro"}, monkeypatch, tmp_path,
+                                   mounts=[{"source": f"/{tmp_path}/data/", "target": "/d", "read_only": True}])  # fmt: skip
+    assert [m["Source"] for m in host["mounts"]] == [f"{tmp_path}/data"]
