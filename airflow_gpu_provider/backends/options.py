@@ -87,6 +87,12 @@ class BackendOptions:
     def check_image(self, image: ImageSettings) -> None:
         """At DAG parse time, reject software settings this backend cannot honour safely (default: none)."""
 
+    def permitted(self, owner: str) -> None:
+        """At DAG parse time, refuse what these options ask of a host beyond the deployment's ``[gpu]`` allow-lists.
+
+        (``policy/``; default: nothing to ask.) The worker checks the final object again before it submits it.
+        """
+
 
 # ---------------------------------------------------------------------------------------------- shared checks
 def text(value: Any) -> str:

@@ -135,6 +135,7 @@ class TaskSpec(NamedTuple):
         info = BACKENDS[config.check_choice(self.owner, "backend", name, tuple(BACKENDS))]
         options = info.parse_options(self.backend_options)
         info.check(None if self.templated else self.resources, self.num_nodes, options, self.image)
+        options.permitted(self.owner)
         return self._replace(backend=name, options=options)
 
     def changed(self, arguments: Mapping[str, Any], *, num_nodes: int | None = None) -> TaskSpec:
