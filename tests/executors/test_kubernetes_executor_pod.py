@@ -196,7 +196,7 @@ def test_a_conflicting_pod_override_is_an_error_naming_both_values(kubernetes_ex
 
 def test_a_pod_override_that_breaks_the_restricted_profile_is_refused(kubernetes_executor):
     own = {"spec": {"containers": [{"name": "base", "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}]}}
-    with pytest.raises(InvalidSettingError, match="restricted pod security profile") as err:
+    with pytest.raises(InvalidSettingError, match="restricted Pod Security Standards level") as err:
         gpu_task(gpu_count=1, executor_config={"pod_override": own})
     assert "SYS_ADMIN" in str(err.value)
     root = {"spec": {"containers": [{"name": "base", "securityContext": {"runAsUser": 0}}]}}

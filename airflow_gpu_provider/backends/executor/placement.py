@@ -63,11 +63,14 @@ def place(
     if executor.kind in ("celery", "edge") and "queue" not in kwargs:
         placed["queue"] = executors.queue_for(owner, resources, options.queue or default_queue)
     given = kwargs.get("executor_config") or {}
-    if executor.kind == "kubernetes" and not given.get(PLACED_KEY):
-        from airflow_gpu_provider.backends.executor.pod_override import executor_config  # the kubernetes client
+    if executor.kind == "kubernetes":
+        from airflow_gpu_provider.backends.executor import pod_override  # the kubernetes client
 
-        placed["executor_config"] = {
-            **executor_config(owner, resources, options.kubernetes or {}, given),
-            PLACED_KEY: True,
-        }
+        if given.get(PLACED_KEY):  # placed by the decorator: judged again, as anyone can write the mark
+            pod_override.check_placed(owner, options.kubernetes or {}, given)
+        else:
+            placed["executor_config"] = {
+                **pod_override.executor_config(owner, resources, options.kubernetes or {}, given),
+                PLACED_KEY: True,
+            }
     return placed

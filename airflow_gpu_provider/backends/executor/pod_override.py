@@ -21,8 +21,10 @@ from typing import Any
 
 from airflow_gpu_provider.backends.pods import resources, scheduling, security
 from airflow_gpu_provider.backends.pods.options import PodOptions
-from airflow_gpu_provider.backends.pods.security import restricted_problem
+from airflow_gpu_provider.backends.pods.security import overlay
 from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.policy import PolicyError
+from airflow_gpu_provider.policy.pods import refused, violations
 from airflow_gpu_provider.settings import ALL_GPUS, ResourceSettings
 from airflow_gpu_provider.task.labels import MANAGED_BY, kubernetes_label
 
@@ -38,11 +40,7 @@ def executor_config(
         raise InvalidSettingError(
             owner, "gpu_count", ALL_GPUS, "a KubernetesExecutor pod asks for a number of GPUs", "an integer"
         )
-    try:
-        options = PodOptions.parse(dict(pod_options))
-    except InvalidSettingError as err:
-        field = err.field.replace("backend_options[", "backend_options['kubernetes'][", 1)
-        raise InvalidSettingError(owner, field, err.value, err.reason, err.accepted) from None
+    options = _options(owner, pod_options)
     given = dict(given or {})
     user = to_dict(given.get("pod_override")) or {}
     template = worker_template(owner, given.get("pod_template_file"))
@@ -51,16 +49,57 @@ def executor_config(
         options = dataclasses.replace(options, run_as_user=template_user)  # the worker image's user (airflow: 50000)
     provider = provider_pod(wanted, options, template, user.get("spec") or {})
     merged = merge(provider, user, owner)
-    if options.pod_security == "restricted":
-        context = ((merged["spec"].get("containers") or [{}])[0]).get("securityContext") or {}
-        problem = restricted_problem(context)
-        if problem:
-            raise InvalidSettingError(
-                owner, FIELD, context, f"{problem} breaks the restricted pod security profile of GPU pods",
-                "a securityContext within the restricted profile, or backend_options={'kubernetes': "
-                "{'pod_security': 'baseline'}} to opt out",
-            )  # fmt: skip
+    check_pod(owner, merged, given.get("pod_template_file"), template, options.pod_security)
     return {**given, "pod_override": to_pod(merged)}
+
+
+def check_placed(owner: str, pod_options: Mapping[str, Any], given: Mapping[str, Any]) -> None:
+    """A ``pod_override`` already marked as placed is judged again: the mark is in the task's hands (rule P1)."""
+    options = _options(owner, pod_options)
+    own = given.get("pod_template_file")
+    merged = to_dict(given.get("pod_override")) or {}
+    check_pod(owner, merged, own, worker_template(owner, own), options.pod_security)
+
+
+def _options(owner: str, pod_options: Mapping[str, Any]) -> PodOptions:
+    """``backend_options['kubernetes']``, parsed, and its level one ``[gpu] min_pod_security`` allows."""
+    try:
+        options = PodOptions.parse(dict(pod_options))
+        options.permitted(owner)
+    except InvalidSettingError as err:
+        field = err.field.replace("backend_options[", "backend_options['kubernetes'][", 1)
+        renamed = type(err).__new__(type(err))  # a PolicyError stays one, with the [gpu] option it names
+        renamed.__dict__.update(vars(err))
+        InvalidSettingError.__init__(renamed, owner, field, err.value, err.reason, err.accepted)
+        raise renamed from None
+    return options
+
+
+def check_pod(owner: str, merged: dict[str, Any], own: str | None, template: Mapping[str, Any], level: str) -> None:
+    """Rule P1 at DAG parse: the ``pod_override`` as merged, and the task's own worker template, meet ``level``.
+
+    The executor merges the ``pod_override`` into the worker template in the scheduler; the provider never sees that
+    pod. It judges what the task brings: the merged ``pod_override`` (every container, init and ephemeral container,
+    volume, namespace, sysctl, annotation), and a template the task names in ``executor_config['pod_template_file']``
+    (``own``) with the ``pod_override``'s security contexts over it, which must be readable here to be judged.
+    ``[kubernetes_executor] pod_template_file`` is the deployment's own, not judged here (docs/security.md: Pod
+    Security admission on the namespace is the platform team's).
+    """
+    choice = "backend_options={'kubernetes': {'pod_security': ...}}"
+    found = violations(merged, level)
+    if found:
+        raise refused(owner, FIELD, found, level, choice=choice)
+    if own is not None and level != "privileged":
+        if not Path(own).is_file():
+            raise PolicyError(
+                owner, "executor_config['pod_template_file']", own,
+                "not readable where the DAG is parsed, so its pod cannot be checked against the task's "
+                f"{level} pod security level", option="min_pod_security",
+                allow=f"a worker template readable by the DAG processor, or {choice} where it allows 'privileged'",
+            )  # fmt: skip
+        found = violations(overlay(template, merged), level)
+        if found:
+            raise refused(owner, "executor_config['pod_template_file']", found, level, choice=choice)
 
 
 def provider_pod(

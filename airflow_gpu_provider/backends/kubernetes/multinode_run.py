@@ -25,6 +25,7 @@ from airflow_gpu_provider.backends.kubernetes.pending import unschedulable
 from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan
 from airflow_gpu_provider.backends.kubernetes.pod_operator import build_operator, to_dict
 from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError
+from airflow_gpu_provider.policy.pods import require
 from airflow_gpu_provider.runtime.protocol import RESULT_MARKER
 
 MAIN_CONTAINER = "base"
@@ -35,7 +36,8 @@ def multinode_manifests(
 ) -> tuple[MultiNodeLayout, dict[str, Any], dict[str, Any]]:
     """``(layout, service, job)`` for ``plan.num_nodes`` copies of the plan's pod (built by KubernetesPodOperator).
 
-    The pod has no XCom sidecar: in a Job it would keep every pod running after the task ends.
+    The pod has no XCom sidecar: in a Job it would keep every pod running after the task ends. The pod is checked
+    as it is built (``GpuPodOperator``), and the Job's pod template again, as submitted (rule P1).
     """
     operator = build_operator(plan)
     operator.do_xcom_push = False
@@ -43,7 +45,9 @@ def multinode_manifests(
     name = pod["metadata"]["name"][: 60 - len(str(plan.num_nodes - 1))].rstrip("-.")
     layout = MultiNodeLayout(name, namespace or pod["metadata"]["namespace"], plan.num_nodes, plan.port)
     labels = dict(pod["metadata"].get("labels") or {})
-    return layout, service_manifest(layout, labels), job_manifest(layout, pod, labels)
+    job = job_manifest(layout, pod, labels)
+    require(job, operator.pod_security, f"Indexed Job {layout.name} of task {plan.task_id}")
+    return layout, service_manifest(layout, labels), job
 
 
 class IndexedJobRun:

@@ -22,6 +22,8 @@ from airflow_gpu_provider.backends.pods.options import (
     dns_subdomain,
     string_check,
 )
+from airflow_gpu_provider.backends.pods.security import overlay, skeleton
+from airflow_gpu_provider.policy.pods import refused, violations
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 
 REQUIREMENTS_MODES: tuple[str, ...] = ("init-container", "image")
@@ -107,6 +109,12 @@ class KubernetesOptions(PodOptions):
         super().__post_init__()
         if self.pod_template_file is not None and self.pod_template_dict is not None:
             raise self.invalid("pod_template_dict", "...", "give pod_template_file or pod_template_dict, not both")
+        if self.pod_template_dict is not None:  # rule P1: the template's every container, volume, namespace, ...
+            found = violations(overlay(self.pod_template_dict, skeleton(self)), self.pod_security)
+            if found:
+                raise refused(
+                    f"backend {self.backend!r}", "backend_options['pod_template_dict']", found, self.pod_security
+                )
         if self.requirements_mode == "image" and not self.derived_image:
             raise self.invalid(
                 "requirements_mode",

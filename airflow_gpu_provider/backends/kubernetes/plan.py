@@ -18,6 +18,9 @@ from airflow_gpu_provider.backends.options import BadOption
 from airflow_gpu_provider.backends.pods import resources, scheduling
 from airflow_gpu_provider.backends.pods.security import pod_security_context, security_context
 from airflow_gpu_provider.checkpoint.location import CHECKPOINT_MOUNT, checkpoint_environment, unreachable
+from airflow_gpu_provider.exceptions import GpuTaskError
+from airflow_gpu_provider.policy import Policy
+from airflow_gpu_provider.policy.pods import level_refused
 from airflow_gpu_provider.settings import ResourceSettings
 from airflow_gpu_provider.task.labels import MANAGED_BY, kubernetes_label
 from airflow_gpu_provider.task.request import TaskRequest
@@ -91,7 +94,17 @@ def load_pod_template(options: KubernetesOptions) -> dict[str, Any] | None:
 
 
 def plan_pod(request: TaskRequest, options: KubernetesOptions, conf: GpuConfig) -> KubernetesPlan:
-    """Map the request onto the pod's pieces, with a CPU-only fallback pod under ``on_missing_gpu="cpu"``."""
+    """Map the request onto the pod's pieces, with a CPU-only fallback pod under ``on_missing_gpu="cpu"``.
+
+    The task's pod-security level must be one this worker's ``[gpu] min_pod_security`` allows (rule P2); the pod
+    itself is checked against it when KubernetesPodOperator has built it (``pod_operator.py``, rule P1).
+    """
+    problem = level_refused(options.pod_security, Policy.of(conf).min_pod_security)
+    if problem:
+        raise GpuTaskError(
+            f"{request.display_name}: backend_options['pod_security']={options.pod_security!r} is refused on this "
+            f"worker: {problem}. Nothing was submitted."
+        )
     primary = _pod(request, options, conf, request.resources)
     if request.num_nodes > 1:
         return primary  # every node must get its GPUs: no CPU fallback for a multi-node launch

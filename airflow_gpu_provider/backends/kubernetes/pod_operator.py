@@ -21,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from airflow_gpu_provider.backends.kubernetes.pending import Unschedulable, termination_error, unschedulable
 from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan
 from airflow_gpu_provider.exceptions import GpuUnavailableError, RemoteTaskError
+from airflow_gpu_provider.policy.pods import require
 from airflow_gpu_provider.task.result import result_value
 
 _API = ApiClient(configuration=Configuration())
@@ -37,12 +38,27 @@ def to_model(data: Any, klass: str) -> Any:
 
 
 class GpuPodOperator(KubernetesPodOperator):
-    """KubernetesPodOperator that remembers the result envelope and diagnoses pods that never got scheduled."""
+    """KubernetesPodOperator that checks its pod, keeps the result envelope, diagnoses pods that never started.
 
-    def __init__(self, **kwargs: Any) -> None:
+    :param pod_security: the Pod Security Standards level every pod it builds must meet
+    """
+
+    def __init__(self, *, pod_security: str = "restricted", **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.pod_security = pod_security
         self.result_envelope: dict[str, Any] | None = None
         self.unschedulable: Unschedulable | None = None
+
+    def build_pod_request_obj(self, context: Any = None, *, dry_run: bool = False) -> k8s.V1Pod:
+        """The pod as KubernetesPodOperator builds it, refused unless it meets ``pod_security`` (rule P1).
+
+        Checked after every merge: the template, the XCom sidecar, Airflow's ``pod_mutation_hook``; a pod that breaks
+        the level raises :class:`~airflow_gpu_provider.policy.pods.PodSecurityError`. Both ``execute`` and rendering
+        build the pod here: nothing is submitted or shown that was not checked.
+        """
+        pod = super().build_pod_request_obj(context, dry_run=dry_run)
+        require(to_dict(pod), self.pod_security, f"pod {pod.metadata.name} of task {self.task_id}")
+        return pod
 
     @property
     def pod_label(self) -> str:
@@ -113,6 +129,7 @@ def build_operator(plan: KubernetesPlan) -> GpuPodOperator:
 
 def _pod_operator(plan: KubernetesPlan, options: Any, security: Any) -> GpuPodOperator:
     return GpuPodOperator(
+        pod_security=options.pod_security,
         task_id=plan.task_id,
         kubernetes_conn_id=options.kubernetes_conn_id,
         namespace=options.namespace,

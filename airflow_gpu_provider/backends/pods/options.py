@@ -16,13 +16,15 @@ from typing import Any, ClassVar, Literal
 
 from airflow_gpu_provider.backends.options import BackendOptions, BadOption, boolean, dict_list, one_of, option
 from airflow_gpu_provider.backends.pods.node_labels import LABEL_SCHEMES, node_selector
-from airflow_gpu_provider.backends.pods.security import restricted_problem
+from airflow_gpu_provider.backends.pods.security import skeleton
+from airflow_gpu_provider.policy import LEVELS, PolicyError
+from airflow_gpu_provider.policy.pods import level_refused, refused, violations
 from airflow_gpu_provider.settings import ResourceSettings
 
 TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
 TOLERATION_OPERATORS: tuple[str, ...] = ("Exists", "Equal")
 TAINT_EFFECTS: tuple[str, ...] = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-POD_SECURITY: tuple[str, ...] = ("restricted", "baseline")
+POD_SECURITY: tuple[str, ...] = LEVELS  # restricted, baseline, privileged: weaker ones as [gpu] min_pod_security allows
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -153,17 +155,35 @@ class PodOptions(BackendOptions):
     priority_class_name: str | None = option(check=dns_subdomain)
     runtime_class_name: str | None = option(check=dns_subdomain)
     container_security_context: Mapping[str, Any] | None = option(check=_api_dict)
-    pod_security: Literal["restricted", "baseline"] = option("restricted", check=one_of(*POD_SECURITY))
+    pod_security: Literal["restricted", "baseline", "privileged"] = option("restricted", check=one_of(*POD_SECURITY))
     run_as_user: int = option(1000, check=_user_id)
 
     def __post_init__(self) -> None:
-        problem = restricted_problem(self.container_security_context or {})
-        if self.pod_security == "restricted" and problem:
-            raise self.invalid(
-                "container_security_context",
-                self.container_security_context,
-                f"{problem}, which the restricted pod security profile (pod_security='restricted') forbids",
-                "a context within the restricted profile, or pod_security='baseline' to opt out",
+        """The pod these options shape meets the task's own level (rule P1 of docs/security.md; pure)."""
+        for name, pod in (
+            ("container_security_context", skeleton(self, annotations=False)),
+            ("annotations", {"metadata": {"annotations": dict(self.annotations or {})}}),
+        ):
+            found = violations(pod, self.pod_security)
+            if found:
+                raise refused(f"backend {self.backend!r}", f"backend_options[{name!r}]", found, self.pod_security)
+
+    def permitted(self, owner: str) -> None:
+        """At DAG parse: a level weaker than restricted only where ``[gpu] min_pod_security`` allows it (rule P2)."""
+        if self.pod_security == "restricted":
+            return  # always allowed: the policy is read only for tasks that ask for less
+        from airflow_gpu_provider.policy import Policy
+
+        minimum = Policy.current().min_pod_security
+        problem = level_refused(self.pod_security, minimum)
+        if problem:
+            raise PolicyError(
+                owner,
+                "backend_options['pod_security']",
+                self.pod_security,
+                f"{problem}, so a GPU pod must meet that level",
+                option="min_pod_security",
+                allow=f"levels at least as strong as {minimum!r} (of {', '.join(LEVELS)}, strongest first)",
             )
 
     def check(self, resources: ResourceSettings) -> None:

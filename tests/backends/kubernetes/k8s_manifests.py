@@ -91,9 +91,11 @@ def assert_restricted(spec: dict[str, Any], where: str) -> None:
         assert kinds <= RESTRICTED_VOLUMES, f"{where}: volume {volume['name']} of type {kinds}"
 
 
-def validate(obj: dict[str, Any], *, restricted: bool = True) -> dict[str, Any]:
+def validate(
+    obj: dict[str, Any], *, restricted: bool = True, versions: tuple[str, ...] = KUBERNETES_VERSIONS
+) -> dict[str, Any]:
     """Validate one API object (Pod, Job, Service) and return it; pods meet the restricted profile by default."""
-    for version in KUBERNETES_VERSIONS:
+    for version in versions:
         kubernetes_validate.validate(obj, version, strict=True)
     metadata = obj["metadata"]
     assert DNS_SUBDOMAIN.match(metadata["name"]), metadata["name"]

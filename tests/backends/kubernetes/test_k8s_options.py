@@ -63,7 +63,7 @@ BAD = {
     "priority_class_name": "GPU",
     "runtime_class_name": "nvidia runtime",
     "container_security_context": "privileged",
-    "pod_security": "privileged",
+    "pod_security": "unrestricted",
     "run_as_user": 0,
     "requirements_mode": "venv",
     "index_secret": "PyPI Credentials",
