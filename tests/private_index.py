@@ -11,6 +11,7 @@ import ipaddress
 import json
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ class PrivateIndex:
     user: str
     password: str
     authorized: list[str] = field(default_factory=list)
+    requests: int = 0
     refused: list[str] = field(default_factory=list)
 
     def url(self, host: str = "127.0.0.1") -> str:
@@ -33,8 +35,13 @@ class PrivateIndex:
 
 
 @contextmanager
-def private_index(wheels: Path, user: str = "alice", password: str = "s3cret-token") -> Iterator[PrivateIndex]:
-    """Serve ``wheels`` (a folder of ``*.whl``) on all interfaces, to ``user``/``password`` only."""
+def private_index(
+    wheels: Path, user: str = "alice", password: str = "s3cret-token", *, delay: float = 0.0
+) -> Iterator[PrivateIndex]:
+    """Serve ``wheels`` (a folder of ``*.whl``) on all interfaces, to ``user``/``password`` only.
+
+    :param delay: seconds each answer waits (an install that takes its time: a worker killed meanwhile)
+    """
     expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
     class Handler(BaseHTTPRequestHandler):
@@ -45,6 +52,8 @@ def private_index(wheels: Path, user: str = "alice", password: str = "s3cret-tok
             self.do_GET(body=False)
 
         def do_GET(self, body: bool = True) -> None:
+            index.requests += 1
+            time.sleep(delay)
             if self.headers.get("Authorization") != expected:
                 index.refused.append(self.path)
                 self.send_response(401)

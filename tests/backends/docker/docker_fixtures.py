@@ -288,11 +288,14 @@ def make_wheel(directory: Path, name: str, version: str, code: str) -> Path:
 
 
 @pytest.fixture
-def wheel_dir(tmp_path: Path) -> tuple[Path, str]:
-    """A local wheel directory with a package whose version is new in every test, so its image is new too."""
+def wheel_dir(build_inputs: Path) -> tuple[Path, str]:
+    """A local wheel directory with a package whose version is new in every test, so its image is new too.
+
+    It lies beneath ``[gpu] allowed_build_paths`` and every local user may read it, as the build policy wants.
+    """
     version = f"1.0.{time.time_ns()}"
-    make_wheel(tmp_path / "wheels", "airflow_gpu_testpkg", version, f"VERSION = {version!r}\n")
-    return tmp_path / "wheels", version
+    make_wheel(build_inputs / "wheels", "airflow_gpu_testpkg", version, f"VERSION = {version!r}\n")
+    return build_inputs / "wheels", version
 
 
 @pytest.fixture(scope="session")
