@@ -7,6 +7,7 @@ that installs authenticate through the provider without the credentials ever sho
 from __future__ import annotations
 
 import base64
+import contextlib
 import ipaddress
 import json
 import subprocess
@@ -28,6 +29,7 @@ class PrivateIndex:
     password: str
     authorized: list[str] = field(default_factory=list)
     requests: int = 0
+    delay: float = 0.0
     refused: list[str] = field(default_factory=list)
 
     def url(self, host: str = "127.0.0.1") -> str:
@@ -40,7 +42,8 @@ def private_index(
 ) -> Iterator[PrivateIndex]:
     """Serve ``wheels`` (a folder of ``*.whl``) on all interfaces, to ``user``/``password`` only.
 
-    :param delay: seconds each answer waits (an install that takes its time: a worker killed meanwhile)
+    :param delay: seconds each answer waits (an install that takes its time: a worker killed meanwhile); the
+        index's ``delay`` may be changed while it runs
     """
     expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
@@ -53,7 +56,11 @@ def private_index(
 
         def do_GET(self, body: bool = True) -> None:
             index.requests += 1
-            time.sleep(delay)
+            time.sleep(index.delay)
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the installer may be gone meanwhile
+                self._answer(body)
+
+        def _answer(self, body: bool) -> None:
             if self.headers.get("Authorization") != expected:
                 index.refused.append(self.path)
                 self.send_response(401)
@@ -85,7 +92,7 @@ def private_index(
                 self.wfile.write(data)
 
     server = ThreadingHTTPServer(("0.0.0.0", 0), Handler)
-    index = PrivateIndex(server.server_address[1], user, password)
+    index = PrivateIndex(server.server_address[1], user, password, delay=delay)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

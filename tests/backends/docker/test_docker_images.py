@@ -126,7 +126,11 @@ def test_uv_pip_installed_in_the_image_and_a_pypi_requirement(task_log, wheel_di
 
 
 def _dangling(docker_client) -> set[str]:
-    return {i["Id"] for i in docker_client.images(all=True, filters={"dangling": True})}
+    """The dangling images this process's builds made (another session's are its own business)."""
+    from airflow_gpu_provider.backends.docker.images.builds import builder_labels
+
+    (label,) = (f"{key}={value}" for key, value in builder_labels().items())
+    return {i["Id"] for i in docker_client.images(all=True, filters={"dangling": True, "label": label})}
 
 
 def test_failing_requirement_install_is_a_clear_error_and_leaves_no_container(docker_client, task_log, build_inputs):
