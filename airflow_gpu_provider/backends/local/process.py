@@ -177,9 +177,16 @@ class TaskProcess:
             self._supervisor.send(signal.SIGTERM)
 
     def stop(self) -> list[int]:
-        """Wait until what the task left is stopped; return what could not be killed (its GPUs stay locked)."""
+        """Stop what is left of the task and wait for it; return what could not be killed (its GPUs stay locked).
+
+        Also when the task process still runs (``execution_timeout`` raised in :meth:`wait`): it is stopped first.
+        """
+        if self._exit is None:
+            self.terminate()
         while (status := self._next_status()) is not None:
-            if status[0] == "left":  # in the GPU driver: the supervisor holds the locks until they end
+            if status[0] == "exit":
+                self._exit = int(status[1])
+            elif status[0] == "left":  # in the GPU driver: the supervisor holds the locks until they end
                 self._close()
                 return [int(pid) for pid in status[1].split(",")]
         self.process.wait()
