@@ -10,11 +10,14 @@ the real GPU paths; they lift those pins themselves, and skip (saying why) where
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +27,11 @@ REPO = Path(__file__).resolve().parents[1]
 # Docker engine fixtures (skip, or fail in CI, without one); the failure matrix's report
 pytest_plugins = ("backends.docker.docker_fixtures", "reliability.report")
 _HOME = Path(tempfile.mkdtemp(prefix="airflow-gpu-tests-"))
+# Worker files that derived-image builds may read ([gpu] allowed_build_paths): readable by every local user, as the
+# policy wants (pytest's tmp_path is private to its user), and the wheels of /opt/wheels.
+BUILD_INPUTS = Path(tempfile.mkdtemp(prefix="airflow-gpu-build-inputs-"))
+BUILD_INPUTS.chmod(0o755)
+atexit.register(shutil.rmtree, BUILD_INPUTS, ignore_errors=True)
 os.environ.update(
     {
         "AIRFLOW_HOME": str(_HOME),
@@ -47,6 +55,7 @@ os.environ.update(
         "AIRFLOW__GPU__DEVICES": "none",
         "CUDA_VISIBLE_DEVICES": "",  # torch sees no GPU unless a test (marked gpu) or the provider says otherwise
         "AIRFLOW__GPU__WAIT_POLL_INTERVAL": "0.2",
+        "AIRFLOW__GPU__ALLOWED_BUILD_PATHS": f"{BUILD_INPUTS},/opt/wheels",
     }
 )
 
@@ -82,6 +91,15 @@ def airflow_home() -> Path:
         )
         marker.touch()
     return _HOME
+
+
+@pytest.fixture
+def build_inputs() -> Iterator[Path]:
+    """A fresh folder beneath ``[gpu] allowed_build_paths``, readable by every local user: wheels, CA bundles."""
+    folder = Path(tempfile.mkdtemp(dir=BUILD_INPUTS))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture

@@ -7,10 +7,12 @@ that installs authenticate through the provider without the credentials ever sho
 from __future__ import annotations
 
 import base64
+import contextlib
 import ipaddress
 import json
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,6 +28,8 @@ class PrivateIndex:
     user: str
     password: str
     authorized: list[str] = field(default_factory=list)
+    requests: int = 0
+    delay: float = 0.0
     refused: list[str] = field(default_factory=list)
 
     def url(self, host: str = "127.0.0.1") -> str:
@@ -33,8 +37,14 @@ class PrivateIndex:
 
 
 @contextmanager
-def private_index(wheels: Path, user: str = "alice", password: str = "s3cret-token") -> Iterator[PrivateIndex]:
-    """Serve ``wheels`` (a folder of ``*.whl``) on all interfaces, to ``user``/``password`` only."""
+def private_index(
+    wheels: Path, user: str = "alice", password: str = "s3cret-token", *, delay: float = 0.0
+) -> Iterator[PrivateIndex]:
+    """Serve ``wheels`` (a folder of ``*.whl``) on all interfaces, to ``user``/``password`` only.
+
+    :param delay: seconds each answer waits (an install that takes its time: a worker killed meanwhile); the
+        index's ``delay`` may be changed while it runs
+    """
     expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
     class Handler(BaseHTTPRequestHandler):
@@ -45,6 +55,12 @@ def private_index(wheels: Path, user: str = "alice", password: str = "s3cret-tok
             self.do_GET(body=False)
 
         def do_GET(self, body: bool = True) -> None:
+            index.requests += 1
+            time.sleep(index.delay)
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the installer may be gone meanwhile
+                self._answer(body)
+
+        def _answer(self, body: bool) -> None:
             if self.headers.get("Authorization") != expected:
                 index.refused.append(self.path)
                 self.send_response(401)
@@ -76,7 +92,7 @@ def private_index(wheels: Path, user: str = "alice", password: str = "s3cret-tok
                 self.wfile.write(data)
 
     server = ThreadingHTTPServer(("0.0.0.0", 0), Handler)
-    index = PrivateIndex(server.server_address[1], user, password)
+    index = PrivateIndex(server.server_address[1], user, password, delay=delay)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

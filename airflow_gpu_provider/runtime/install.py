@@ -36,10 +36,11 @@ def _run_installer(argv: list[str], emit: Callable[[str], None], environ: dict[s
     return "\n".join(lines)
 
 
-def _uv_from_pip(emit: Callable[[str], None]) -> str:
-    """The uv binary for an image that has none: pip-installed into a temporary folder."""
+def _uv_from_pip(emit: Callable[[str], None], version: str | None = None) -> str:
+    """The uv binary for an image that has none: pip-installed into a temporary folder (``version``, else latest)."""
     target = os.path.join(os.environ.get("TMPDIR", "/tmp"), "airflow-gpu-uv")
-    _run_installer([sys.executable, "-m", "pip", "install", "--quiet", "--target", target, "uv"], emit)
+    uv = f"uv=={version}" if version else "uv"
+    _run_installer([sys.executable, "-m", "pip", "install", "--quiet", "--target", target, uv], emit)
     return os.path.join(target, "bin", "uv")
 
 
@@ -52,6 +53,7 @@ def install_requirements(
     target: str | None = None,
     resolve_with: str | None = None,
     uv: str | None = None,
+    uv_version: str | None = None,
     emit: Callable[[str], None] = print,
     where: str = "the environment",
 ) -> None:
@@ -63,6 +65,7 @@ def install_requirements(
     does not see yet. Credentials in index URLs go to a private netrc file for the installers' time only.
 
     :param uv: the uv binary (default: ``uv`` on the PATH, else pip-installed first)
+    :param uv_version: the uv version to pip-install when there is none
     :param emit: receives each line of the installers' output
     :param where: what ``resolve_with`` is, for the log ("the image", "the worker environment")
     :raises InstallError: when an installer fails
@@ -84,7 +87,7 @@ def install_requirements(
             pip = [python, "-m", "pip", "install", "--disable-pip-version-check", *into, *index_args, *requirements]
             _run_installer(pip, emit, environ)
             return
-        uv = uv or shutil.which("uv") or _uv_from_pip(emit)
+        uv = uv or shutil.which("uv") or _uv_from_pip(emit, uv_version)
         environ.setdefault(uv_ca_variable(_run_installer([uv, "--version"], lambda _: None)), "1")  # system CA store
         resolve = [uv, "pip", "install", "--dry-run", "--break-system-packages", "--python", resolve_with or python]
         plan = _run_installer([*resolve, *index_args, *requirements], emit, environ)
@@ -100,7 +103,10 @@ def install_requirements(
             shutil.rmtree(secrets, ignore_errors=True)
 
 
-OPTIONS = {"--python": "python", "--resolve-with": "resolve_with", "--uv": "uv", "--where": "where"}
+OPTIONS = {
+    "--python": "python", "--resolve-with": "resolve_with", "--uv": "uv", "--uv-version": "uv_version",
+    "--where": "where",
+}  # fmt: skip
 
 
 def install_main(argv: list[str]) -> int:
@@ -108,7 +114,8 @@ def install_main(argv: list[str]) -> int:
 
     TARGET is the folder to install into (``--target``), or ``-`` for the environment of the Python. OPTIONS, each
     with a value: ``--python`` (default: this Python), ``--resolve-with`` (what uv resolves against; default: the
-    Python), ``--uv`` (the uv binary), ``--where`` (what is resolved against, for the log; default "the image").
+    Python), ``--uv`` (the uv binary), ``--uv-version`` (the version to pip-install when there is no uv), ``--where``
+    (what is resolved against, for the log; default "the image").
     Index credentials come in the netrc file named by ``NETRC``, never in the arguments.
     """
     settings = {"python": sys.executable, "where": "the image"}

@@ -17,6 +17,11 @@ from airflow_gpu_provider import GpuStepOperator, ImageSettings
 START = datetime.datetime(2024, 1, 1)
 BASE_IMAGE = os.environ.get("AIRFLOW_GPU_TEST_BASE_IMAGE", "airflow-gpu-base:bookworm")
 MISSING_PACKAGE = "airflow-gpu-provider-no-such-package==0.0.1"
+#: Set by the matrix: a folder where scenarios name the processes it must count that carry no token of its run
+PIDS_VARIABLE = "AIRFLOW_GPU_MATRIX_PIDS"
+#: Set by the matrix: a password-protected index (credentials in the URL) that answers as slowly as it is told
+INDEX_VARIABLE = "AIRFLOW_GPU_MATRIX_INDEX"
+PRIVATE_PACKAGE = "airflow-gpu-private==1.0"
 
 
 def succeeds() -> int:
@@ -75,6 +80,25 @@ def leaves_a_setsid_grandchild() -> str:
     return "done"
 
 
+def leaves_an_escaped_child() -> str:
+    import os
+    import shutil
+    import signal
+
+    sleep = shutil.which("sleep") or "/bin/sleep"
+    child = os.fork()
+    if child == 0:  # out of the task's group, none of its descriptors (GPU locks), no environment (no token)
+        os.setpgid(0, 0)
+        os.closerange(3, 65536)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # ignored across execve: only SIGKILL ends it
+        os.execve(sleep, ["sleep", "600"], {})
+    folder = os.environ.get("AIRFLOW_GPU_MATRIX_PIDS")
+    if folder:  # the matrix counts it by its pid and start time: it carries nothing of the run
+        with open(f"/proc/{child}/stat") as stat, open(os.path.join(folder, str(child)), "w") as handle:
+            handle.write(stat.read().rsplit(")", 1)[1].split()[19])
+    return "done"
+
+
 def prints_a_flood() -> int:
     import sys
 
@@ -100,6 +124,12 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "huge output": {"python_callable": prints_a_flood},
     "missing GPU": {"python_callable": succeeds, "gpu_count": 3, "on_missing_gpu": "fail"},
     "failed install": {"python_callable": succeeds, "requirements": [MISSING_PACKAGE]},
+    "escaped child": {"python_callable": leaves_an_escaped_child},
+    "worker SIGKILL in image build": {
+        "python_callable": succeeds,
+        "requirements": [PRIVATE_PACKAGE],
+        "index_url": os.environ.get(INDEX_VARIABLE, "http://alice:token@127.0.0.1:9/simple"),
+    },
 }
 
 
@@ -118,11 +148,12 @@ def operator_arguments(backend: str, scenario: str) -> dict[str, Any]:
         "retries": 0,
         **SCENARIOS[scenario],
     }
-    if backend != "local":
-        requirements = arguments.pop("requirements", [])
-        arguments["image"] = ImageSettings(parent_image=BASE_IMAGE, requirements=requirements)
-    if backend == "docker":
-        arguments["backend_options"] = {"stop_timeout": 2}
+    if backend != "local" or "index_url" in arguments:
+        requirements, index_url = arguments.pop("requirements", []), arguments.pop("index_url", None)
+        parent = {} if backend == "local" else {"parent_image": BASE_IMAGE}
+        arguments["image"] = ImageSettings(requirements=requirements, index_url=index_url, **parent)
+    if backend == "docker":  # derived images under the tests' name: removed at the end of the session
+        arguments["backend_options"] = {"stop_timeout": 2, "repository": "airflow-gpu-test-derived"}
     if backend == "local":
         arguments["backend_options"] = {"kill_grace": 2}
     return arguments

@@ -6,10 +6,10 @@ as Airflow would (SIGTERM: on_kill) or as the kernel would (SIGKILL, then a re-r
 Kubernetes cells render the task's pod with the real provider code and run its containers in Docker
 (``pod_in_docker``); the cells that need a Kubernetes API server are reported as not run, with the reason.
 
-After each cell the leftovers are counted against a snapshot taken before it: processes carrying a task token,
-the provider's containers, held GPU locks, task folders and temp dirs, and images (the provider's and dangling
-ones: a failed build's steps). Every count must be 0. The counts are differences, so the host and its Docker engine
-should be otherwise idle while the matrix runs.
+After each cell the leftovers are counted against a snapshot taken before it: processes, containers, held GPU
+locks, task folders and temp dirs, and images (a failed or killed build's steps). Every count must be 0. Only this
+run's own are counted (``leftovers.py``: a token of the run, its workers' identities, its labels and folders), so
+the matrix holds while other provider tasks run on the same host and engine.
 """
 
 from __future__ import annotations
@@ -20,24 +20,40 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "dags"))
 sys.path.insert(0, str(TESTS / "backends" / "kubernetes"))
+sys.path.insert(0, str(TESTS))
 
-from reliability_dags import SCENARIOS, dag_id, operator_arguments  # noqa: E402
+from reliability.leftovers import (  # noqa: E402
+    DEVICES,
+    LEFTOVERS,
+    PIDS,
+    REQUIREMENTS,
+    RUN,
+    RUN_LABEL,
+    RUN_VARIABLE,
+    TMP,
+    add_worker,
+    snapshot,
+)
+from reliability_dags import (  # noqa: E402
+    INDEX_VARIABLE,
+    PIDS_VARIABLE,
+    PRIVATE_PACKAGE,
+    SCENARIOS,
+    dag_id,
+    operator_arguments,
+)
 
 BACKENDS = ("local", "docker", "kubernetes")
-LEFTOVERS = ("processes", "containers", "GPU locks", "temp dirs", "images")
-DEVICES = ("0", "1")
-PROVIDER_LABELS = ("airflow-gpu-provider", "airflow-gpu-provider.derived", "airflow-gpu-provider.worker")
-POD_LABEL = "airflow-gpu-provider-test=pod-in-docker"
-TMP_PREFIXES = ("airflow-gpu-netrc-", "airflow-gpu-ranks-", "pod-in-docker-")  # the provider's and the harness's
 WORKER_TIMEOUT = 240
+BUILD_KILLED = "worker SIGKILL in image build"
 
 #: scenario -> (state the task must end in, what its log must show: one pattern per backend, or one for all)
 EXPECTED: dict[str, tuple[str, str | dict[str, str]]] = {
@@ -48,12 +64,18 @@ EXPECTED: dict[str, tuple[str, str | dict[str, str]]] = {
     "out of memory": ("failed", {"local": r"MemoryError", "docker": r"out of memory", "kubernetes": r"status 137"}),
     "execution_timeout": ("failed", r"AirflowTaskTimeout|Timeout"),
     "on_kill": ("failed", {"local": r"status -15", "docker": r"status 1?43|Killing|stopp"}),
-    "worker SIGKILL": ("success", r"left running by a worker that died"),
+    # local: the killed worker's supervisor stopped its task and freed its GPU: the re-run gets GPU 0 again
+    "worker SIGKILL": (
+        "success",
+        {"local": r"--- re-run ---(.|\n)*Starting task process on GPUs \['0'\]", "docker": r"left running by a worker"},
+    ),
     "background child": ("success", ""),
     "setsid grandchild": ("success", ""),
     "huge output": ("success", ""),
     "missing GPU": ("failed", r"Requested 3x nvidia GPU but this host has 2 GPU"),
     "failed install": ("failed", r"airflow-gpu-provider-no-such-package"),
+    "escaped child": ("success", {"local": r"stopping processes \[\d+\] that the task left running"}),
+    BUILD_KILLED: ("success", r"left by a build whose worker died"),
 }
 
 #: Kubernetes cells that need an API server (none can be had here): why, and what covers them instead
@@ -62,6 +84,12 @@ NEEDS_API_SERVER = {
     "on_kill": "KPO deletes the pod in on_kill: needs an API server",
     "worker SIGKILL": "the pod outlives its worker by design; KPO's reattach/cleanup needs an API server",
     "missing GPU": "an unschedulable pod stays Pending (pending.py reads its events): needs a scheduler",
+}
+#: Cells that do not apply to their backend: why
+NOT_RUN = {
+    **{("kubernetes", scenario): why for scenario, why in NEEDS_API_SERVER.items()},
+    ("local", BUILD_KILLED): "the local backend builds no image (its requirements go into a venv)",
+    ("kubernetes", BUILD_KILLED): "no image is built: an init container installs the requirements in the pod",
 }
 
 
@@ -92,68 +120,6 @@ class Cell:
 
 
 # ----------------------------------------------------------------------------------------------- leftovers
-def _token_processes() -> set[str]:
-    """Processes of this user that carry a task token (the local backend's task trees)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if b"AIRFLOW_GPU_TASK=" in (entry / "environ").read_bytes():
-                    stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                    if stat[0] != "Z":
-                        found.add(f"pid {entry.name}")
-            except OSError:
-                continue
-    return found
-
-
-def _docker(*args: str) -> list[str]:
-    done = subprocess.run(["docker", *args], capture_output=True, text=True, check=False)
-    return done.stdout.split() if done.returncode == 0 else []
-
-
-def _containers() -> set[str]:
-    labels = [*PROVIDER_LABELS, POD_LABEL]
-    return {f"container {c[:12]}" for label in labels for c in _docker("ps", "-aq", "--filter", f"label={label}")}
-
-
-def _images() -> set[str]:
-    dangling = _docker("images", "-aq", "--filter", "dangling=true")
-    derived = _docker("images", "-aq", "--filter", "label=airflow-gpu-provider.derived")
-    return {f"image {i[:12]}" for i in dangling + derived}
-
-
-def _locks(state_dir: Path) -> set[str]:
-    from airflow_gpu_provider.host.allocator import GpuAllocator
-    from airflow_gpu_provider.host.inventory import Device
-
-    allocator = GpuAllocator(state_dir / "locks")
-    return {f"GPU {d}: {holder}" for d in DEVICES if (holder := allocator.holder_of(Device(d))) is not None}
-
-
-def _temp_dirs(state_dir: Path) -> set[str]:
-    found = {str(p) for folder in ("tasks", "docker-tasks", "venvs") for p in (state_dir / folder).glob("*")}
-    tmp = Path(tempfile.gettempdir())
-    return found | {str(p) for prefix in TMP_PREFIXES for p in tmp.glob(f"{prefix}*") if p.owner() == _user()}
-
-
-def _user() -> str:
-    import pwd
-
-    return pwd.getpwuid(os.getuid()).pw_name
-
-
-def snapshot(state_dir: Path) -> dict[str, set[str]]:
-    """Everything that counts as a leftover, as it is now."""
-    return {
-        "processes": _token_processes(),
-        "containers": _containers(),
-        "GPU locks": _locks(state_dir),
-        "temp dirs": _temp_dirs(state_dir),
-        "images": _images(),
-    }
-
-
 def _settle(state_dir: Path, before: dict[str, set[str]], timeout: float = 10) -> dict[str, list[str]]:
     """What appeared since ``before`` and is still there (a removal in flight gets ``timeout`` seconds)."""
     deadline = time.monotonic() + timeout
@@ -166,12 +132,16 @@ def _settle(state_dir: Path, before: dict[str, set[str]], timeout: float = 10) -
 
 
 # ----------------------------------------------------------------------------------------------- workers
-def _environment(state_dir: Path) -> dict[str, str]:
+def _environment(state_dir: Path, extra: dict[str, str]) -> dict[str, str]:
     return {
         **os.environ,
         "AIRFLOW__GPU__DEVICES": ",".join(DEVICES),
         "AIRFLOW__GPU__STATE_DIR": str(state_dir),
         "AIRFLOW__GPU__POOL": "",
+        RUN_VARIABLE: RUN,  # every process of the run inherits it: what the matrix counts
+        PIDS_VARIABLE: str(PIDS),
+        "TMPDIR": str(TMP),
+        **extra,
     }
 
 
@@ -187,26 +157,39 @@ def _started(backend: str, worker_pid: int) -> bool:
                 except OSError:
                     continue
         return False
-    labels = _docker(
-        "ps", "--filter", "label=airflow-gpu-provider.worker", "--format", '{{.Label "airflow-gpu-provider.worker"}}'
-    )
-    return any(label.startswith(identity) for label in labels)
+    done = subprocess.run(
+        ["docker", "ps", "--filter", "label=airflow-gpu-provider.worker", "--format",
+         '{{.Label "airflow-gpu-provider.worker"}}'],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return any(label.startswith(identity) for label in done.stdout.split())
 
 
 def run_worker(
-    backend: str, scenario: str, state_dir: Path, *, interrupt: signal.Signals | None = None
+    backend: str,
+    scenario: str,
+    state_dir: Path,
+    *,
+    interrupt: signal.Signals | None = None,
+    started: Callable[[int], bool] | None = None,
+    environment: dict[str, str] | None = None,
 ) -> tuple[str, str]:
-    """Run one cell's DAG in a worker process; ``interrupt`` it once its task runs. Return (task state, log)."""
+    """Run one cell's DAG in a worker process; ``interrupt`` it once its task runs. Return (task state, log).
+
+    :param started: whether the worker (its pid) is where it is to be interrupted (default: its task runs)
+    """
     worker = subprocess.Popen(
         [sys.executable, str(Path(__file__).with_name("worker.py")), dag_id(backend, scenario)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        env=_environment(state_dir),
+        env=_environment(state_dir, environment or {}),
     )
+    add_worker(worker.pid)
     try:
         if interrupt is not None:
+            ready = started or (lambda pid: _started(backend, pid))
             deadline = time.monotonic() + 120
-            while not _started(backend, worker.pid) and worker.poll() is None and time.monotonic() < deadline:
+            while not ready(worker.pid) and worker.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.1)
             time.sleep(2)  # into the scenario's function
             worker.send_signal(interrupt)
@@ -218,6 +201,30 @@ def run_worker(
     log = out.decode(errors="replace")
     found = re.findall(r"^MATRIX-STATE (\S+)$", log, flags=re.MULTILINE)
     return (found[-1] if found else f"worker exit {worker.returncode}"), log
+
+
+def _build_killed(backend: str, state_dir: Path) -> tuple[str, str, str]:
+    """A worker killed while its image's install runs (a slow index), then the task again: (state, log, note).
+
+    The task runs again with a rotated token (another index): nothing it builds can reuse what the killed build left.
+    """
+    from backends.docker.docker_fixtures import make_wheel
+    from private_index import docker_host_address, private_index
+
+    from airflow_gpu_provider import ImageSettings
+
+    wheels, host = TMP / "private-wheels", docker_host_address()
+    make_wheel(wheels, "airflow_gpu_private", "1.0", "SECRET_PACKAGE = True\n")
+    with private_index(wheels, delay=60) as slow, private_index(wheels, password="rotated-token") as rotated:
+        for index in (slow, rotated):
+            REQUIREMENTS.add(ImageSettings(requirements=[PRIVATE_PACKAGE], index_url=index.url(host)).requirements_hash)
+        killed, first = run_worker(
+            backend, BUILD_KILLED, state_dir, interrupt=signal.SIGKILL, environment={INDEX_VARIABLE: slow.url(host)},
+            started=lambda _: slow.requests > 0,  # the build's installer asks the index
+        )  # fmt: skip
+        state, rerun = run_worker(backend, BUILD_KILLED, state_dir, environment={INDEX_VARIABLE: rotated.url(host)})
+    note = f"killed worker: {killed}; then the task ran again, its token rotated"
+    return state, f"{first}\n--- re-run ---\n{rerun}", note
 
 
 def _run_kubernetes(scenario: str) -> tuple[str, str]:
@@ -232,7 +239,7 @@ def _run_kubernetes(scenario: str) -> tuple[str, str]:
     with DAG(dag_id("kubernetes", scenario), schedule=None):
         task = GpuStepOperator(**operator_arguments("kubernetes", scenario))
     [pod] = task.render_manifests()
-    run = run_pod(pod)
+    run = run_pod(pod, labels={RUN_LABEL: RUN}, tmp=TMP)
     log = "\n".join(f"--- {name} (exit {run.exit_codes[name]})\n{text}" for name, text in run.logs.items())
     failed_init = [name for name, code in run.exit_codes.items() if code != 0 and name != "base"]
     if failed_init or "base" not in run.exit_codes:
@@ -248,8 +255,8 @@ def run_cell(backend: str, scenario: str, work: Path) -> Cell:
     """Run one cell and count its leftovers."""
     expected_state, pattern = EXPECTED[scenario]
     cell = Cell(backend, scenario, expected_state=expected_state)
-    if backend == "kubernetes" and scenario in NEEDS_API_SERVER:
-        cell.note = NEEDS_API_SERVER[scenario]
+    if (backend, scenario) in NOT_RUN:
+        cell.note = NOT_RUN[backend, scenario]
         return cell
     state_dir = work / f"{backend}-{dag_id(backend, scenario)}"
     before = snapshot(state_dir)
@@ -263,6 +270,8 @@ def run_cell(backend: str, scenario: str, work: Path) -> Cell:
         cell.note = f"killed worker: {killed}; then the task ran again"
         cell.state, rerun = run_worker(backend, "success", state_dir)  # the retry, on the same host
         cell.log = f"{first}\n--- re-run ---\n{rerun}"
+    elif scenario == BUILD_KILLED:
+        cell.state, cell.log, cell.note = _build_killed(backend, state_dir)
     else:
         cell.state, cell.log = run_worker(backend, scenario, state_dir)
     cell.seconds = time.monotonic() - started

@@ -16,11 +16,16 @@ from reliability.matrix import BACKENDS, SCENARIOS, Cell, table
 _RESULTS: list[Cell] = []
 REPORT_HEADER = """# Reliability: the failure matrix
 
-Every backend through every way a task can end (`tests/reliability/`), and what each one left behind: processes
-carrying a task token, the provider's containers, held GPU locks, task folders and temp dirs, images. Every count
-must be 0. Local and Docker cells run a real Airflow worker (`dag.test()`) on a host with two configured GPUs (no
-NVIDIA runtime here: Docker tasks fall back to the CPU, after the allocator handed them a GPU); Kubernetes cells run
-the rendered pod's containers in Docker. Regenerate with `make reliability`.
+Every backend through every way a task can end (`tests/reliability/`), and what each one left behind: processes,
+containers, held GPU locks, task folders and temp dirs, images (a failed or killed build's steps). Every count must
+be 0. Only the run's own are counted (`leftovers.py`: its token in its processes' environment, its workers'
+identities on the provider's containers and images, its labels and folders; a process that clears its environment
+is named by its scenario), so the matrix holds while other provider tasks run on the same host. Local and Docker
+cells run a real Airflow worker (`dag.test()`) on a host with two configured GPUs (no NVIDIA runtime here: Docker
+tasks fall back to the CPU, after the allocator handed them a GPU); Kubernetes cells run the rendered pod's
+containers in Docker. `escaped child`: the task's child leaves its process group, closes its descriptors, ignores
+SIGTERM and clears its environment. `worker SIGKILL in image build`: the worker is killed while its derived image's
+requirements install from a password-protected index, then the task runs again. Regenerate with `make reliability`.
 
 """
 

@@ -21,7 +21,8 @@ from airflow_gpu_provider.backends.options import (
 )
 from airflow_gpu_provider.checkpoint.location import CHECKPOINT_MOUNT
 from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.settings import AMD, INTEL, NVIDIA, ResourceSettings
+from airflow_gpu_provider.policy.build import check_image_inputs
+from airflow_gpu_provider.settings import AMD, INTEL, NVIDIA, ImageSettings, ResourceSettings
 from airflow_gpu_provider.task.environment import DRIVER_CAPABILITIES
 
 PullPolicy = Literal["missing", "always", "never"]
@@ -208,6 +209,10 @@ class DockerOptions(BackendOptions):
             from airflow_gpu_provider.policy.docker import check_options
 
             check_options(owner, self, Policy.current())
+
+    def check_image(self, image: ImageSettings) -> None:
+        """At DAG parse time: the worker files a derived image's build would read (``policy/build.py``)."""
+        check_image_inputs(image, self.ca_bundle)
 
     @property
     def engine_url(self) -> str | tuple[str, ...]:

@@ -12,9 +12,7 @@ import json
 import os
 import platform
 import shutil
-import signal
 import sys
-import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,7 +117,7 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
                 try:
                     exit_code = task.wait()
                 finally:
-                    survivors = task.stop()  # whatever the task left running, setsid or not
+                    survivors = task.stop()  # whatever the task left running, whatever it did to escape
                     self._task = None
                 result = read_result_file(result_path)
         finally:
@@ -134,14 +132,12 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
     def kill(self) -> None:
         """Called from ``on_kill`` (inside a signal handler): SIGTERM the task's whole tree, SIGKILL after the grace.
 
-        Signals only: the thread running the task waits for it, stops what is left and releases the GPUs.
+        One signal to the task's supervisor, which does the rest: the thread running the task waits for it, then
+        releases the GPUs.
         """
         task = self._task
         if task is not None:
-            task.signal(signal.SIGTERM)
-            killer = threading.Timer(task.kill_grace, task.signal, args=(signal.SIGKILL,))
-            killer.daemon = True
-            killer.start()
+            task.terminate()
 
 
 @contextlib.contextmanager

@@ -1,13 +1,16 @@
-"""The local task's process tree: started in its own session, its output streamed, stopped as a whole.
+"""The local task's process tree: started under a supervisor, its output streamed, stopped as a whole.
 
-Every process the task starts inherits a token in its environment (``AIRFLOW_GPU_TASK``), so the worker finds
-them all in ``/proc``, also those that left the process group with ``setsid`` or were orphaned to init. When the task
-process ends, whatever it left running is stopped (SIGTERM, then SIGKILL after the grace period); the GPUs are
-released only when none of them is left. The worker waits for the task process, not for the end of its output: a
-background child that keeps the pipe open cannot hang the task.
+The worker starts the task process through its supervisor (:mod:`.supervisor`): a child subreaper, so everything the
+task starts stays beneath it whatever it does (``setpgid``, ``setsid``, ``env -i``, a double fork), and it stops all
+of it when the task process ends, when the worker asks (on_kill) or when the worker dies, holding the GPU locks
+until nothing of the task is left (rule: *a task's processes are found whatever they do*, docs/security.md). The
+worker waits for the task process, not for the end of its output: a background child that keeps the pipe open
+cannot hang the task.
 
-The token starts with the worker's identity: what a worker killed with SIGKILL left running (still holding its GPUs)
-is stopped by the next local task on the host, :func:`reap_orphans`.
+Every process the task starts also inherits a token in its environment (``AIRFLOW_GPU_TASK``), starting with the
+worker's identity: what escaped a supervisor that was itself killed, and kept its environment, is still found in
+``/proc``, by the worker or, when the worker was killed too, by the next local task on the host
+(:func:`reap_orphans`). Every signal goes through a pidfd: a pid that another process reuses is never signalled.
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from airflow_gpu_provider.backends.local.supervisor import KILL_WAIT, MODULE, STOP_NOW, Pinned
 from airflow_gpu_provider.host.workers import is_dead, worker_identity
 from airflow_gpu_provider.task.output import stream
 
@@ -30,43 +35,23 @@ TOKEN_VARIABLE = "AIRFLOW_GPU_TASK"  # noqa: S105 - the name of a variable, not 
 _PREFIX = f"{TOKEN_VARIABLE}=".encode()
 
 
+def _token(pid: int) -> str | None:
+    """The task token in a process's environment (one this user may read), or ``None``."""
+    with contextlib.suppress(OSError):
+        for variable in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            if variable.startswith(_PREFIX):
+                return variable[len(_PREFIX) :].decode(errors="replace")
+    return None
+
+
 def _tokens() -> dict[int, str]:
     """``{pid: token}`` of every process of this host that carries a token (and this user may read)."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            for variable in (entry / "environ").read_bytes().split(b"\0"):
-                if variable.startswith(_PREFIX):
-                    found[int(entry.name)] = variable[len(_PREFIX) :].decode(errors="replace")
-                    break
-    return found
+    return {int(name): token for name in os.listdir("/proc") if name.isdigit() and (token := _token(int(name)))}
 
 
 def tree(token: str) -> list[int]:
-    """Every process of this host (this user may see) that carries ``token``."""
-    return [pid for pid, found in _tokens().items() if found == token]
-
-
-def reap_orphans(log: logging.Logger, grace: float = 5.0) -> list[int]:
-    """Stop the task processes that dead workers of this host left running; return their pids.
-
-    They still hold the GPU locks they inherited; when this returns, those locks are free.
-    """
-    orphans = [pid for pid, token in _tokens().items() if is_dead(token.rsplit("/", 1)[0])]
-    if not orphans:
-        return []
-    log.warning("Stopping processes %s, left running by a worker that died", orphans)
-    _signal(orphans, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while any(_running(pid) for pid in orphans) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    _signal(orphans, signal.SIGKILL)
-    deadline = time.monotonic() + 30  # SIGKILL is not instant for a process in the GPU driver
-    while any(_running(pid) for pid in orphans) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return orphans
+    """Every running process of this host (this user may see) that carries ``token``."""
+    return [pid for pid, found in _tokens().items() if found == token and _running(pid)]
 
 
 def _running(pid: int) -> bool:
@@ -77,16 +62,57 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _signal(pids: Sequence[int], sig: signal.Signals) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
+def _signal(tokens: Mapping[int, str], sig: int) -> None:
+    """Signal each pid (pinned first), when, once pinned, it still carries the token it was found with."""
+    for pid, token in tokens.items():
+        try:
+            process = Pinned(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            if _token(pid) == token:  # read after pinning: the pid is still that process
+                process.send(sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        finally:
+            process.close()
+
+
+def _is_supervisor(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return MODULE.encode() in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return False
+
+
+def reap_orphans(log: logging.Logger, grace: float = 5.0) -> list[int]:
+    """Stop the task processes that dead workers of this host left running; return their pids.
+
+    Their supervisors stop them by themselves when the worker dies, after the task's grace period: this cuts it short
+    (SIGUSR1 after ``grace``), and stops what carries the token without a supervisor. When this returns, the GPU locks
+    they held are free, unless a process of theirs outlived SIGKILL.
+    """
+    tokens = {pid: token for pid, token in _tokens().items() if is_dead(token.rsplit("/", 1)[0])}
+    if not tokens:
+        return []
+    orphans = sorted(tokens)
+    log.warning("Stopping processes %s, left running by a worker that died", orphans)
+    _signal(tokens, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(_running(pid) for pid in orphans) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    supervisors = [pid for pid in orphans if _is_supervisor(pid)]
+    _signal({pid: tokens[pid] for pid in supervisors}, STOP_NOW)
+    _signal({pid: token for pid, token in tokens.items() if pid not in supervisors}, signal.SIGKILL)
+    deadline = time.monotonic() + KILL_WAIT
+    while any(_running(pid) for pid in orphans) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return orphans
 
 
 class TaskProcess:
-    """One task process and everything it starts.
+    """One task process and everything it starts, beneath its supervisor.
 
-    :param pass_fds: descriptors the task process inherits (the GPU locks: held while it lives)
+    :param pass_fds: descriptors the supervisor and the task process inherit (the GPU locks: held while they live)
     :param kill_grace: seconds between SIGTERM and SIGKILL
     """
 
@@ -102,15 +128,24 @@ class TaskProcess:
     ) -> None:
         self.token = f"{worker_identity()}/{uuid.uuid4().hex}"
         self.kill_grace = kill_grace
-        self.process = subprocess.Popen(
-            list(argv),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env={**environment, TOKEN_VARIABLE: self.token},
-            cwd=cwd,
-            start_new_session=True,
-            pass_fds=tuple(pass_fds),
-        )
+        self.log = log
+        status_read, status_write = os.pipe()
+        supervisor = [sys.executable, "-m", MODULE, "--grace", str(kill_grace), "--worker", worker_identity()]
+        try:
+            self.process = subprocess.Popen(
+                [*supervisor, "--status", str(status_write), "--", *argv],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env={**environment, TOKEN_VARIABLE: self.token},
+                cwd=cwd,
+                start_new_session=True,  # a signal to the worker's group is not one to the task
+                pass_fds=(*pass_fds, status_write),
+            )
+        finally:
+            os.close(status_write)
+        self._supervisor = Pinned(self.process.pid)  # our child, not reaped before we wait for it
+        self._status = os.fdopen(status_read, "rb")
+        self._exit: int | None = None
         assert self.process.stdout is not None
         pipe = self.process.stdout.fileno()
         self._reader = threading.Thread(
@@ -118,29 +153,66 @@ class TaskProcess:
         )
         self._reader.start()
 
+    def _next_status(self) -> tuple[str, str] | None:
+        """The supervisor's next status line, or ``None`` once it has exited."""
+        line = self._status.readline().decode(errors="replace").strip()
+        if not line:
+            return None
+        kind, _, value = line.partition(" ")
+        return kind, value
+
     def wait(self) -> int:
         """The task process's exit status (its output may still be open in a child: that is not waited for)."""
-        return self.process.wait()
+        while self._exit is None:
+            status = self._next_status()
+            if status is None:  # the supervisor ended without a word: killed (its task process was killed with it)
+                self._exit = self.process.wait()
+            elif status[0] == "exit":
+                self._exit = int(status[1])
+        return self._exit
 
-    def signal(self, sig: signal.Signals) -> None:
-        """Signal the whole tree. Safe inside a signal handler: it neither waits nor touches the output."""
-        _signal([self.process.pid, *tree(self.token)], sig)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, sig)
+    def terminate(self) -> None:
+        """Stop the whole tree: SIGTERM, SIGKILL after the grace (by the supervisor). Safe inside a signal handler."""
+        with contextlib.suppress(ProcessLookupError):
+            self._supervisor.send(signal.SIGTERM)
 
     def stop(self) -> list[int]:
-        """Stop the whole tree (SIGTERM, then SIGKILL after the grace period); return what could not be killed."""
-        if self.process.poll() is None or tree(self.token):
-            self.signal(signal.SIGTERM)
-            deadline = time.monotonic() + self.kill_grace
-            while (self.process.poll() is None or tree(self.token)) and time.monotonic() < deadline:
-                time.sleep(0.05)
-        self.signal(signal.SIGKILL)
+        """Stop what is left of the task and wait for it; return what could not be killed (its GPUs stay locked).
+
+        Also when the task process still runs (``execution_timeout`` raised in :meth:`wait`): it is stopped first.
+        """
+        if self._exit is None:
+            self.terminate()
+        while (status := self._next_status()) is not None:
+            if status[0] == "exit":
+                self._exit = int(status[1])
+            elif status[0] == "left":  # in the GPU driver: the supervisor holds the locks until they end
+                self._close()
+                return [int(pid) for pid in status[1].split(",")]
         self.process.wait()
-        deadline = time.monotonic() + 30  # SIGKILL is not instant for a process in the GPU driver
+        left = self._stop_escaped()
+        self._close()
+        return left
+
+    def _stop_escaped(self) -> list[int]:
+        """What carries the token but outlived its supervisor (killed by the task itself): SIGTERM, then SIGKILL."""
+        left = tree(self.token)
+        if not left:
+            return []
+        self.log.warning("Stopping processes %s of the task, which outlived its supervisor", left)
+        _signal(dict.fromkeys(left, self.token), signal.SIGTERM)
+        deadline = time.monotonic() + self.kill_grace
         while (left := tree(self.token)) and time.monotonic() < deadline:
             time.sleep(0.05)
+        _signal(dict.fromkeys(left, self.token), signal.SIGKILL)
+        deadline = time.monotonic() + KILL_WAIT
+        while (left := tree(self.token)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return left
+
+    def _close(self) -> None:
         self._reader.join(timeout=5)  # nothing holds the pipe any more
         if self.process.stdout is not None:
             self.process.stdout.close()
-        return left
+        self._status.close()
+        self._supervisor.close()

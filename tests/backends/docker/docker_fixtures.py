@@ -8,8 +8,9 @@ image is built once with ``docker/base/build.sh`` (it needs root and debootstrap
 When any of that cannot be had, the tests skip saying why and how to fix it, unless ``AIRFLOW_GPU_REQUIRE_DOCKER=1``
 (set by ``.ci/run``): then they fail.
 Derived images they build are named ``airflow-gpu-test-derived:*`` and removed at the end of the session, with the
-dangling layers that derived-image builds left behind. Containers and images of other users of the engine are never
-counted or touched: only those with the provider's labels.
+dangling layers that this session's builds (and its killed workers') left behind. Containers and images of other
+users of the engine are never counted or touched: only those with the provider's labels, and of those, another
+live session's builds are left to it.
 """
 
 from __future__ import annotations
@@ -161,11 +162,19 @@ def docker_client() -> Iterator[Any]:
 
     client = require_docker()
     yield client
-    for image in client.images(filters={"label": DERIVED_LABEL}) + client.images(name=TEST_REPOSITORY):
-        if any(TEST_REPOSITORY in tag for tag in image.get("RepoTags") or ()):
+    from airflow_gpu_provider.backends.docker.images.builds import BUILDER_LABEL, reap_dead_builds
+    from airflow_gpu_provider.host.workers import is_dead, worker_identity
+
+    def ours(image: dict[str, Any]) -> bool:  # built by this session, or by a worker of it that is gone
+        builder = (image.get("Labels") or {}).get(BUILDER_LABEL)
+        return builder is not None and (builder == worker_identity() or is_dead(builder))
+
+    for image in client.images(name=TEST_REPOSITORY):  # another live session's images are left to it
+        if ours(image) and any(TEST_REPOSITORY in tag for tag in image.get("RepoTags") or ()):
             with contextlib.suppress(docker.errors.NotFound):
                 client.remove_image(image["Id"], force=True)
-    for image in client.images(all=True, filters={"dangling": True, "label": DERIVED_LABEL}):
+    reap_dead_builds(client, logging.getLogger("docker_client"))  # what this session's killed workers built
+    for image in client.images(all=True, filters={"label": f"{BUILDER_LABEL}={worker_identity()}", "dangling": True}):
         with contextlib.suppress(docker.errors.APIError):  # still used by another image
             client.remove_image(image["Id"])
 
@@ -212,13 +221,22 @@ def gpu_runtime(gpu_runtime_problem: str | None) -> None:
 
 
 def container_ids(client: Any) -> set[str]:
-    """The engine's containers that this provider made: task containers and derived-image build steps.
+    """The engine's containers that this session made: task containers, build steps and install containers.
 
-    Other users of the same engine are left out: their containers are neither counted nor touched.
+    Each names the worker (or builder) that made it: this test process, or a worker of it that is gone (a worker
+    process a test killed). Other users of the same engine, and other live test sessions, are left out: their
+    containers are neither counted nor touched.
     """
-    return {
-        c["Id"] for label in (TASK_LABEL, DERIVED_LABEL) for c in client.containers(all=True, filters={"label": label})
-    }
+    from airflow_gpu_provider.host.workers import is_dead, worker_identity
+
+    found = set()
+    for label in (TASK_LABEL, DERIVED_LABEL):
+        for container in client.containers(all=True, filters={"label": label}):
+            labels = container.get("Labels") or {}
+            owner = labels.get(f"{TASK_LABEL}.worker") or labels.get(f"{TASK_LABEL}.builder")
+            if owner is not None and (owner == worker_identity() or is_dead(owner)):
+                found.add(container["Id"])
+    return found
 
 
 @pytest.fixture
@@ -288,11 +306,14 @@ def make_wheel(directory: Path, name: str, version: str, code: str) -> Path:
 
 
 @pytest.fixture
-def wheel_dir(tmp_path: Path) -> tuple[Path, str]:
-    """A local wheel directory with a package whose version is new in every test, so its image is new too."""
+def wheel_dir(build_inputs: Path) -> tuple[Path, str]:
+    """A local wheel directory with a package whose version is new in every test, so its image is new too.
+
+    It lies beneath ``[gpu] allowed_build_paths`` and every local user may read it, as the build policy wants.
+    """
     version = f"1.0.{time.time_ns()}"
-    make_wheel(tmp_path / "wheels", "airflow_gpu_testpkg", version, f"VERSION = {version!r}\n")
-    return tmp_path / "wheels", version
+    make_wheel(build_inputs / "wheels", "airflow_gpu_testpkg", version, f"VERSION = {version!r}\n")
+    return build_inputs / "wheels", version
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-import io
+import json
+import subprocess
+import sys
+import tarfile
 import threading
 import time
 from pathlib import Path
@@ -96,12 +99,12 @@ def test_concurrent_tasks_build_the_same_image_once(task_log, wheel_dir):
     assert task_log[1].count("built by another task") == 2
 
 
-def test_pip_installer_and_ca_bundle(task_log, wheel_dir):
+def test_pip_installer_and_ca_bundle(task_log, wheel_dir, build_inputs):
     wheels, version = wheel_dir
     image = image_with(wheels, version, python_package_installer="pip")
-    backend = DockerBackend(
-        DockerOptions.parse({**OPTIONS, "ca_bundle": "/etc/ssl/certs/ca-certificates.crt"}), log=task_log[0]
-    )
+    bundle = build_inputs / "ca.pem"  # beneath [gpu] allowed_build_paths, as a task's own bundle must be
+    bundle.write_bytes(Path("/etc/ssl/certs/ca-certificates.crt").read_bytes())
+    backend = DockerBackend(DockerOptions.parse({**OPTIONS, "ca_bundle": str(bundle)}), log=task_log[0])
     result = backend.run(backend.plan(request(image), GpuConfig.read()), {}).return_value
     assert result == {"version": version, "ssl_cert_file": CA_PATH}
     assert 'RUN ["python3", "-m", "pip", "install"' in task_log[1].text
@@ -123,10 +126,15 @@ def test_uv_pip_installed_in_the_image_and_a_pypi_requirement(task_log, wheel_di
 
 
 def _dangling(docker_client) -> set[str]:
-    return {i["Id"] for i in docker_client.images(all=True, filters={"dangling": True})}
+    """The dangling images this process's builds made (another session's are its own business)."""
+    from airflow_gpu_provider.backends.docker.images.builds import builder_labels
+
+    (label,) = (f"{key}={value}" for key, value in builder_labels().items())
+    return {i["Id"] for i in docker_client.images(all=True, filters={"dangling": True, "label": label})}
 
 
-def test_failing_requirement_install_is_a_clear_error_and_leaves_no_container(docker_client, task_log, tmp_path):
+def test_failing_requirement_install_is_a_clear_error_and_leaves_no_container(docker_client, task_log, build_inputs):
+    tmp_path = build_inputs
     before, images_before = container_ids(docker_client), _dangling(docker_client)
     image = ImageSettings(
         parent_image=BASE_IMAGE,
@@ -160,26 +168,39 @@ def uses_the_private_package() -> dict:
     return {"private": airflow_gpu_private.SECRET_PACKAGE}
 
 
-def test_index_credentials_stay_out_of_the_image_its_history_and_the_log(docker_client, task_log, tmp_path):
-    """The build reaches a password-protected index; the derived image keeps no trace of the password.
+def _layer_files(docker_client, image_id: str, tmp_path: Path) -> dict[str, bytes]:
+    """Every file of every layer of an image (``docker save``): ``{layer/path: content}``."""
+    saved = tmp_path / "saved.tar"
+    with saved.open("wb") as handle:
+        for chunk in docker_client.get_image(image_id):
+            handle.write(chunk)
+    files = {}
+    with tarfile.open(saved) as image:
+        for member in image.getmembers():
+            if not member.isfile() or not (member.name.endswith("layer.tar") or member.name.startswith("blobs/")):
+                continue
+            data = image.extractfile(member)
+            try:
+                with tarfile.open(fileobj=data) as layer:
+                    for entry in layer:
+                        if entry.isfile():
+                            files[f"{member.name}:{entry.name}"] = layer.extractfile(entry).read()
+            except tarfile.ReadError:
+                continue  # a config or manifest blob, not a layer
+    saved.unlink()
+    return files
+
+
+def test_index_credentials_stay_out_of_every_layer_the_history_and_the_log(docker_client, task_log, tmp_path):
+    """The requirements come from a password-protected index; no layer of the derived image holds the password.
 
     (uv: pip refuses a plain-HTTP index on another host, as this test's index is; pip's netrc use is shown by the
     local venv test.)
     """
-    import json
-    import subprocess
-
     from backends.docker.docker_fixtures import make_wheel
     from private_index import docker_host_address, private_index
 
     make_wheel(tmp_path / "wheels", "airflow_gpu_private", "1.0", "SECRET_PACKAGE = True\n")
-    stage = "airflow-gpu-provider.build-stage=airflow-gpu-install"
-    # The install stage of a concurrent build, still needed by that build: not this build's to remove.
-    dockerfile = io.BytesIO(f"FROM {BASE_IMAGE}\nLABEL {stage}\nLABEL other-build={tmp_path.name}\n".encode())
-    other = list(docker_client.build(fileobj=dockerfile, rm=True, decode=True, forcerm=True))
-    others = docker_client.images(all=True, filters={"label": f"other-build={tmp_path.name}"})
-    assert others, other
-    concurrent = {i["Id"] for i in docker_client.images(all=True, filters={"label": stage})}
     with private_index(tmp_path / "wheels") as index:
         image = ImageSettings(
             parent_image=BASE_IMAGE,
@@ -193,14 +214,78 @@ def test_index_credentials_stay_out_of_the_image_its_history_and_the_log(docker_
         )
         assert backend.run(plan, {}).return_value == {"private": True}
         assert index.authorized
+    secrets = (index.password, f"login {index.user}")
     assert index.password not in task_log[1].text
-    derived = next(
-        i for i in docker_client.images(name=TEST_REPOSITORY) if i["Labels"].get("airflow-gpu-provider.derived")
-    )
+    assert "Installing the requirements in a container from" in task_log[1].text
+    label = f"airflow-gpu-provider.requirements-hash={image.requirements_hash}"
+    derived = next(i for i in docker_client.images(name=TEST_REPOSITORY, filters={"label": label}))
     history = subprocess.run(
         ["docker", "history", "--no-trunc", derived["Id"]], capture_output=True, text=True, check=True
     ).stdout
     assert index.password not in history and index.user not in history
     assert index.password not in json.dumps(docker_client.inspect_image(derived["Id"]))
-    assert {i["Id"] for i in docker_client.images(all=True, filters={"label": stage})} == concurrent
-    docker_client.remove_image(others[0]["Id"], force=True)  # the stage with the netrc is gone, the other stays
+    files = _layer_files(docker_client, derived["Id"], tmp_path)
+    assert any("airflow_gpu_private/__init__.py" in name for name in files)  # the layers were read
+    assert not [name for name, data in files.items() if any(s.encode() in data for s in secrets)]
+    assert not [name for name in files if name.endswith("netrc")]
+    assert docker_client.containers(all=True, filters={"label": label}) == []  # the install container is gone
+    # nothing of this build on the engine holds the password: every image it made is the image or its parent
+    made = docker_client.images(all=True, filters={"label": label})
+    assert {i["Id"] for i in made} <= _ancestors(docker_client, derived["Id"])
+
+
+def _ancestors(docker_client, image_id: str) -> set[str]:
+    found = set()
+    while image_id:
+        found.add(image_id)
+        image_id = docker_client.inspect_image(image_id).get("Parent") or ""
+    return found
+
+
+def test_a_worker_killed_during_a_build_leaves_nothing_once_the_next_build_ran(
+    docker_client, task_log, tmp_path, wheel_dir
+):
+    """Killed while its install runs: its install container (and the netrc in it) is removed by the next build.
+
+    The next build is another image: what removes the leftovers is the reaper, not a build that reuses them.
+    """
+    from backends.docker.build_worker import credentialed_image
+    from backends.docker.docker_fixtures import make_wheel
+    from private_index import docker_host_address, private_index
+
+    version = f"1.0.{time.time_ns()}"
+    make_wheel(tmp_path / "private", "airflow_gpu_private", version, "SECRET_PACKAGE = True\n")
+    requirement = f"airflow-gpu-private=={version}"
+    script = Path(__file__).with_name("build_worker.py")
+    with private_index(tmp_path / "private", delay=120) as index:  # the install waits on the index
+        url = index.url(docker_host_address())
+        worker = subprocess.Popen(
+            [sys.executable, str(script), url, requirement, str(tmp_path / "locks")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 240
+            while not index.requests and worker.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert index.requests, worker.communicate(timeout=60)[0].decode()[-3000:]
+        finally:
+            worker.kill()
+            worker.wait()
+    label = f"airflow-gpu-provider.requirements-hash={credentialed_image(url, requirement).requirements_hash}"
+    left = docker_client.containers(all=True, filters={"label": label}) + docker_client.images(
+        all=True, filters={"label": label}
+    )
+    assert left  # what the killed build left, for now: its install container (a build stage's images before)
+
+    wheels, plain_version = wheel_dir
+    backend = DockerBackend(DockerOptions.parse(OPTIONS), log=task_log[0])
+    assert (
+        backend.run(backend.plan(request(image_with(wheels, plain_version)), GpuConfig.read()), {}).return_value[
+            "version"
+        ]
+        == plain_version
+    )
+    assert docker_client.containers(all=True, filters={"label": label}) == []
+    assert docker_client.images(all=True, filters={"label": label}) == []
+    assert "left by a build whose worker died" in task_log[1].text

@@ -39,10 +39,17 @@ class PodRun:
 
 
 def _docker_argv(
-    container: dict[str, Any], volumes: dict[str, Path], shm: str | None, pod_security: dict[str, Any]
+    container: dict[str, Any],
+    volumes: dict[str, Path],
+    shm: str | None,
+    pod_security: dict[str, Any],
+    *,
+    name: str,
+    labels: dict[str, str],
 ) -> list[str]:
-    name = f"pod-in-docker-{uuid.uuid4().hex[:10]}"
     argv = ["docker", "run", "--rm", "--name", name, "--label", LABEL, "--security-opt", "no-new-privileges"]
+    for key, value in labels.items():
+        argv += ["--label", f"{key}={value}"]
     security = {**pod_security, **(container.get("securityContext") or {})}  # as the kubelet applies them
     if "runAsUser" in security:
         argv += ["--user", f"{security['runAsUser']}:{security.get('runAsGroup', security['runAsUser'])}"]
@@ -68,13 +75,25 @@ def _docker_argv(
     return [*argv, "--entrypoint", command[0], container["image"], *command[1:], *(container.get("args") or [])]
 
 
-def run_pod(pod: dict[str, Any], timeout: float = 300, secrets: dict[str, dict[str, str]] | None = None) -> PodRun:
+def run_pod(
+    pod: dict[str, Any],
+    timeout: float = 300,
+    secrets: dict[str, dict[str, str]] | None = None,
+    *,
+    labels: dict[str, str] | None = None,
+    tmp: Path | None = None,
+) -> PodRun:
     """Run the pod's init containers (stopping at the first failure) and its main container.
 
+    Only this pod's containers are removed at the end: other runs may use the same engine.
+
     :param secrets: the Secrets the pod mounts, by name: key -> content
+    :param labels: more labels for its containers (a run's own, to count what it left)
+    :param tmp: where its volumes' folder goes (default: the system's temp folder)
     """
     spec = pod["spec"]
-    workdir = Path(tempfile.mkdtemp(prefix="pod-in-docker-"))
+    workdir = Path(tempfile.mkdtemp(prefix="pod-in-docker-", dir=tmp))
+    names: list[str] = []
     try:
         volumes = {v["name"]: workdir / v["name"] for v in spec.get("volumes") or []}
         for path in volumes.values():
@@ -90,8 +109,12 @@ def run_pod(pod: dict[str, Any], timeout: float = 300, secrets: dict[str, dict[s
         main = next(c for c in spec["containers"] if c["name"] == "base")
         exit_codes, logs = {}, {}
         for container in [*(spec.get("initContainers") or []), main]:
+            names.append(f"pod-in-docker-{uuid.uuid4().hex[:10]}")
+            argv = _docker_argv(
+                container, volumes, shm, spec.get("securityContext") or {}, name=names[-1], labels=labels or {}
+            )
             done = subprocess.run(
-                _docker_argv(container, volumes, shm, spec.get("securityContext") or {}),
+                argv,
                 capture_output=True,
                 text=True,
                 timeout=timeout,
@@ -105,5 +128,6 @@ def run_pod(pod: dict[str, Any], timeout: float = 300, secrets: dict[str, dict[s
         result = json.loads(result_file.read_text()) if result_file.exists() else None
         return PodRun(exit_codes, logs, result)
     finally:
-        subprocess.run(["docker", "rm", "-f", *leftover_containers()], capture_output=True, check=False)
+        if names:  # a timeout leaves its container running: only this pod's own are removed
+            subprocess.run(["docker", "rm", "-f", *names], capture_output=True, check=False)
         shutil.rmtree(workdir, ignore_errors=True)

@@ -43,14 +43,12 @@ def leaves_a_background_child(pid_file: str) -> str:
 
 
 def starts_a_setsid_grandchild(pid_file: str) -> str:
-    import os
     import subprocess
     import time
 
     child = subprocess.Popen(["sleep", "300"], start_new_session=True, stdout=subprocess.DEVNULL)  # setsid()
     with open(pid_file, "w") as handle:
         handle.write(str(child.pid))
-    os.setpgid(0, 0)  # the task process itself leaves nothing in its original group but itself
     time.sleep(300)
     return "never"
 

@@ -7,11 +7,9 @@ pull and push progress to the task log. Run time only: DAG parsing never imports
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import os
 import re
-import tarfile
 import tempfile
 import time
 from collections import deque
@@ -22,21 +20,20 @@ from typing import Any
 from docker.errors import APIError, ImageNotFound, NotFound
 from docker.utils import parse_repository_tag
 
-from airflow_gpu_provider.backends.docker.images.dockerfile import INSTALL_STAGE, LABEL_PREFIX, DerivedImageSpec
+from airflow_gpu_provider.backends.docker.images import ImageError
+from airflow_gpu_provider.backends.docker.images.builds import builder_labels, reap_dead_builds
+from airflow_gpu_provider.backends.docker.images.context import build_context
+from airflow_gpu_provider.backends.docker.images.dockerfile import DerivedImageSpec
+from airflow_gpu_provider.backends.docker.images.install import install_requirements
+from airflow_gpu_provider.backends.docker.images.recipe import with_labels
 from airflow_gpu_provider.backends.docker.options import PullPolicy
-from airflow_gpu_provider.exceptions import GpuTaskError
 from airflow_gpu_provider.host.state import exclusive
 from airflow_gpu_provider.runtime.protocol import redact
-from airflow_gpu_provider.task import runtime_zip
 
 TAIL_LINES = 30
 _RUNNING_IN = re.compile(r"Running in ([0-9a-f]{12,64})")
 _STEP_IMAGE = re.compile(r"---> ([0-9a-f]{12,64})\b")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-class ImageError(GpuTaskError):
-    """An image could not be found, pulled, built or pushed."""
 
 
 def _consume(chunks: Iterable[dict[str, Any]], log: logging.Logger) -> list[str]:
@@ -120,37 +117,6 @@ def resolve_image(client: Any, reference: str, policy: PullPolicy | str, log: lo
         ) from None
 
 
-def _build_context(spec: DerivedImageSpec, handle: Any) -> None:
-    """Write the build context (Dockerfile, uv, CA bundle, wheel directories, the runtime) as a tar into ``handle``."""
-    with tarfile.open(fileobj=handle, mode="w") as tar:
-        dockerfile = spec.dockerfile.encode()
-        info = tarfile.TarInfo("Dockerfile")
-        info.size, info.mode = len(dockerfile), 0o644
-        tar.addfile(info, io.BytesIO(dockerfile))
-        if spec.uv_binary:
-            tar.add(spec.uv_binary, arcname="uv", recursive=False)
-        if spec.netrc:  # from memory: the credentials are never written to a file on the worker
-            secret = spec.netrc.encode()
-            info = tarfile.TarInfo("netrc")
-            info.size, info.mode = len(secret), 0o600
-            tar.addfile(info, io.BytesIO(secret))
-        if spec.runtime:  # the install stage runs the runtime's installer
-            runtime = runtime_zip.archive()
-            info = tarfile.TarInfo(runtime_zip.FILE_NAME)
-            info.size, info.mode = len(runtime), 0o644
-            tar.addfile(info, io.BytesIO(runtime))
-        for name, path in spec.files:
-            source = Path(path)
-            if source.is_dir():
-                tar.add(source, arcname=name, recursive=False)
-                for entry in sorted(source.iterdir()):
-                    if entry.is_file():
-                        tar.add(entry, arcname=f"{name}/{entry.name}", recursive=False)
-            else:
-                tar.add(source, arcname=name, recursive=False)
-    handle.seek(0)
-
-
 def _remove_containers(client: Any, ids: Iterable[str], log: logging.Logger) -> None:
 
     for container_id in ids:
@@ -160,14 +126,23 @@ def _remove_containers(client: Any, ids: Iterable[str], log: logging.Logger) -> 
 
 
 def build_image(client: Any, spec: DerivedImageSpec, tag: str, log: logging.Logger, *, nocache: bool = False) -> None:
-    """Build ``spec`` as ``tag`` through the engine, streaming progress; leave no intermediate container behind."""
-    log.info("Building derived image %s FROM %s:\n%s", tag, spec.parent, redact(spec.dockerfile.rstrip()))
+    """Build ``spec`` as ``tag`` through the engine, streaming progress; leave no intermediate container behind.
+
+    What the build makes carries this worker's label (``builds.py``); with index credentials, an install container
+    installs the requirements first (``install.py``) and the build only copies its files in.
+    """
+    labels = builder_labels()
+    dockerfile = with_labels(spec.dockerfile, labels)
+    log.info("Building derived image %s FROM %s:\n%s", tag, spec.parent, redact(dockerfile.rstrip()))
     started = time.monotonic()
     lines: list[str] = []
     built = False
+    installed = None
     with tempfile.TemporaryFile(prefix="airflow-gpu-context-") as context:
-        _build_context(spec, context)
         try:
+            if spec.install:
+                installed = install_requirements(client, spec, {**spec.labels, **labels}, log)
+            build_context(spec, dockerfile, context, installed)
             stream = client.build(
                 fileobj=context,
                 custom_context=True,
@@ -186,12 +161,12 @@ def build_image(client: Any, spec: DerivedImageSpec, tag: str, log: logging.Logg
                 f"{getattr(err, 'explanation', None) or err}"
             ) from None
         finally:
+            if installed is not None:
+                installed.close()
             output = "\n".join(lines)
             if not built:  # failed or interrupted (task timeout): the step's container must not outlive it
                 _remove_containers(client, _RUNNING_IN.findall(output), log)
                 _remove_step_images(client, _STEP_IMAGE.findall(output), log)
-            if spec.netrc:  # the install stage's images hold the credentials: none may stay on the engine
-                _remove_install_stage(client, _STEP_IMAGE.findall(output), log)
     log.info("Built derived image %s in %.1fs", tag, time.monotonic() - started)
 
 
@@ -204,17 +179,6 @@ def _remove_step_images(client: Any, ids: list[str], log: logging.Logger) -> Non
         with contextlib.suppress(NotFound, APIError):  # still used by another image: it stays with it
             client.remove_image(image_id, noprune=True)
             log.info("Removed the image %s of a step of the failed build", image_id)
-
-
-def _remove_install_stage(client: Any, steps: list[str], log: logging.Logger) -> None:
-    """The install stage's images of this build (its steps), not those of a concurrent build."""
-    label = f"{LABEL_PREFIX}.build-stage={INSTALL_STAGE}"
-    for found in client.images(all=True, filters={"label": label}):
-        if not any(found["Id"].split(":")[-1].startswith(step) for step in steps):
-            continue
-        with contextlib.suppress(NotFound, APIError):  # in use by a concurrent build: that build removes it
-            client.remove_image(found["Id"], force=True, noprune=False)
-            log.info("Removed the install stage's image %s", found["Id"][:19])
 
 
 def _recording(chunks: Iterable[dict[str, Any]], into: list[str]) -> Iterator[dict[str, Any]]:
@@ -261,6 +225,7 @@ def ensure_derived_image(
         if inspect_image(client, tag) is not None:
             log.info("Using derived image %s, built by another task while this one waited %.1fs", tag, waited)
             return tag, False
+        reap_dead_builds(client, log)  # what a build killed with its worker left (its install container too)
         build_image(client, spec, tag, log)
         if push:
             push_image(client, tag, log)

@@ -1,16 +1,12 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
-from airflow_gpu_provider.backends.docker.images.dockerfile import (
-    CA_PATH,
-    SHARE,
-    BuildOptions,
-    derived_image_spec,
-    render_dockerfile,
-)
+from airflow_gpu_provider.backends.docker.images.dockerfile import BuildOptions, derived_image_spec
+from airflow_gpu_provider.backends.docker.images.recipe import BUILD_DIR, CA_PATH, SHARE, render_dockerfile, with_labels
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.settings import ImageSettings
 
@@ -89,17 +85,18 @@ def test_bytecode_compilation_can_be_turned_off():
         assert (flag in plain) == (installer == "pip")
 
 
-def test_spec_copies_local_wheel_dirs_and_keeps_urls(tmp_path):
-    (tmp_path / "pkg-1.0-py3-none-any.whl").write_bytes(b"x")
-    image = ImageSettings(requirements=["pkg"], find_links=[str(tmp_path), "https://wheels.example.com/"])
+def test_spec_copies_local_wheel_dirs_and_keeps_urls(build_inputs):
+    (build_inputs / "pkg-1.0-py3-none-any.whl").write_bytes(b"x")
+    image = ImageSettings(requirements=["pkg"], find_links=[str(build_inputs), "https://wheels.example.com/"])
     spec = derived_image_spec(PARENT, image, BuildOptions(), uv_binary="/usr/bin/uv")
-    assert spec.files == (("find-links-0", str(tmp_path)),)
+    assert spec.files == (("find-links-0", str(build_inputs)),)
     assert f"--find-links {SHARE}/find-links-0".replace(" ", '", "') in spec.dockerfile
     assert "https://wheels.example.com/" in spec.dockerfile
     assert spec.uv_binary == "/usr/bin/uv"
 
 
-def test_tag_is_a_content_hash(tmp_path):
+def test_tag_is_a_content_hash(build_inputs):
+    tmp_path = build_inputs
     wheel = tmp_path / "pkg-1.0-py3-none-any.whl"
     wheel.write_bytes(b"x")
     image = ImageSettings(requirements=["pkg"], find_links=[str(tmp_path)])
@@ -133,7 +130,8 @@ def test_registry_prefixes_the_name():
     assert spec.tag_for("x").startswith("reg.example.com/ml/airflow-gpu-derived:")
 
 
-def test_missing_local_inputs_are_clear_errors(tmp_path):
+def test_missing_local_inputs_are_clear_errors(build_inputs):
+    tmp_path = build_inputs
     with pytest.raises(InvalidSettingError, match="no such directory"):
         derived_image_spec(
             PARENT,
@@ -151,25 +149,37 @@ def test_missing_local_inputs_are_clear_errors(tmp_path):
         )
 
 
-def test_credentials_stay_in_a_build_stage_that_is_not_the_image():
+def test_credentials_go_to_the_install_container_only_never_to_the_build():
     image = ImageSettings(requirements=["private-pkg==1"], index_url="https://alice:s3cret@pypi.corp/simple")
     spec = derived_image_spec(PARENT, image, BuildOptions(), uv_binary="/usr/bin/uv")
-    assert "s3cret" not in spec.dockerfile and "alice" not in spec.dockerfile
+    assert "s3cret" not in spec.dockerfile and "alice" not in spec.dockerfile and "netrc" not in spec.dockerfile
     assert "s3cret" not in spec.fingerprint  # new credentials do not make a new image
+    assert "s3cret" not in " ".join(spec.install) and "s3cret" not in json.dumps(spec.install_environment)
     assert spec.netrc == "machine pypi.corp login alice password s3cret\n"
-    install, final = spec.dockerfile.split(f"FROM {PARENT}\n")
-    assert install.startswith(f"FROM {PARENT} AS airflow-gpu-install")
-    assert "COPY netrc" in install and "--index-url" in install and "https://pypi.corp/simple" in install
-    assert "netrc" not in final
-    assert "COPY --from=airflow-gpu-install /opt/airflow-gpu/site-packages /opt/airflow-gpu/site-packages" in final
-    assert "ENV PYTHONPATH=/opt/airflow-gpu/site-packages" in final
-    assert spec.runtime  # the install stage runs the runtime's installer from its archive, in the build context
-    assert "COPY runtime.pyz /usr/local/share/airflow-gpu/runtime.pyz" in install
-    assert (
-        '"python3", "/usr/local/share/airflow-gpu/runtime.pyz", "install", "/opt/airflow-gpu/site-packages"' in install
-    )
-    assert final.endswith('RUN ["python3", "-m", "compileall", "-q", "/opt/airflow-gpu/site-packages"]\n')
+    assert spec.install == (
+        "python3", f"{BUILD_DIR}/runtime.pyz", "install", "--uv", f"{BUILD_DIR}/uv", "/opt/airflow-gpu/site-packages",
+        "uv", "--index-url", "https://pypi.corp/simple", "--", "private-pkg==1",
+    )  # fmt: skip
+    assert dict(spec.install_environment)["NETRC"] == f"{BUILD_DIR}/netrc"
+    assert spec.dockerfile.count("FROM ") == 1 and 'RUN ["/usr/local/bin/uv"' not in spec.dockerfile
+    assert "COPY deps /opt/airflow-gpu/site-packages" in spec.dockerfile
+    assert "ENV PYTHONPATH=/opt/airflow-gpu/site-packages" in spec.dockerfile
+    assert spec.dockerfile.endswith('RUN ["python3", "-m", "compileall", "-q", "/opt/airflow-gpu/site-packages"]\n')
     uncompiled = derived_image_spec(PARENT, image, BuildOptions(compile_bytecode=False), uv_binary="/usr/bin/uv")
     assert "compileall" not in uncompiled.dockerfile
+    pip = derived_image_spec(
+        PARENT, dataclasses.replace(image, python_package_installer="pip"), BuildOptions(), uv_binary=None
+    )
+    assert "--uv" not in pip.install and "pip" in pip.install
+    through_pip = derived_image_spec(PARENT, image, BuildOptions(uv_source="pip"), uv_binary=None)
+    assert through_pip.install[3:5] == ("--uv-version", through_pip.install[4]) and through_pip.install[4][0].isdigit()
     plain = derived_image_spec(PARENT, ImageSettings(requirements=["six"]), BuildOptions(), uv_binary=None)
-    assert plain.netrc == "" and plain.dockerfile.count("FROM ") == 1
+    assert plain.netrc == "" and plain.install == () and plain.dockerfile.count("FROM ") == 1
+
+
+def test_the_builder_label_comes_right_after_from_and_is_no_part_of_the_tag():
+    spec = derived_image_spec(PARENT, ImageSettings(requirements=["six"]), BuildOptions(), uv_binary=None)
+    labelled = with_labels(spec.dockerfile, {"airflow-gpu-provider.builder": "host:1:2"})
+    lines = labelled.splitlines()
+    assert lines[0] == f"FROM {PARENT}" and lines[1] == 'LABEL airflow-gpu-provider.builder="host:1:2"'
+    assert lines[2:] == spec.dockerfile.splitlines()[1:]

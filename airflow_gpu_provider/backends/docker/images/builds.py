@@ -1,0 +1,58 @@
+"""Who built what on the engine: what a dead builder left is removed before the next build.
+
+Rule (docs/security.md, *what a killed build leaves is reaped by label*): a worker killed during a build cannot
+clean up after it: its install container may still run, its build's step images stay in the build cache. So every
+container and image a build makes carries ``airflow-gpu-provider.builder=<worker identity>``
+(:func:`~airflow_gpu_provider.host.workers.worker_identity`): the install container by its labels, every step of the
+Dockerfile by a ``LABEL`` right after ``FROM`` (:func:`.recipe.with_labels`). Before a build, the containers of the
+dead builders of this host are removed, then their untagged images, children first; an image that another image is
+built on stays with it, and the builders of other hosts sharing a remote engine are left to them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+from docker.errors import APIError, NotFound
+
+from airflow_gpu_provider.host.workers import is_dead, worker_identity
+from airflow_gpu_provider.task.labels import docker_label
+
+BUILDER_LABEL = docker_label("builder")
+
+
+def builder_labels() -> dict[str, str]:
+    """The label of what this worker's build makes."""
+    return {BUILDER_LABEL: worker_identity()}
+
+
+def _dead(found: dict[str, Any]) -> bool:
+    return is_dead((found.get("Labels") or {}).get(BUILDER_LABEL, ""))
+
+
+def _untagged(image: dict[str, Any]) -> bool:
+    return not [tag for tag in image.get("RepoTags") or () if tag != "<none>:<none>"]
+
+
+def reap_dead_builds(client: Any, log: logging.Logger) -> list[str]:
+    """Remove what the builds of this host's dead workers left: containers, then untagged images; their ids."""
+    reaped = []
+    for container in client.containers(all=True, filters={"label": BUILDER_LABEL}):
+        if _dead(container):
+            with contextlib.suppress(NotFound, APIError):
+                client.remove_container(container["Id"], force=True, v=True)
+                reaped.append(container["Id"])
+    images = [i for i in client.images(all=True, filters={"label": BUILDER_LABEL}) if _dead(i) and _untagged(i)]
+    while images:  # children first: an image is removed once no other one of these is built on it
+        parents = {image.get("ParentId") for image in images}
+        leaves = [image for image in images if image["Id"] not in parents]
+        for image in leaves:
+            with contextlib.suppress(NotFound, APIError):  # another image is built on it: it stays with that one
+                client.remove_image(image["Id"], noprune=True)
+                reaped.append(image["Id"])
+        images = [image for image in images if image not in leaves]
+    if reaped:
+        log.warning("Removed %d containers and images left by a build whose worker died", len(reaped))
+    return reaped
