@@ -53,7 +53,7 @@ def run_roots(dag_run: Any, session: Any) -> set[str]:
 def remove_run_folder(root: str, dag_id: str, run_id: str, policy: Policy) -> bool:
     """Delete ``<root>/<dag_id>/<run_id>`` when the deployment allows ``root``; whether there was one to delete.
 
-    Rule (docs/security.md): DAG-author code never acts in the scheduler, and a rendered ``checkpoint`` is the DAG
+    Rule A1 (docs/security.md): DAG-author code never acts in the scheduler, and a rendered ``checkpoint`` is the DAG
     author's: only a root of the admin's ``[gpu]`` allow-list counts; a local folder goes only when it holds the
     provider's marker for this run, through descriptors (``policy/checkpoints.py``).
     """

@@ -1,6 +1,6 @@
 """What of the worker a derived image's build may read: only what the admin allows, and nothing secret.
 
-Rule (docs/security.md, *a DAG author gets no more of a host than the admin allows*): a derived image keeps what
+Rule B1 (docs/security.md: a build reads of the worker only what the admin allows): a derived image keeps what
 its build copies in, on the engine and in ``[gpu] image_registry``, for whoever may pull it. So the worker files a
 task names for its build (``ImageSettings.find_links`` folders, ``backend_options['ca_bundle']``) must lie beneath
 ``[gpu] allowed_build_paths``, be resolved as stable paths (``policy/paths.py``: no symbolic link on the way, every

@@ -3,7 +3,7 @@
 The worker starts the task process through its supervisor (:mod:`.supervisor`): a child subreaper, so everything the
 task starts stays beneath it whatever it does (``setpgid``, ``setsid``, ``env -i``, a double fork), and it stops all
 of it when the task process ends, when the worker asks (on_kill) or when the worker dies, holding the GPU locks
-until nothing of the task is left (rule: *a task's processes are found whatever they do*, docs/security.md). The
+until nothing of the task is left (rule T1, docs/security.md: a task's processes are found whatever they do). The
 worker waits for the task process, not for the end of its output: a background child that keeps the pipe open
 cannot hang the task.
 

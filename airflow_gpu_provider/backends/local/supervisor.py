@@ -1,6 +1,6 @@
 """The local task's supervisor: the subreaper of all that a task starts, holding its GPUs until all of it has ended.
 
-Rule (docs/security.md, *a task's processes are found whatever they do*): the worker starts ``python -m
+Rule T1 (docs/security.md: a task's processes are found whatever they do): the worker starts ``python -m
 airflow_gpu_provider.backends.local.supervisor OPTIONS -- ARGV`` in a session of its own, with the GPU lock
 descriptors; the supervisor makes itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``) and starts the task
 process (``ARGV``) in another session. A process whose parent ends is then re-parented to the supervisor, never to

@@ -1,6 +1,6 @@
 """Who built what on the engine: what a dead builder left is removed before the next build.
 
-Rule (docs/security.md, *what a killed build leaves is reaped by label*): a worker killed during a build cannot
+Rule B2 (docs/security.md: what a killed build leaves is reaped by label): a worker killed during a build cannot
 clean up after it: its install container may still run, its build's step images stay in the build cache. So every
 container and image a build makes carries ``airflow-gpu-provider.builder=<worker identity>``
 (:func:`~airflow_gpu_provider.host.workers.worker_identity`): the install container by its labels, every step of the

@@ -1,6 +1,6 @@
 """The install container of a derived image whose index needs credentials: no image layer ever holds them.
 
-Rule (docs/security.md, *no image layer ever holds a credential*): the requirements are installed in a container
+Rule B2 (docs/security.md: no image layer ever holds a credential): the requirements are installed in a container
 from the parent image, never in a build step. The container gets the runtime, uv, the CA bundle, the wheel folders
 and the netrc file through the Docker API (``put_archive`` into its own filesystem, from memory: no file on the
 worker, no bind mount, so remote engines work too), runs the runtime's installer into

@@ -2,7 +2,7 @@
 
 Without index credentials the Dockerfile installs the requirements itself (one ``RUN``). With them, no build step
 may see them: a layer keeps what its step wrote, a step's image stays in the build cache, and a build killed halfway
-leaves its step images on the engine (rule: *no image layer ever holds a credential*, docs/security.md). The
+leaves its step images on the engine (rule B2, docs/security.md: no image layer ever holds a credential). The
 requirements are then installed first in an install container from the parent image (the runtime's installer, the
 credentials in a netrc file that the container gets beside it: ``install.py``); the Dockerfile only copies what it
 installed (:data:`DEPS_DIR`) into the image.
