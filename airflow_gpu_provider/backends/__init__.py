@@ -41,6 +41,8 @@ class BackendInfo(NamedTuple):
     :param renders: whether it can show what it would submit (``GpuStepOperator.render_manifests()``)
     :param placement: ``module:function`` that places a task of this backend when the DAG is parsed (queue,
         executor, ``executor_config``), for a backend whose tasks Airflow's executor places; ``None``: none
+    :param defers: whether a running task can be deferred (``deferrable=True``: :meth:`.base.Backend.start`); a
+        backend whose task is a child of the worker cannot (it defers only the wait for GPUs)
     """
 
     name: str
@@ -51,6 +53,7 @@ class BackendInfo(NamedTuple):
     all_gpus: bool = True
     renders: bool = False
     placement: str | None = None
+    defers: bool = False
 
     @property
     def placed_at_parse(self) -> bool:
@@ -136,6 +139,7 @@ BACKENDS: dict[str, BackendInfo] = {
             backend="airflow_gpu_provider.backends.docker.backend:DockerBackend",
             options="airflow_gpu_provider.backends.docker.options:DockerOptions",
             extra="docker",
+            defers=True,
         ),
         BackendInfo(
             "kubernetes",
@@ -145,6 +149,7 @@ BACKENDS: dict[str, BackendInfo] = {
             max_nodes=None,
             all_gpus=False,
             renders=True,
+            defers=True,
         ),
         # Airflow's executor places the task when the DAG is parsed (backends/executor/placement.py); on the GPU
         # worker, pod or queue it was given, it runs exactly as the local backend runs it: the local run half.

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from airflow_gpu_provider.backends.options import BackendOptions
@@ -22,6 +24,20 @@ if TYPE_CHECKING:
 
 OptionsT = TypeVar("OptionsT", bound=BackendOptions)
 PlanT = TypeVar("PlanT")
+
+
+@dataclass(frozen=True)
+class Deferral:
+    """A job started and left running while the task is deferred (``deferrable=True``).
+
+    :param trigger: the trigger that waits for it in the triggerer (an Airflow ``BaseTrigger``)
+    :param state: JSON that :meth:`Backend.resume` gets back, with the trigger's event, on the worker
+    :param timeout: how long the deferral may last (``None``: the task's ``execution_timeout`` alone)
+    """
+
+    trigger: Any
+    state: dict[str, Any] = field(default_factory=dict)
+    timeout: timedelta | None = None
 
 
 class Backend(ABC, Generic[OptionsT, PlanT]):
@@ -46,6 +62,18 @@ class Backend(ABC, Generic[OptionsT, PlanT]):
     @abstractmethod
     def run(self, plan: PlanT, context: Context) -> TaskResult:
         """Run the plan to completion in the task's context, streaming logs; clean up on every path."""
+
+    def start(self, plan: PlanT, context: Context) -> TaskResult | Deferral:
+        """Start the plan and leave it running (``deferrable=True``): a :class:`Deferral`, or a result when it is
+        over already. Only backends whose registry entry says ``defers`` implement it.
+        """
+        raise NotImplementedError(f"the {self.name!r} backend cannot defer a running task")
+
+    def resume(self, plan: PlanT, state: dict[str, Any], event: Any, context: Context) -> TaskResult | Deferral:
+        """On a worker again, after the trigger fired: collect what :meth:`start` left running and clean up (or
+        defer again). ``plan`` is the same try's plan, made anew; ``state`` is the :class:`Deferral`'s.
+        """
+        raise NotImplementedError(f"the {self.name!r} backend cannot defer a running task")
 
     def kill(self) -> None:
         """Stop a running plan (called from the operator's ``on_kill``)."""
