@@ -33,6 +33,10 @@ class TaskRequest:
         on the backends that pick devices themselves (local, Docker)
     :param checkpoint: the try's checkpoint folder (``checkpoint/location.py``), ``None`` for none
     :param resume: resume from the newest checkpoint of that folder
+    :param reattach: a later try of the same task instance takes over the job an earlier try left running (a
+        container, a pod) instead of starting a second one (docs/deferrable.md); ``False``: it starts afresh
+    :param defer_wait: ``on_missing_gpu="wait"`` defers to the triggerer instead of waiting in the worker: the host
+        allocator raises :class:`~airflow_gpu_provider.host.allocator.MustWait` rather than sleep
     """
 
     resources: ResourceSettings
@@ -45,6 +49,8 @@ class TaskRequest:
     min_gpu_memory: int | None = None
     checkpoint: CheckpointLocation | None = None
     resume: bool = False
+    reattach: bool = True
+    defer_wait: bool = False
 
     @property
     def missing_gpu(self) -> MissingGpuPolicy:
