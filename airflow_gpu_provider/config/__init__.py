@@ -16,7 +16,7 @@ from airflow_gpu_provider.config.allow_lists import ALLOW_LISTS
 from airflow_gpu_provider.config.options import SECTION, Option
 
 OPTIONS: tuple[Option, ...] = (*options.OPTIONS, *ALLOW_LISTS)
-POSITIVE_SECONDS = ("wait_poll_interval", "kill_grace", "profile_interval")
+POSITIVE_SECONDS = ("wait_poll_interval", "wait_timeout", "trigger_poll_interval", "kill_grace", "profile_interval")
 POD_SECURITY_LEVELS = ("restricted", "baseline", "privileged")
 
 __all__ = ["OPTIONS", "SECTION", "Option", "airflow_setting", "check_choice", "get", "provider_config"]

@@ -94,6 +94,30 @@ OPTIONS: tuple[Option, ...] = (
         "wait_poll_interval", "float", "5.0", "Seconds between attempts to get GPUs when on_missing_gpu is wait.", "1.0"
     ),
     Option(
+        "wait_timeout",
+        "float",
+        "86400",
+        "Seconds a task with on_missing_gpu=wait waits for GPUs (in the worker, or deferred) before it fails, "
+        "naming what it waited for. A task's wait_timeout overrides it.",
+        "3600",
+    ),
+    Option(
+        "deferrable",
+        "boolean",
+        "False",
+        "Default of the deferrable argument of GPU operators and @task.gpu: a Docker container or Kubernetes pod "
+        "runs while the task is deferred (no worker slot held; the triggerer watches it), and a wait for GPUs "
+        "(on_missing_gpu=wait) is deferred on every host backend. See docs/deferrable.md.",
+        "True",
+    ),
+    Option(
+        "trigger_poll_interval",
+        "float",
+        "1.0",
+        "Seconds between two looks of a deferred task's trigger (is the container over, is a GPU free).",
+        "2.0",
+    ),
+    Option(
         "default_parent_image",
         "string",
         "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime",

@@ -28,6 +28,9 @@ class GpuConfig:
     executor: str
     inventory: str
     wait_poll_interval: float
+    wait_timeout: float
+    deferrable: bool
+    trigger_poll_interval: float
     default_parent_image: str
     shm_size: str
     ca_bundle: str

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from airflow_gpu_provider.exceptions import GpuUnavailableError
 from airflow_gpu_provider.host.inventory import Device, host_devices, matches_model
 from airflow_gpu_provider.host.state import open_private, private_dir
+from airflow_gpu_provider.host.waiting import MustWait, waited_too_long
 from airflow_gpu_provider.settings import GpuVendor, ResourceSettings
 from airflow_gpu_provider.settings.units import format_bytes
 from airflow_gpu_provider.task.environment import lock_holder
@@ -120,6 +121,8 @@ class GpuAllocator:
         requested: str,
         present: Sequence[Device],
         log: logging.Logger,
+        timeout: float = float("inf"),
+        defer: bool = False,
         sleep: Callable[[float], None] = time.sleep,
     ) -> Allocation:
         """Lock ``count`` of ``candidates`` according to ``policy``.
@@ -127,7 +130,10 @@ class GpuAllocator:
         :param candidates: devices that match the request (model, MIG profile)
         :param requested: the request in words, for messages ("2x nvidia A100")
         :param present: every device of the host, for messages
+        :param timeout: seconds to wait with ``"wait"`` (``[gpu] wait_timeout``)
+        :param defer: with ``"wait"``, raise :class:`MustWait` instead of waiting here (``deferrable=True``)
         :raises GpuUnavailableError: with ``policy="fail"``, or with ``"wait"`` when the host can never satisfy it
+            or the wait timed out
         """
         allocation = self.try_acquire(candidates, count, holder)
         if allocation is not None:
@@ -143,17 +149,21 @@ class GpuAllocator:
                 f"Requested {requested} but {state}.{hint} Set on_missing_gpu='wait' to wait for busy GPUs, "
                 "on_missing_gpu='cpu' to run on CPU, or list this host's GPUs in [gpu] devices."
             )
+        if defer:
+            raise MustWait([str(self.lock_path(d)) for d in candidates], count, requested, state, timeout)
         log.info("Requested %s but %s. Waiting for GPUs to become free (on_missing_gpu='wait').", requested, state)
         waited = 0.0
         next_report = 60.0
         while True:
-            delay = self.poll_interval * random.uniform(0.8, 1.2)
+            delay = min(self.poll_interval * random.uniform(0.8, 1.2), max(timeout - waited, 0.01))
             sleep(delay)
             waited += delay
             allocation = self.try_acquire(candidates, count, holder)
             if allocation is not None:
                 log.info("Got GPUs %s after waiting %.0fs.", [d.id for d in allocation.devices], waited)
                 return allocation
+            if waited >= timeout:
+                raise GpuUnavailableError(waited_too_long(requested, waited, self._describe(present, candidates)))
             if waited >= next_report:
                 log.info(
                     "Still waiting for %s after %.0fs: %s.", requested, waited, self._describe(present, candidates)
@@ -196,11 +206,12 @@ class HostGpus:
     devices: str = "auto"
     state_dir: str = "/var/tmp/airflow-gpu-provider"
     poll_interval: float = 5.0
+    wait_timeout: float = float("inf")
 
     @classmethod
     def configured(cls, conf: GpuConfig, *, devices: str | None = None, state_dir: str | None = None) -> HostGpus:
         """From the worker's ``[gpu]`` options, with a backend's own ``devices`` / ``state_dir`` options first."""
-        return cls(devices or conf.devices, state_dir or conf.state_dir, conf.wait_poll_interval)
+        return cls(devices or conf.devices, state_dir or conf.state_dir, conf.wait_poll_interval, conf.wait_timeout)
 
     def present(self, vendor: GpuVendor) -> list[Device]:
         """The host's devices of ``vendor``."""
@@ -253,6 +264,8 @@ class HostGpus:
             requested=requested,
             present=present,
             log=log,
+            timeout=self.wait_timeout,
+            defer=request.defer_wait,
         )
 
 

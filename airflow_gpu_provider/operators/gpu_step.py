@@ -10,7 +10,8 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_gpu_provider.checkpoint.mixin import CheckpointMixin
-from airflow_gpu_provider.exceptions import GpuUnavailableError, InvalidSettingError, RemoteTaskError
+from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.operators.execution import GpuExecution
 from airflow_gpu_provider.operators.spec import TaskSpec, beside_spec, is_template
 from airflow_gpu_provider.policy.secrets import MasksCredentials
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
     from airflow.sdk.definitions.mappedoperator import OperatorPartial
 
-    from airflow_gpu_provider.backends.base import Backend
     from airflow_gpu_provider.config.worker import GpuConfig
     from airflow_gpu_provider.escalation.tries import Tries
     from airflow_gpu_provider.settings.escalation import OomEscalation
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from airflow_gpu_provider.task.request import TaskRequest
 
 
-class GpuStepOperator(MasksCredentials, CheckpointMixin, LineageMixin, BaseOperator):
+class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMixin, BaseOperator):
     """Run a Python callable or a command on GPUs, on the local, Docker or Kubernetes backend.
 
     Declare resources once (``resources=ResourceSettings(...)`` or the shortcuts) and the backend maps them:
@@ -61,6 +61,8 @@ class GpuStepOperator(MasksCredentials, CheckpointMixin, LineageMixin, BaseOpera
     :param requirements: shortcut for ``image.requirements``; likewise ``parent_image``,
         ``python_package_installer``
     :param checkpoint: the root of the task's checkpoint folder, or ``False`` (:class:`CheckpointMixin`) (templated)
+    :param deferrable: run the container or pod while the task is deferred, and defer a wait for GPUs; default
+        ``[gpu] deferrable`` (:class:`GpuExecution`, docs/deferrable.md); likewise ``reattach``, ``wait_timeout``
     :param task_spec: the task as the decorator (or ``.partial()``) already settled it; arguments given beside it
         settle it again
     """
@@ -139,7 +141,6 @@ class GpuStepOperator(MasksCredentials, CheckpointMixin, LineageMixin, BaseOpera
         self.on_missing_gpu = on_missing_gpu if on_missing_gpu is not None else self.task_spec.on_missing_gpu
         self.resource_overrides = dict(self.task_spec.templated)
         self.environment = check_environment(owner, "environment", environment or {})
-        self._running_backend: Backend[Any, Any] | None = None
         super().__init__(**self.task_spec.placed(kwargs))
 
     @property
@@ -235,45 +236,6 @@ class GpuStepOperator(MasksCredentials, CheckpointMixin, LineageMixin, BaseOpera
         """Whether a try resumes from the newest checkpoint of its folder (``AccelerateOperator(resume=True)``)."""
         return False
 
-    def execute(self, context: Context) -> Any:
-        """Plan the task on its backend and run it; the callable's return value goes to XCom."""
-        from airflow_gpu_provider.config.worker import GpuConfig
-        from airflow_gpu_provider.escalation import tries as escalation
-        from airflow_gpu_provider.telemetry import report
-
-        conf = GpuConfig.read()
-        spec = self.rendered_spec()
-        tries = escalation.Tries.start(spec.on_oom, context) if spec.on_oom is not None else None
-        request = self.task_request(context, spec, conf, tries)
-        backend = spec.info.backend_class()(spec.options, log=self.log)
-        self.log.info(
-            "GPU task %s on backend %r: %s; requirements %s; on_missing_gpu=%s",
-            request.display_name,
-            spec.backend,
-            request.resources.describe(),
-            request.image.requirements_hash,
-            request.on_missing_gpu,
-        )
-        self._running_backend = backend
-        profile: Mapping[str, Any] | None = None
-        failure: BaseException | None = None
-        try:
-            result = backend.run(backend.plan(request, conf), context)
-            profile = result.profile
-            return result.return_value
-        except BaseException as err:
-            failure, profile = err, err.profile if isinstance(err, RemoteTaskError) else None
-            if isinstance(err, GpuUnavailableError) and request.min_gpu_memory is not None:
-                raise AirflowFailException(str(err)) from err  # no GPU of this host is larger: retrying cannot help
-            raise
-        finally:
-            self._running_backend = None
-            self.gpu_profile = report.publish(
-                profile, request, str(spec.backend), context=context, log=self.log, conf=conf
-            )
-            if tries is not None:
-                context["ti"].xcom_push(escalation.XCOM_KEY, tries.finish(request.resources, failure))
-
     def render_manifests(
         self,
         context: Context | None = None,
@@ -292,8 +254,3 @@ class GpuStepOperator(MasksCredentials, CheckpointMixin, LineageMixin, BaseOpera
         from airflow_gpu_provider.render import render_task
 
         return render_task(self, context, params=params, backend=backend, after=after)
-
-    def on_kill(self) -> None:
-        """Stop the child process, container or pod of this try."""
-        if self._running_backend is not None:
-            self._running_backend.kill()

@@ -4,7 +4,7 @@ Each case writes a ``[gpu]`` policy (allow-lists, as the admin would in airflow.
 ``backend_options``, a checkpoint root). Either the task is refused when the DAG is parsed, or every create call
 the worker would make for it (on its GPUs, and on the CPU fallback) is checked by the backend's own final check and
 meets the policy by the independent rules below, and docker-py accepts its host config. The case runs the real
-parse path (``GpuStepOperator``), the real plan and the backend's ``final_call``; only the engine call is left out.
+parse path (``GpuStepOperator``), the real plan and ``lifecycle.final_call``; only the engine call is left out.
 
 Derandomized: the same 5000 cases on every run.
 """
@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from airflow_gpu_provider import GpuStepOperator
 from airflow_gpu_provider.backends.docker.backend import DockerBackend
 from airflow_gpu_provider.backends.docker.files import TaskFiles, checkpoint_folder
+from airflow_gpu_provider.backends.docker.lifecycle import final_call
 from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.policy import Policy
@@ -243,7 +244,7 @@ def test_every_docker_create_call_meets_the_admins_policy(tree):
                 with TaskFiles({"envelope.json": b"{}"}, parent=f"{tree}/state/docker-tasks") as files:
                     kwargs = plan.create_kwargs("img", cpu_fallback=cpu_fallback)
                     try:
-                        create, host = DockerBackend.final_call(kwargs, files, plan)
+                        create, host = final_call(kwargs, files, plan)
                     except UnsafePathError as err:  # what no name shows: a link, a folder someone else owns
                         assert "symbolic link" in err.problem or "belongs to" in err.problem, err
                         outcomes["refused on the worker"] += 1

@@ -3,38 +3,31 @@
 ``plan()`` maps the request to container arguments (pure, :mod:`.plan`); ``run()`` finds or builds the image
 (:mod:`.images`), takes the GPUs from the host allocator when the engine is on this host, creates the container
 with the runtime and the envelope in ``/airflow-gpu`` (:mod:`.files`), starts it, streams its output to the task
-log, reads the result back and removes the container on every path.
+log, reads the result back and removes the container on every path (:mod:`.lifecycle`). ``start()`` does the same
+up to the start and defers to :class:`.trigger.DockerContainerTrigger`; ``resume()`` collects. A container an
+earlier try of the task instance left is taken over instead of started again (:mod:`.durable`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
-from collections.abc import Iterable
+import time
 from typing import TYPE_CHECKING, Any
 
-from docker.errors import APIError
-
-from airflow_gpu_provider.backends.base import Backend
+from airflow_gpu_provider.backends.base import Backend, Deferral
+from airflow_gpu_provider.backends.docker import durable, lifecycle
 from airflow_gpu_provider.backends.docker.client import connect
-from airflow_gpu_provider.backends.docker.files import TaskFiles, checkpoint_folder, read_result
-from airflow_gpu_provider.backends.docker.images.catalogue import cpu_only_reason
-from airflow_gpu_provider.backends.docker.images.dockerfile import derived_image_spec, worker_uv
-from airflow_gpu_provider.backends.docker.images.engine import ensure_derived_image, resolve_image
+from airflow_gpu_provider.backends.docker.files import TaskFiles, checkpoint_folder
+from airflow_gpu_provider.backends.docker.images.task_image import task_image
+from airflow_gpu_provider.backends.docker.lifecycle import ContainerOomError, NoGpuRuntime
 from airflow_gpu_provider.backends.docker.options import DockerOptions
-from airflow_gpu_provider.backends.docker.orphans import AUTO_REMOVE_LABEL, WORKER_LABEL, reap_orphans
+from airflow_gpu_provider.backends.docker.orphans import reap_orphans
 from airflow_gpu_provider.backends.docker.plan import DockerPlan, plan_container
-from airflow_gpu_provider.exceptions import OOM_REMEDY, GpuTaskError, GpuUnavailableError, HostOutOfMemoryError
+from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError
 from airflow_gpu_provider.host.allocator import Allocation
 from airflow_gpu_provider.host.keeper import Keeper
-from airflow_gpu_provider.host.workers import worker_identity
-from airflow_gpu_provider.policy import Policy
-from airflow_gpu_provider.policy.docker import check_container
-from airflow_gpu_provider.settings.units import format_bytes
-from airflow_gpu_provider.task.output import LineSplitter
 from airflow_gpu_provider.task.request import TaskRequest
-from airflow_gpu_provider.task.result import TaskResult, task_result
+from airflow_gpu_provider.task.result import TaskResult
 from airflow_gpu_provider.task.runtime_zip import FILE_NAME, archive
 
 if TYPE_CHECKING:
@@ -42,34 +35,13 @@ if TYPE_CHECKING:
 
     from airflow_gpu_provider.config.worker import GpuConfig
 
-NO_GPU_RUNTIME = "could not select device driver"
+__all__ = ["ContainerOomError", "DockerBackend"]
+
 TOOLKIT_FIX = (
     "Install the NVIDIA Container Toolkit on the Docker host and register it with Docker "
     "(nvidia-ctk runtime configure --runtime=docker, then restart dockerd)"
 )
-
-
-class ContainerOomError(HostOutOfMemoryError):
-    """The container was killed because it ran out of memory (its memory limit): an ``on_oom`` memory step."""
-
-
-class _NoGpuRuntime(Exception):
-    """The engine cannot start GPU containers (no NVIDIA runtime)."""
-
-
-def _log_lines(stream: Iterable[tuple[bytes | None, bytes | None]], log: logging.Logger) -> None:
-    """Log a container's output line by line as it comes (:mod:`~airflow_gpu_provider.task.output`).
-
-    stdout and stderr are split apart, so a line an unbuffered ``print`` writes in two pieces is never cut by the other.
-    """
-    splitters = (LineSplitter(), LineSplitter())
-    for frames in stream:
-        for splitter, data in zip(splitters, frames, strict=False):
-            for line in splitter.feed(data or b""):
-                log.info("%s", line)
-    for splitter in splitters:
-        for line in splitter.flush():
-            log.info("%s", line)
+_ENGINE_OPTIONS = ("docker_conn_id", "api_version", "timeout", "tls_ca_cert", "tls_client_cert", "tls_client_key")
 
 
 class DockerBackend(Backend[DockerOptions, DockerPlan]):
@@ -84,6 +56,8 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         self._killed = False
         self._locks: list[int] = []  # the descriptors of this task's GPU locks
         self._stop_timeout = 30.0  # the running plan's
+        self._store: Any = None  # the task instance's task state store (Airflow >= 3.3)
+        self._deadline: float | None = None  # when a deferred container times out
 
     def plan(self, request: TaskRequest, conf: GpuConfig) -> DockerPlan:
         """Translate the request into container arguments (:func:`.plan.plan_container`)."""
@@ -92,21 +66,52 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
     # ------------------------------------------------------------------ run
     def run(self, plan: DockerPlan, context: Context) -> TaskResult:
         """Find or build the image, run the container to completion, return its result; remove it on every path."""
+        outcome = self._go(plan, context, defer=False)
+        assert isinstance(outcome, TaskResult)  # without defer, never a Deferral
+        return outcome
+
+    def start(self, plan: DockerPlan, context: Context) -> TaskResult | Deferral:
+        """As :meth:`run`, up to the container's start; then the task defers to the container's trigger."""
+        timeout = context["task"].execution_timeout
+        self._deadline = None if timeout is None else time.time() + timeout.total_seconds()
+        return self._go(plan, context, defer=True)
+
+    def resume(self, plan: DockerPlan, state: dict[str, Any], event: Any, context: Context) -> TaskResult:
+        """After the trigger fired: log the container's output, read its result, remove it."""
+        client = self._client = connect(self.options)
+        self._store = context.get("task_state_store")
+        container_id, status = str(state["container_id"]), (event or {}).get("status")
+        if status == "missing":
+            durable.forget(self._store)
+            raise GpuTaskError(
+                f"Container {container_id[:12]} was removed while the task was deferred (by hand, or by another "
+                "tool): its output and result are lost."
+            )
+        if status == "timeout":
+            self.log.warning("The task timed out while deferred: stopping container %s", container_id[:12])
+            client.stop(container_id, timeout=round(plan.stop_timeout))
+        return self._follow(client, plan, container_id, state.get("mem_limit"), timed_out=status == "timeout")
+
+    def _go(self, plan: DockerPlan, context: Context, *, defer: bool) -> TaskResult | Deferral:
         checkpoint_folder(plan)
         client = self._client = connect(self.options)
+        self._store = context.get("task_state_store")
         reap_orphans(client, self.log)  # before any GPU is taken: a dead worker's container may still hold it
+        earlier = self._earlier_container(client, plan)
+        if earlier is not None:
+            return self._reattach(client, plan, earlier, defer=defer)
         for note in (*plan.notes, *plan.resources.notes):
             self.log.warning("%s", note)
-        image = self._image(client, plan)
+        image = task_image(client, plan, self.log)
         with self._host_gpus(plan) as allocation:
             self._locks = allocation.fds
             if allocation.cpu_fallback:
-                return self._run_container(client, plan, image, cpu_fallback=True)
+                return self._run_container(client, plan, image, cpu_fallback=True, defer=defer)
             if allocation.devices:
                 ids = [device.id for device in allocation.devices]
                 self.log.info("GPUs %s from the host allocator (shared with the local backend's tasks)", ids)
                 plan = plan.on_devices(ids)
-            return self._run_gpu_container(client, plan, image)
+            return self._run_gpu_container(client, plan, image, defer=defer)
 
     def _host_gpus(self, plan: DockerPlan) -> Allocation:
         """Devices from the host GPU allocator when the engine is on this host and its GPUs are known.
@@ -122,11 +127,11 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
             return Allocation(devices=[])
         return plan.host.allocate(plan.request, backend=self.name, log=self.log, present=present)
 
-    def _run_gpu_container(self, client: Any, plan: DockerPlan, image: str) -> TaskResult:
+    def _run_gpu_container(self, client: Any, plan: DockerPlan, image: str, *, defer: bool) -> TaskResult | Deferral:
         """Run with the GPU request; without an NVIDIA runtime, fail naming the fix or fall back to CPU."""
         try:
-            return self._run_container(client, plan, image, cpu_fallback=False)
-        except _NoGpuRuntime as err:
+            return self._run_container(client, plan, image, cpu_fallback=False, defer=defer)
+        except NoGpuRuntime as err:
             requested = plan.request.resources.describe().split(",")[0]
             policy = plan.request.missing_gpu
             if not policy.runs_on_cpu:
@@ -142,155 +147,130 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
                 err,
                 TOOLKIT_FIX,
             )
-            return self._run_container(client, plan, image, cpu_fallback=True)
+            return self._run_container(client, plan, image, cpu_fallback=True, defer=defer)
 
-    def _image(self, client: Any, plan: DockerPlan) -> str:
-        """The image to run: the parent image, or its derived image with the requirements installed."""
-        parent = resolve_image(client, plan.parent_image, plan.options.pull, self.log)
-        image = plan.parent_image
-        if plan.request.image.requirements:
-            uv = worker_uv(plan.request.image, plan.build, parent.get("Architecture"), self.log)
-            spec = derived_image_spec(plan.parent_image, plan.request.image, plan.build, uv_binary=uv)
-            image, _ = ensure_derived_image(
-                client,
-                spec,
-                parent["Id"],
-                lock_dir=f"{plan.host.state_dir}/docker-builds",
-                push=plan.build.registry is not None,
-                log=self.log,
-            )
-        if plan.resources.host_config.get("device_requests"):  # an NVIDIA GPU task: is the image a CUDA one?
-            config_ = parent.get("Config") or {}
-            reason = cpu_only_reason(plan.parent_image, config_.get("Env") or (), config_.get("Labels") or {})
-            if reason:
-                self.log.warning(
-                    "GPUs were requested but the image %s looks CPU-only (%s): code inside may not see the GPUs. "
-                    "Use a CUDA image such as %s (see airflow_gpu_provider.backends.docker.images.catalogue).",
-                    plan.parent_image,
-                    reason,
-                    plan.cuda_image,
-                )
-        return image
-
-    def _run_container(self, client: Any, plan: DockerPlan, image: str, *, cpu_fallback: bool) -> TaskResult:
+    def _run_container(
+        self, client: Any, plan: DockerPlan, image: str, *, cpu_fallback: bool, defer: bool
+    ) -> TaskResult | Deferral:
+        """Create and start the container; follow it to its end, or hand it to a trigger (``defer``)."""
         files = self._files(plan, image, cpu_fallback)
+        lasting = defer or (plan.request.reattach and self._store is not None)  # may outlive this process
         with TaskFiles(files, parent=f"{plan.host.state_dir}/docker-tasks") as task_files:
             kwargs = plan.create_kwargs(image, cpu_fallback=cpu_fallback)
-            container_id = self._create(client, kwargs, task_files, plan)
+            mem_limit = kwargs["host_config"].get("mem_limit")
+            container_id = lifecycle.create(client, kwargs, task_files, plan, self.log, durable=lasting)
             self._container_id, self._killed, self._stop_timeout = container_id, False, plan.stop_timeout
-            started = succeeded = False
+            started = succeeded = handed_over = False
             keeper: Keeper | None = None
             try:
                 task_files.copy_in(client, container_id)
-                stream = client.attach(container_id, stdout=True, stderr=True, stream=True, demux=True)
-                try:
-                    client.start(container_id)
-                except APIError as err:
-                    if NO_GPU_RUNTIME in str(err.explanation):
-                        raise _NoGpuRuntime(err.explanation) from None
-                    missing = "executable file not found" in str(err.explanation)  # the image has no python3
-                    hint = " The image needs python3 on its PATH." if missing else ""
-                    raise GpuTaskError(
-                        f"Docker could not start the task container from {image}: {err.explanation}.{hint}"
-                    ) from None
+                if lasting:
+                    durable.record(
+                        self._store,
+                        container_id,
+                        str(plan.options.engine_url),
+                        plan.request.labels.get("try_number", ""),
+                    )
+                stream = (
+                    None if defer else client.attach(container_id, stdout=True, stderr=True, stream=True, demux=True)
+                )
+                lifecycle.start(client, container_id, image)
                 started = True
-                keeper = self._keep_locks(client, container_id)
+                keeper = lifecycle.keep_locks(client, container_id, self._locks, self.log)
                 self.log.info("Started container %s from %s", container_id[:12], image)
-                _log_lines(stream, self.log)
+                if defer and (keeper is not None or not self._locks):
+                    handed_over = True
+                    return self._deferral(plan, container_id, mem_limit)
+                if defer:
+                    self.log.warning("Not deferred: no keeper holds the GPU locks, so this worker holds them itself.")
+                lifecycle.log_lines(stream if stream is not None else lifecycle.output(client, container_id), self.log)
                 if self._killed:
                     raise GpuTaskError(f"Container {container_id[:12]} was stopped because the task was killed.")
-                exit_code = int(client.wait(container_id)["StatusCode"])
-                if exit_code != 0 and client.inspect_container(container_id)["State"].get("OOMKilled"):
-                    limit = kwargs["host_config"].get("mem_limit")
-                    raise ContainerOomError(
-                        f"Container {container_id[:12]} was killed because it ran out of memory (OOM, exit status "
-                        f"{exit_code}; memory limit {format_bytes(limit) if limit else 'none'}). "
-                        + OOM_REMEDY[ContainerOomError.kind]
-                    )
-                result = read_result(client, container_id)
-                outcome = task_result(result, exit_code, where=f"container {container_id[:12]}")
+                outcome = lifecycle.collect(client, container_id, mem_limit)
                 succeeded = True
                 return outcome
             finally:
                 self._container_id = None
-                self._cleanup(client, container_id, plan, started=started, succeeded=succeeded)
-                if keeper is not None:
-                    keeper.stop()
+                if not handed_over:
+                    lifecycle.cleanup(client, container_id, plan, self.log, started=started, succeeded=succeeded)
+                    if lasting:
+                        durable.forget(self._store)
+                    if keeper is not None:
+                        keeper.stop()
 
-    def _keep_locks(self, client: Any, container_id: str) -> Keeper | None:
-        """The GPU locks live as long as the container, even if this worker is killed (host/keeper.py)."""
-        if not self._locks:
-            return None
-        try:
-            return Keeper(
-                client.inspect_container(container_id)["State"]["Pid"], self._locks, container_id=container_id
-            )
-        except (OSError, ValueError) as err:
-            self.log.warning("The GPU locks are held by this worker alone (%s): if it dies, so do they.", err)
-            return None
+    def _deferral(self, plan: DockerPlan, container_id: str, mem_limit: int | None) -> Deferral:
+        """The trigger that waits for the container, reaching the engine as this worker did."""
+        from airflow_gpu_provider.backends.docker.trigger import DockerContainerTrigger
 
-    def _create(self, client: Any, kwargs: dict[str, Any], files: TaskFiles, plan: DockerPlan) -> str:
-        """Create the container with the worker folder mounted, or without it where the engine cannot see it."""
-        files.mounted = plan.options.mount_tmp_dir
-        while True:
-            create, host_config = self.final_call(kwargs, files, plan)
-            try:
-                config_ = client.create_host_config(**{**host_config, "mounts": host_config["mounts"] or None})
-                return str(client.create_container(host_config=config_, **create)["Id"])
-            except APIError as err:
-                if files.mounted and str(files.path) in str(err.explanation):
-                    self.log.warning(
-                        "The Docker engine cannot see the worker's folder %s (a remote engine?); the task's files "
-                        "are copied through the Docker API instead. backend_options mount_tmp_dir=False skips this "
-                        "attempt.",
-                        files.path,
-                    )
-                    files.mounted = False
-                    continue
-                raise GpuTaskError(
-                    f"Docker could not create the task container from {kwargs['image']}: {err.explanation}"
-                ) from None
+        url = plan.options.engine_url
+        engine = {name: getattr(plan.options, name) for name in _ENGINE_OPTIONS}
+        engine["docker_url"] = url if isinstance(url, str) else list(url)
+        self.log.info("Deferred: the triggerer watches container %s (engine %s)", container_id[:12], url)
+        trigger = DockerContainerTrigger(container_id, engine, plan.poll_interval, self._deadline)
+        return Deferral(trigger, {"container_id": container_id, "mem_limit": mem_limit})
 
-    @staticmethod
-    def final_call(kwargs: dict[str, Any], files: TaskFiles, plan: DockerPlan) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The whole create call, after every merge: ``(create_container arguments, host config arguments)``.
+    def _earlier_container(self, client: Any, plan: DockerPlan) -> dict[str, Any] | None:
+        """The container an earlier try of this task instance left on this engine, to take over; else ``None``.
 
-        Checked against the worker's ``[gpu]`` policy (:func:`~airflow_gpu_provider.policy.docker.check_container`)
-        before it is returned: nothing reaches the engine that the policy refuses.
+        With ``reattach=False`` (or one that never started) it is removed, and the task starts afresh.
         """
-        labels = {WORKER_LABEL: worker_identity(), AUTO_REMOVE_LABEL: plan.options.auto_remove}
-        create = {**kwargs, "labels": {**kwargs["labels"], **labels}}
-        host_config = create.pop("host_config")
-        mounts = [*host_config.get("mounts", []), *([files.mount] if files.mounted else [])]
-        host_config = {**host_config, "mounts": mounts}
-        location = plan.request.checkpoint
-        own = [str(files.path), *([] if location is None or location.is_uri else [location.path])]
-        check_container(create, host_config, plan.policy or Policy.current(), provider_sources=own)
-        return create, host_config
+        container_id = durable.recorded(self._store, str(plan.options.engine_url))
+        found = None if container_id is None else durable.find(client, container_id, plan.request.labels)
+        if container_id is None or found is None:
+            return None
+        if plan.request.reattach and found["State"].get("Status") != "created":
+            return found
+        self.log.warning(
+            "Removing container %s left by an earlier try of this task (reattach=False)", container_id[:12]
+        )
+        lifecycle.stop(client, container_id, plan.stop_timeout)
+        durable.forget(self._store)
+        return None
+
+    def _reattach(self, client: Any, plan: DockerPlan, found: dict[str, Any], *, defer: bool) -> TaskResult | Deferral:
+        """Take over the container of an earlier try: defer to it, or follow it and collect its result."""
+        container_id, state = str(found["Id"]), found["State"]
+        mem_limit = found.get("HostConfig", {}).get("Memory") or None
+        ended = state.get("Status") in ("exited", "dead")
+        self.log.info(
+            "Reattached to container %s, %s by an earlier try of this task instance (reattach=True): its output "
+            "follows",
+            container_id[:12],
+            "ended" if ended else "left running",
+        )
+        if defer and not ended:
+            return self._deferral(plan, container_id, mem_limit)
+        return self._follow(client, plan, container_id, mem_limit)
+
+    def _follow(
+        self, client: Any, plan: DockerPlan, container_id: str, mem_limit: int | None, *, timed_out: bool = False
+    ) -> TaskResult:
+        """Log a container's output to its end, read its result, remove it (a container this try did not start)."""
+        self._container_id, self._killed, self._stop_timeout = container_id, False, plan.stop_timeout
+        succeeded = False
+        try:
+            lifecycle.log_lines(lifecycle.output(client, container_id), self.log)
+            if timed_out:
+                from airflow.sdk.exceptions import AirflowTaskTimeout
+
+                raise AirflowTaskTimeout(
+                    f"Timeout: container {container_id[:12]} outlived the task's execution_timeout"
+                )
+            if self._killed:
+                raise GpuTaskError(f"Container {container_id[:12]} was stopped because the task was killed.")
+            outcome = lifecycle.collect(client, container_id, mem_limit)
+            succeeded = True
+            return outcome
+        finally:
+            self._container_id = None
+            lifecycle.cleanup(client, container_id, plan, self.log, started=True, succeeded=succeeded)
+            durable.forget(self._store)
 
     def _files(self, plan: DockerPlan, image: str, cpu_fallback: bool) -> dict[str, bytes]:
         """The runtime and the envelope (with the resource summary the runtime prints first)."""
         # gpus None: the runtime asks nvidia-smi in the container (a CPU task gets NVIDIA_VISIBLE_DEVICES=void)
         envelope = plan.request.runtime_envelope(backend=self.name, image=image, gpus=None, cpu_fallback=cpu_fallback)
         return {FILE_NAME: archive(), "envelope.json": json.dumps(envelope).encode()}
-
-    def _cleanup(self, client: Any, container_id: str, plan: DockerPlan, *, started: bool, succeeded: bool) -> None:
-        """Remove the container (``auto_remove``); a kept or running one (a timeout) is stopped first. Never raises.
-
-        Stopped: SIGTERM, then SIGKILL after the grace period (time for a last checkpoint).
-        """
-        auto_remove = plan.options.auto_remove
-        keep = started and (auto_remove == "never" or (auto_remove == "success" and not succeeded))
-        try:
-            if keep or (started and not succeeded):
-                client.stop(container_id, timeout=round(plan.stop_timeout))
-            if keep:
-                self.log.info("Kept container %s for inspection (auto_remove=%r)", container_id[:12], auto_remove)
-            else:
-                client.remove_container(container_id, force=True)
-        except APIError as err:
-            if getattr(err, "status_code", None) != 404:
-                self.log.warning("Could not clean up container %s: %s", container_id[:12], err)
 
     def kill(self) -> None:
         """Called from ``on_kill``: stop the container (SIGTERM, then SIGKILL after ``stop_timeout``), remove it."""
@@ -299,7 +279,4 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
             return
         self._killed = True
         self.log.info("Stopping container %s", container_id[:12])
-        with contextlib.suppress(APIError):
-            client.stop(container_id, timeout=round(self._stop_timeout))
-        with contextlib.suppress(APIError):
-            client.remove_container(container_id, force=True)
+        lifecycle.stop(client, container_id, self._stop_timeout)

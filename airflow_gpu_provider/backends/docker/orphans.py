@@ -4,7 +4,8 @@ A worker killed with SIGKILL cannot remove its container, and its GPU locks are 
 may still be using the GPUs. Every container is labelled with its worker (:func:`.host.workers.worker_identity`);
 before a task takes GPUs on this host, the containers of dead workers of this host are removed: those that still run,
 and the ended ones that their ``auto_remove`` policy would have removed (a container kept for inspection stays).
-Containers of workers on other hosts (sharing a remote engine) are left to them.
+Containers of workers on other hosts (sharing a remote engine) are left to them. A durable container (deferred,
+or left for a later try to reattach to: ``durable.py``) is spared while its task instance has not ended.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from typing import Any
 
 from docker.errors import APIError, NotFound
 
+from airflow_gpu_provider.backends.docker.durable import task_instance_live
 from airflow_gpu_provider.host.workers import is_dead
 from airflow_gpu_provider.task.labels import docker_label
 
 WORKER_LABEL = docker_label("worker")
 AUTO_REMOVE_LABEL = docker_label("auto-remove")
+DURABLE_LABEL = docker_label("durable")
 _ENDED = ("exited", "dead")
 
 
@@ -29,14 +32,17 @@ def reap_orphans(client: Any, log: logging.Logger) -> list[str]:
     for container in client.containers(all=True, filters={"label": WORKER_LABEL}):
         labels = container["Labels"]
         kept = container.get("State") in _ENDED and labels.get(AUTO_REMOVE_LABEL) in ("never", "success")
-        if is_dead(labels.get(WORKER_LABEL, "")) and not kept:
-            with contextlib.suppress(NotFound, APIError):
-                client.remove_container(container["Id"], force=True)
-                reaped.append(container["Id"])
-                log.warning(
-                    "Removed container %s, left %s by a worker that died (%s)",
-                    container["Id"][:12],
-                    "behind" if container.get("State") in _ENDED else "running",
-                    labels[WORKER_LABEL],
-                )
+        if not is_dead(labels.get(WORKER_LABEL, "")) or kept:
+            continue
+        if labels.get(DURABLE_LABEL) == "true" and task_instance_live(labels, log):
+            continue  # its task instance goes on: a later try or the deferred task's resume takes it over
+        with contextlib.suppress(NotFound, APIError):
+            client.remove_container(container["Id"], force=True)
+            reaped.append(container["Id"])
+            log.warning(
+                "Removed container %s, left %s by a worker that died (%s)",
+                container["Id"][:12],
+                "behind" if container.get("State") in _ENDED else "running",
+                labels[WORKER_LABEL],
+            )
     return reaped

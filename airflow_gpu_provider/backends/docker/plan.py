@@ -38,6 +38,7 @@ class DockerPlan:
     :param mapping: the arguments the resources were mapped with, to map them again onto the devices the host
         allocator hands out
     :param stop_timeout: seconds between SIGTERM and SIGKILL when the container is stopped
+    :param poll_interval: seconds between two looks of a deferred task's trigger (``[gpu] trigger_poll_interval``)
     :param cuda_image: a CUDA image to suggest when a GPU task's image looks CPU-only (``[gpu] default_parent_image``)
     :param notes: what the plan could not give the task (beyond the resource mapping's notes), for its log
     :param policy: the worker's ``[gpu]`` allow-lists, which the whole create call must meet
@@ -54,6 +55,7 @@ class DockerPlan:
     host: HostGpus
     mapping: dict[str, Any] = field(default_factory=dict)
     stop_timeout: float = 30.0
+    poll_interval: float = 1.0
     cuda_image: str = ""
     notes: tuple[str, ...] = ()
     policy: Policy | None = None
@@ -134,6 +136,7 @@ def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig
         host=HostGpus.configured(conf, state_dir=options.state_dir),
         mapping=mapping,
         stop_timeout=conf.grace(options.stop_timeout),
+        poll_interval=conf.trigger_poll_interval,
         cuda_image=conf.default_parent_image,
         notes=notes,
         policy=Policy.of(conf),

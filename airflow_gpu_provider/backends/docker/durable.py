@@ -1,0 +1,85 @@
+"""Containers that outlive their worker on purpose: recorded in the task state store, reattached by a later try.
+
+A Docker task's container is recorded in its task instance's task state store (Airflow 3.3, AIP-103) as soon as it
+is created. When the task is deferred, or its worker dies (SIGKILL, a redeploy, a cleared task), the next try of the
+same task instance finds the record and takes the container over: it follows its output and collects its result if
+it still runs, or collects the result of one that has ended, instead of starting a second copy
+(``TaskRequest.reattach``; ``reattach=False`` removes it and starts afresh). The orphan reaper spares such a
+container while its task instance has not ended (:func:`task_instance_live`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from docker.errors import NotFound
+
+from airflow_gpu_provider.task.labels import PROVIDER, docker_label
+
+KEY = "airflow_gpu_provider.docker_container"
+#: the states of a task instance that has not ended (a try runs, is deferred, or another try will come)
+UNFINISHED = ["null", "scheduled", "queued", "running", "restarting", "up_for_retry", "up_for_reschedule", "deferred"]
+_IDENTITY = ("dag_id", "task_id", "run_id", "map_index")
+
+
+def record(state_store: Any, container_id: str, engine: str, try_number: str) -> None:
+    """Keep the container of this try for the next one (nothing without a task state store)."""
+    if state_store is not None:
+        state_store.set(KEY, {"id": container_id, "engine": engine, "try": try_number})
+
+
+def forget(state_store: Any) -> None:
+    """The container was removed: nothing to reattach to."""
+    if state_store is not None:
+        state_store.delete(KEY)
+
+
+def recorded(state_store: Any, engine: str) -> str | None:
+    """The id of the container an earlier try of this task instance recorded on this engine, or ``None``."""
+    if state_store is None:
+        return None
+    value = state_store.get(KEY, default=None)
+    if not isinstance(value, dict) or value.get("engine") != engine:
+        return None
+    container_id = value.get("id")
+    if not isinstance(container_id, str) or len(container_id) != 64:
+        return None
+    return container_id if all(c in "0123456789abcdef" for c in container_id) else None
+
+
+def find(client: Any, container_id: str, labels: Mapping[str, str]) -> dict[str, Any] | None:
+    """The recorded container, when it still exists and is this task instance's (its labels say so), else ``None``.
+
+    A record is data a try wrote, but the container is checked anyway: another task's container is never taken.
+    """
+    try:
+        found = client.inspect_container(container_id)
+    except NotFound:
+        return None
+    own = found.get("Config", {}).get("Labels") or {}
+    mine = own.get(PROVIDER) == "true" and all(own.get(docker_label(key)) == labels.get(key) for key in _IDENTITY)
+    return dict(found) if mine else None
+
+
+def task_instance_live(labels: Mapping[str, str], log: logging.Logger) -> bool:
+    """Whether the task instance a container's labels name has not ended (asked through the Task SDK).
+
+    Outside a task (no supervisor to ask), or when Airflow cannot answer, it counts as live: a container is never
+    removed on a guess; the next task that can ask removes it.
+    """
+    try:
+        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+        count = RuntimeTaskInstance.get_ti_count(
+            dag_id=labels[docker_label("dag_id")],
+            map_index=int(labels.get(docker_label("map_index"), "-1")),
+            task_ids=[labels[docker_label("task_id")]],
+            run_ids=[labels[docker_label("run_id")]],
+            states=UNFINISHED,
+        )
+    except Exception as err:  # noqa: BLE001 - no supervisor, an API error, a label that is not ours
+        log.info("Cannot tell whether the task instance of a durable container has ended (%s): it is kept.", err)
+        return True
+    return bool(count)

@@ -1,0 +1,183 @@
+"""One task container's life on the engine: created (the whole call checked), started, read back, removed.
+
+The Docker backend runs these steps in one worker try (``run``), or across a deferral (``start`` in one try, ``resume``
+after the trigger fired), or for a container an earlier try left running (reattach): each step is one function.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from docker.errors import APIError
+
+from airflow_gpu_provider.backends.docker.files import TaskFiles, read_result
+from airflow_gpu_provider.backends.docker.orphans import AUTO_REMOVE_LABEL, DURABLE_LABEL, WORKER_LABEL
+from airflow_gpu_provider.exceptions import OOM_REMEDY, GpuTaskError, HostOutOfMemoryError
+from airflow_gpu_provider.host.keeper import Keeper
+from airflow_gpu_provider.host.workers import worker_identity
+from airflow_gpu_provider.policy import Policy
+from airflow_gpu_provider.policy.docker import check_container
+from airflow_gpu_provider.settings.units import format_bytes
+from airflow_gpu_provider.task.output import LineSplitter
+from airflow_gpu_provider.task.result import TaskResult, task_result
+
+if TYPE_CHECKING:
+    from airflow_gpu_provider.backends.docker.plan import DockerPlan
+
+NO_GPU_RUNTIME = "could not select device driver"
+
+
+class ContainerOomError(HostOutOfMemoryError):
+    """The container was killed because it ran out of memory (its memory limit): an ``on_oom`` memory step."""
+
+
+class NoGpuRuntime(Exception):
+    """The engine cannot start GPU containers (no NVIDIA runtime)."""
+
+
+def log_lines(stream: Iterable[tuple[bytes | None, bytes | None]], log: logging.Logger) -> None:
+    """Log a container's output line by line as it comes (:mod:`~airflow_gpu_provider.task.output`).
+
+    stdout and stderr are split apart, so a line an unbuffered ``print`` writes in two pieces is never cut by the other.
+    """
+    splitters = (LineSplitter(), LineSplitter())
+    for frames in stream:
+        for splitter, data in zip(splitters, frames, strict=False):
+            for line in splitter.feed(data or b""):
+                log.info("%s", line)
+    for splitter in splitters:
+        for line in splitter.flush():
+            log.info("%s", line)
+
+
+def final_call(
+    kwargs: dict[str, Any], files: TaskFiles, plan: DockerPlan, *, durable: bool = False
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The whole create call, after every merge: ``(create_container arguments, host config arguments)``.
+
+    Checked against the worker's ``[gpu]`` policy (:func:`~airflow_gpu_provider.policy.docker.check_container`)
+    before it is returned: nothing reaches the engine that the policy refuses.
+
+    :param durable: the container may outlive this worker process (deferred, or reattachable by a later try)
+    """
+    labels = {WORKER_LABEL: worker_identity(), AUTO_REMOVE_LABEL: plan.options.auto_remove}
+    if durable:
+        labels[DURABLE_LABEL] = "true"
+    create = {**kwargs, "labels": {**kwargs["labels"], **labels}}
+    host_config = create.pop("host_config")
+    mounts = [*host_config.get("mounts", []), *([files.mount] if files.mounted else [])]
+    host_config = {**host_config, "mounts": mounts}
+    location = plan.request.checkpoint
+    own = [str(files.path), *([] if location is None or location.is_uri else [location.path])]
+    check_container(create, host_config, plan.policy or Policy.current(), provider_sources=own)
+    return create, host_config
+
+
+def create(
+    client: Any, kwargs: dict[str, Any], files: TaskFiles, plan: DockerPlan, log: logging.Logger, *, durable: bool
+) -> str:
+    """Create the container with the worker folder mounted, or without it where the engine cannot see it.
+
+    A durable container gets its files copied in (``files.mounted`` False): nothing of it stays on the worker.
+    """
+    files.mounted = plan.options.mount_tmp_dir and not durable
+    while True:
+        create_args, host_config = final_call(kwargs, files, plan, durable=durable)
+        try:
+            config_ = client.create_host_config(**{**host_config, "mounts": host_config["mounts"] or None})
+            return str(client.create_container(host_config=config_, **create_args)["Id"])
+        except APIError as err:
+            if files.mounted and str(files.path) in str(err.explanation):
+                log.warning(
+                    "The Docker engine cannot see the worker's folder %s (a remote engine?); the task's files are "
+                    "copied through the Docker API instead. backend_options mount_tmp_dir=False skips this attempt.",
+                    files.path,
+                )
+                files.mounted = False
+                continue
+            raise GpuTaskError(
+                f"Docker could not create the task container from {kwargs['image']}: {err.explanation}"
+            ) from None
+
+
+def start(client: Any, container_id: str, image: str) -> None:
+    """Start a created container; a failure names its cause (no GPU runtime: :class:`NoGpuRuntime`)."""
+    try:
+        client.start(container_id)
+    except APIError as err:
+        if NO_GPU_RUNTIME in str(err.explanation):
+            raise NoGpuRuntime(err.explanation) from None
+        missing = "executable file not found" in str(err.explanation)  # the image has no python3
+        hint = " The image needs python3 on its PATH." if missing else ""
+        raise GpuTaskError(
+            f"Docker could not start the task container from {image}: {err.explanation}.{hint}"
+        ) from None
+
+
+def keep_locks(client: Any, container_id: str, locks: list[int], log: logging.Logger) -> Keeper | None:
+    """The GPU locks live as long as the container, even if this worker is killed (host/keeper.py)."""
+    if not locks:
+        return None
+    try:
+        return Keeper(client.inspect_container(container_id)["State"]["Pid"], locks, container_id=container_id)
+    except (OSError, ValueError) as err:
+        log.warning("The GPU locks are held by this worker alone (%s): if it dies, so do they.", err)
+        return None
+
+
+def output(client: Any, container_id: str) -> Iterable[tuple[bytes | None, bytes | None]]:
+    """The container's whole output so far and until it ends, for a container this try did not attach to."""
+    for chunk in client.logs(container_id, stdout=True, stderr=True, stream=True, follow=True):
+        yield chunk, None
+
+
+def collect(client: Any, container_id: str, mem_limit: int | None) -> TaskResult:
+    """Wait for the container to end and read what the task gave back (its output was logged already).
+
+    :raises ContainerOomError: when the engine killed it for its memory limit
+    """
+    exit_code = int(client.wait(container_id)["StatusCode"])
+    if exit_code != 0 and client.inspect_container(container_id)["State"].get("OOMKilled"):
+        raise ContainerOomError(
+            f"Container {container_id[:12]} was killed because it ran out of memory (OOM, exit status {exit_code}; "
+            f"memory limit {format_bytes(mem_limit) if mem_limit else 'none'}). " + OOM_REMEDY[ContainerOomError.kind]
+        )
+    return task_result(read_result(client, container_id), exit_code, where=f"container {container_id[:12]}")
+
+
+def cleanup(
+    client: Any,
+    container_id: str,
+    plan: DockerPlan,
+    log: logging.Logger,
+    *,
+    started: bool,
+    succeeded: bool,
+) -> None:
+    """Remove the container (``auto_remove``); a kept or running one (a timeout) is stopped first. Never raises.
+
+    Stopped: SIGTERM, then SIGKILL after the grace period (time for a last checkpoint).
+    """
+    auto_remove = plan.options.auto_remove
+    keep = started and (auto_remove == "never" or (auto_remove == "success" and not succeeded))
+    try:
+        if keep or (started and not succeeded):
+            client.stop(container_id, timeout=round(plan.stop_timeout))
+        if keep:
+            log.info("Kept container %s for inspection (auto_remove=%r)", container_id[:12], auto_remove)
+        else:
+            client.remove_container(container_id, force=True)
+    except APIError as err:
+        if getattr(err, "status_code", None) != 404:
+            log.warning("Could not clean up container %s: %s", container_id[:12], err)
+
+
+def stop(client: Any, container_id: str, timeout: float) -> None:
+    """Stop (SIGTERM, SIGKILL after ``timeout``) and remove a container; never raises."""
+    with contextlib.suppress(APIError):
+        client.stop(container_id, timeout=round(timeout))
+    with contextlib.suppress(APIError):
+        client.remove_container(container_id, force=True)

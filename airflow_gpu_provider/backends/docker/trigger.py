@@ -1,0 +1,92 @@
+"""The trigger a deferred Docker task waits on: it fires when the task's container has ended.
+
+It reaches the engine the way the task did: the engine's URL is resolved on the worker (``docker_url``,
+``$DOCKER_HOST`` or the local socket) and handed over, with the connection id and TLS files; so the triggerer must
+reach that engine too: the local socket of the same host (``[triggerer] queues_enabled = True`` and a triggerer per
+GPU host, started for its queue), or a ``docker_url`` both can reach (docs/deferrable.md). docker-py is synchronous:
+each look at the container runs in a thread (``asyncio.to_thread``), so the triggerer's event loop never blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+_ENDED = ("exited", "dead")
+
+
+class DockerContainerTrigger(BaseTrigger):
+    """Fire when the container has ended (``exited``), is gone (``missing``) or at ``deadline`` (``timeout``).
+
+    :param container_id: the task's container
+    :param engine: the backend options that reach the engine (``docker_url`` resolved, ``docker_conn_id``, TLS files,
+        ``api_version``, ``timeout``), as ``DockerOptions.parse`` reads them
+    :param poll_interval: seconds between two looks (``[gpu] trigger_poll_interval``)
+    :param deadline: when the task times out (seconds since the epoch), or ``None``
+    """
+
+    def __init__(
+        self,
+        container_id: str,
+        engine: dict[str, Any],
+        poll_interval: float = 1.0,
+        deadline: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.container_id = container_id
+        self.engine = dict(engine)
+        self.poll_interval = poll_interval
+        self.deadline = deadline
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """The classpath and the arguments the triggerer rebuilds the trigger from."""
+        arguments = {
+            "container_id": self.container_id,
+            "engine": self.engine,
+            "poll_interval": self.poll_interval,
+            "deadline": self.deadline,
+        }
+        return f"{type(self).__module__}.{type(self).__qualname__}", arguments
+
+    def _client(self) -> Any:
+        from airflow_gpu_provider.backends.docker.client import connect
+        from airflow_gpu_provider.backends.docker.options import DockerOptions
+
+        return connect(DockerOptions.parse(self.engine))
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Look at the container every ``poll_interval`` seconds, in a thread, until it ends."""
+        from docker.errors import NotFound
+
+        client = await asyncio.to_thread(self._client)
+        try:
+            while True:
+                try:
+                    found = await asyncio.to_thread(client.inspect_container, self.container_id)
+                except NotFound:
+                    yield TriggerEvent({"status": "missing", "container_id": self.container_id})
+                    return
+                state = found["State"]
+                if state.get("Status") in _ENDED:
+                    yield TriggerEvent(
+                        {
+                            "status": "exited",
+                            "container_id": self.container_id,
+                            "exit_code": state.get("ExitCode"),
+                            "oom_killed": bool(state.get("OOMKilled")),
+                        }
+                    )
+                    return
+                if self.deadline is not None and time.time() >= self.deadline:
+                    yield TriggerEvent({"status": "timeout", "container_id": self.container_id})
+                    return
+                delay = self.poll_interval
+                if self.deadline is not None:
+                    delay = min(delay, max(self.deadline - time.time(), 0.01))
+                await asyncio.sleep(delay)
+        finally:
+            client.close()

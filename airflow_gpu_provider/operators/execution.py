@@ -1,0 +1,250 @@
+"""How a GPU operator runs a try: in the worker, or deferred (``deferrable=True``), and taken over by a later try.
+
+``execute`` plans the try and runs it on its backend, or, deferred, starts it (``Backend.start``) and hands it to the
+backend's trigger; ``execute_complete`` resumes it on a worker (``Backend.resume``). A wait for GPUs
+(``on_missing_gpu="wait"``) is deferred on every host backend: the allocator raises ``MustWait`` and the task waits
+in the triggerer (:class:`~airflow_gpu_provider.host.trigger.GpuFreeTrigger`), then starts again. ``reattach`` lets
+a later try take over what an earlier one left running. docs/deferrable.md says what each backend frees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
+
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_gpu_provider import config
+from airflow_gpu_provider.exceptions import GpuUnavailableError, InvalidSettingError, RemoteTaskError
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+    from airflow.triggers.base import BaseTrigger
+
+    from airflow_gpu_provider.backends.base import Backend, Deferral
+    from airflow_gpu_provider.config.worker import GpuConfig
+    from airflow_gpu_provider.escalation.tries import Tries
+    from airflow_gpu_provider.host.waiting import MustWait
+    from airflow_gpu_provider.operators.spec import TaskSpec
+    from airflow_gpu_provider.task.request import TaskRequest
+    from airflow_gpu_provider.task.result import TaskResult
+
+
+class Attempt(NamedTuple):
+    """One try, settled when it starts (or resumes): the worker's options, the task, its rung, request, backend."""
+
+    conf: GpuConfig
+    spec: TaskSpec
+    tries: Tries | None
+    request: TaskRequest
+    backend: Backend[Any, Any]
+    plan: Any
+
+
+ACCEPTED_BACKENDS = "backend='docker' or 'kubernetes' (or on_missing_gpu='wait', to defer only the wait for GPUs)"
+
+
+def _boolean(owner: str, field: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidSettingError(owner, field, value, "not a boolean", "True or False")
+    return value
+
+
+def _seconds(owner: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= 10**9:
+        raise InvalidSettingError(
+            owner, "wait_timeout", value, "not a positive number of seconds", "seconds (at most 1e9) or a timedelta"
+        )
+    return float(seconds)
+
+
+def check_deferrable(spec: TaskSpec, deferrable: bool) -> None:
+    """Refuse ``deferrable=True`` where nothing could be deferred (at parse; a templated backend when rendered)."""
+    if not deferrable or spec.backend is None or spec.info.defers:
+        return
+    if spec.on_missing_gpu is None or spec.on_missing_gpu == "wait":
+        return  # a wait for GPUs is deferred (a templated on_missing_gpu is checked when rendered)
+    raise InvalidSettingError(
+        spec.owner,
+        "deferrable",
+        True,
+        f"the {spec.backend!r} backend runs the task as a child of its worker, which cannot outlive the worker: only "
+        "a wait for GPUs can be deferred there",
+        ACCEPTED_BACKENDS,
+    )
+
+
+class GpuExecution:
+    """``execute`` / ``execute_complete`` of the GPU operators, with ``deferrable``, ``reattach``, ``wait_timeout``.
+
+    :param deferrable: run the container or pod while the task is deferred (no worker slot held), and defer a
+        wait for GPUs; default ``[gpu] deferrable``
+    :param reattach: a later try of the same task instance takes over the container or pod an earlier try left
+        running, instead of starting a second one
+    :param wait_timeout: seconds (or a ``timedelta``) an ``on_missing_gpu="wait"`` task waits for GPUs; default
+        ``[gpu] wait_timeout``
+    """
+
+    task_spec: TaskSpec
+    log: Any
+
+    def __init__(
+        self, *, deferrable: bool | None = None, reattach: bool = True, wait_timeout: Any = None, **kwargs: Any
+    ) -> None:
+        owner = self.task_spec.owner
+        self.deferrable = _boolean(owner, "deferrable", config.get("deferrable") if deferrable is None else deferrable)
+        self.reattach = _boolean(owner, "reattach", reattach)
+        self.wait_timeout = _seconds(owner, wait_timeout)
+        check_deferrable(self.task_spec, self.deferrable)
+        self._running_backend: Backend[Any, Any] | None = None
+        super().__init__(**kwargs)
+
+    if TYPE_CHECKING:  # the operator's (GpuStepOperator, BaseOperator)
+        gpu_profile: Any
+
+        def rendered_spec(self, *, backend: str | None = None) -> TaskSpec: ...  # noqa: D102
+
+        def task_request(  # noqa: D102
+            self, context: Context, spec: TaskSpec, conf: GpuConfig, tries: Tries | None = None
+        ) -> TaskRequest: ...
+
+        def defer(  # noqa: D102
+            self,
+            *,
+            trigger: BaseTrigger,
+            method_name: str,
+            kwargs: dict[str, Any] | None = None,
+            timeout: timedelta | float | None = None,
+        ) -> NoReturn: ...
+
+    def _prepare(self, context: Context) -> Attempt:
+        """The try, settled: the worker's options, the rendered task, its rung, its request, backend and plan."""
+        from airflow_gpu_provider.config.worker import GpuConfig
+        from airflow_gpu_provider.escalation import tries as escalation
+
+        conf = GpuConfig.read(**({"wait_timeout": self.wait_timeout} if self.wait_timeout else {}))
+        spec = self.rendered_spec()
+        check_deferrable(spec, self.deferrable)
+        tries = escalation.Tries.start(spec.on_oom, context) if spec.on_oom is not None else None
+        request = self.task_request(context, spec, conf, tries)
+        waits_deferred = self.deferrable and request.missing_gpu.waits
+        request = dataclasses.replace(request, reattach=self.reattach, defer_wait=waits_deferred)
+        backend = spec.info.backend_class()(spec.options, log=self.log)
+        return Attempt(conf, spec, tries, request, backend, backend.plan(request, conf))
+
+    def execute(self, context: Context, waiting_since: float | None = None) -> Any:
+        """Plan the task on its backend and run it (or start it and defer); the return value goes to XCom."""
+        attempt = self._prepare(context)
+        request, plan, backend = attempt.request, attempt.plan, attempt.backend
+        self.log.info(
+            "GPU task %s on backend %r: %s; requirements %s; on_missing_gpu=%s%s",
+            request.display_name,
+            attempt.spec.backend,
+            request.resources.describe(),
+            request.image.requirements_hash,
+            request.on_missing_gpu,
+            "; deferrable" if self.deferrable else "",
+        )
+        if self.deferrable and attempt.spec.info.defers:
+            return self._outcome(context, attempt, lambda: backend.start(plan, context), waiting_since)
+        return self._outcome(context, attempt, lambda: backend.run(plan, context), waiting_since)
+
+    def execute_complete(self, context: Context, event: Mapping[str, Any] | None, state: Mapping[str, Any]) -> Any:
+        """Back on a worker after the trigger fired: collect the run, or start it now that GPUs are free."""
+        event = dict(event or {})
+        if state.get("phase") == "wait":
+            since = float(state["since"])
+            if event.get("status") != "free":
+                from airflow_gpu_provider.host.waiting import waited_too_long
+
+                waited = time.time() - since
+                raise GpuUnavailableError(waited_too_long(str(state["requested"]), waited, "they stayed busy"))
+            self.log.info("GPUs free after %.1fs of deferred waiting: starting the task", event.get("waited", 0.0))
+            return self.execute(context, waiting_since=since)
+        attempt = self._prepare(context)
+        backend_state = dict(state.get("backend") or {})
+        step = lambda: attempt.backend.resume(attempt.plan, backend_state, event, context)  # noqa: E731
+        return self._outcome(context, attempt, step, None)
+
+    def _outcome(self, context: Context, attempt: Attempt, step: Any, waiting_since: float | None) -> Any:
+        """Run ``step`` (run, start or resume); defer, or publish the profile and the try's outcome."""
+        from airflow_gpu_provider.backends.base import Deferral
+        from airflow_gpu_provider.host.waiting import MustWait
+
+        self._running_backend = attempt.backend
+        try:
+            try:
+                outcome: TaskResult | Deferral | MustWait = step()
+            except MustWait as wait:
+                outcome = wait
+        except BaseException as err:
+            self._running_backend = None
+            self._publish(context, attempt, err)
+            if isinstance(err, GpuUnavailableError) and attempt.request.min_gpu_memory is not None:
+                raise AirflowFailException(str(err)) from err  # no GPU of this host is larger: retrying cannot help
+            raise
+        self._running_backend = None
+        if isinstance(outcome, MustWait):  # nothing is published for a deferred try
+            self._defer_wait(outcome, attempt.conf, waiting_since)
+        elif isinstance(outcome, Deferral):
+            state = {"phase": "run", "backend": outcome.state}
+            self.defer(
+                trigger=outcome.trigger,
+                method_name="execute_complete",
+                kwargs={"state": state},
+                timeout=outcome.timeout,
+            )
+        self._publish(context, attempt, None, outcome.profile)
+        return outcome.return_value
+
+    def _publish(
+        self,
+        context: Context,
+        attempt: Attempt,
+        failure: BaseException | None,
+        profile: Mapping[str, Any] | None = None,
+    ) -> None:
+        """The try is over: its profile (``gpu_profile``) and, with an ``on_oom`` ladder, how it ended."""
+        from airflow_gpu_provider.escalation import tries as escalation
+        from airflow_gpu_provider.telemetry import report
+
+        request = attempt.request
+        if isinstance(failure, RemoteTaskError):
+            profile = failure.profile
+        self.gpu_profile = report.publish(
+            profile, request, str(attempt.spec.backend), context=context, log=self.log, conf=attempt.conf
+        )
+        if attempt.tries is not None:
+            context["ti"].xcom_push(escalation.XCOM_KEY, attempt.tries.finish(request.resources, failure))
+
+    def _defer_wait(self, wait: MustWait, conf: GpuConfig, waiting_since: float | None) -> NoReturn:
+        """Wait for GPUs in the triggerer: the task holds no worker slot and no GPU while it waits."""
+        from airflow_gpu_provider.host.trigger import GpuFreeTrigger
+
+        since = time.time() if waiting_since is None else waiting_since
+        self.log.info(
+            "%s. Deferred until they are free (on_missing_gpu='wait', deferrable=True; for at most %.0fs more).",
+            wait,
+            since + wait.timeout - time.time(),
+        )
+        trigger = GpuFreeTrigger(
+            wait.lock_files,
+            wait.count,
+            since + wait.timeout,
+            poll_interval=conf.trigger_poll_interval,
+            requested=wait.requested,
+            since=since,
+        )
+        state = {"phase": "wait", "since": since, "requested": wait.requested}
+        self.defer(trigger=trigger, method_name="execute_complete", kwargs={"state": state})
+
+    def on_kill(self) -> None:
+        """Stop the child process, container or pod of this try."""
+        if self._running_backend is not None:
+            self._running_backend.kill()
