@@ -15,8 +15,14 @@ def load_dag(path: str | Path, dag_id: str) -> Any:
     return bag.get_dag(dag_id)
 
 
-def run_dag(dag: Any, conf: dict[str, Any] | None = None) -> Any:
-    """Run a DAG with ``dag.test()`` (real task runner, real SQLite DB) and return the DagRun."""
+def run_dag(dag: Any, conf: dict[str, Any] | None = None, logical_date: Any = None) -> Any:
+    """Run a DAG with ``dag.test()`` (real task runner, real SQLite DB) and return the DagRun.
+
+    :param logical_date: the run's logical date: the same date again reruns the same DAG run (its task instances
+        cleared, their next try), as a retry on another worker would
+    """
+    if logical_date is not None:
+        return dag.test(run_conf=conf, logical_date=logical_date)
     return dag.test(run_conf=conf)
 
 

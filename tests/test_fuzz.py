@@ -47,6 +47,7 @@ from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
 from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
 from airflow_gpu_provider.render import stand_in
+from airflow_gpu_provider.runtime.protocol import redact
 from airflow_gpu_provider.settings import (
     AMD,
     NVIDIA,
@@ -780,7 +781,7 @@ def assert_names_its_field(err: InvalidSettingError, allowed: set[str] | frozens
         assert repr(err.field) in message, message
     else:
         assert err.field in message, f"{err.field!r} not in {message!r}"
-        assert repr(err.value)[:40] in message, message
+        assert redact(repr(err.value))[:40] in message, message  # credentials in the value are redacted (rule S1)
     assert _field_root(err.field) in allowed or err.field in allowed, f"{err.field!r} not among {sorted(allowed)}"
 
 

@@ -67,11 +67,13 @@ class GpuFreeTrigger(BaseTrigger):
         while True:
             free = free_count(self.lock_files)  # a read of /proc/locks and a stat per device: never blocks
             waited = time.time() - self.since
+            # the event carries what the task's resume needs: a runner may pass on no more (dag.test())
+            state = {"phase": "wait", "since": self.since, "requested": self.requested}
             if free >= self.count:
-                yield TriggerEvent({"status": "free", "waited": waited, "free": free})
+                yield TriggerEvent({"status": "free", "waited": waited, "free": free, "state": state})
                 return
             if time.time() >= self.deadline:
-                yield TriggerEvent({"status": "timeout", "waited": waited, "free": free})
+                yield TriggerEvent({"status": "timeout", "waited": waited, "free": free, "state": state})
                 return
             if waited >= next_report:
                 self.log.info("Still waiting for %s after %.0fs: %d of them free.", self.requested, waited, free)

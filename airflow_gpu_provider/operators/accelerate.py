@@ -12,6 +12,7 @@ from airflow.sdk import BaseOperator
 from airflow_gpu_provider.checkpoint.mixin import CheckpointMixin
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
 from airflow_gpu_provider.launchers.accelerate import launch_section, load_spec
+from airflow_gpu_provider.operators.execution import GpuExecution
 from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
 from airflow_gpu_provider.settings import ResourceSettings
 
@@ -143,8 +144,8 @@ class AccelerateOperator(GpuStepOperator):
 
 @functools.cache
 def _operator_arguments() -> frozenset[str]:
-    """Keyword arguments of AccelerateOperator, GpuStepOperator and BaseOperator."""
+    """Keyword arguments of AccelerateOperator, GpuStepOperator (its mixins) and BaseOperator."""
     names: set[str] = set()
-    for cls in (AccelerateOperator, GpuStepOperator, CheckpointMixin, BaseOperator):
+    for cls in (AccelerateOperator, GpuStepOperator, GpuExecution, CheckpointMixin, BaseOperator):
         names |= set(inspect.signature(cls.__init__).parameters)
     return frozenset(names - {"self", "kwargs", "args"})

@@ -155,9 +155,15 @@ class GpuExecution:
             return self._outcome(context, attempt, lambda: backend.start(plan, context), waiting_since)
         return self._outcome(context, attempt, lambda: backend.run(plan, context), waiting_since)
 
-    def execute_complete(self, context: Context, event: Mapping[str, Any] | None, state: Mapping[str, Any]) -> Any:
-        """Back on a worker after the trigger fired: collect the run, or start it now that GPUs are free."""
+    def execute_complete(
+        self, context: Context, event: Mapping[str, Any] | None = None, state: Mapping[str, Any] | None = None
+    ) -> Any:
+        """Back on a worker after the trigger fired: collect the run, or start it now that GPUs are free.
+
+        :param state: what ``defer`` was given; the provider's own triggers echo it in their event as well
+        """
         event = dict(event or {})
+        state = dict(state or event.get("state") or {})
         if state.get("phase") == "wait":
             since = float(state["since"])
             if event.get("status") != "free":

@@ -27,6 +27,8 @@ class DockerContainerTrigger(BaseTrigger):
         ``api_version``, ``timeout``), as ``DockerOptions.parse`` reads them
     :param poll_interval: seconds between two looks (``[gpu] trigger_poll_interval``)
     :param deadline: when the task times out (seconds since the epoch), or ``None``
+    :param state: what the task's resume needs (the ``Deferral``'s state), echoed in every event: the event alone
+        resumes the task, even where a runner passes on no more than the event (``dag.test()``)
     """
 
     def __init__(
@@ -35,12 +37,14 @@ class DockerContainerTrigger(BaseTrigger):
         engine: dict[str, Any],
         poll_interval: float = 1.0,
         deadline: float | None = None,
+        state: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.container_id = container_id
         self.engine = dict(engine)
         self.poll_interval = poll_interval
         self.deadline = deadline
+        self.state = dict(state or {})
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """The classpath and the arguments the triggerer rebuilds the trigger from."""
@@ -49,6 +53,7 @@ class DockerContainerTrigger(BaseTrigger):
             "engine": self.engine,
             "poll_interval": self.poll_interval,
             "deadline": self.deadline,
+            "state": self.state,
         }
         return f"{type(self).__module__}.{type(self).__qualname__}", arguments
 
@@ -57,6 +62,10 @@ class DockerContainerTrigger(BaseTrigger):
         from airflow_gpu_provider.backends.docker.options import DockerOptions
 
         return connect(DockerOptions.parse(self.engine))
+
+    def _event(self, status: str, **details: Any) -> TriggerEvent:
+        payload = {"status": status, "container_id": self.container_id, **details}
+        return TriggerEvent({**payload, "state": {"phase": "run", "backend": self.state}})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Look at the container every ``poll_interval`` seconds, in a thread, until it ends."""
@@ -68,21 +77,16 @@ class DockerContainerTrigger(BaseTrigger):
                 try:
                     found = await asyncio.to_thread(client.inspect_container, self.container_id)
                 except NotFound:
-                    yield TriggerEvent({"status": "missing", "container_id": self.container_id})
+                    yield self._event("missing")
                     return
                 state = found["State"]
                 if state.get("Status") in _ENDED:
-                    yield TriggerEvent(
-                        {
-                            "status": "exited",
-                            "container_id": self.container_id,
-                            "exit_code": state.get("ExitCode"),
-                            "oom_killed": bool(state.get("OOMKilled")),
-                        }
+                    yield self._event(
+                        "exited", exit_code=state.get("ExitCode"), oom_killed=bool(state.get("OOMKilled"))
                     )
                     return
                 if self.deadline is not None and time.time() >= self.deadline:
-                    yield TriggerEvent({"status": "timeout", "container_id": self.container_id})
+                    yield self._event("timeout")
                     return
                 delay = self.poll_interval
                 if self.deadline is not None:

@@ -16,6 +16,12 @@ from airflow_gpu_provider.exceptions import GpuTaskError, InvalidSettingError
 pytestmark = pytest.mark.usefixtures("airflow_home")
 
 
+@pytest.fixture(autouse=True)
+def allowed_roots(monkeypatch):
+    """The deployment allows these checkpoint roots (rule F3, policy/checkpoints.py)."""
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", "/checkpoints, s3://models/ckpt")
+
+
 def work() -> None:
     return None
 

@@ -1,0 +1,154 @@
+"""Waiting for GPUs in the triggerer (``on_missing_gpu="wait"``, ``deferrable=True``), with real locks.
+
+The host's one GPU is listed (``[gpu] devices = 0``) and held by this test through the real allocator; the task
+defers to :class:`GpuFreeTrigger`, which ``dag.test()`` runs in line, and starts when the test lets the GPU go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers import load_dag, run_dag, task_states, xcom
+
+from airflow_gpu_provider.exceptions import GpuUnavailableError
+from airflow_gpu_provider.host.allocator import Allocation, GpuAllocator, HostGpus
+from airflow_gpu_provider.host.inventory import Device
+from airflow_gpu_provider.host.trigger import GpuFreeTrigger
+from airflow_gpu_provider.host.waiting import MustWait, free_count
+
+DAG_FILE = Path(__file__).resolve().parents[1] / "dags" / "deferral_dags.py"
+log = logging.getLogger("test")
+
+
+@pytest.fixture
+def one_gpu(monkeypatch):
+    monkeypatch.setenv("AIRFLOW__GPU__DEVICES", "0")
+    return GpuAllocator(Path(os.environ["AIRFLOW__GPU__STATE_DIR"]) / "locks")
+
+
+def test_free_count_reads_the_locks_without_taking_them(tmp_path):
+    allocator = GpuAllocator(tmp_path)
+    held = allocator.try_acquire([Device("0")], 1, "test")
+    assert held is not None
+    files = [str(allocator.lock_path(Device(i))) for i in ("0", "1")]
+    assert free_count(files) == 1  # "1" has no lock file yet: never taken
+    descriptor = os.open(files[0], os.O_RDONLY)
+    with pytest.raises(BlockingIOError):  # the probe left the holder's lock whole
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.close(descriptor)
+    held.release()
+    assert free_count(files) == 2
+
+
+def test_the_allocator_raises_must_wait_instead_of_sleeping(tmp_path):
+    allocator = GpuAllocator(tmp_path)
+    held = allocator.try_acquire([Device("0")], 1, "the other task")
+    with pytest.raises(MustWait) as raised:
+        allocator.acquire(
+            [Device("0")], 1, policy="wait", holder="t", requested="1x nvidia GPU", present=[Device("0")], log=log,
+            timeout=60, defer=True,
+        )  # fmt: skip
+    assert raised.value.lock_files == [str(allocator.lock_path(Device("0")))] and raised.value.timeout == 60
+    assert "held by the other task" in str(raised.value)
+    with pytest.raises(GpuUnavailableError, match="Waiting cannot help"):  # more than the host has: no deferral
+        allocator.acquire(
+            [Device("0")], 2, policy="wait", holder="t", requested="2x nvidia GPU", present=[Device("0")], log=log,
+            defer=True,
+        )  # fmt: skip
+    held.release()
+
+
+def test_a_blocking_wait_ends_at_its_timeout(tmp_path):
+    allocator = GpuAllocator(tmp_path, poll_interval=0.1)
+    held = allocator.try_acquire([Device("0")], 1, "the other task")
+    started = time.monotonic()
+    with pytest.raises(GpuUnavailableError, match=r"Waited \d+s for 1x nvidia GPU .*wait_timeout"):
+        allocator.acquire(
+            [Device("0")], 1, policy="wait", holder="t", requested="1x nvidia GPU", present=[Device("0")], log=log,
+            timeout=0.5,
+        )  # fmt: skip
+    assert time.monotonic() - started < 5
+    held.release()
+
+
+def test_the_trigger_fires_when_the_gpu_is_let_go_and_at_its_deadline(tmp_path):
+    allocator = GpuAllocator(tmp_path)
+    held = allocator.try_acquire([Device("0")], 1, "the other task")
+    assert held is not None
+    files = [str(allocator.lock_path(Device("0")))]
+    threading.Timer(1.0, held.release).start()
+
+    async def first_event(trigger: GpuFreeTrigger) -> dict:
+        async for event in trigger.run():
+            return dict(event.payload)
+        raise AssertionError("no event")
+
+    started = time.monotonic()
+    event = asyncio.run(first_event(GpuFreeTrigger(files, 1, time.time() + 30, poll_interval=0.1)))
+    assert event["status"] == "free" and 0.9 < time.monotonic() - started < 5
+    again = allocator.try_acquire([Device("0")], 1, "the other task")
+    event = asyncio.run(first_event(GpuFreeTrigger(files, 1, time.time() + 0.5, poll_interval=0.1)))
+    assert event["status"] == "timeout"
+    assert again is not None
+    again.release()
+    path, arguments = GpuFreeTrigger(files, 1, 1e12, poll_interval=0.5, requested="1x GPU").serialize()
+    assert path == "airflow_gpu_provider.host.trigger.GpuFreeTrigger"
+    assert json.loads(json.dumps(arguments)) == arguments
+    assert GpuFreeTrigger(**arguments).serialize() == (path, arguments)
+
+
+def _release_once_deferred(dag_id: str, held: Allocation) -> None:
+    """Let the GPU go once the task is seen deferred (the metadata DB says so), or after a minute."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with create_session() as session:
+            states = session.query(TaskInstance.state).filter(TaskInstance.dag_id == dag_id).all()
+        if any(str(state) == "deferred" for (state,) in states):
+            break
+        time.sleep(0.2)
+    held.release()
+
+
+@pytest.mark.usefixtures("airflow_home")
+def test_a_task_waits_deferred_then_runs_on_the_gpu(one_gpu, capfd):
+    held = one_gpu.try_acquire([Device("0")], 1, "the other task")
+    assert held is not None
+    seen = threading.Thread(target=_release_once_deferred, args=("deferred_wait", held), daemon=True)
+    seen.start()
+    dag_run = run_dag(load_dag(DAG_FILE, "deferred_wait"))
+    seen.join()
+    out, err = capfd.readouterr()
+    assert task_states(dag_run) == {"waits_for_the_gpu": "success"}
+    assert str(xcom(dag_run, "waits_for_the_gpu")) == "0"  # the one GPU, once it was free
+    log_text = out + err
+    assert "held by the other task" in log_text and "Deferred until they are free" in log_text
+    assert "running trigger in line" in log_text and "GPUs free after" in log_text
+
+
+@pytest.mark.usefixtures("airflow_home")
+def test_a_deferred_wait_ends_at_its_timeout_naming_it(one_gpu, capfd):
+    held = one_gpu.try_acquire([Device("0")], 1, "the other task")
+    try:
+        dag_run = run_dag(load_dag(DAG_FILE, "deferred_wait_timeout"))
+    finally:
+        held.release()
+    out, err = capfd.readouterr()
+    assert task_states(dag_run) == {"gives_up": "failed"}
+    assert "GpuUnavailableError: Waited" in out + err and "wait_timeout" in out + err
+
+
+def test_host_gpus_carry_the_wait_timeout():
+    from airflow_gpu_provider.config.worker import GpuConfig
+
+    assert HostGpus.configured(GpuConfig.read(wait_timeout=12.0)).wait_timeout == 12.0

@@ -1,0 +1,85 @@
+"""``deferrable``, ``reattach`` and ``wait_timeout`` when the DAG is parsed: accepted where they mean something."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from airflow_gpu_provider import AccelerateOperator, GpuStepOperator, gpu_task
+from airflow_gpu_provider.exceptions import InvalidSettingError
+
+
+def work() -> int:
+    return 1
+
+
+def test_local_refuses_a_deferred_run_naming_the_field_and_the_choices():
+    with pytest.raises(InvalidSettingError) as raised:
+        GpuStepOperator(task_id="t", python_callable=work, backend="local", deferrable=True)
+    message = str(raised.value)
+    assert "deferrable=True" in message and "'local' backend runs the task as a child of its worker" in message
+    assert "backend='docker' or 'kubernetes'" in message and "on_missing_gpu='wait'" in message
+
+
+def test_the_executor_backend_refuses_it_too():
+    with pytest.raises(InvalidSettingError, match="'executor' backend"):
+        GpuStepOperator(task_id="t", python_callable=work, backend="executor", deferrable=True)
+
+
+def test_local_defers_the_wait_for_gpus():
+    task = GpuStepOperator(task_id="t", python_callable=work, backend="local", on_missing_gpu="wait", deferrable=True)
+    assert task.deferrable is True
+
+
+@pytest.mark.parametrize("backend", ["docker", "kubernetes"])
+def test_docker_and_kubernetes_defer(backend):
+    assert GpuStepOperator(task_id="t", python_callable=work, backend=backend, deferrable=True).deferrable
+
+
+def test_accelerate_and_the_decorator_take_it():
+    launch = AccelerateOperator(task_id="a", python_callable=work, backend="docker", deferrable=True)
+    assert launch.deferrable and launch.reattach
+
+    @gpu_task(backend="docker", deferrable=True, reattach=False, wait_timeout=datetime.timedelta(minutes=5))
+    def decorated() -> int:
+        return 1
+
+    from airflow.sdk import DAG
+
+    with DAG("d", schedule=None):
+        task = decorated().operator
+    assert task.deferrable and not task.reattach and task.wait_timeout == 300.0
+
+
+def test_the_default_comes_from_gpu_deferrable(monkeypatch):
+    monkeypatch.setenv("AIRFLOW__GPU__DEFERRABLE", "True")
+    assert GpuStepOperator(task_id="t", python_callable=work, backend="docker").deferrable
+    with pytest.raises(InvalidSettingError, match="deferrable"):  # [gpu] deferrable meets a local run
+        GpuStepOperator(task_id="t", python_callable=work, backend="local")
+    assert not GpuStepOperator(task_id="t", python_callable=work, backend="local", deferrable=False).deferrable
+
+
+@pytest.mark.parametrize(
+    ("argument", "value", "accepted"),
+    [
+        ("deferrable", "yes", "True or False"),
+        ("reattach", 1, "True or False"),
+        ("wait_timeout", 0, "seconds (at most 1e9) or a timedelta"),
+        ("wait_timeout", float("nan"), "seconds (at most 1e9) or a timedelta"),
+        ("wait_timeout", "1h", "seconds (at most 1e9) or a timedelta"),
+    ],
+)
+def test_bad_values_name_the_field_the_value_and_the_accepted_forms(argument, value, accepted):
+    with pytest.raises(InvalidSettingError) as raised:
+        GpuStepOperator(task_id="t", python_callable=work, backend="docker", **{argument: value})
+    assert argument in str(raised.value) and repr(value) in str(raised.value) and accepted in str(raised.value)
+
+
+def test_a_templated_backend_is_checked_when_it_is_rendered():
+    task = GpuStepOperator(task_id="t", python_callable=work, backend="{{ params.backend }}", deferrable=True)
+    task.backend = "local"  # as rendered; execute() checks the rendered spec before anything starts
+    from airflow_gpu_provider.operators.execution import check_deferrable
+
+    with pytest.raises(InvalidSettingError, match="deferrable"):
+        check_deferrable(task.rendered_spec(), True)
