@@ -64,14 +64,17 @@ class Backend(ABC, Generic[OptionsT, PlanT]):
         """Run the plan to completion in the task's context, streaming logs; clean up on every path."""
 
     def start(self, plan: PlanT, context: Context) -> TaskResult | Deferral:
-        """Start the plan and leave it running (``deferrable=True``): a :class:`Deferral`, or a result when it is
-        over already. Only backends whose registry entry says ``defers`` implement it.
+        """Start the plan and leave it running (``deferrable=True``).
+
+        A :class:`Deferral`, or a result when it is over already. Only backends whose registry entry says ``defers``
+        implement it.
         """
         raise NotImplementedError(f"the {self.name!r} backend cannot defer a running task")
 
     def resume(self, plan: PlanT, state: dict[str, Any], event: Any, context: Context) -> TaskResult | Deferral:
-        """On a worker again, after the trigger fired: collect what :meth:`start` left running and clean up (or
-        defer again). ``plan`` is the same try's plan, made anew; ``state`` is the :class:`Deferral`'s.
+        """On a worker again, after the trigger fired: collect what :meth:`start` left running and clean up.
+
+        Or defer again. ``plan`` is the same try's plan, made anew; ``state`` is the :class:`Deferral`'s.
         """
         raise NotImplementedError(f"the {self.name!r} backend cannot defer a running task")
 
