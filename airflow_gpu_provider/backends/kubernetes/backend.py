@@ -3,14 +3,18 @@
 ``plan()`` is pure (:mod:`.plan`): it maps the request onto the pod's pieces. ``run()`` hands them to
 KubernetesPodOperator (its hook, connection, namespace and in-cluster handling, log streaming and XCom sidecar) and
 turns the outcome into a return value or a typed error; a multi-node launch runs as an Indexed Job
-(:mod:`.multinode_run`). Options: ``docs/kubernetes.md``.
+(:mod:`.multinode_run`). ``start()``/``resume()`` (``deferrable=True``) leave the wait to the cncf provider's own
+triggers: KubernetesPodOperator's deferrable mode (:mod:`.deferral`), KubernetesJobTrigger for an Indexed Job
+(:mod:`.multinode_defer`). Options: ``docs/kubernetes.md``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
-from airflow_gpu_provider.backends.base import Backend
+from airflow_gpu_provider.backends.base import Backend, Deferral
+from airflow_gpu_provider.backends.kubernetes.deferral import DeferredPod
+from airflow_gpu_provider.backends.kubernetes.multinode_defer import DeferredJob
 from airflow_gpu_provider.backends.kubernetes.multinode_run import IndexedJobRun, multinode_manifests
 from airflow_gpu_provider.backends.kubernetes.options import KubernetesOptions
 from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan, plan_pod
@@ -79,6 +83,31 @@ class KubernetesBackend(Backend[KubernetesOptions, KubernetesPlan]):
             self._running = None
         return task_result(result, 0, where=f"Job {layout.name} (rank 0)")
 
+    def start(self, plan: KubernetesPlan, context: Context) -> TaskResult | Deferral:
+        """Submit the pod (or the Indexed Job and its Service) and defer to the cncf provider's trigger."""
+        for note in plan.notes:
+            self.log.warning("%s", note)
+        deferred = self._deferred(plan)
+        self._running = deferred
+        try:
+            return deferred.start(context)
+        finally:
+            self._running = None
+
+    def resume(
+        self, plan: KubernetesPlan, state: dict[str, Any], event: Any, context: Context
+    ) -> TaskResult | Deferral:
+        """After the trigger's event: collect the result, clean up (or defer again while the pod still runs)."""
+        deferred = self._deferred(plan)
+        self._running = deferred
+        try:
+            return deferred.resume(state, event, context)
+        finally:
+            self._running = None
+
+    def _deferred(self, plan: KubernetesPlan) -> DeferredPod | DeferredJob:
+        return DeferredJob(plan, self.log) if plan.num_nodes > 1 else DeferredPod(plan, self.log)
+
     def render(self, request: TaskRequest, conf: GpuConfig, context: Context) -> list[dict[str, Any]]:
         """The objects :meth:`run` would submit, as API dicts (built by KubernetesPodOperator, no cluster)."""
         plan = self.plan(request, conf)
@@ -88,7 +117,7 @@ class KubernetesBackend(Backend[KubernetesOptions, KubernetesPlan]):
         return [to_dict(build_operator(plan).build_pod_request_obj(context, dry_run=True))]
 
     def kill(self) -> None:
-        """Delete the running pod (KubernetesPodOperator's ``on_kill``) or the Job and its Service."""
+        """Delete the running pod (KubernetesPodOperator's ``on_kill``) or the Job and its Service, also in start()."""
         running = self._running
         if running is not None:
             running.on_kill()

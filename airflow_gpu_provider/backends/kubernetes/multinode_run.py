@@ -3,7 +3,8 @@
 Uses the cncf-kubernetes provider's ``KubernetesHook`` (connection, namespace, in-cluster handling) and
 ``PodManager`` (log streaming). Cleanup deletes the Job, its pods and the Service on success, on failure and from
 ``kill()``; the Job's ``ttlSecondsAfterFinished`` and the Service's owner reference are the safety net when the
-worker itself dies. This module needs a cluster: it has no test that runs it (see docs/kubernetes.md).
+worker itself dies. ``run()`` needs a cluster: it has no test that runs it (see docs/kubernetes.md); the deferred
+run (:mod:`.multinode_defer`) uses ``create``, ``rank0_result`` and ``cleanup`` with the wait in the triggerer.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from kubernetes.client.exceptions import ApiException
 from airflow_gpu_provider.backends.kubernetes.multinode import COMPLETION_INDEX, JOB_LABEL, MultiNodeLayout
 from airflow_gpu_provider.backends.kubernetes.multinode import headless_service as service_manifest
 from airflow_gpu_provider.backends.kubernetes.multinode import indexed_job as job_manifest
-from airflow_gpu_provider.backends.kubernetes.pending import unschedulable
+from airflow_gpu_provider.backends.kubernetes.pending import termination_error, unschedulable
 from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan
 from airflow_gpu_provider.backends.kubernetes.pod_operator import build_operator, to_dict
 from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError
@@ -69,6 +70,15 @@ class IndexedJobRun:
         self.poll_interval, self.pending_timeout = poll_interval, pending_timeout
         self._created = False
 
+    @classmethod
+    def attach(
+        cls, hook: KubernetesHook, layout: MultiNodeLayout, *, log: logging.Logger | None = None
+    ) -> IndexedJobRun:
+        """The run of a Job submitted earlier (by another worker's ``create``): to collect and clean up."""
+        run = cls(hook, layout, {}, {}, log=log)
+        run._created = True
+        return run
+
     @property
     def selector(self) -> str:
         """Label selector of this run's pods."""
@@ -81,29 +91,47 @@ class IndexedJobRun:
         other failure raises.
         """
         try:
-            self._create()
+            self.create()
             try:
                 self._follow()
             except GpuTaskError:
-                result = self._rank0_result()
+                result = self.rank0_result()
                 if result is not None and not result.get("ok"):
                     return result
                 raise
-            return self._rank0_result()
+            return self.rank0_result()
         finally:
             self.cleanup()
 
-    def _rank0_result(self) -> dict[str, Any] | None:
-        """The result envelope rank 0 printed as its last ``[gpu] result:`` log line, if any."""
-        rank0 = next((p for p in self._pods() if (p.metadata.annotations or {}).get(COMPLETION_INDEX) == "0"), None)
+    def rank0(self) -> Any:
+        """Rank 0's pod (completion index 0), if it exists."""
+        return next((p for p in self._pods() if (p.metadata.annotations or {}).get(COMPLETION_INDEX) == "0"), None)
+
+    def rank0_result(self, *, print_log: bool = False) -> dict[str, Any] | None:
+        """The result envelope rank 0 printed as its last ``[gpu] result:`` log line, if any.
+
+        :param print_log: first copy rank 0's whole log into the task's log (after a deferral: nobody followed it)
+        """
+        rank0 = self.rank0()
         if rank0 is None:
             return None
+        if print_log:
+            PodManager(kube_client=self.hook.core_v1_client).fetch_container_logs(rank0, MAIN_CONTAINER, follow=False)
         text = self.hook.core_v1_client.read_namespaced_pod_log(
             rank0.metadata.name, self.layout.namespace, container=MAIN_CONTAINER, tail_lines=200
         )
         return result_from_log(text)
 
-    def _create(self) -> None:
+    def killed_rank(self, limits: Mapping[str, str]) -> GpuTaskError | None:
+        """The error of a rank whose main container the kernel or kubelet killed (``OOMKilled``, ...), if any."""
+        for pod in self._pods():
+            error = termination_error(to_dict(pod), MAIN_CONTAINER, limits)
+            if error is not None:
+                return error
+        return None
+
+    def create(self) -> None:
+        """Submit the Job, then its Service (owned by the Job, so that it goes with it)."""
         namespace = self.layout.namespace
         self._created = True  # from here on, cleanup has something to delete
         created = self.hook.batch_v1_client.create_namespaced_job(namespace, self.job)

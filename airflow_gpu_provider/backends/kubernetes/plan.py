@@ -40,6 +40,7 @@ class KubernetesPlan:
     :param cpu_fallback: the CPU-only plan to run when no GPU node takes the pod (``on_missing_gpu="cpu"``)
     :param num_nodes: pods of a multi-node launch (an Indexed Job), meeting on ``port``
     :param notes: what the plan could not give the task, for its log
+    :param reattach: a later try takes over the pod an earlier try left running (``TaskRequest.reattach``)
     """
 
     task_id: str
@@ -66,6 +67,7 @@ class KubernetesPlan:
     port: int = DEFAULT_RENDEZVOUS_PORT
     termination_grace_period: int = 30
     notes: tuple[str, ...] = ()
+    reattach: bool = True
 
 
 def load_pod_template(options: KubernetesOptions) -> dict[str, Any] | None:
@@ -177,6 +179,7 @@ def _pod(
         port=request.rendezvous_port or DEFAULT_RENDEZVOUS_PORT,
         termination_grace_period=round(conf.grace(options.termination_grace_period)),
         notes=notes,
+        reattach=request.reattach,
     )
 
 

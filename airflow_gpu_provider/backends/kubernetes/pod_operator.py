@@ -1,16 +1,22 @@
 """The plan -> a KubernetesPodOperator (run time: imports the kubernetes client).
 
 :class:`GpuPodOperator` is KubernetesPodOperator with three small additions: it keeps the runtime's result envelope
-read from the XCom sidecar, it asks the scheduler why a pod never started, and it leaves XCom pushing to
-``GpuStepOperator`` (which pushes the function's return value, not the envelope).
+read from the XCom sidecar, it asks the scheduler why a pod never started (in the worker, or after the trigger's
+``timeout`` event), and it leaves XCom pushing to ``GpuStepOperator`` (which pushes the function's return value, not
+the envelope). Everything else is
+KubernetesPodOperator's own: the pod's creation, its reattach to an earlier try's pod (through the task state store
+on Airflow 3.3+), its deferrable mode (:mod:`.deferral`), its log streaming and cleanup.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
+from airflow.providers.cncf.kubernetes import version_compat
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.providers.cncf.kubernetes.utils.pod_manager import PodLaunchFailedException
 from airflow.sdk.definitions._internal.contextmanager import DagContext
@@ -25,6 +31,11 @@ from airflow_gpu_provider.policy.pods import require
 from airflow_gpu_provider.task.result import result_value
 
 _API = ApiClient(configuration=Configuration())
+#: KubernetesPodOperator's switch for taking over the pod of an earlier try: ``durable`` on Airflow 3.3+ (the pod's
+#: identity kept in the task state store, then a label search), ``reattach_on_restart`` before (the label search).
+_DURABLE = "durable" in inspect.signature(KubernetesPodOperator.__init__).parameters and getattr(
+    version_compat, "AIRFLOW_V_3_3_PLUS", False
+)
 
 
 def to_dict(obj: Any) -> Any:
@@ -48,6 +59,7 @@ class GpuPodOperator(KubernetesPodOperator):
         self.pod_security = pod_security
         self.result_envelope: dict[str, Any] | None = None
         self.unschedulable: Unschedulable | None = None
+        self.timed_out = False  # resumed from the trigger's timeout event: the pod may still run
 
     def build_pod_request_obj(self, context: Any = None, *, dry_run: bool = False) -> k8s.V1Pod:
         """The pod as KubernetesPodOperator builds it, refused unless it meets ``pod_security`` (rule P1).
@@ -80,15 +92,28 @@ class GpuPodOperator(KubernetesPodOperator):
         try:
             super().await_pod_start(pod)
         except PodLaunchFailedException:
-            try:
-                remote = self.pod_manager.read_pod(pod)
-                events = [e.message or "" for e in self.pod_manager.read_pod_events(pod).items]
-                self.unschedulable = unschedulable(to_dict(remote), events)
-                if self.unschedulable is not None:
-                    self.pod_manager.delete_pod(pod)
-            except ApiException:
-                self.log.warning("Could not read or delete pod %s that did not start", self.pod_label)
+            self.diagnose_pending(pod)
             raise
+
+    def diagnose_pending(self, pod: k8s.V1Pod) -> None:
+        """Record the scheduler's verdict on a pod that did not start; delete it if no node can take it.
+
+        Called when the start timed out: in the worker (``await_pod_start``), or on resuming from the trigger's
+        ``timeout`` event (:mod:`.deferral`).
+        """
+        try:
+            remote = self.pod_manager.read_pod(pod)
+            events = [e.message or "" for e in self.pod_manager.read_pod_events(pod).items]
+            self.unschedulable = unschedulable(to_dict(remote), events)
+            if self.unschedulable is not None:
+                self.patch_already_checked(remote, reraise=False)  # no later start takes it over while it goes
+                self.pod_manager.delete_pod(pod)
+        except ApiException:
+            self.log.warning("Could not read or delete pod %s that did not start", self.pod_label)
+
+    def _write_logs(self, pod: k8s.V1Pod, follow: bool = False, since_time: Any = None) -> None:  # type: ignore[override]
+        """The pod's log; after a timeout event not followed, which would wait for a running pod to end."""
+        super()._write_logs(pod, follow=follow and not self.timed_out, since_time=since_time)
 
     def _push_xcom_with_fan_out(self, ti: Any, value: Any) -> None:
         """No XCom from a failed pod: GpuStepOperator pushes the function's return value itself."""
@@ -104,8 +129,10 @@ class GpuPodOperator(KubernetesPodOperator):
                 result_value(self.result_envelope, 1, where=where)
             except RemoteTaskError as err:
                 return err
-        if self.remote_pod is not None:
-            return termination_error(to_dict(self.remote_pod), self.base_container_name, limits)
+        # the pod as last read: ``remote_pod`` in the worker's run, ``pod`` once ``trigger_reentry`` has read it
+        remote = self.remote_pod if self.remote_pod is not None else self.pod
+        if remote is not None:
+            return termination_error(to_dict(remote), self.base_container_name, limits)
         return None
 
 
@@ -119,16 +146,32 @@ def _outside_any_dag() -> Iterator[None]:
         DagContext.pop()
 
 
-def build_operator(plan: KubernetesPlan) -> GpuPodOperator:
-    """A :class:`GpuPodOperator` for the plan (not attached to any DAG; run with ``execute_sync``)."""
+def build_operator(
+    plan: KubernetesPlan, *, deferrable: bool = False, execution_timeout: timedelta | None = None
+) -> GpuPodOperator:
+    """A :class:`GpuPodOperator` for the plan (not attached to any DAG).
+
+    :param deferrable: KubernetesPodOperator's deferrable mode: ``execute`` creates the pod (or takes over the
+        earlier try's) and raises ``TaskDeferred`` with its ``KubernetesPodTrigger``; else run it with ``execute_sync``
+    :param execution_timeout: the task's, which KubernetesPodOperator hands the trigger as the pod's deadline
+    """
     options = plan.options
     security = to_model(plan.security_context, "V1SecurityContext")
     with _outside_any_dag():
-        return _pod_operator(plan, options, security)
+        return _pod_operator(plan, options, security, deferrable=deferrable, execution_timeout=execution_timeout)
 
 
-def _pod_operator(plan: KubernetesPlan, options: Any, security: Any) -> GpuPodOperator:
+def reattach_arguments(reattach: bool) -> dict[str, bool]:
+    """KubernetesPodOperator's arguments for ``TaskRequest.reattach`` (``False``: its opt-out, a new pod a try)."""
+    if _DURABLE:
+        return {"durable": reattach}  # it sets reattach_on_restart to the same value
+    return {} if reattach else {"reattach_on_restart": False}  # True is the default; the argument warns
+
+
+def _pod_operator(plan: KubernetesPlan, options: Any, security: Any, **mode: Any) -> GpuPodOperator:
     return GpuPodOperator(
+        **mode,
+        **reattach_arguments(plan.reattach),
         pod_security=options.pod_security,
         task_id=plan.task_id,
         kubernetes_conn_id=options.kubernetes_conn_id,

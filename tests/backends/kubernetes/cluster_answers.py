@@ -1,0 +1,275 @@
+"""What the API server answers, for the deferrable tests: canned objects, patched onto the kubernetes client's
+methods (``CoreV1Api``, ``BatchV1Api``), PodManager's exec calls into the XCom sidecar and its log copy, and, for
+the triggers, AsyncKubernetesHook's reads of a pod, its events and a Job: the only cluster calls. Every call is
+recorded. Everything else is the real code: KubernetesPodOperator, PodManager, the hooks (with a kubeconfig
+pointing at a closed port), the triggers (run to their first event by :func:`fire`), and the provider's backend.
+
+No cluster exists here: this shows what the provider does with each answer, not that a cluster gives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+from typing import Any
+
+from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
+from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
+from airflow.sdk import serde
+from kubernetes.client import BatchV1Api, CoreV1Api
+from kubernetes.client import models as k8s
+from kubernetes.client.exceptions import ApiException
+
+from airflow_gpu_provider.backends import BACKENDS
+from airflow_gpu_provider.backends.kubernetes.multinode import JOB_LABEL
+from airflow_gpu_provider.backends.kubernetes.pod_operator import to_model
+from airflow_gpu_provider.config.worker import GpuConfig
+from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
+from airflow_gpu_provider.task.envelope import Envelope
+from airflow_gpu_provider.task.request import TaskRequest
+
+KUBECONFIG = """
+apiVersion: v1
+kind: Config
+clusters:
+- name: nowhere
+  cluster: {server: "https://127.0.0.1:9", insecure-skip-tls-verify: true}
+users:
+- name: nobody
+  user: {token: "not-a-token"}
+contexts:
+- name: nowhere
+  context: {cluster: nowhere, user: nobody}
+current-context: nowhere
+"""
+EMPTY_XCOM = "__airflow_xcom_result_empty__"
+CONNECTION_EXTRA = {"xcom_sidecar_container_image": "registry.example.com/alpine:3.20"}
+
+
+def kubeconfig_file(tmp_path: Any, monkeypatch: Any) -> Any:
+    """A kubeconfig pointing at a closed port, and the ``gke`` connection (with an extra, and no kubeconfig)."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(KUBECONFIG)
+    monkeypatch.setenv("AIRFLOW_CONN_GKE", json.dumps({"conn_type": "kubernetes", "extra": CONNECTION_EXTRA}))
+    return path
+
+
+def planned(kubeconfig, *, policy="fail", reattach=True, num_nodes=1, **options):
+    """A Kubernetes backend and its plan: 4 GPUs and 8Gi, through the ``gke`` connection and a kubeconfig file."""
+    request = TaskRequest(
+        ResourceSettings(gpu_count=4, memory="8Gi"),
+        ImageSettings(),
+        Envelope.run(["python3", "-c", "print('hi')"]),
+        policy,  # type: ignore[arg-type]
+        {"dag_id": "d", "task_id": "train", "run_id": "manual", "try_number": "1", "map_index": "-1"},
+        num_nodes=num_nodes,
+        reattach=reattach,
+    )
+    backend = BACKENDS["kubernetes"].create(
+        {
+            "namespace": "ml",
+            "kubernetes_conn_id": "gke",
+            "config_file": str(kubeconfig),
+            "in_cluster": False,
+            "pending_timeout": 120,
+            "startup_timeout": 900,
+            **options,
+        }
+    )
+    return backend, backend.plan(request, GpuConfig.read())
+
+
+class TaskInstance:
+    """What KubernetesPodOperator reads of ``context["ti"]``: identity, start, XCom pushes."""
+
+    dag_id, task_id, map_index, try_number = "d", "train", -1, 1
+
+    def __init__(self) -> None:
+        self.start_date = datetime.datetime.now(datetime.UTC)
+        self.xcom: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcom[key] = value
+
+
+class StateStore:
+    """``context["task_state_store"]`` (TaskStateStoreAccessor's get/set/delete), in memory, JSON values."""
+
+    def __init__(self, **values: Any) -> None:
+        self.values = dict(values)
+        self.reads: list[str] = []
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.reads.append(key)
+        return self.values.get(key, default)
+
+    def set(self, key: str, value: Any, **_: Any) -> None:
+        self.values[key] = json.loads(json.dumps(value))
+
+    def delete(self, key: str) -> None:
+        self.values.pop(key, None)
+
+
+def context(store: StateStore | None = None, execution_timeout: datetime.timedelta | None = None) -> dict[str, Any]:
+    """The parts of a task's context that KubernetesPodOperator and the backend read."""
+
+    class Task:  # the running GpuStepOperator, as far as the backend reads it
+        pass
+
+    task = Task()
+    task.execution_timeout = execution_timeout  # type: ignore[attr-defined]
+    return {
+        "ti": TaskInstance(),
+        "run_id": "manual",
+        "dag": None,
+        "task_state_store": store or StateStore(),
+        "task": task,
+    }
+
+
+def container(name: str, **state: Any) -> k8s.V1ContainerStatus:
+    """A container's status: ``terminated={"exit_code": 137, "reason": "OOMKilled"}``, ``running={}``, ..."""
+    kinds = {"terminated": k8s.V1ContainerStateTerminated, "running": k8s.V1ContainerStateRunning}
+    kinds["waiting"] = k8s.V1ContainerStateWaiting
+    built = {kind: kinds[kind](**value) for kind, value in state.items()}
+    return k8s.V1ContainerStatus(
+        name=name, image="x", image_id="", ready=False, restart_count=0, state=k8s.V1ContainerState(**built)
+    )
+
+
+class Cluster:
+    """The API server's answers: the created pods, the pod's status as read, its log, the sidecar's file, ..."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.created: list[dict[str, Any]] = []  # pod bodies, as submitted
+        self.status: k8s.V1PodStatus = k8s.V1PodStatus(phase="Pending")
+        self.existing: dict[str, Any] = {}  # pods (dicts) that exist before the test's start(), by name
+        self.log: list[str] = []
+        self.xcom = EMPTY_XCOM
+        self.events: list[str] = []
+        self.jobs: list[dict[str, Any]] = []
+        self.job_status: k8s.V1JobStatus | None = None
+        self.job_pods: list[k8s.V1Pod] = []
+
+    def names(self, method: str) -> list[Any]:
+        return [arg for name, arg in self.calls if name == method]
+
+    # ------------------------------------------------------------------ CoreV1Api
+    def create_namespaced_pod(self, _api: Any, namespace: str, body: dict[str, Any], **_: Any) -> k8s.V1Pod:
+        self.calls.append(("create_namespaced_pod", body["metadata"]["name"]))
+        self.created.append(body)
+        return to_model(body, "V1Pod")
+
+    def read_namespaced_pod(self, _api: Any, name: str, namespace: str, **_: Any) -> k8s.V1Pod:
+        self.calls.append(("read_namespaced_pod", name))
+        body = next((b for b in self.created if b["metadata"]["name"] == name), None) or self.existing.get(name)
+        if body is None:
+            raise ApiException(status=404, reason="Not Found")
+        pod = to_model(body, "V1Pod")
+        pod.status = self.status
+        return pod
+
+    def list_namespaced_pod(self, _api: Any, namespace: str, label_selector: str = "", **_: Any) -> k8s.V1PodList:
+        self.calls.append(("list_namespaced_pod", label_selector))
+        return k8s.V1PodList(items=self.job_pods if JOB_LABEL in label_selector else [])
+
+    def read_namespaced_pod_log(self, _api: Any, name: str, namespace: str, **kwargs: Any) -> Any:
+        self.calls.append(("read_namespaced_pod_log", {"name": name, **kwargs}))
+        if kwargs.get("_preload_content") is False:
+            return [f"{line}\n".encode() for line in self.log]
+        return "".join(f"{line}\n" for line in self.log)
+
+    def list_namespaced_event(self, _api: Any, namespace: str, **_: Any) -> k8s.CoreV1EventList:
+        self.calls.append(("list_namespaced_event", namespace))
+        meta = k8s.V1ObjectMeta(name="e")
+        items = [
+            k8s.CoreV1Event(message=m, metadata=meta, involved_object=k8s.V1ObjectReference()) for m in self.events
+        ]
+        return k8s.CoreV1EventList(items=items)
+
+    def patch_namespaced_pod(self, _api: Any, name: str, namespace: str, body: Any, **_: Any) -> None:
+        self.calls.append(("patch_namespaced_pod", (name, body)))
+        for pod in [*self.created, *self.existing.values()]:
+            if pod["metadata"]["name"] == name:  # a label patch, as KubernetesPodOperator's "already_checked"
+                pod["metadata"]["labels"] = {**(pod["metadata"].get("labels") or {}), **body["metadata"]["labels"]}
+
+    def delete_namespaced_pod(self, _api: Any, name: str, namespace: str, **_: Any) -> None:
+        self.calls.append(("delete_namespaced_pod", name))
+
+    def create_namespaced_service(self, _api: Any, namespace: str, body: dict[str, Any], **_: Any) -> None:
+        self.calls.append(("create_namespaced_service", body))
+
+    def delete_namespaced_service(self, _api: Any, name: str, namespace: str, **_: Any) -> None:
+        self.calls.append(("delete_namespaced_service", name))
+
+    def delete_collection_namespaced_pod(self, _api: Any, namespace: str, label_selector: str, **_: Any) -> None:
+        self.calls.append(("delete_collection_namespaced_pod", label_selector))
+
+    # ------------------------------------------------------------------ BatchV1Api
+    def create_namespaced_job(self, _api: Any, namespace: str, body: dict[str, Any], **_: Any) -> k8s.V1Job:
+        self.calls.append(("create_namespaced_job", body["metadata"]["name"]))
+        self.jobs.append(body)
+        return k8s.V1Job(metadata=k8s.V1ObjectMeta(name=body["metadata"]["name"], uid="0f6c-uid"))
+
+    def read_namespaced_job_status(self, _api: Any, name: str, namespace: str, **_: Any) -> k8s.V1Job:
+        self.calls.append(("read_namespaced_job_status", name))
+        if self.job_status is None:
+            raise ApiException(status=404, reason="Not Found")
+        return k8s.V1Job(metadata=k8s.V1ObjectMeta(name=name, namespace=namespace), status=self.job_status)
+
+    def delete_namespaced_job(self, _api: Any, name: str, namespace: str, **_: Any) -> None:
+        self.calls.append(("delete_namespaced_job", name))
+
+    # ------------------------------------------------------------------ PodManager: exec into the XCom sidecar
+    def extract_xcom_json(self, _manager: Any, pod: k8s.V1Pod) -> str:
+        self.calls.append(("extract_xcom_json", pod.metadata.name))
+        return self.xcom
+
+    def extract_xcom_kill(self, _manager: Any, pod: k8s.V1Pod) -> None:
+        self.calls.append(("extract_xcom_kill", pod.metadata.name))
+
+    def fetch_container_logs(self, _manager: Any, pod: k8s.V1Pod, container_name: str, **kwargs: Any) -> None:
+        self.calls.append(("fetch_container_logs", (pod.metadata.name, container_name, kwargs.get("follow"))))
+
+    def install(self, monkeypatch: Any) -> Cluster:
+        """Patch the client's methods (the class's: every hook's client gets them)."""
+        for api, names in (
+            (CoreV1Api, ("create_namespaced_pod", "read_namespaced_pod", "list_namespaced_pod")),
+            (CoreV1Api, ("read_namespaced_pod_log", "list_namespaced_event", "patch_namespaced_pod")),
+            (CoreV1Api, ("delete_namespaced_pod", "create_namespaced_service", "delete_namespaced_service")),
+            (CoreV1Api, ("delete_collection_namespaced_pod",)),
+            (BatchV1Api, ("create_namespaced_job", "read_namespaced_job_status", "delete_namespaced_job")),
+            (PodManager, ("extract_xcom_json", "extract_xcom_kill", "fetch_container_logs")),
+        ):
+            for name in names:
+                answer = getattr(self, name)
+                monkeypatch.setattr(api, name, lambda api_self, *a, _answer=answer, **k: _answer(api_self, *a, **k))
+        return self
+
+
+def fire(trigger: Any, cluster: Cluster, monkeypatch: Any) -> dict[str, Any]:
+    """Run a cncf trigger as the triggerer runs it, to its first event: the payload as the worker gets it."""
+
+    async def get_pod(_hook: Any, name: str, namespace: str) -> k8s.V1Pod:
+        return cluster.read_namespaced_pod(None, name, namespace)
+
+    async def watch_pod_events(_hook: Any, name: str, namespace: str, **_: Any) -> Any:
+        await asyncio.sleep(0.01)  # no events
+        for message in ():
+            yield message
+
+    async def get_job_status(_hook: Any, name: str, namespace: str) -> k8s.V1Job:
+        return cluster.read_namespaced_job_status(None, name, namespace)
+
+    monkeypatch.setattr(AsyncKubernetesHook, "get_pod", get_pod)
+    monkeypatch.setattr(AsyncKubernetesHook, "watch_pod_events", watch_pod_events)
+    monkeypatch.setattr(AsyncKubernetesHook, "get_job_status", get_job_status)
+
+    async def first() -> dict[str, Any]:
+        async for event in trigger.run():
+            return event.payload
+        raise AssertionError("the trigger ended without an event")
+
+    return serde.deserialize(serde.serialize(asyncio.run(first())))
