@@ -33,6 +33,12 @@ def get_provider_info() -> dict[str, Any]:
             },
         ],
         "hooks": [{"integration-name": "GPU", "python-modules": ["airflow_gpu_provider.hooks.cuda"]}],
+        "triggers": [
+            {
+                "integration-name": "GPU",
+                "python-modules": ["airflow_gpu_provider.host.trigger", "airflow_gpu_provider.backends.docker.trigger"],
+            }
+        ],
         "task-decorators": [{"name": "gpu", "class-name": "airflow_gpu_provider.decorators.gpu.gpu_task"}],
         "config": provider_config(),
     }

@@ -69,3 +69,46 @@ def mapped_xcoms(dag_run: Any, task_id: str, key: str = "return_value") -> dict[
             )
         ).all()
         return {row.map_index: XComModel.deserialize_value(row) for row in rows}
+
+
+_WORKER = """
+import datetime, json, sys
+sys.path.insert(0, {tests!r})
+from helpers import load_dag, run_dag, task_states, xcom
+date = datetime.datetime.fromisoformat({date!r}) if {date!r} else None
+dag_run = run_dag(load_dag({dag_file!r}, {dag_id!r}), conf={conf!r}, logical_date=date)
+states = task_states(dag_run)
+print("WORKER-RESULT", json.dumps({{"states": states, "xcom": {{t: xcom(dag_run, t) for t in states}}}}), flush=True)
+"""
+
+
+def start_worker(
+    dag_file: Any, dag_id: str, *, conf: dict[str, Any] | None = None, logical_date: str = "", env: Any = None
+) -> Any:
+    """A worker process that runs one DAG with ``dag.test()`` and prints its task log (read it from stdout).
+
+    Its last line is ``WORKER-RESULT {"states": ..., "xcom": ...}`` (:func:`worker_result`).
+    """
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = _WORKER.format(
+        tests=str(Path(__file__).parent), dag_file=str(dag_file), dag_id=dag_id, conf=conf, date=logical_date
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def worker_result(log: str) -> dict[str, Any]:
+    """The states and return values a worker of :func:`start_worker` printed (empty when it printed none)."""
+    import json
+
+    lines = [line for line in log.splitlines() if line.startswith("WORKER-RESULT ")]
+    return json.loads(lines[-1].split(" ", 1)[1]) if lines else {}

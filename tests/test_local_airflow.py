@@ -240,15 +240,18 @@ def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
         return error.code, error.read().decode()
 
 
-def _push_sample_profile(airflow: LocalAirflow, run_id: str, task_id: str) -> dict:
+def _push_sample_profile(airflow: LocalAirflow, run_id: str, task_id: str, *, replace: bool = False) -> dict:
     """TEST DATA: store the two-GPU sample of tests/telemetry/ui/profiles.py as ``task_id``'s profile (through the REST API).
 
     These machines have no GPU, so a real run only ever stores a CPU profile; this puts a multi-GPU one in front of
-    the real UI too.
+    the real UI too (``replace``: over the profile the task stored).
     """
     quoted = quote(run_id, safe="")
     entries = f"/api/v2/dags/{DEMO}/dagRuns/{quoted}/taskInstances/{task_id}/xcomEntries"
-    airflow.api("POST", entries, {"key": "gpu_profile", "value": SAMPLE_GPU_PROFILE, "map_index": -1})
+    if replace:
+        airflow.api("PATCH", f"{entries}/gpu_profile", {"value": SAMPLE_GPU_PROFILE, "map_index": -1})
+    else:
+        airflow.api("POST", entries, {"key": "gpu_profile", "value": SAMPLE_GPU_PROFILE, "map_index": -1})
     return airflow.xcom(DEMO, run_id, task_id, key="gpu_profile")
 
 
@@ -313,7 +316,7 @@ def test_browser_gpu_tab_and_gpus_page_show_the_profile(airflow, browser):
     assert run["state"] == "success", airflow.task_instances(DEMO, run_id)
     real = airflow.xcom(DEMO, run_id, "train", key="gpu_profile")  # stored by the operator
     assert real["kind"] == "cpu" and real["task"]["task_id"] == "train", real
-    sample = _push_sample_profile(airflow, run_id, "report")
+    forged = _push_sample_profile(airflow, run_id, "report")  # a plain task's: the pages never show it (rule T2)
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page = browser.new_page(viewport={"width": 1400, "height": 1500})
@@ -327,9 +330,10 @@ def test_browser_gpu_tab_and_gpus_page_show_the_profile(airflow, browser):
         _check_gpu_tab(page, airflow, run_id, "train", real, "gpu-tab.png")
 
         step = "3. the GPU tab with the two-GPU sample profile"
-        _check_gpu_tab(page, airflow, run_id, "report", sample, "gpu-tab-two-gpus.png")
+        sample = _push_sample_profile(airflow, run_id, "train", replace=True)
+        _check_gpu_tab(page, airflow, run_id, "train", sample, "gpu-tab-two-gpus.png")
 
-        step = "4. the GPUs page lists both tries, their hosts and their models"
+        step = "4. the GPUs page lists the GPU task's try, its host and its models; not the plain task's"
         page.goto(airflow.url)
         page.get_by_role("link", name="GPUs", exact=True).click()
         page.wait_for_url("**/plugin/gpus**")
@@ -337,10 +341,9 @@ def test_browser_gpu_tab_and_gpus_page_show_the_profile(airflow, browser):
         row_link = overview.locator(f'a[href*="/runs/{quote(run_id, safe="")}/tasks/train?"]')
         row_link.wait_for()
         text = overview.locator("body").inner_text()
-        assert f"{DEMO} / train" in text and f"{DEMO} / report" in text
-        for value in (real, sample):
-            assert value["host"] in text
-            assert all(device["name"] in text for device in value["devices"])
+        assert f"{DEMO} / train" in text and f"{DEMO} / report" not in text  # the forged one is not listed
+        assert sample["host"] in text and forged == sample
+        assert all(device["name"] in text for device in sample["devices"])
         page.screenshot(path=str(ARTIFACTS / "gpus-page.png"), full_page=True)
 
         step = "5. a row opens the try's page inside the same view"

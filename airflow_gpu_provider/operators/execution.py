@@ -103,6 +103,7 @@ class GpuExecution:
         self.wait_timeout = _seconds(owner, wait_timeout)
         check_deferrable(self.task_spec, self.deferrable)
         self._running_backend: Backend[Any, Any] | None = None
+        self._waiting_since: float | None = None
         super().__init__(**kwargs)
 
     if TYPE_CHECKING:  # the operator's (GpuStepOperator, BaseOperator)
@@ -138,8 +139,9 @@ class GpuExecution:
         backend = spec.info.backend_class()(spec.options, log=self.log)
         return Attempt(conf, spec, tries, request, backend, backend.plan(request, conf))
 
-    def execute(self, context: Context, waiting_since: float | None = None) -> Any:
+    def execute(self, context: Context) -> Any:
         """Plan the task on its backend and run it (or start it and defer); the return value goes to XCom."""
+        waiting_since, self._waiting_since = self._waiting_since, None  # set by a resume after a deferred wait
         attempt = self._prepare(context)
         request, plan, backend = attempt.request, attempt.plan, attempt.backend
         self.log.info(
@@ -172,7 +174,8 @@ class GpuExecution:
                 waited = time.time() - since
                 raise GpuUnavailableError(waited_too_long(str(state["requested"]), waited, "they stayed busy"))
             self.log.info("GPUs free after %.1fs of deferred waiting: starting the task", event.get("waited", 0.0))
-            return self.execute(context, waiting_since=since)
+            self._waiting_since = since  # execute() is the decorator's too: it takes the context alone
+            return self.execute(context)
         attempt = self._prepare(context)
         backend_state = dict(state.get("backend") or {})
         step = lambda: attempt.backend.resume(attempt.plan, backend_state, event, context)  # noqa: E731

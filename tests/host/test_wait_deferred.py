@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import load_dag, run_dag, task_states, xcom
+from helpers import start_worker, worker_result
 
 from airflow_gpu_provider.exceptions import GpuUnavailableError
-from airflow_gpu_provider.host.allocator import Allocation, GpuAllocator, HostGpus
+from airflow_gpu_provider.host.allocator import GpuAllocator, HostGpus
 from airflow_gpu_provider.host.inventory import Device
 from airflow_gpu_provider.host.trigger import GpuFreeTrigger
 from airflow_gpu_provider.host.waiting import MustWait, free_count
@@ -105,47 +105,30 @@ def test_the_trigger_fires_when_the_gpu_is_let_go_and_at_its_deadline(tmp_path):
     assert GpuFreeTrigger(**arguments).serialize() == (path, arguments)
 
 
-def _release_once_deferred(dag_id: str, held: Allocation) -> None:
-    """Let the GPU go once the task is seen deferred (the metadata DB says so), or after a minute."""
-    from airflow.models.taskinstance import TaskInstance
-    from airflow.utils.session import create_session
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        with create_session() as session:
-            states = session.query(TaskInstance.state).filter(TaskInstance.dag_id == dag_id).all()
-        if any(str(state) == "deferred" for (state,) in states):
-            break
-        time.sleep(0.2)
-    held.release()
-
-
 @pytest.mark.usefixtures("airflow_home")
-def test_a_task_waits_deferred_then_runs_on_the_gpu(one_gpu, capfd):
+def test_a_task_waits_deferred_then_runs_on_the_gpu(one_gpu):
     held = one_gpu.try_acquire([Device("0")], 1, "the other task")
     assert held is not None
-    seen = threading.Thread(target=_release_once_deferred, args=("deferred_wait", held), daemon=True)
-    seen.start()
-    dag_run = run_dag(load_dag(DAG_FILE, "deferred_wait"))
-    seen.join()
-    out, err = capfd.readouterr()
-    assert task_states(dag_run) == {"waits_for_the_gpu": "success"}
-    assert str(xcom(dag_run, "waits_for_the_gpu")) == "0"  # the one GPU, once it was free
-    log_text = out + err
+    worker = start_worker(DAG_FILE, "deferred_wait", env={"AIRFLOW__GPU__DEVICES": "0"})
+    threading.Timer(12.0, held.release).start()  # the task starts (and defers) within 12 s of the worker's start
+    log_text, _ = worker.communicate(timeout=240)
+    result = worker_result(log_text)
+    assert result["states"] == {"waits_for_the_gpu": "success"}, log_text[-3000:]
+    assert str(result["xcom"]["waits_for_the_gpu"]) == "0"  # the one GPU, once it was free
     assert "held by the other task" in log_text and "Deferred until they are free" in log_text
     assert "running trigger in line" in log_text and "GPUs free after" in log_text
 
 
 @pytest.mark.usefixtures("airflow_home")
-def test_a_deferred_wait_ends_at_its_timeout_naming_it(one_gpu, capfd):
+def test_a_deferred_wait_ends_at_its_timeout_naming_it(one_gpu):
     held = one_gpu.try_acquire([Device("0")], 1, "the other task")
     try:
-        dag_run = run_dag(load_dag(DAG_FILE, "deferred_wait_timeout"))
+        worker = start_worker(DAG_FILE, "deferred_wait_timeout", env={"AIRFLOW__GPU__DEVICES": "0"})
+        log_text, _ = worker.communicate(timeout=240)
     finally:
         held.release()
-    out, err = capfd.readouterr()
-    assert task_states(dag_run) == {"gives_up": "failed"}
-    assert "GpuUnavailableError: Waited" in out + err and "wait_timeout" in out + err
+    assert worker_result(log_text)["states"] == {"gives_up": "failed"}, log_text[-3000:]
+    assert "GpuUnavailableError: Waited" in log_text and "wait_timeout" in log_text
 
 
 def test_host_gpus_carry_the_wait_timeout():

@@ -14,7 +14,6 @@ the matrix holds while other provider tasks run on the same host and engine.
 
 from __future__ import annotations
 
-import datetime
 import os
 import re
 import signal
@@ -44,7 +43,6 @@ from reliability.leftovers import (  # noqa: E402
     snapshot,
 )
 from reliability_dags import (  # noqa: E402
-    DEFERRED,
     INDEX_VARIABLE,
     PIDS_VARIABLE,
     PRIVATE_PACKAGE,
@@ -53,7 +51,7 @@ from reliability_dags import (  # noqa: E402
     operator_arguments,
 )
 
-BACKENDS = ("local", "docker", DEFERRED, "kubernetes")
+BACKENDS = ("local", "docker", "kubernetes")
 WORKER_TIMEOUT = 240
 BUILD_KILLED = "worker SIGKILL in image build"
 
@@ -66,15 +64,10 @@ EXPECTED: dict[str, tuple[str, str | dict[str, str]]] = {
     "out of memory": ("failed", {"local": r"MemoryError", "docker": r"out of memory", "kubernetes": r"status 137"}),
     "execution_timeout": ("failed", r"AirflowTaskTimeout|Timeout"),
     "on_kill": ("failed", {"local": r"status -15", "docker": r"status 1?43|Killing|stopp"}),
-    # local: the killed worker's supervisor stopped its task and freed its GPU: the re-run gets GPU 0 again.
-    # Docker: the container outlived its worker; the task instance's next try takes it over and returns its result
+    # local: the killed worker's supervisor stopped its task and freed its GPU: the re-run gets GPU 0 again
     "worker SIGKILL": (
         "success",
-        {
-            "local": r"--- re-run ---(.|\n)*Starting task process on GPUs \['0'\]",
-            "docker": r"--- re-run ---(.|\n)*Reattached to container \w+, left running(.|\n)*woke up",
-            DEFERRED: r"--- re-run ---(.|\n)*Reattached to container \w+, left running(.|\n)*woke up",
-        },
+        {"local": r"--- re-run ---(.|\n)*Starting task process on GPUs \['0'\]", "docker": r"left running by a worker"},
     ),
     "background child": ("success", ""),
     "setsid grandchild": ("success", ""),
@@ -97,7 +90,6 @@ NOT_RUN = {
     **{("kubernetes", scenario): why for scenario, why in NEEDS_API_SERVER.items()},
     ("local", BUILD_KILLED): "the local backend builds no image (its requirements go into a venv)",
     ("kubernetes", BUILD_KILLED): "no image is built: an init container installs the requirements in the pod",
-    (DEFERRED, "on_kill"): "a deferred task runs in no worker process: there is nothing to interrupt",
 }
 
 
@@ -181,15 +173,13 @@ def run_worker(
     interrupt: signal.Signals | None = None,
     started: Callable[[int], bool] | None = None,
     environment: dict[str, str] | None = None,
-    logical_date: str | None = None,
 ) -> tuple[str, str]:
     """Run one cell's DAG in a worker process; ``interrupt`` it once its task runs. Return (task state, log).
 
     :param started: whether the worker (its pid) is where it is to be interrupted (default: its task runs)
     """
     worker = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("worker.py")), dag_id(backend, scenario)]
-        + ([logical_date] if logical_date else []),
+        [sys.executable, str(Path(__file__).with_name("worker.py")), dag_id(backend, scenario)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=_environment(state_dir, environment or {}),
@@ -275,24 +265,17 @@ def run_cell(backend: str, scenario: str, work: Path) -> Cell:
         cell.state, cell.log = _run_kubernetes(scenario)
     elif scenario == "on_kill":
         cell.state, cell.log = run_worker(backend, scenario, state_dir, interrupt=signal.SIGTERM)
-    elif scenario == "worker SIGKILL" and backend == "local":
+    elif scenario == "worker SIGKILL":
         killed, first = run_worker(backend, scenario, state_dir, interrupt=signal.SIGKILL)
         cell.note = f"killed worker: {killed}; then the task ran again"
         cell.state, rerun = run_worker(backend, "success", state_dir)  # the retry, on the same host
-        cell.log = f"{first}\n--- re-run ---\n{rerun}"
-    elif scenario == "worker SIGKILL":  # the same task instance's next try, on the same host
-        date = datetime.datetime.now(datetime.timezone.utc).isoformat()
-        killed, first = run_worker(backend, scenario, state_dir, interrupt=signal.SIGKILL, logical_date=date)
-        cell.note = f"killed worker: {killed}; then the task instance's next try ran"
-        cell.state, rerun = run_worker(backend, scenario, state_dir, logical_date=date)
         cell.log = f"{first}\n--- re-run ---\n{rerun}"
     elif scenario == BUILD_KILLED:
         cell.state, cell.log, cell.note = _build_killed(backend, state_dir)
     else:
         cell.state, cell.log = run_worker(backend, scenario, state_dir)
     cell.seconds = time.monotonic() - started
-    same_as = "docker" if backend == DEFERRED else backend  # deferred Docker ends as Docker does, unless it says
-    wanted = pattern.get(backend, pattern.get(same_as, "")) if isinstance(pattern, dict) else pattern
+    wanted = pattern.get(backend, "") if isinstance(pattern, dict) else pattern
     cell.evidence = not wanted or re.search(wanted, cell.log) is not None
     cell.leftovers = _settle(state_dir, before)
     return cell

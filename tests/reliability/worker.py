@@ -6,7 +6,6 @@ last line printed is ``MATRIX-STATE <state of the task>``.
 
 from __future__ import annotations
 
-import datetime
 import sys
 from pathlib import Path
 
@@ -16,7 +15,5 @@ sys.path.insert(0, str(TESTS))
 from helpers import load_dag, run_dag, task_states  # noqa: E402
 
 if __name__ == "__main__":
-    # a fixed logical date (argv[2]): the same DAG run again, so the same task instance's next try
-    logical_date = datetime.datetime.fromisoformat(sys.argv[2]) if len(sys.argv) > 2 else None
-    dag_run = run_dag(load_dag(TESTS / "dags" / "reliability_dags.py", sys.argv[1]), logical_date=logical_date)
+    dag_run = run_dag(load_dag(TESTS / "dags" / "reliability_dags.py", sys.argv[1]))
     print(f"MATRIX-STATE {task_states(dag_run)['task']}", flush=True)
