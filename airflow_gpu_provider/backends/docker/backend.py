@@ -183,10 +183,7 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
                     return self._deferral(plan, container_id, mem_limit)
                 if defer:
                     self.log.warning("Not deferred: no keeper holds the GPU locks, so this worker holds them itself.")
-                lifecycle.log_lines(stream if stream is not None else lifecycle.output(client, container_id), self.log)
-                if self._killed:
-                    raise GpuTaskError(f"Container {container_id[:12]} was stopped because the task was killed.")
-                outcome = lifecycle.collect(client, container_id, mem_limit)
+                outcome = self._collect(client, container_id, mem_limit, stream)
                 succeeded = True
                 return outcome
             finally:
@@ -249,22 +246,26 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         self._container_id, self._killed, self._stop_timeout = container_id, False, plan.stop_timeout
         succeeded = False
         try:
-            lifecycle.log_lines(lifecycle.output(client, container_id), self.log)
-            if timed_out:
-                from airflow.sdk.exceptions import AirflowTaskTimeout
-
-                raise AirflowTaskTimeout(
-                    f"Timeout: container {container_id[:12]} outlived the task's execution_timeout"
-                )
-            if self._killed:
-                raise GpuTaskError(f"Container {container_id[:12]} was stopped because the task was killed.")
-            outcome = lifecycle.collect(client, container_id, mem_limit)
+            outcome = self._collect(client, container_id, mem_limit, None, timed_out=timed_out)
             succeeded = True
             return outcome
         finally:
             self._container_id = None
             lifecycle.cleanup(client, container_id, plan, self.log, started=True, succeeded=succeeded)
             durable.forget(self._store)
+
+    def _collect(
+        self, client: Any, container_id: str, mem_limit: int | None, stream: Any, *, timed_out: bool = False
+    ) -> TaskResult:
+        """Log the container's output (``stream``, or all of it from the engine) to its end; read its result."""
+        lifecycle.log_lines(stream if stream is not None else lifecycle.output(client, container_id), self.log)
+        if timed_out:
+            from airflow.sdk.exceptions import AirflowTaskTimeout
+
+            raise AirflowTaskTimeout(f"Timeout: container {container_id[:12]} outlived the task's execution_timeout")
+        if self._killed:
+            raise GpuTaskError(f"Container {container_id[:12]} was stopped because the task was killed.")
+        return lifecycle.collect(client, container_id, mem_limit)
 
     def _files(self, plan: DockerPlan, image: str, cpu_fallback: bool) -> dict[str, bytes]:
         """The runtime and the envelope (with the resource summary the runtime prints first)."""

@@ -6,6 +6,7 @@ task instance's next try.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -61,3 +62,36 @@ def test_the_trigger_serialises_what_the_triggerer_needs():
     assert path == "airflow_gpu_provider.backends.docker.trigger.DockerContainerTrigger"
     assert json.loads(json.dumps(arguments)) == arguments  # stored as JSON by the triggerer
     assert DockerContainerTrigger(**arguments).serialize() == (path, arguments)
+
+
+def test_a_recorded_container_of_another_task_instance_is_never_taken_over(docker_client):
+    """A try takes over only a container whose labels name its own task instance: a record pointing elsewhere (a
+    forged or stale one) finds nothing, and the other container is left alone.
+    """
+    from airflow_gpu_provider.backends.docker import durable
+    from airflow_gpu_provider.task.labels import PROVIDER, docker_label
+
+    theirs = {"dag_id": "other", "task_id": "task", "run_id": "r1", "map_index": "-1"}
+    labels = {PROVIDER: "true", **{docker_label(key): value for key, value in theirs.items()}}
+    created = docker_client.create_container(
+        os.environ.get("AIRFLOW_GPU_TEST_BASE_IMAGE", "airflow-gpu-base:bookworm"), ["sleep", "60"], labels=labels
+    )["Id"]
+    try:
+        assert durable.find(docker_client, created, theirs) is not None  # its own task instance: found
+        mine = {**theirs, "dag_id": "mine"}
+        assert durable.find(docker_client, created, mine) is None  # any other: never taken, never removed
+        assert durable.find(docker_client, "0" * 64, mine) is None  # gone
+        store: dict = {}
+
+        class Store:  # Airflow's TaskStateStoreAccessor interface: get / set / delete
+            get = staticmethod(lambda key, default=None: store.get(key, default))
+            set = staticmethod(store.__setitem__)
+            delete = staticmethod(store.pop)
+
+        durable.record(Store, created, "unix://var/run/docker.sock", "1")
+        assert durable.recorded(Store, "unix://var/run/docker.sock") == created
+        assert durable.recorded(Store, "tcp://elsewhere:2376") is None  # another engine's record
+        store[durable.KEY] = {"id": "../../etc", "engine": "unix://var/run/docker.sock"}
+        assert durable.recorded(Store, "unix://var/run/docker.sock") is None  # not a container id
+    finally:
+        docker_client.remove_container(created, force=True)

@@ -14,6 +14,7 @@ import datetime
 import json
 from typing import Any
 
+import pytest
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
 from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
 from airflow.sdk import serde
@@ -273,3 +274,15 @@ def fire(trigger: Any, cluster: Cluster, monkeypatch: Any) -> dict[str, Any]:
         raise AssertionError("the trigger ended without an event")
 
     return serde.deserialize(serde.serialize(asyncio.run(first())))
+
+
+@pytest.fixture
+def kubeconfig(tmp_path: Any, monkeypatch: Any) -> Any:
+    """A kubeconfig naming a closed port (nothing is reached), as KUBECONFIG."""
+    return kubeconfig_file(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def cluster(monkeypatch: Any) -> Cluster:
+    """The cluster's answers to the kubernetes client calls (no API server can be had here)."""
+    return Cluster().install(monkeypatch)

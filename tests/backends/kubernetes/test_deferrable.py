@@ -20,12 +20,10 @@ from cluster_answers import (
     CONNECTION_EXTRA,
     EMPTY_XCOM,
     KUBECONFIG,
-    Cluster,
     StateStore,
     container,
     context,
     fire,
-    kubeconfig_file,
     planned,
 )
 from kubernetes.client import models as k8s
@@ -38,16 +36,6 @@ from airflow_gpu_provider.task.result import TaskResult
 POD_TRIGGER = "airflow.providers.cncf.kubernetes.triggers.pod.KubernetesPodTrigger"
 SIDECAR = "airflow-xcom-sidecar"
 GPU_SHORT = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu. preemption: not helpful."
-
-
-@pytest.fixture
-def kubeconfig(tmp_path, monkeypatch):
-    return kubeconfig_file(tmp_path, monkeypatch)
-
-
-@pytest.fixture
-def cluster(monkeypatch):
-    return Cluster().install(monkeypatch)
 
 
 def started(backend, plan, cluster, ctx=None):

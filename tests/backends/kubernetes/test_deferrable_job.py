@@ -10,7 +10,13 @@ import json
 
 import pytest
 from airflow.providers.cncf.kubernetes.triggers.job import KubernetesJobTrigger
-from cluster_answers import Cluster, StateStore, container, context, fire, kubeconfig_file, planned
+from cluster_answers import (
+    StateStore,
+    container,
+    context,
+    fire,
+    planned,
+)
 from k8s_manifests import validate
 from kubernetes.client import models as k8s
 
@@ -22,16 +28,6 @@ from airflow_gpu_provider.runtime.protocol import RESULT_MARKER
 from airflow_gpu_provider.task.result import TaskResult
 
 JOB_TRIGGER = "airflow.providers.cncf.kubernetes.triggers.job.KubernetesJobTrigger"
-
-
-@pytest.fixture
-def kubeconfig(tmp_path, monkeypatch):
-    return kubeconfig_file(tmp_path, monkeypatch)
-
-
-@pytest.fixture
-def cluster(monkeypatch):
-    return Cluster().install(monkeypatch)
 
 
 def started(kubeconfig, cluster, ctx=None, **kwargs):

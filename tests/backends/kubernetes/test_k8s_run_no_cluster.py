@@ -8,23 +8,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from cluster_answers import KUBECONFIG
 from conftest import REPO
 from helpers import run_dag, task_states
-
-KUBECONFIG = """
-apiVersion: v1
-kind: Config
-clusters:
-- name: nowhere
-  cluster: {server: "https://127.0.0.1:9", insecure-skip-tls-verify: true}
-users:
-- name: nobody
-  user: {token: "not-a-token"}
-contexts:
-- name: nowhere
-  context: {cluster: nowhere, user: nobody}
-current-context: nowhere
-"""
 
 
 @pytest.mark.slow
