@@ -105,6 +105,40 @@ def test_rest_api_sweep_shares_two_gpus_without_oversubscription(airflow):
     assert best["accuracy"] == max(result["accuracy"] for result in results)
 
 
+def test_a_user_ending_a_deferred_docker_task_stops_its_container(airflow, docker_client):
+    """Mark failed, as a user does in the UI, while the container runs deferred: the triggerer's ``on_kill`` (Airflow
+    3.3) stops and removes it at once, instead of it running on to its end.
+    """
+    dag_id = "deferrable_training"
+    airflow.wait_for_dag(dag_id)
+    airflow.unpause(dag_id)
+    conf = {"deferrable": True, "epochs": 1, "seconds_per_epoch": 600, "backend": "docker", "gpu_count": 0}
+    run_id = airflow.trigger(dag_id, conf)
+    label = f"airflow-gpu-provider.run_id={run_id}"
+
+    def deferred_with_its_container() -> list[dict]:
+        states = {ti["task_id"]: ti["state"] for ti in airflow.task_instances(dag_id, run_id)}
+        running = docker_client.containers(filters={"label": label})
+        return running if states.get("long_job_deferred") == "deferred" and running else []
+
+    deadline = time.monotonic() + 180
+    while not (containers := deferred_with_its_container()):
+        assert time.monotonic() < deadline, (airflow.task_instances(dag_id, run_id), airflow.log_tail())
+        time.sleep(1)
+    [container] = containers
+    path = f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/long_job_deferred"
+    airflow.api("PATCH", path, {"new_state": "failed"})
+
+    deadline = time.monotonic() + 60
+    while docker_client.containers(all=True, filters={"label": label}):
+        assert time.monotonic() < deadline, f"container {container['Id'][:12]} outlived its task:\n{airflow.log_tail()}"
+        time.sleep(1)
+    states = {ti["task_id"]: ti["state"] for ti in airflow.task_instances(dag_id, run_id)}
+    assert states["long_job_deferred"] == "failed"
+    trigger_logs = (airflow.home / "logs").glob(f"dag_id={dag_id}/run_id={run_id}/task_id=long_job_deferred/*trigger*")
+    assert any("ended by a user: stopping container" in log.read_text() for log in trigger_logs)
+
+
 def _failed_at_once(airflow: LocalAirflow) -> dict[str, dict]:
     """Trigger the demo; return its task instances once the run failed, which must take seconds, not forever."""
     started = time.monotonic()
