@@ -143,11 +143,15 @@ def redact(text: str) -> str:
     the last ``@`` before the next ``/`` (a mistyped URL with a space, ``https://user:to ken@host``): nothing of
     the credentials is left, at the cost of hiding a little more than them now and then.
     """
+    if "://" not in text:
+        return text
     import re
 
-    scheme = r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)"
-    text = re.sub(scheme + r"\S*@", r"\g<scheme>***@", text)
-    return re.sub(scheme + r"[^/\n]*@", r"\g<scheme>***@", text)
+    # linear in the text's length: a scheme starts only where a run of scheme characters starts, and the run is
+    # taken whole (an atomic group, spelled for every Python 3): a long run is never scanned once per position
+    scheme = r"(?<![A-Za-z0-9+.-])(?=(?P<scheme>[A-Za-z0-9+.-]*))(?P=scheme)://"
+    text = re.sub(scheme + r"\S*@", r"\g<scheme>://***@", text)
+    return re.sub(scheme + r"[^/\n]*@", r"\g<scheme>://***@", text)
 
 
 def uv_ca_variable(uv_version: str) -> str:
