@@ -111,7 +111,7 @@ def trainer_resume() -> None:
         state = model.state_dict()
         digest = hashlib.sha256(b"".join(state[k].detach().cpu().contiguous().numpy().tobytes() for k in sorted(state)))
         return {
-            "started_at_step": int(os.environ.get("AIRFLOW_GPU_RESUME_STEP", 0)),
+            "started_at_step": int(os.environ.get("AIRFLOW_GPU_RESUME_STEP", "0")),
             "global_step": trainer.state.global_step,
             "train_loss": result.training_loss,
             "weights_sha256": digest.hexdigest(),

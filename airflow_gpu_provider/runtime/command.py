@@ -18,8 +18,10 @@ def runtime_archive() -> str | None:
 
 
 def importable_runtime(environ: dict[str, str]) -> dict[str, str]:
-    """``environ`` with the runtime's archive first on ``PYTHONPATH``: a command or script it starts can import
-    ``airflow_gpu_runtime`` (``from airflow_gpu_runtime import resume``), on every backend."""
+    """``environ`` with the runtime's archive first on ``PYTHONPATH``, for a command or script it starts.
+
+    So the script can import ``airflow_gpu_runtime`` (``from airflow_gpu_runtime import resume``) on every backend.
+    """
     archive = runtime_archive()
     if archive is None:
         return environ

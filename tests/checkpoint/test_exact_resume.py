@@ -43,7 +43,9 @@ def test_a_function_with_shuffled_loaders_adamw_and_a_warmup_schedule_resumes_ex
     assert resumed["checkpoints"] == reference["checkpoints"] == [f"checkpoint_{i}" for i in range(4)]
     out = capfd.readouterr().out
     assert "killed at epoch 2" in out
-    assert "(step 1; an accelerator.save_state checkpoint, in AIRFLOW_GPU_RESUME_FROM): loaded after the function's" in out
+    assert (
+        "(step 1; an accelerator.save_state checkpoint, in AIRFLOW_GPU_RESUME_FROM): loaded after the function's" in out
+    )
     for rank in (0, 1):
         assert f"rank {rank}: resumed from " in out
     assert "2 dataloader(s) at their saved pass and shuffling state; the next save is checkpoint_2" in out

@@ -66,8 +66,8 @@ def train_text_classifier(epochs: int, kill_at: int) -> dict:
         for batch, target in evaluation:
             with torch.no_grad():
                 predictions = model(batch).argmax(-1)
-            predictions, target = accelerator.gather_for_metrics((predictions, target))
-            correct, seen = correct + int((predictions == target).sum()), seen + len(target)
+            predictions, references = accelerator.gather_for_metrics((predictions, target))
+            correct, seen = correct + int((predictions == references).sum()), seen + len(references)
         accuracy.append(correct / seen)
         accelerator.save_state()
     state = accelerator.unwrap_model(model).state_dict()
