@@ -54,7 +54,9 @@ def test_two_process_accelerate_launch_resumes_from_its_newest_save_state(tmp_pa
     assert resumed["checkpoints"] == reference["checkpoints"] == [f"checkpoint_{i}" for i in range(6)]
     torch.testing.assert_close(torch.tensor(resumed["weights"]), torch.tensor(reference["weights"]))
     out = capfd.readouterr().out
-    assert "checkpoint_2 (step 2; an accelerator.save_state checkpoint, in AIRFLOW_GPU_RESUME_FROM): loaded after" in out
+    assert (
+        "checkpoint_2 (step 2; an accelerator.save_state checkpoint, in AIRFLOW_GPU_RESUME_FROM): loaded after" in out
+    )
     assert "rank 1: resumed from" in out and "rank 0: resumed from" in out
     assert "resume: no checkpoint in" in out  # try 1, and the uninterrupted task
 

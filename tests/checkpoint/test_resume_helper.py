@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 from airflow.sdk import DAG
-from shipped_runtime import command_envelope, run_runtime, shipped
+from shipped_runtime import run_runtime, shipped
 
 from airflow_gpu_provider import GpuStepOperator, gpu_task
 from airflow_gpu_provider.exceptions import InvalidSettingError
@@ -48,7 +48,9 @@ def test_the_lookup_tells_save_state_folders_from_trainer_checkpoints_and_skips_
 )
 def test_the_log_says_who_loads_the_checkpoint(tmp_path, monkeypatch, capsys, mode, kind, says):
     checkpoint = shipped("checkpoint")
-    name, marker = ("checkpoint_3", "random_states_0.pkl") if kind == "accelerate" else ("checkpoint-3", "trainer_state.json")
+    name, marker = (
+        ("checkpoint_3", "random_states_0.pkl") if kind == "accelerate" else ("checkpoint-3", "trainer_state.json")
+    )
     _folder(tmp_path / "checkpoints" / name, marker)
     monkeypatch.setenv("AIRFLOW_GPU_CHECKPOINT_DIR", str(tmp_path))
     checkpoint.prepare_checkpoint({"mode": mode, "resume": True})
