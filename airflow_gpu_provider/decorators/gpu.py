@@ -65,8 +65,9 @@ def gpu_task(
     value goes to XCom (``multiple_outputs=True`` unrolls a dict).
 
     ``accelerate=True`` or ``accelerate={"num_processes": 2, "mixed_precision": "bf16", ...}`` runs the function
-    on every rank under ``accelerate launch`` (the :class:`AccelerateOperator` options, ``resume`` included); rank 0's
-    return value goes to XCom. ``checkpoint=`` sets the root of the task's checkpoint folder (``docs/resilience.md``).
+    on every rank under ``accelerate launch`` (the :class:`AccelerateOperator` options); rank 0's return value goes
+    to XCom. ``checkpoint=`` sets the root of the task's checkpoint folder, and ``resume=True`` resumes each retry
+    from its newest checkpoint (``docs/resilience.md``).
 
     The task is settled once, when the function is decorated (mapped tasks too: the scheduler reads their GPU pool
     from the decorator's arguments); errors name it as written, ``@task.gpu('train')``.

@@ -43,9 +43,10 @@ class AccelerateOperator(GpuStepOperator):
     :param gpu_ids: GPUs to use, among those the task was given
     :param dynamo_backend: a torch.compile backend, e.g. ``"inductor"``
     :param launch_options: any other ``accelerate launch`` options, by their names
-    :param resume: on a retry, load the newest ``accelerator.save_state`` checkpoint of the task's checkpoint folder
-        (``AIRFLOW_GPU_CHECKPOINT_DIR``) right after the function's first ``accelerator.prepare(...)``; the folder
-        is in ``AIRFLOW_GPU_RESUME_FROM``, its number in ``AIRFLOW_GPU_RESUME_STEP`` (see ``docs/resilience.md``)
+    :param resume: (:class:`GpuStepOperator`'s) on a retry, load the newest ``accelerator.save_state`` checkpoint
+        of the task's checkpoint folder right after the function's first ``accelerator.prepare(...)``, exactly
+        (shuffled dataloaders included); a script calls ``airflow_gpu_runtime.resume(accelerator)`` itself (see
+        ``docs/resilience.md``)
     """
 
     template_fields: Sequence[str] = (*GpuStepOperator.template_fields, "script", "script_args")
@@ -65,7 +66,6 @@ class AccelerateOperator(GpuStepOperator):
         gpu_ids: str | Sequence[int] | None = None,
         dynamo_backend: str | None = None,
         launch_options: Mapping[str, Any] | None = None,
-        resume: bool = False,
         **kwargs: Any,
     ) -> None:
         owner = f"{type(self).__name__}({kwargs.get('task_id', '?')!r})"
@@ -78,10 +78,6 @@ class AccelerateOperator(GpuStepOperator):
             raise UnknownSettingError(owner, unknown, ["AccelerateOperator/BaseOperator arguments", *sorted(known)])
         if isinstance(num_machines, bool) or not isinstance(num_machines, int) or num_machines < 1:
             raise InvalidSettingError(owner, "num_machines", num_machines, "expected a positive integer", "1, 2, ...")
-        if not isinstance(resume, bool) or (resume and kwargs.get("checkpoint") is False):
-            why = "a task without a checkpoint folder has nothing to resume" if resume is True else "expected a boolean"
-            raise InvalidSettingError(owner, "resume", resume, why, "True or False (with checkpoint= not False)")
-        self.resume = resume
         if (script is None) == (python_callable is None):
             raise InvalidSettingError(
                 owner,
@@ -131,11 +127,6 @@ class AccelerateOperator(GpuStepOperator):
         if self.script is not None:
             self.command = [self.script, *self.script_args]
         return super().build_envelope(context, spec).launched(self.launch(spec.resources))
-
-    @property
-    def resumes(self) -> bool:
-        """``resume=True``: the try resumes from the newest ``save_state`` checkpoint of the task's folder."""
-        return self.resume
 
     @classmethod
     def _nodes(cls, kwargs: Mapping[str, Any]) -> int:

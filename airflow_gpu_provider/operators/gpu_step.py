@@ -61,6 +61,11 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
     :param requirements: shortcut for ``image.requirements``; likewise ``parent_image``,
         ``python_package_installer``
     :param checkpoint: the root of the task's checkpoint folder, or ``False`` (:class:`CheckpointMixin`) (templated)
+    :param resume: each try looks for the newest checkpoint in the task's checkpoint folder
+        (``AIRFLOW_GPU_CHECKPOINT_DIR``): an ``accelerator.save_state`` folder or a Hugging Face Trainer's
+        ``checkpoint-N``. Its path is in ``AIRFLOW_GPU_RESUME_FROM`` (unset on a fresh start), its number in
+        ``AIRFLOW_GPU_RESUME_STEP``; a function's ``save_state`` checkpoint is loaded right after its first
+        ``accelerator.prepare(...)`` (see ``docs/resilience.md``)
     :param deferrable: run the container or pod while the task is deferred, and defer a wait for GPUs; default
         ``[gpu] deferrable`` (:class:`GpuExecution`, docs/deferrable.md); likewise ``reattach``, ``wait_timeout``
     :param task_spec: the task as the decorator (or ``.partial()``) already settled it; arguments given beside it
@@ -107,10 +112,15 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         parent_image: str | None = None,
         requirements: Sequence[str] | None = None,
         python_package_installer: str | None = None,
+        resume: bool = False,
         task_spec: TaskSpec | None = None,
         **kwargs: Any,
     ) -> None:
         owner = task_spec.owner if task_spec is not None else f"{type(self).__name__}({kwargs.get('task_id', '?')!r})"
+        if not isinstance(resume, bool) or (resume and kwargs.get("checkpoint") is False):
+            why = "a task without a checkpoint folder has nothing to resume" if resume is True else "expected a boolean"
+            raise InvalidSettingError(owner, "resume", resume, why, "True or False (with checkpoint= not False)")
+        self.resume = resume
         if (python_callable is None) == (command is None):
             raise InvalidSettingError(
                 owner, "python_callable/command", None, "give exactly one of them", "python_callable=f or command=[...]"
@@ -233,8 +243,8 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
 
     @property
     def resumes(self) -> bool:
-        """Whether a try resumes from the newest checkpoint of its folder (``AccelerateOperator(resume=True)``)."""
-        return False
+        """Whether a try resumes from the newest checkpoint of its folder (``resume=True``)."""
+        return self.resume
 
     def render_manifests(
         self,

@@ -20,7 +20,7 @@ if __name__ == "__main__" and not __package__:  # pragma: no cover - run in subp
 import json
 from typing import TYPE_CHECKING, Any
 
-from .checkpoint import drop_stages, prepare_checkpoint, resume_after_prepare, upload_saves
+from .checkpoint import drop_stages, prepare_checkpoint
 from .command import run_command
 from .cuda import clear_cuda_cache
 from .escalation import error_record
@@ -36,6 +36,7 @@ from .protocol import (
     rank_result_path,
     write_result,
 )
+from .resuming import resume_after_prepare
 from .signals import Terminated, die_with_parent, end_by_sigterm, exit_on_sigterm
 from .summary import describe_cache, print_summary
 
@@ -85,7 +86,6 @@ def run(envelope: dict[str, Any], source: str, result_to: str, *, rank: bool = F
             exit_on_sigterm()
         if envelope.get("resume"):
             resume_after_prepare()
-            upload_saves()
         try:
             result = call_function(envelope)
         except Terminated:

@@ -35,9 +35,11 @@ rank 0's value, or the earliest error of any rank. A process that another launch
 
 The task's checkpoint folder comes in the environment (``AIRFLOW_GPU_CHECKPOINT_DIR``, set by the backend: a path
 here, or a URI), not in the envelope; it is made when missing and named in the log. ``resume`` (optional) looks
-for the newest ``accelerator.save_state`` folder there, exports it as ``AIRFLOW_GPU_RESUME_FROM`` /
-``AIRFLOW_GPU_RESUME_STEP``, and loads it in each process that runs the function right after its first
-``Accelerator.prepare`` (``checkpoint.py``).
+for the newest checkpoint there (an ``accelerator.save_state`` folder or a Trainer's ``checkpoint-N``,
+``checkpoint.py``), exports it as ``AIRFLOW_GPU_RESUME_FROM`` / ``AIRFLOW_GPU_RESUME_STEP``, and has each process
+that runs the function call ``resume(accelerator)`` right after its first ``Accelerator.prepare`` (``resuming.py``).
+A command or launcher the runtime starts finds the archive first on its ``PYTHONPATH`` (``from airflow_gpu_runtime
+import resume`` in a script).
 
 ``profile`` (optional) starts the sampler for the try (one per node under a launcher, ``telemetry/``): NVML
 through ``ctypes``, else a CPU profile from ``/proc``; a command then runs as the runtime's child instead of
