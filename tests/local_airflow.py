@@ -58,7 +58,9 @@ class LocalAirflow:
             "AIRFLOW__CORE__PARALLELISM": "4",
             "AIRFLOW__GPU__WAIT_POLL_INTERVAL": "0.5",
             # the Docker tasks' parent image (no registry can be reached: the local base image)
-            "AIRFLOW__GPU__DEFAULT_PARENT_IMAGE": os.environ.get("AIRFLOW_GPU_TEST_BASE_IMAGE", "airflow-gpu-base:bookworm"),
+            "AIRFLOW__GPU__DEFAULT_PARENT_IMAGE": os.environ.get(
+                "AIRFLOW_GPU_TEST_BASE_IMAGE", "airflow-gpu-base:bookworm"
+            ),
         }
         command = [
             sys.executable,

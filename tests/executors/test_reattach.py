@@ -91,7 +91,7 @@ def test_a_killed_workers_container_is_taken_over_by_the_next_try(cluster, docke
     started = _wait(lambda: "Started container" in _task_log(cluster, 1), 30, "the first try's log", cluster)
     assert started
     first = _task_log(cluster, 1).split("Started container ", 1)[1].split()[0]
-    ours = docker_client.containers(filters={"label": f"airflow-gpu-provider.run_id=r1"})
+    ours = docker_client.containers(filters={"label": "airflow-gpu-provider.run_id=r1"})
     assert [c["Id"][:12] for c in ours] == [first]
 
     # The worker dies as a redeployment or an OOM kill would end it: its whole process group, at once

@@ -278,8 +278,10 @@ def run_cell(backend: str, scenario: str, work: Path) -> Cell:
     else:
         cell.state, cell.log = run_worker(backend, scenario, state_dir)
     cell.seconds = time.monotonic() - started
-    # the deferred Docker column shows what the Docker column shows
-    wanted = pattern.get(backend, pattern.get(backend.split("-")[0], "")) if isinstance(pattern, dict) else pattern
+    if isinstance(pattern, dict):  # the deferred Docker column shows what the Docker column shows
+        wanted = pattern.get(backend, pattern.get(backend.removesuffix("-deferred"), ""))
+    else:
+        wanted = pattern
     cell.evidence = not wanted or re.search(wanted, cell.log) is not None
     cell.leftovers = _settle(state_dir, before)
     return cell

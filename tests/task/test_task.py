@@ -115,4 +115,3 @@ def test_result_value():
     with pytest.raises(RemoteTaskError, match="raised ValueError in x: boom") as err:
         result_value({"ok": False, "error": {"type": "ValueError", "message": "boom", "traceback": "tb"}}, 1, where="x")
     assert (err.value.error_type, err.value.remote_traceback) == ("ValueError", "tb")
-

@@ -204,7 +204,9 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         engine["docker_url"] = url if isinstance(url, str) else list(url)
         self.log.info("Deferred: the triggerer watches container %s (engine %s)", container_id[:12], url)
         state = {"container_id": container_id, "mem_limit": mem_limit}
-        trigger = DockerContainerTrigger(container_id, engine, plan.poll_interval, self._deadline, state, plan.stop_timeout)
+        trigger = DockerContainerTrigger(
+            container_id, engine, plan.poll_interval, self._deadline, state=state, stop_timeout=plan.stop_timeout
+        )
         return Deferral(trigger, state)
 
     def _earlier_container(self, client: Any, plan: DockerPlan) -> dict[str, Any] | None:

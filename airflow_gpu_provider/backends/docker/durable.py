@@ -30,7 +30,7 @@ DEPLOYMENT_LABEL = docker_label("deployment")
 
 
 def deployment() -> str:
-    """This worker's Airflow deployment: a digest of the Execution API it reports to and its ``AIRFLOW_HOME``.
+    """The Airflow deployment of this worker: a digest of the Execution API it reports to and its ``AIRFLOW_HOME``.
 
     Two deployments sharing one Docker engine (staging and production on one GPU host; parallel test runs) each
     ask their own API whether a durable container's task instance has ended: the other's would answer "no such

@@ -43,6 +43,7 @@ class DockerContainerTrigger(BaseTrigger):
         engine: dict[str, Any],
         poll_interval: float = 1.0,
         deadline: float | None = None,
+        *,
         state: dict[str, Any] | None = None,
         stop_timeout: float = 10.0,
     ) -> None:
