@@ -60,9 +60,7 @@ def run_sampled(tmp_path: Path, body: str) -> dict[str, Any]:
 def test_psi_lines_parse_as_the_kernel_documents_them():
     assert pressure.parse_psi(DOCUMENTED)["some"] == {"avg10": 0.0, "avg60": 0.0, "avg300": 0.0, "total": 0.0}
     older = "some avg10=12.50 avg60=3.25 avg300=0.75 total=98765432\n"  # before 5.13: no "full" line for CPUs
-    assert pressure.parse_psi(older) == {
-        "some": {"avg10": 12.5, "avg60": 3.25, "avg300": 0.75, "total": 98765432.0}
-    }
+    assert pressure.parse_psi(older) == {"some": {"avg10": 12.5, "avg60": 3.25, "avg300": 0.75, "total": 98765432.0}}
     for bad in ("", "cpu 1 2 3", "some avg10=x avg60=0 avg300=0 total=1", "some avg10=1 avg60=0 avg300=0"):
         with pytest.raises(ValueError):
             pressure.parse_psi(bad)

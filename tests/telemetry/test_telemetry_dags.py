@@ -14,11 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from airflow.utils.net import get_hostname
 from conftest import REPO
 from helpers import load_dag, run_dag, task_states, xcom
 from nvml_replay import RECORDINGS, built_or_skip, replay_environment
-
-from airflow.utils.net import get_hostname
 
 from airflow_gpu_provider.telemetry.advice import BUSY_MEAN, HOST_BUSY_PCT
 
@@ -214,4 +213,4 @@ def test_every_try_keeps_its_profile_and_the_gpu_tab_reads_them_all():
     assert first is not None
     page = render_task_page(first, key, home="/gpu/", tries=tries, timeline=timeline)
     assert "try 1 of 2" in page and "<strong>try 1</strong> (shown)" in page
-    assert f'/tasks/grows?map_index=-1&amp;try_number=2">try 2</a>' in page
+    assert '/tasks/grows?map_index=-1&amp;try_number=2">try 2</a>' in page
