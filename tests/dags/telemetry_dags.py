@@ -82,3 +82,21 @@ with DAG("forged_profile", schedule=None, start_date=START):
         ti.xcom_push(key="gpu_profile", value=fake)
 
     forger() >> GpuStepOperator(task_id="real", python_callable=burn, op_args=[0.3])
+
+
+with DAG("telemetry_docker", schedule=None, start_date=START, catchup=False):
+    import os
+
+    from airflow_gpu_provider import ImageSettings
+
+    IMAGE = ImageSettings(parent_image=os.environ.get("AIRFLOW_GPU_TEST_BASE_IMAGE", "airflow-gpu-base:bookworm"))
+    GpuStepOperator(task_id="plain", python_callable=burn, op_args=[1.0], backend="docker", image=IMAGE)
+    GpuStepOperator(
+        task_id="fallback",
+        python_callable=burn,
+        op_args=[1.0],
+        backend="docker",
+        image=IMAGE,
+        gpu_count=1,
+        on_missing_gpu="cpu",
+    )
