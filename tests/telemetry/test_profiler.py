@@ -213,11 +213,11 @@ def test_a_final_sample_right_after_the_last_one_is_merged_into_it(monkeypatch):
     profiler.stopping.set()
     profiler.thread.join()
     profiler._sample()  # the sampling thread's last sample...
-    held = profiler.held
-    taken = profiler.samples
+    held = profiler.held  # (held back: the next sample might be merged into it)
+    counted = profiler.samples
     profile = profiler.stop()  # ...and stop()'s, a few microseconds later
     assert held is not None and held.rows[0][0] is not None
-    assert profile["samples"] == taken == len(profile["series"]["t"])  # one sample for both
+    assert profile["samples"] == counted + 1 == len(profile["series"]["t"])  # one sample for both
     assert profile["series"]["cpu"]["util"][-1] == round(held.rows[0][0], 1)  # the short span adds nothing
     assert profile["series"]["t"][-1] >= held.at  # it ends when the sampling ended
     assert profile["duration_s"] >= profile["series"]["t"][-1]

@@ -100,7 +100,6 @@ class Profiler:
             rows, seconds = combine(held.rows, held.seconds, rows, seconds), held.seconds + seconds
         else:
             self._settle()
-            self.samples += 1
         self.held = Sample(rows, seconds, round(now - self.clock, 3))
 
     def _settle(self) -> None:
@@ -109,6 +108,7 @@ class Profiler:
             return
         rows, seconds, at = self.held
         self.held = None
+        self.samples += 1
         for stats, row in zip(self.stats, rows, strict=False):
             stats.add(row, seconds)
         self.pending.append([at, *(value for row in rows for value in row)])
@@ -123,10 +123,10 @@ class Profiler:
         """End the sampling (one last sample) and return the profile that travels with the result envelope."""
         self.stopping.set()
         self.thread.join(timeout=5)
-        if not self.thread.is_alive() and self.error is None:
-            with contextlib.suppress(Exception):  # the samples so far still make a profile
-                self._sample(final=True)
-        with self.lock:
+        if not self.thread.is_alive():  # (a thread stuck in a driver call keeps its held sample)
+            if self.error is None:
+                with contextlib.suppress(Exception):  # the samples so far still make a profile
+                    self._sample(final=True)
             self._settle()
         energy = self.source.energy_joules()
         self.source.close()

@@ -123,7 +123,7 @@ def render_task_page(
     meta = [
         key.label,
         f"run {key.run_id}",
-        f"try {try_number}" + (f" of {latest}" if latest and latest != try_number else "") if try_number else "",
+        f"try {try_number}" + (f" of {latest}" if latest and latest > 1 else "") if try_number else "",
         f"host {profile.host}" if profile.host else "",
         f"backend {backend}" if isinstance(backend, str) else "",
     ]
