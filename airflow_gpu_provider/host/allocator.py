@@ -35,11 +35,12 @@ if TYPE_CHECKING:
 
 @dataclass
 class Allocation:
-    """GPUs held by one task. ``devices`` is empty for a CPU run."""
+    """GPUs held by one task. ``devices`` is empty for a CPU run (``reason`` says why after a CPU fallback)."""
 
     devices: list[Device]
     fds: list[int] = field(default_factory=list)
     cpu_fallback: bool = False
+    reason: str = ""
 
     def release(self) -> None:
         """Drop the locks (idempotent). Closing the descriptor releases the flock."""
@@ -142,7 +143,7 @@ class GpuAllocator:
         rule = POLICIES[policy]
         if rule.runs_on_cpu:
             log.warning("Requested %s but %s. on_missing_gpu='cpu': running on CPU instead.", requested, state)
-            return Allocation(devices=[], cpu_fallback=True)
+            return Allocation(devices=[], cpu_fallback=True, reason=f"requested {requested} but {state}")
         if not rule.waits or len(candidates) < count:
             hint = " Waiting cannot help: the host does not have that many." if rule.waits else ""
             raise GpuUnavailableError(
@@ -239,7 +240,8 @@ class HostGpus:
             if not larger and request.missing_gpu.runs_on_cpu:
                 log.warning("Requested %s larger than the GPU that ran out of memory, but this host has none; "
                             "running on CPU (on_missing_gpu='cpu').", requested)  # fmt: skip
-                return Allocation(devices=[], cpu_fallback=True)
+                reason = f"requested {requested} larger than the GPU that ran out of memory, but this host has none"
+                return Allocation(devices=[], cpu_fallback=True, reason=reason)
             if not larger:
                 known = ", ".join(f"{d.id}: {_gib(d.memory_total)}" for d in present) or "none"
                 raise GpuUnavailableError(
@@ -253,7 +255,7 @@ class HostGpus:
         if count == 0:  # "all" on a host with none
             if request.missing_gpu.runs_on_cpu:
                 log.warning("Requested %s but this host has none; running on CPU.", requested)
-                return Allocation(devices=[], cpu_fallback=True)
+                return Allocation(devices=[], cpu_fallback=True, reason=f"requested {requested} but this host has none")
             raise GpuUnavailableError(f"Requested {requested} but this host has no matching GPUs.")
         allocator = GpuAllocator(Path(self.state_dir) / "locks", resources.gpu_vendor.name, self.poll_interval)
         return allocator.acquire(

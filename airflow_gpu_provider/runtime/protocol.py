@@ -18,7 +18,7 @@ read its envelope still reports why. The envelope::
      "filename": "/dags/demo.py", "first_line": 12, "args": [...], "kwargs": {...}, "clear_cache": true,
      "summary": {"backend": "local", "image": "...", "requirements_hash": "...", "resources": "...",
                  "gpus": [{"index": "0", "name": "...", "memory_total": 85899345920}] | null},
-     "die_with_parent": false, "profile": {"interval_s": 1.0} | null, "resume": true,
+     "die_with_parent": false, "profile": {"interval_s": 1.0, "host": "worker-1"} | null, "resume": true,
      "launch": {"module": "accelerate.commands.launch", "args": ["--num_processes", "2", ...],
                 "environment": {...}, "cpu_environment": {"ACCELERATE_USE_CPU": "1"},
                 "rank_arguments": {"--machine_rank": "NODE_RANK"}, "free_port_argument": "--main_process_port"}}
@@ -26,7 +26,8 @@ read its envelope still reports why. The envelope::
     {"version": 2, "mode": "command", "command": ["python", "train.py"], "summary": {...}}
 
 ``summary`` (added by the backend) starts the log; ``gpus: null`` asks the driver; its ``effective`` resources
-(after a CPU fallback) are exported to the task as ``AIRFLOW_GPU_RESOURCES`` (JSON). ``launch`` (optional) runs the
+are exported to the task as ``AIRFLOW_GPU_RESOURCES`` (JSON; ``cpu_fallback`` is true there after a CPU fallback,
+whose reason is the summary's ``cpu_fallback_reason``). ``launch`` (optional) runs the
 payload once per rank under a launcher: ``environment`` is added to the ranks' environment, ``cpu_environment``
 too when the task has no GPU, ``rank_arguments`` take their values from the environment (a pod's node rank), and
 ``free_port_argument`` gets a free local port unless given. Each rank writes ``DIR/rank<RANK>.json``; the result is
@@ -43,7 +44,8 @@ import resume`` in a script).
 
 ``profile`` (optional) starts the sampler for the try (one per node under a launcher, ``telemetry/``): NVML
 through ``ctypes``, else a CPU profile from ``/proc``; a command then runs as the runtime's child instead of
-replacing it.
+replacing it. Its ``host`` is the worker's host name as Airflow knows it; the profile (version
+:data:`PROFILE_VERSION`, read by ``telemetry/profile.py``) records it, the summary's CPU fallback and its reason.
 
 The result envelope: ``{"ok": true, "return_value": ..., "cache": [...]}`` or
 ``{"ok": false, "error": {"type": ..., "kind": "gpu_oom"|"host_oom"|"error", "message": ..., "traceback": ...}}``
@@ -64,6 +66,7 @@ import os
 from typing import Any
 
 ENVELOPE_VERSION = 2
+PROFILE_VERSION = 2  # the profile the sampler returns; telemetry/profile.py reads it (and version 1)
 PREFIX = "[gpu]"
 EXIT_USER_ERROR = 1
 EXIT_BAD_ENVELOPE = 2

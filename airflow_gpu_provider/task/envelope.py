@@ -106,18 +106,20 @@ def summary(
     image_name: str,
     gpus: list[dict[str, Any]] | None,
     cpu_fallback: bool = False,
+    fallback_reason: str = "",
 ) -> dict[str, Any]:
     """The resource summary the runtime prints at the top of every task log.
 
     :param gpus: the devices the task was given (``Device.describe()``), or ``None`` to let the runtime ask the
         driver (in a container or pod); a task that runs without GPUs always shows none
     :param cpu_fallback: the task runs on the CPU because the GPUs were missing (``on_missing_gpu="cpu"``)
+    :param fallback_reason: why, in words (the profile records it as ``cpu_fallback_reason``)
 
     ``effective`` is what the task really runs with (the runtime exports it as ``AIRFLOW_GPU_RESOURCES``).
     """
     with_gpus = resources.requests_gpus and not cpu_fallback
     effective = resources.without_gpus() if cpu_fallback else resources
-    return {
+    described = {
         "backend": backend,
         "image": image_name,
         "requirements_hash": image.requirements_hash,
@@ -125,3 +127,6 @@ def summary(
         "gpus": gpus if with_gpus else [],
         "effective": {**effective.to_dict(), "cpu_fallback": cpu_fallback},
     }
+    if cpu_fallback:
+        described["cpu_fallback_reason"] = fallback_reason or "the GPUs asked for were missing or busy"
+    return described

@@ -69,6 +69,7 @@ class TaskRequest:
         image: str,
         gpus: list[dict[str, Any]] | None,
         cpu_fallback: bool = False,
+        fallback_reason: str = "",
         die_with_parent: bool = False,
     ) -> dict[str, Any]:
         """The envelope as the runtime reads it, with the summary that starts the task's log.
@@ -78,6 +79,7 @@ class TaskRequest:
         :param gpus: the devices given to the task (``Device.describe()``), or ``None`` to let the runtime ask the
             driver (in a container or pod)
         :param cpu_fallback: the task runs on the CPU because its GPUs were missing (``on_missing_gpu="cpu"``)
+        :param fallback_reason: why, in words (it goes into the profile)
         :param die_with_parent: the task process is SIGKILLed when its worker dies (the local backend's child)
         """
         task_summary = summary(
@@ -87,5 +89,6 @@ class TaskRequest:
             image_name=image,
             gpus=gpus,
             cpu_fallback=cpu_fallback,
+            fallback_reason=fallback_reason,
         )
         return self.envelope.to_json(summary=task_summary, resume=self.resume, die_with_parent=die_with_parent)

@@ -103,6 +103,7 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
                     image=image_name,
                     gpus=[device.describe() for device in allocation.devices],
                     cpu_fallback=allocation.cpu_fallback,
+                    fallback_reason=allocation.reason,
                     die_with_parent=True,
                 )
                 envelope_path = Path(workdir, "envelope.json")
