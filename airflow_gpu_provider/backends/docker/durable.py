@@ -5,7 +5,8 @@ is created. When the task is deferred, or its worker dies (SIGKILL, a redeploy, 
 same task instance finds the record and takes the container over: it follows its output and collects its result if
 it still runs, or collects the result of one that has ended, instead of starting a second copy
 (``TaskRequest.reattach``; ``reattach=False`` removes it and starts afresh). The orphan reaper spares such a
-container while its task instance has not ended (:func:`task_instance_live`).
+container while its task instance has not ended, and one whose task instance its Airflow does not know (another
+deployment's on the same engine): :func:`task_instance_live`.
 """
 
 from __future__ import annotations
@@ -66,19 +67,28 @@ def find(client: Any, container_id: str, labels: Mapping[str, str]) -> dict[str,
 def task_instance_live(labels: Mapping[str, str], log: logging.Logger) -> bool:
     """Whether the task instance a container's labels name has not ended (asked through the Task SDK).
 
-    Outside a task (no supervisor to ask), or when Airflow cannot answer, it counts as live: a container is never
-    removed on a guess; the next task that can ask removes it.
+    Only a task instance this Airflow knows, in a finished state, has ended: one it does not know is another
+    Airflow's that shares the engine (or its run was deleted), and is left alone. Outside a task (no supervisor to
+    ask), or when Airflow cannot answer, it counts as live too: a container is never removed on a guess; the next
+    task that can ask removes it.
     """
     try:
         from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
-        count = RuntimeTaskInstance.get_ti_count(
-            dag_id=labels[docker_label("dag_id")],
-            map_index=int(labels.get(docker_label("map_index"), "-1")),
-            task_ids=[labels[docker_label("task_id")]],
-            run_ids=[labels[docker_label("run_id")]],
-            states=UNFINISHED,
-        )
+        identity: dict[str, Any] = {
+            "dag_id": labels[docker_label("dag_id")],
+            "map_index": int(labels.get(docker_label("map_index"), "-1")),
+            "task_ids": [labels[docker_label("task_id")]],
+            "run_ids": [labels[docker_label("run_id")]],
+        }
+        if not RuntimeTaskInstance.get_ti_count(**identity):
+            log.info(
+                "Kept a durable container of %s: this Airflow does not know its task instance (another Airflow's "
+                "on the same engine, or its run was deleted).",
+                identity,
+            )
+            return True
+        count = RuntimeTaskInstance.get_ti_count(**identity, states=UNFINISHED)
     except Exception as err:  # noqa: BLE001 - no supervisor, an API error, a label that is not ours
         log.info("Cannot tell whether the task instance of a durable container has ended (%s): it is kept.", err)
         return True

@@ -4,7 +4,8 @@ It reaches the engine the way the task did: the engine's URL is resolved on the 
 ``$DOCKER_HOST`` or the local socket) and handed over, with the connection id and TLS files; so the triggerer must
 reach that engine too: the local socket of the same host (``[triggerer] queues_enabled = True`` and a triggerer per
 GPU host, started for its queue), or a ``docker_url`` both can reach (docs/deferrable.md). docker-py is synchronous:
-each look at the container runs in a thread (``asyncio.to_thread``), so the triggerer's event loop never blocks.
+each look at the container runs in a thread (``asyncio.to_thread``), and so does the first import of docker-py (a
+few tenths of a second), so the triggerer's event loop never blocks.
 """
 
 from __future__ import annotations
@@ -67,19 +68,24 @@ class DockerContainerTrigger(BaseTrigger):
         payload = {"status": status, "container_id": self.container_id, **details}
         return TriggerEvent({**payload, "state": {"phase": "run", "backend": self.state}})
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Look at the container every ``poll_interval`` seconds, in a thread, until it ends."""
+    def _state(self, client: Any) -> dict[str, Any] | None:
+        """The container's ``State``, or ``None`` when it is gone (in a thread: docker-py and its import block)."""
         from docker.errors import NotFound
 
+        try:
+            return dict(client.inspect_container(self.container_id)["State"])
+        except NotFound:
+            return None
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Look at the container every ``poll_interval`` seconds, in a thread, until it ends."""
         client = await asyncio.to_thread(self._client)
         try:
             while True:
-                try:
-                    found = await asyncio.to_thread(client.inspect_container, self.container_id)
-                except NotFound:
+                state = await asyncio.to_thread(self._state, client)
+                if state is None:
                     yield self._event("missing")
                     return
-                state = found["State"]
                 if state.get("Status") in _ENDED:
                     yield self._event(
                         "exited", exit_code=state.get("ExitCode"), oom_killed=bool(state.get("OOMKilled"))
