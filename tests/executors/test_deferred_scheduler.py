@@ -112,6 +112,14 @@ def trigger_queues(cluster: Cluster, dag_id: str, run_id: str) -> set[str | None
     return {row[0] for row in rows}
 
 
+def assert_triggers_on_the_gpu_queue(looks: list[dict[str, Any]]) -> None:
+    """The triggers seen while tasks were deferred were on the GPU host's queue (around a deferral's start and end a
+    deferred task instance may have no trigger row yet, or no more).
+    """
+    seen = [look["trigger_queues"] for look in looks if look.get("trigger_queues")]
+    assert seen and all(queues == {QUEUE} for queues in seen), seen
+
+
 def watch(
     cluster: Cluster, dag_id: str, run_id: str, probe: Callable[[], dict[str, Any]] | None = None, timeout: float = 180
 ) -> tuple[str, list[dict[str, Any]]]:
@@ -183,7 +191,7 @@ def test_the_second_task_waits_deferred_while_the_first_holds_the_only_gpu(clust
     assert both, f"never saw one task running and the other deferred: {[look['states'] for look in seen]}"
     waiter = next(task for task, value in both[0]["states"].items() if value == "deferred")
     holder = "second" if waiter == "first" else "first"
-    assert all(look["trigger_queues"] == {QUEUE} for look in both)  # the trigger went to the GPU host's triggerer
+    assert_triggers_on_the_gpu_queue(both)  # the waiting task's trigger went to the GPU host's triggerer
     # both ran on the one GPU, one after the other: the functions' times do not overlap
     results = {task: cluster.xcom("sched_gpu_wait", run_id, task) for task in ("first", "second")}
     assert results["first"]["gpu"] == results["second"]["gpu"] == "0", results
@@ -268,7 +276,7 @@ def test_a_deferred_docker_task_is_watched_by_the_triggerer_and_resumed(cluster,
     running = [look for look in deferred if list(look["containers"].values()) == ["running"] and look["keepers"]]
     assert len(running) >= 5, deferred  # the 10 s function, looked at every 0.3 s
     assert all(look["gpu_held"] for look in running)  # by the keeper, for as long as the container's process runs
-    assert all(look["trigger_queues"] == {QUEUE} for look in deferred)
+    assert_triggers_on_the_gpu_queue(deferred)
     assert cluster.xcom("sched_docker_deferred", run_id, "task") == {"question": run_id, "answer": 42}
     log = task_log(cluster, "sched_docker_deferred", run_id, "task")
     assert "GPUs ['0'] from the host allocator" in log and "running on CPU instead" in log, log[-3000:]
