@@ -164,7 +164,8 @@ class GpuAllocator:
                 log.info("Got GPUs %s after waiting %.0fs.", [d.id for d in allocation.devices], waited)
                 return allocation
             if waited >= timeout:
-                raise GpuUnavailableError(waited_too_long(requested, waited, self._describe(present, candidates)))
+                now = self._describe(present, candidates)
+                raise GpuUnavailableError(waited_too_long(requested, waited, timeout, now))
             if waited >= next_report:
                 log.info(
                     "Still waiting for %s after %.0fs: %s.", requested, waited, self._describe(present, candidates)

@@ -4,7 +4,8 @@ It reaches the engine the way the task did: the engine's URL is resolved on the 
 ``$DOCKER_HOST`` or the local socket) and handed over, with the connection id and TLS files; so the triggerer must
 reach that engine too: the local socket of the same host (``[triggerer] queues_enabled = True`` and a triggerer per
 GPU host, started for its queue), or a ``docker_url`` both can reach (docs/deferrable.md). docker-py is synchronous:
-each look at the container runs in a thread (``asyncio.to_thread``), so the triggerer's event loop never blocks.
+each look at the container runs in a thread (``asyncio.to_thread``), and so does the first import of docker-py (a
+few tenths of a second), so the triggerer's event loop never blocks.
 
 A user who ends the deferred task (mark failed or success, clear) ends its container too: Airflow 3.3's triggerer
 calls :meth:`DockerContainerTrigger.on_kill` for such an action (not on a triggerer restart, which only moves the
@@ -77,19 +78,24 @@ class DockerContainerTrigger(BaseTrigger):
         payload = {"status": status, "container_id": self.container_id, **details}
         return TriggerEvent({**payload, "state": {"phase": "run", "backend": self.state}})
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Look at the container every ``poll_interval`` seconds, in a thread, until it ends."""
+    def _state(self, client: Any) -> dict[str, Any] | None:
+        """The container's ``State``, or ``None`` when it is gone (in a thread: docker-py and its import block)."""
         from docker.errors import NotFound
 
+        try:
+            return dict(client.inspect_container(self.container_id)["State"])
+        except NotFound:
+            return None
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Look at the container every ``poll_interval`` seconds, in a thread, until it ends."""
         client = await asyncio.to_thread(self._client)
         try:
             while True:
-                try:
-                    found = await asyncio.to_thread(client.inspect_container, self.container_id)
-                except NotFound:
+                state = await asyncio.to_thread(self._state, client)
+                if state is None:
                     yield self._event("missing")
                     return
-                state = found["State"]
                 if state.get("Status") in _ENDED:
                     yield self._event(
                         "exited", exit_code=state.get("ExitCode"), oom_killed=bool(state.get("OOMKilled"))
@@ -105,13 +111,17 @@ class DockerContainerTrigger(BaseTrigger):
         finally:
             client.close()
 
-    async def on_kill(self) -> None:
-        """A user ended the deferred task: stop its container (SIGTERM, SIGKILL after ``stop_timeout``), remove it."""
+    def _stop(self) -> None:
+        """Stop and remove the container (in a thread, as every docker-py call here)."""
         from airflow_gpu_provider.backends.docker.lifecycle import stop
 
-        self.log.warning("The task was ended by a user: stopping container %s", self.container_id[:12])
-        client = await asyncio.to_thread(self._client)
+        client = self._client()
         try:
-            await asyncio.to_thread(stop, client, self.container_id, self.stop_timeout)
+            stop(client, self.container_id, self.stop_timeout)
         finally:
             client.close()
+
+    async def on_kill(self) -> None:
+        """A user ended the deferred task: stop its container (SIGTERM, SIGKILL after ``stop_timeout``), remove it."""
+        self.log.warning("The task was ended by a user: stopping container %s", self.container_id[:12])
+        await asyncio.to_thread(self._stop)
