@@ -31,7 +31,10 @@ payload once per rank under a launcher: ``environment`` is added to the ranks' e
 too when the task has no GPU, ``rank_arguments`` take their values from the environment (a pod's node rank), and
 ``free_port_argument`` gets a free local port unless given. Each rank writes ``DIR/rank<RANK>.json``; the result is
 rank 0's value, or the earliest error of any rank. A process that another launcher started as a rank other than 0
-(``RANK``) reports nothing: rank 0 reports for the group.
+(``RANK``) reports nothing: rank 0 reports for the group. A copy of the task process that the task's own code
+starts as a rank above 0 (PyTorch Lightning's ``ddp`` runs ``sys.argv`` again with ``LOCAL_RANK``; it inherits
+``AIRFLOW_GPU_TASK_PID``) is a secondary rank: no summary, no sampler, no result; rank 0 ends those still running
+when its function has returned, naming each (``ranks.py``).
 
 The task's checkpoint folder comes in the environment (``AIRFLOW_GPU_CHECKPOINT_DIR``, set by the backend: a path
 here, or a URI), not in the envelope; it is made when missing and named in the log. ``resume`` (optional) looks
@@ -75,6 +78,7 @@ CHECKPOINT_ENV = "AIRFLOW_GPU_CHECKPOINT_DIR"  # the task's checkpoint folder (s
 RESUME_FROM_ENV = "AIRFLOW_GPU_RESUME_FROM"  # with "resume": the newest checkpoint found there, loaded after prepare()
 RESUME_STEP_ENV = "AIRFLOW_GPU_RESUME_STEP"  # and the number in its folder's name (checkpoint_2 -> 2)
 CHECKPOINT_URI_ENV = "AIRFLOW_GPU_CHECKPOINT_URI"  # with "resume" and a URI folder: the URI, staged locally
+TASK_PID_ENV = "AIRFLOW_GPU_TASK_PID"  # set by the task process for what it starts: a copy of it knows it is one
 
 # The error kinds of a failed result (``error.kind``); a container or pod OOM-killed is HOST_OOM too, told by its
 # backend.
