@@ -19,7 +19,7 @@ read its envelope still reports why. The envelope::
      "summary": {"backend": "local", "image": "...", "requirements_hash": "...", "resources": "...",
                  "gpus": [{"index": "0", "name": "...", "memory_total": 85899345920}] | null},
      "die_with_parent": false, "profile": {"interval_s": 1.0} | null, "resume": true,
-     "launch": {"module": "accelerate.commands.launch", "args": ["--num_processes", "2", ...],
+     "launch": {"module": "accelerate.commands.launch", "args": ["--num_processes", "2", ...], "processes": 2,
                 "environment": {...}, "cpu_environment": {"ACCELERATE_USE_CPU": "1"},
                 "rank_arguments": {"--machine_rank": "NODE_RANK"}, "free_port_argument": "--main_process_port"}}
 
@@ -29,7 +29,8 @@ read its envelope still reports why. The envelope::
 (after a CPU fallback) are exported to the task as ``AIRFLOW_GPU_RESOURCES`` (JSON). ``launch`` (optional) runs the
 payload once per rank under a launcher: ``environment`` is added to the ranks' environment, ``cpu_environment``
 too when the task has no GPU, ``rank_arguments`` take their values from the environment (a pod's node rank), and
-``free_port_argument`` gets a free local port unless given. Each rank writes ``DIR/rank<RANK>.json``; the result is
+``free_port_argument`` gets a free local port unless given; ``processes`` (the ranks on each machine) is for the
+backend, which gives each rank its share of the CPUs' threads. Each rank writes ``DIR/rank<RANK>.json``; the result is
 rank 0's value, or the earliest error of any rank. A process that another launcher started as a rank other than 0
 (``RANK``) reports nothing: rank 0 reports for the group. A copy of the task process that the task's own code
 starts as a rank above 0 (PyTorch Lightning's ``ddp`` runs ``sys.argv`` again with ``LOCAL_RANK``; it inherits

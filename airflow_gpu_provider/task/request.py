@@ -58,6 +58,12 @@ class TaskRequest:
         return POLICIES[self.on_missing_gpu]
 
     @property
+    def processes_per_node(self) -> int:
+        """The processes that share one machine's resources: a launch's ranks per node (``launch["processes"]``)."""
+        launch = self.envelope.launch or {}
+        return max(1, int(launch.get("processes") or 1))
+
+    @property
     def display_name(self) -> str:
         """``dag.task`` (plus map index), for log lines and lock holders."""
         return display_name(self.labels)

@@ -70,14 +70,16 @@ def launch_command(*, result_to_log: bool = False) -> tuple[list[str], list[str]
 
 
 def task_environment(
-    resources: ResourceSettings, environment: Mapping[str, str], envelope: Mapping[str, Any]
+    resources: ResourceSettings, environment: Mapping[str, str], envelope: Mapping[str, Any], processes: int = 1
 ) -> dict[str, str]:
     """Environment of the main container: the task's over the provider's defaults.
 
     Never over the provider's device isolation, nor over the runtime's two variables.
+
+    :param processes: the processes that share the pod's CPUs (a launch's ranks on this node)
     """
     # a non-root user may have no home: caches go to /tmp
-    provider = {"PYTHONUNBUFFERED": "1", "HOME": "/tmp", **thread_environment(resources)}
+    provider = {"PYTHONUNBUFFERED": "1", "HOME": "/tmp", **thread_environment(resources, processes)}
     provider |= gpu_free_environment(resources) | driver_environment(resources)
     return {
         **with_user_environment(provider, environment, resources.gpu_vendor),

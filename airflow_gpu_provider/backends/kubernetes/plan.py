@@ -156,6 +156,7 @@ def _pod(
             wanted,
             {**request.image.environment, **deps.environment, **checkpoint_env},
             envelope,
+            request.processes_per_node,
         ),
         resources=amounts,
         options=options,

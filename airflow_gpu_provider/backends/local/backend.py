@@ -66,7 +66,7 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
             host=HostGpus.configured(conf, devices=self.options.devices, state_dir=self.options.state_dir),
             environment={
                 "PYTHONUNBUFFERED": "1",
-                **thread_environment(request.resources),
+                **thread_environment(request.resources, request.processes_per_node),
                 **request.image.environment,
                 **checkpoint_environment(checkpoint),
             },
