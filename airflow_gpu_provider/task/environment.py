@@ -41,8 +41,10 @@ def with_user_environment(
 
 
 def thread_environment(resources: ResourceSettings, processes: int = 1) -> dict[str, str]:
-    """``OMP_NUM_THREADS`` & co.: each of the ``processes`` that share the task's CPUs (a launch's ranks on one
-    machine) gets its share, ``max(1, ceil(cpu_count) // processes)``, so libraries do not start a thread per core.
+    """``OMP_NUM_THREADS`` & co., so that libraries do not start a thread per core of the host.
+
+    Each of the ``processes`` that share the task's CPUs (a launch's ranks on one machine) gets its share:
+    ``max(1, ceil(cpu_count) // processes)``.
     """
     if resources.cpu_count is None:
         return {}

@@ -11,9 +11,9 @@ import pytest
 from airflow_gpu_provider.backends import BACKENDS
 from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import RemoteTaskError
+from airflow_gpu_provider.launchers.accelerate import launch_section
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.task.envelope import Envelope, summary
-from airflow_gpu_provider.launchers.accelerate import launch_section
 from airflow_gpu_provider.task.environment import (
     gpu_free_environment,
     lock_holder,
