@@ -22,6 +22,7 @@ from airflow_gpu_provider.task.callable import (
     check_command,
     shipped_callable,
 )
+from airflow_gpu_provider.task.modules import ProjectModules, project_folders
 from airflow_gpu_provider.telemetry.lineage import LineageMixin
 
 if TYPE_CHECKING:
@@ -60,6 +61,9 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         ``gpu_count``, ``memory``, ``accelerator``, ``gpu_vendor``, ``mig_profile``, ``shm_size``
     :param requirements: shortcut for ``image.requirements``; likewise ``parent_image``,
         ``python_package_installer``
+    :param modules: modules and packages next to the DAG file to ship with the task (``["plmod", "mypkg"]``):
+        checked at parse (present, no link, at most 256 KiB), read when the task starts, first on the task's path
+        on every backend. The local and executor backends also put the DAG's folder and bundle on the path.
     :param checkpoint: the root of the task's checkpoint folder, or ``False`` (:class:`CheckpointMixin`) (templated)
     :param deferrable: run the container or pod while the task is deferred, and defer a wait for GPUs; default
         ``[gpu] deferrable`` (:class:`GpuExecution`, docs/deferrable.md); likewise ``reattach``, ``wait_timeout``
@@ -107,6 +111,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         parent_image: str | None = None,
         requirements: Sequence[str] | None = None,
         python_package_installer: str | None = None,
+        modules: Sequence[str] | None = None,
         task_spec: TaskSpec | None = None,
         **kwargs: Any,
     ) -> None:
@@ -132,6 +137,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         self.python_callable = python_callable
         self.shipped = shipped_callable(python_callable, owner=owner) if python_callable is not None else None
         self.command = command
+        self.project_modules = ProjectModules.settle(owner, modules, self._dag_file(kwargs))
         if python_callable is not None and self.shipped is not None:
             check_call_arguments(owner, python_callable, op_args or [], op_kwargs or {}, self.shipped.signature)
         self.op_args = list(op_args or [])
@@ -142,6 +148,15 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         self.resource_overrides = dict(self.task_spec.templated)
         self.environment = check_environment(owner, "environment", environment or {})
         super().__init__(**self.task_spec.placed(kwargs))
+
+    def _dag_file(self, kwargs: Mapping[str, Any]) -> str | None:
+        """The DAG file of this task: its function's, else its DAG's (the ``with DAG(...)`` block or ``dag=``)."""
+        if self.shipped is not None:
+            return self.shipped.filename
+        from airflow.sdk.definitions._internal.contextmanager import DagContext
+
+        dag = kwargs.get("dag") or DagContext.get_current()
+        return getattr(dag, "fileloc", None)
 
     @property
     def on_oom(self) -> OomEscalation | None:
@@ -170,9 +185,12 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         """The envelope of this try, for the rendered task; subclasses wrap the payload."""
         from airflow_gpu_provider.task.envelope import Envelope
 
+        modules = None if self.project_modules is None else self.project_modules.shipped(self.task_spec.owner)
         if self.shipped is None:
             command = self.command or []
-            return Envelope.run(shlex.split(command) if isinstance(command, str) else list(command))
+            return Envelope.run(shlex.split(command) if isinstance(command, str) else list(command)).with_modules(
+                modules
+            )
         assert self.python_callable is not None
         args, kwargs = call_arguments(
             self.shipped,
@@ -182,7 +200,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
             context,
             owner=self.task_spec.owner,
         )
-        return Envelope.call(self.shipped, args, kwargs)
+        return Envelope.call(self.shipped, args, kwargs).with_modules(modules)
 
     def rendered_spec(self, *, backend: str | None = None) -> TaskSpec:
         """The settled task after its templates were rendered (``backend``: another backend, to render for it)."""
@@ -229,7 +247,14 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
             min_gpu_memory=rung.min_gpu_memory if rung is not None else None,
             checkpoint=self.checkpoint_location(labels, conf),
             resume=self.resumes,
+            project_path=self.project_path(context),
         )
+
+    def project_path(self, context: Context) -> tuple[str, ...]:
+        """The worker's folders of this task's project code: its DAG file's folder, its DAG bundle's root."""
+        bundle = getattr(getattr(context.get("ti"), "bundle_instance", None), "path", None)
+        dag_file = self._dag_file({"dag": self.dag if self.has_dag() else None})
+        return project_folders(dag_file, None if bundle is None else str(bundle))
 
     @property
     def resumes(self) -> bool:

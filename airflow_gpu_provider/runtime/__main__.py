@@ -26,6 +26,7 @@ from .command import run_command
 from .cuda import clear_cuda_cache
 from .escalation import error_record
 from .function import call_function
+from .modules import describe_modules, remove_modules, unpack_modules
 from .protocol import (
     EXIT_BAD_ENVELOPE,
     EXIT_USER_ERROR,
@@ -58,6 +59,12 @@ def _start_profiler(envelope: dict[str, Any]) -> Profiler | None:
     return start_profiler(envelope)
 
 
+def _clean_up() -> None:
+    """What a task process stopped by SIGTERM removes: staged checkpoint folders, unpacked modules."""
+    drop_stages()
+    remove_modules()
+
+
 def run(envelope: dict[str, Any], source: str, result_to: str | None, *, rank: bool = False) -> int:
     """Run one envelope (read from ``source``) as the task process, or as one rank of a launch.
 
@@ -76,6 +83,7 @@ def run(envelope: dict[str, Any], source: str, result_to: str | None, *, rank: b
         if "effective" in summary:  # for the user's code, its commands and a launcher's ranks
             os.environ[RESOURCES_ENV] = json.dumps(summary["effective"])
         gpus = print_summary(summary, before)
+        describe_modules(envelope)
         prepare_checkpoint(envelope)
         profiler = _start_profiler(envelope)
         mark_task_process()  # what the task's code starts again knows it is a copy (ranks.py)
@@ -95,7 +103,7 @@ def run(envelope: dict[str, Any], source: str, result_to: str | None, *, rank: b
         try:
             result = call_function(envelope)
         except Terminated:
-            return end_by_sigterm(drop_stages)
+            return end_by_sigterm(_clean_up)
         status = 0 if result["ok"] else EXIT_USER_ERROR
     after = clear_cuda_cache() if clear else before
     result["cache"] = [before, after]
@@ -135,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         announce_secondary()
     try:
         envelope = load_envelope(argv[0])
+        unpack_modules(envelope)
     except (OSError, KeyError, ValueError) as exc:
         print(f"{PREFIX} unusable task envelope {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
         if result_to is not None:

@@ -37,6 +37,10 @@ starts as a rank above 0 (PyTorch Lightning's ``ddp`` runs ``sys.argv`` again wi
 ``AIRFLOW_GPU_TASK_PID``) is a secondary rank: no summary, no sampler, no result; rank 0 ends those still running
 when its function has returned, naming each (``ranks.py``).
 
+``modules`` (optional): project modules shipped with the task, ``{"names": [...], "sha256": ..., "zip": BASE64}``
+(or ``"zip": "env:AIRFLOW_GPU_MODULES"`` in a pod): a zip archive the runtime unpacks into a private folder and puts
+first on ``sys.path`` and ``PYTHONPATH`` (``modules.py``).
+
 The task's checkpoint folder comes in the environment (``AIRFLOW_GPU_CHECKPOINT_DIR``, set by the backend: a path
 here, or a URI), not in the envelope; it is made when missing and named in the log. ``resume`` (optional) looks
 for the newest ``accelerator.save_state`` folder there, exports it as ``AIRFLOW_GPU_RESUME_FROM`` /
@@ -79,6 +83,8 @@ CHECKPOINT_ENV = "AIRFLOW_GPU_CHECKPOINT_DIR"  # the task's checkpoint folder (s
 RESUME_FROM_ENV = "AIRFLOW_GPU_RESUME_FROM"  # with "resume": the newest checkpoint found there, loaded after prepare()
 RESUME_STEP_ENV = "AIRFLOW_GPU_RESUME_STEP"  # and the number in its folder's name (checkpoint_2 -> 2)
 CHECKPOINT_URI_ENV = "AIRFLOW_GPU_CHECKPOINT_URI"  # with "resume" and a URI folder: the URI, staged locally
+MODULES_DIR_ENV = "AIRFLOW_GPU_MODULES_DIR"  # the folder the task process unpacked its project modules into
+MODULES_ENV = "AIRFLOW_GPU_MODULES"  # a pod's project modules archive (base64), named by the envelope's modules.zip
 TASK_PID_ENV = "AIRFLOW_GPU_TASK_PID"  # set by the task process for what it starts: a copy of it knows it is one
 
 # The error kinds of a failed result (``error.kind``); a container or pod OOM-killed is HOST_OOM too, told by its

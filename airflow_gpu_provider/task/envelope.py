@@ -25,6 +25,7 @@ class Envelope:
     :param launch: the launcher section (``launchers/accelerate.py``): every rank runs the payload
     :param profile: the sampler's settings (``telemetry/report.py``), ``None``: not sampled
     :param clear_cache: clear the CUDA cache before and after the user code
+    :param modules: project modules shipped with the payload (``task/modules.py``: names, sha256, zip)
     """
 
     mode: Literal["callable", "command"]
@@ -38,6 +39,7 @@ class Envelope:
     launch: Mapping[str, Any] | None = None
     profile: Mapping[str, Any] | None = None
     clear_cache: bool = True
+    modules: Mapping[str, Any] | None = None
 
     @classmethod
     def call(cls, shipped: ShippedCallable, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Envelope:
@@ -60,6 +62,10 @@ class Envelope:
     def launched(self, launch: Mapping[str, Any]) -> Envelope:
         """The same payload, once per rank under a launcher."""
         return dataclasses.replace(self, launch=dict(launch))
+
+    def with_modules(self, modules: Mapping[str, Any] | None) -> Envelope:
+        """The same payload, with project modules on its path (``None``: none)."""
+        return dataclasses.replace(self, modules=None if modules is None else dict(modules))
 
     def sampled(self, profile: Mapping[str, Any] | None) -> Envelope:
         """The same payload, sampled by the runtime's profiler with these settings (``None``: not sampled)."""
@@ -90,6 +96,8 @@ class Envelope:
         envelope: dict[str, Any] = {"version": protocol.ENVELOPE_VERSION, "mode": self.mode, **payload}
         if self.launch is not None:
             envelope["launch"] = dict(self.launch)
+        if self.modules is not None:
+            envelope["modules"] = dict(self.modules)
         envelope.update(profile=None if self.profile is None else dict(self.profile), summary=dict(summary))
         if resume:
             envelope["resume"] = True

@@ -37,6 +37,8 @@ class TaskRequest:
         container, a pod) instead of starting a second one (docs/deferrable.md); ``False``: it starts afresh
     :param defer_wait: ``on_missing_gpu="wait"`` defers to the triggerer instead of waiting in the worker: the host
         allocator raises :class:`~airflow_gpu_provider.host.allocator.MustWait` rather than sleep
+    :param project_path: the worker's folders of the task's project code (the DAG file's, the bundle's root): the
+        backends whose task runs on the worker put them first on its ``PYTHONPATH`` (``task/modules.py``)
     """
 
     resources: ResourceSettings
@@ -51,6 +53,7 @@ class TaskRequest:
     resume: bool = False
     reattach: bool = True
     defer_wait: bool = False
+    project_path: tuple[str, ...] = ()
 
     @property
     def missing_gpu(self) -> MissingGpuPolicy:

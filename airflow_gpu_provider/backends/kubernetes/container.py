@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow_gpu_provider.exceptions import GpuTaskError
-from airflow_gpu_provider.runtime.protocol import RESULT_TO_LOG
+from airflow_gpu_provider.runtime.protocol import MODULES_ENV, RESULT_TO_LOG
 from airflow_gpu_provider.settings import ResourceSettings
 from airflow_gpu_provider.task.environment import (
     driver_environment,
@@ -81,8 +81,23 @@ def task_environment(
     # a non-root user may have no home: caches go to /tmp
     provider = {"PYTHONUNBUFFERED": "1", "HOME": "/tmp", **thread_environment(resources, processes)}
     provider |= gpu_free_environment(resources) | driver_environment(resources)
+    shipped: dict[str, str] = {}
+    modules = envelope.get("modules")
+    if modules:  # the project modules' archive in a variable of its own: each variable has its own limit
+        shipped[MODULES_ENV] = _fits(modules["zip"], "The task's project modules (modules=)")
+        envelope = {**envelope, "modules": {**modules, "zip": f"env:{MODULES_ENV}"}}
     return {
         **with_user_environment(provider, environment, resources.gpu_vendor),
         BOOTSTRAP_ENV: bootstrap_payload(),
         ENVELOPE_ENV: encode_envelope(envelope),
+        **shipped,
     }
+
+
+def _fits(value: str, what: str) -> str:
+    if len(value) > MAX_ENV_VALUE:
+        raise GpuTaskError(
+            f"{what} take {len(value) // 1024} KiB encoded, more than the {MAX_ENV_VALUE // 1024} KiB a pod's "
+            "environment variable can hold. Bake larger code into the task's image (parent_image)."
+        )
+    return value
