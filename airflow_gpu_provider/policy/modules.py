@@ -34,18 +34,17 @@ class Budget:
         self.size, self.files = 0, 0
 
     def add(self, size: int, where: str) -> None:
+        """Count one file of ``size`` bytes (at ``where``, for the error); raise past the bound."""
         self.size, self.files = self.size + size, self.files + 1
         if self.size > MAX_BYTES or self.files > MAX_FILES:
-            raise TooLargeError(
-                f"they take more than {MAX_BYTES // 1024} KiB or {MAX_FILES} files (at {where})"
-            )
+            raise TooLargeError(f"they take more than {MAX_BYTES // 1024} KiB or {MAX_FILES} files (at {where})")
 
 
 def _link_refused(where: str) -> UnsafePathError:
     return UnsafePathError(where, "it is a symbolic link: links are not followed, they could lead out of the bundle")
 
 
-def _file(parent: int, name: str, where: str, budget: Budget, read: bool) -> bytes:
+def _file(parent: int, name: str, where: str, budget: Budget, *, read: bool) -> bytes:
     try:
         fd = os.open(name, _FILE, dir_fd=parent)
     except OSError as err:
@@ -60,7 +59,7 @@ def _file(parent: int, name: str, where: str, budget: Budget, read: bool) -> byt
         return handle.read(MAX_BYTES + 1) if read else b""
 
 
-def _tree(parent: int, name: str, where: str, prefix: str, budget: Budget, read: bool) -> dict[str, bytes]:
+def _tree(parent: int, name: str, where: str, prefix: str, budget: Budget, *, read: bool) -> dict[str, bytes]:
     try:
         fd = os.open(name, _DIR, dir_fd=parent)
     except OSError:
@@ -75,9 +74,9 @@ def _tree(parent: int, name: str, where: str, prefix: str, budget: Budget, read:
             if stat.S_ISLNK(mode):
                 raise _link_refused(here)
             if stat.S_ISDIR(mode):
-                files.update(_tree(fd, entry.name, here, path, budget, read))
+                files.update(_tree(fd, entry.name, here, path, budget, read=read))
             else:
-                files[path] = _file(fd, entry.name, here, budget, read)
+                files[path] = _file(fd, entry.name, here, budget, read=read)
     finally:
         os.close(fd)
     return files
@@ -106,9 +105,9 @@ def module_files(folder: str, name: str, budget: Budget, *, read: bool = True) -
                 raise _link_refused(f"{folder}/{entry}")
         package = name in kinds and stat.S_ISDIR(kinds[name])
         if package and (f"{name}.py" not in kinds or _has_init(top, name)):
-            return _tree(top, name, f"{folder}/{name}", name, budget, read)
+            return _tree(top, name, f"{folder}/{name}", name, budget, read=read)
         if f"{name}.py" in kinds:
-            return {f"{name}.py": _file(top, f"{name}.py", f"{folder}/{name}.py", budget, read)}
+            return {f"{name}.py": _file(top, f"{name}.py", f"{folder}/{name}.py", budget, read=read)}
         if name in kinds:
             raise UnsafePathError(f"{folder}/{name}", "it is neither a folder nor a regular file")
         return None

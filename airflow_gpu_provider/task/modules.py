@@ -21,7 +21,7 @@ import io
 import os
 import sys
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
@@ -94,7 +94,8 @@ class ProjectModules(NamedTuple):
                     None,
                 )
             except UnsafePathError as err:
-                raise InvalidSettingError(owner, FIELD, name, f"{err.path}: {err.problem} (rule F4)", ACCEPTED) from None
+                reason = f"{err.path}: {err.problem} (rule F4)"
+                raise InvalidSettingError(owner, FIELD, name, reason, ACCEPTED) from None
             except TooLargeError as err:
                 raise InvalidSettingError(
                     owner, FIELD, list(self.names), f"{err}; bake larger code into the image", ACCEPTED
@@ -122,8 +123,3 @@ class ProjectModules(NamedTuple):
             "sha256": hashlib.sha256(data).hexdigest(),
             "zip": base64.b64encode(data).decode(),
         }
-
-
-def describe(section: Mapping[str, Any]) -> str:
-    """``plmod, mypkg (sha256 1a2b3c4d5e6f)``, for logs."""
-    return f"{', '.join(section['names'])} (sha256 {section['sha256'][:12]})"
