@@ -81,7 +81,7 @@ def test_a_rank_still_running_after_rank_0_returned_is_ended_and_named(tmp_path)
     lines = [line for line in done.stderr.splitlines() if "killed with" in line]
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("[gpu] rank 1 (pid ")
-    assert lines[0].endswith("was still running 10s after rank 0's function returned: killed with SIGTERM")
+    assert lines[0].endswith("was still running 30s after rank 0's function returned: killed with SIGTERM")
     pid = int(lines[0].split("(pid ")[1].split(")")[0])
     assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
 
