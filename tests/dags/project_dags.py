@@ -42,3 +42,9 @@ with DAG("project_modules_docker", schedule=None, start_date=START):
     gpu_task(task_id="shipped", backend="docker", image=IMAGE, modules=["plmod", "plpkg"], memory="512Mi")(
         uses_project_code
     )()
+
+# Kubernetes: rendered, and the pod's containers run in Docker (tests/task/test_project_modules.py)
+with DAG("project_modules_kubernetes", schedule=None, start_date=START):
+    gpu_task(task_id="shipped", backend="kubernetes", image=IMAGE, modules=["plmod", "plpkg"], memory="1Gi")(
+        uses_project_code
+    )()

@@ -46,6 +46,27 @@ def test_modules_are_shipped_into_a_docker_container(airflow_home, capfd):
     assert f"[gpu] project modules plmod, plpkg (sha256 {digest}) first on the path:" in out
 
 
+@pytest.mark.docker
+def test_a_pod_gets_the_modules_in_a_variable_of_their_own_and_imports_them(airflow_home):
+    """The pod rendered for Kubernetes, its container run in Docker: the archive comes in AIRFLOW_GPU_MODULES."""
+    import base64
+    import json
+    import sys
+
+    sys.path.insert(0, str(REPO / "tests" / "backends" / "kubernetes"))
+    from pod_in_docker import run_pod
+
+    [pod] = load_dag(DAG_FILE, "project_modules_kubernetes").get_task("shipped").render_manifests()
+    variables = {v["name"]: v.get("value") for v in pod["spec"]["containers"][0]["env"]}
+    envelope = json.loads(base64.b64decode(variables["AIRFLOW_GPU_ENVELOPE"]))
+    assert envelope["modules"]["zip"] == "env:AIRFLOW_GPU_MODULES" and variables["AIRFLOW_GPU_MODULES"]
+    run = run_pod(pod)
+    assert run.exit_codes == {"base": 0}, run.logs
+    assert run.result is not None and run.result["ok"], run.logs
+    value = run.result["return_value"]
+    assert value["double"] == 42 and value["child"] == "8" and value["layers"] == "layers of plpkg"
+
+
 def test_the_archive_is_the_same_for_the_same_files():
     modules = ProjectModules(("plpkg", "plmod"), (str(DAGS),))
     first, second = modules.shipped("t"), modules.shipped("t")
