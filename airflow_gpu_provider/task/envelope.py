@@ -72,13 +72,20 @@ class Envelope:
         return dataclasses.replace(self, profile=None if profile is None else dict(profile))
 
     def to_json(
-        self, *, summary: Mapping[str, Any], resume: bool = False, die_with_parent: bool = False
+        self,
+        *,
+        summary: Mapping[str, Any],
+        resume: bool = False,
+        die_with_parent: bool = False,
+        modules_from: str | None = None,
     ) -> dict[str, Any]:
         """The envelope as the runtime reads it (protocol version :data:`~.protocol.ENVELOPE_VERSION`).
 
         :param summary: the resource summary that starts the task's log (``task/environment.py``)
         :param resume: look for the newest checkpoint of the task's folder and resume from it
         :param die_with_parent: the task process is SIGKILLed when its worker dies (the local backend's child)
+        :param modules_from: the environment variable that carries the project modules' archive (``env:NAME`` in
+            the envelope), ``None``: the archive is in the envelope
         """
         payload: dict[str, Any]
         if self.mode == "callable":
@@ -97,7 +104,7 @@ class Envelope:
         if self.launch is not None:
             envelope["launch"] = dict(self.launch)
         if self.modules is not None:
-            envelope["modules"] = dict(self.modules)
+            envelope["modules"] = {**self.modules, **({"zip": f"env:{modules_from}"} if modules_from else {})}
         envelope.update(profile=None if self.profile is None else dict(self.profile), summary=dict(summary))
         if resume:
             envelope["resume"] = True

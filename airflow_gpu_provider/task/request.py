@@ -79,6 +79,7 @@ class TaskRequest:
         gpus: list[dict[str, Any]] | None,
         cpu_fallback: bool = False,
         die_with_parent: bool = False,
+        modules_from: str | None = None,
     ) -> dict[str, Any]:
         """The envelope as the runtime reads it, with the summary that starts the task's log.
 
@@ -88,6 +89,8 @@ class TaskRequest:
             driver (in a container or pod)
         :param cpu_fallback: the task runs on the CPU because its GPUs were missing (``on_missing_gpu="cpu"``)
         :param die_with_parent: the task process is SIGKILLed when its worker dies (the local backend's child)
+        :param modules_from: the environment variable that carries the project modules' archive instead of the
+            envelope (a pod's)
         """
         task_summary = summary(
             self.resources,
@@ -97,4 +100,6 @@ class TaskRequest:
             gpus=gpus,
             cpu_fallback=cpu_fallback,
         )
-        return self.envelope.to_json(summary=task_summary, resume=self.resume, die_with_parent=die_with_parent)
+        return self.envelope.to_json(
+            summary=task_summary, resume=self.resume, die_with_parent=die_with_parent, modules_from=modules_from
+        )

@@ -70,22 +70,24 @@ def launch_command(*, result_to_log: bool = False) -> tuple[list[str], list[str]
 
 
 def task_environment(
-    resources: ResourceSettings, environment: Mapping[str, str], envelope: Mapping[str, Any], processes: int = 1
+    resources: ResourceSettings,
+    environment: Mapping[str, str],
+    envelope: Mapping[str, Any],
+    processes: int = 1,
+    modules_zip: str | None = None,
 ) -> dict[str, str]:
     """Environment of the main container: the task's over the provider's defaults.
 
-    Never over the provider's device isolation, nor over the runtime's two variables.
+    Never over the provider's device isolation, nor over the runtime's variables.
 
     :param processes: the processes that share the pod's CPUs (a launch's ranks on this node)
+    :param modules_zip: the project modules' archive (base64), in a variable of its own (:data:`MODULES_ENV`, which
+        the envelope names): each variable has its own size limit
     """
     # a non-root user may have no home: caches go to /tmp
     provider = {"PYTHONUNBUFFERED": "1", "HOME": "/tmp", **thread_environment(resources, processes)}
     provider |= gpu_free_environment(resources) | driver_environment(resources)
-    shipped: dict[str, str] = {}
-    modules = envelope.get("modules")
-    if modules:  # the project modules' archive in a variable of its own: each variable has its own limit
-        shipped[MODULES_ENV] = _fits(modules["zip"], "The task's project modules (modules=)")
-        envelope = {**envelope, "modules": {**modules, "zip": f"env:{MODULES_ENV}"}}
+    shipped = {MODULES_ENV: _fits(modules_zip, "The task's project modules (modules=)")} if modules_zip else {}
     return {
         **with_user_environment(provider, environment, resources.gpu_vendor),
         BOOTSTRAP_ENV: bootstrap_payload(),

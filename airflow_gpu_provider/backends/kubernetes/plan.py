@@ -143,7 +143,9 @@ def _pod(
     toleration_key = wanted.gpu_vendor.k8s_resource if accelerator_key else None  # MIG nodes too
     place = scheduling.placement(wanted, toleration_key, options, (template or {}).get("spec"))
     # gpus None: the runtime asks nvidia-smi inside the pod
-    envelope = request.runtime_envelope(backend="kubernetes", image=deps.image, gpus=None, cpu_fallback=cpu_fallback)
+    envelope = request.runtime_envelope(
+        backend="kubernetes", image=deps.image, gpus=None, cpu_fallback=cpu_fallback, modules_from=container.MODULES_ENV
+    )
     shm_volumes, shm_mounts = resources.shm_volume(wanted)
     command, args = container.launch_command(result_to_log=request.num_nodes > 1)
     checkpoint_volumes, checkpoint_mounts, checkpoint_env, notes = checkpoint_volume(request, options)
@@ -157,6 +159,7 @@ def _pod(
             {**request.image.environment, **deps.environment, **checkpoint_env},
             envelope,
             request.processes_per_node,
+            None if request.envelope.modules is None else request.envelope.modules["zip"],
         ),
         resources=amounts,
         options=options,
