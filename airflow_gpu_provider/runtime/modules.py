@@ -50,7 +50,10 @@ def unpack_modules(envelope: dict[str, Any]) -> str | None:
     raw = base64.b64decode(data)
     if hashlib.sha256(raw).hexdigest() != section["sha256"]:
         raise ValueError("the project modules' archive does not match its sha256")
-    folder = tempfile.mkdtemp(prefix="airflow-gpu-modules-")  # 0700
+    # 0700; in the task's working folder where it may write (the local backend's task folder, removed with the task
+    # even after a SIGKILL), else in the temporary folder (a container's, a pod's)
+    here = os.getcwd()
+    folder = tempfile.mkdtemp(prefix="airflow-gpu-modules-", dir=here if os.access(here, os.W_OK) else None)
     with zipfile.ZipFile(io.BytesIO(raw)) as archive:
         for name in archive.namelist():
             parts = name.split("/")
