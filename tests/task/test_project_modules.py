@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 from helpers import load_dag, run_dag, task_states, xcom
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.policy.modules import MAX_BYTES
@@ -157,3 +159,22 @@ def test_settle_checks_without_reading_and_skips_caches(tmp_path):
     assert ProjectModules.settle("t", [], str(tmp_path / "dag.py")) is None
     with pytest.raises(InvalidSettingError, match="the DAG file is not known"):
         ProjectModules.settle("t", ["pkg"], None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        st.none(),
+        st.text(max_size=20),
+        st.lists(st.one_of(st.sampled_from(["plmod", "plpkg", "tiny_lightning"]), st.text(max_size=12), st.integers())),
+        st.integers(),
+        st.dictionaries(st.text(max_size=4), st.text(max_size=4)),
+    )
+)
+def test_any_modules_value_is_accepted_or_names_the_field(value):
+    try:
+        modules = ProjectModules.settle("@task.gpu('t')", value, str(DAGS / "project_dags.py"))
+    except InvalidSettingError as err:
+        assert err.field == "modules" and str(err).startswith("@task.gpu('t'): modules=")
+        return
+    assert modules is None or all((DAGS / f"{n}.py").is_file() or (DAGS / n).is_dir() for n in modules.names)
