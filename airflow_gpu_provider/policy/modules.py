@@ -75,8 +75,10 @@ def _tree(parent: int, name: str, where: str, prefix: str, budget: Budget, *, re
                 raise _link_refused(here)
             if stat.S_ISDIR(mode):
                 files.update(_tree(fd, entry.name, here, path, budget, read=read))
-            else:
+            elif stat.S_ISREG(mode):  # never opened otherwise: a FIFO would block, a device could act
                 files[path] = _file(fd, entry.name, here, budget, read=read)
+            else:
+                raise UnsafePathError(here, "it is not a regular file")
     finally:
         os.close(fd)
     return files
@@ -106,10 +108,11 @@ def module_files(folder: str, name: str, budget: Budget, *, read: bool = True) -
         package = name in kinds and stat.S_ISDIR(kinds[name])
         if package and (f"{name}.py" not in kinds or _has_init(top, name)):
             return _tree(top, name, f"{folder}/{name}", name, budget, read=read)
-        if f"{name}.py" in kinds:
+        if f"{name}.py" in kinds and stat.S_ISREG(kinds[f"{name}.py"]):
             return {f"{name}.py": _file(top, f"{name}.py", f"{folder}/{name}.py", budget, read=read)}
-        if name in kinds:
-            raise UnsafePathError(f"{folder}/{name}", "it is neither a folder nor a regular file")
+        if kinds:
+            entry = name if name in kinds else f"{name}.py"
+            raise UnsafePathError(f"{folder}/{entry}", "it is neither a folder nor a regular file")
         return None
     finally:
         os.close(top)

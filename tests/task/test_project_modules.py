@@ -178,3 +178,15 @@ def test_any_modules_value_is_accepted_or_names_the_field(value):
         assert err.field == "modules" and str(err).startswith("@task.gpu('t'): modules=")
         return
     assert modules is None or all((DAGS / f"{n}.py").is_file() or (DAGS / n).is_dir() for n in modules.names)
+
+
+def test_a_fifo_in_a_package_is_refused_without_being_opened(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    os.mkfifo(tmp_path / "pkg" / "pipe")  # opening it for reading would block
+    os.mkfifo(tmp_path / "fifo.py")
+    for name, where in (("pkg", "pkg/pipe"), ("fifo", "fifo.py")):
+        with pytest.raises(
+            InvalidSettingError, match=rf"{tmp_path}/{where}: it is (neither a folder nor )?(not )?a regular file"
+        ):
+            ProjectModules.settle("t", [name], str(tmp_path / "dag.py"))
