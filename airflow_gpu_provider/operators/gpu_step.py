@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import shlex
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -151,12 +152,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
 
     def _dag_file(self, kwargs: Mapping[str, Any]) -> str | None:
         """The DAG file of this task: its function's, else its DAG's (the ``with DAG(...)`` block or ``dag=``)."""
-        if self.shipped is not None:
-            return self.shipped.filename
-        from airflow.sdk.definitions._internal.contextmanager import DagContext
-
-        dag = kwargs.get("dag") or DagContext.get_current()
-        return getattr(dag, "fileloc", None)
+        return self.shipped.filename if self.shipped is not None else _current_dag_file(kwargs)
 
     @property
     def on_oom(self) -> OomEscalation | None:
@@ -171,6 +167,10 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         before any copy of the operator exists.
         """
         spec = TaskSpec.settle(f"{cls.__name__}({task_id!r})", kwargs, num_nodes=cls._nodes(kwargs))
+        if kwargs.get("modules") is not None:  # now: a mapped task's operator is made only when it runs
+            function = kwargs.get("python_callable")
+            dag_file = inspect.getsourcefile(function) if function is not None else _current_dag_file(kwargs)
+            ProjectModules.settle(spec.owner, kwargs["modules"], dag_file)
         placed = spec.placed(beside_spec(kwargs))
         partial = vars(BaseOperator)["partial"].class_method.__func__  # BaseOperator's, for this class
         return partial(cls, task_id=task_id, **placed, task_spec=spec)  # type: ignore[no-any-return]
@@ -279,3 +279,11 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         from airflow_gpu_provider.render import render_task
 
         return render_task(self, context, params=params, backend=backend, after=after)
+
+
+def _current_dag_file(kwargs: Mapping[str, Any]) -> str | None:
+    """The file of the DAG a task is made in: ``dag=``, else the ``with DAG(...)`` block around it."""
+    from airflow.sdk.definitions._internal.contextmanager import DagContext
+
+    dag = kwargs.get("dag") or DagContext.get_current()
+    return getattr(dag, "fileloc", None)

@@ -190,3 +190,31 @@ def test_a_fifo_in_a_package_is_refused_without_being_opened(tmp_path):
             InvalidSettingError, match=rf"{tmp_path}/{where}: it is (neither a folder nor )?(not )?a regular file"
         ):
             ProjectModules.settle("t", [name], str(tmp_path / "dag.py"))
+
+
+@pytest.mark.parametrize(
+    ("task", "owner"),
+    [
+        ("gpu_task(task_id='work', modules=['missing'])(work).expand(x=[1, 2])", "@task.gpu('work')"),
+        (
+            "GpuStepOperator.partial(task_id='work', python_callable=work, modules=['missing']).expand(op_args=[[1]])",
+            "GpuStepOperator('work')",
+        ),
+    ],
+)
+def test_a_mapped_tasks_modules_are_checked_at_parse(tmp_path, task, owner):
+    dag = tmp_path / "mapped_modules.py"
+    dag.write_text(
+        textwrap.dedent(f"""
+        import datetime
+        from airflow.sdk import DAG
+        from airflow_gpu_provider import GpuStepOperator, gpu_task
+
+        def work(x):
+            return x
+
+        with DAG("mapped_modules", schedule=None, start_date=datetime.datetime(2024, 1, 1)):
+            {task}
+        """)
+    )
+    assert f"{owner}: modules='missing' is invalid: no missing.py nor missing/ in" in _import_error(dag)
