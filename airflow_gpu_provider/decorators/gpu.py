@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +12,7 @@ from airflow.sdk.bases.decorator import DecoratedOperator, task_decorator_factor
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
 from airflow_gpu_provider.operators.spec import TaskSpec, beside_spec
+from airflow_gpu_provider.task.modules import ProjectModules
 
 if TYPE_CHECKING:
     from airflow.sdk.bases.decorator import TaskDecorator
@@ -99,6 +101,8 @@ def gpu_task(
     def decorate(function: Callable[..., Any]) -> TaskDecorator:
         owner = f"{DECORATOR}({kwargs.get('task_id') or getattr(function, '__name__', '?')!r})"
         spec = TaskSpec.settle(owner, kwargs, num_nodes=operator_class._nodes(kwargs))
+        if kwargs.get("modules") is not None:  # now: a mapped task's operator is made only when it runs
+            ProjectModules.settle(owner, kwargs["modules"], inspect.getsourcefile(function))
         arguments = spec.placed(beside_spec(kwargs))
         return task_decorator_factory(
             python_callable=function,

@@ -261,9 +261,11 @@ def launch_section(
     if multi_node:
         options = {**options, "main_process_port": None}
     options, environment = accelerate_options(resources, options, num_machines=num_machines)
+    args = launch_arguments(options, owner=owner)  # checks num_processes: an int from here on
     return {
         "module": LAUNCH_MODULE,
-        "args": launch_arguments(options, owner=owner),
+        "args": args,
+        "processes": max(1, int(options["num_processes"]) // num_machines),  # ranks per machine: their threads
         "environment": environment,
         "cpu_environment": dict(CPU_ENVIRONMENT),
         "rank_arguments": dict(RANK_ARGUMENTS) if multi_node else {},

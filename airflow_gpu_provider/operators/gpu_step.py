@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import shlex
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,7 @@ from airflow_gpu_provider.task.callable import (
     check_command,
     shipped_callable,
 )
+from airflow_gpu_provider.task.modules import ProjectModules, project_folders
 from airflow_gpu_provider.telemetry.lineage import LineageMixin
 
 if TYPE_CHECKING:
@@ -60,6 +62,9 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         ``gpu_count``, ``memory``, ``accelerator``, ``gpu_vendor``, ``mig_profile``, ``shm_size``
     :param requirements: shortcut for ``image.requirements``; likewise ``parent_image``,
         ``python_package_installer``
+    :param modules: modules and packages next to the DAG file to ship with the task (``["plmod", "mypkg"]``):
+        checked at parse (present, no link, at most 256 KiB), read when the task starts, first on the task's path
+        on every backend. The local and executor backends also put the DAG's folder and bundle on the path.
     :param checkpoint: the root of the task's checkpoint folder, or ``False`` (:class:`CheckpointMixin`) (templated)
     :param resume: each try looks for the newest checkpoint in the task's checkpoint folder
         (``AIRFLOW_GPU_CHECKPOINT_DIR``): an ``accelerator.save_state`` folder or a Hugging Face Trainer's
@@ -113,6 +118,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         requirements: Sequence[str] | None = None,
         python_package_installer: str | None = None,
         resume: bool = False,
+        modules: Sequence[str] | None = None,
         task_spec: TaskSpec | None = None,
         **kwargs: Any,
     ) -> None:
@@ -142,6 +148,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         self.python_callable = python_callable
         self.shipped = shipped_callable(python_callable, owner=owner) if python_callable is not None else None
         self.command = command
+        self.project_modules = ProjectModules.settle(owner, modules, self._dag_file(kwargs))
         if python_callable is not None and self.shipped is not None:
             check_call_arguments(owner, python_callable, op_args or [], op_kwargs or {}, self.shipped.signature)
         self.op_args = list(op_args or [])
@@ -152,6 +159,10 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         self.resource_overrides = dict(self.task_spec.templated)
         self.environment = check_environment(owner, "environment", environment or {})
         super().__init__(**self.task_spec.placed(kwargs))
+
+    def _dag_file(self, kwargs: Mapping[str, Any]) -> str | None:
+        """The DAG file of this task: its function's, else its DAG's (the ``with DAG(...)`` block or ``dag=``)."""
+        return self.shipped.filename if self.shipped is not None else _current_dag_file(kwargs)
 
     @property
     def on_oom(self) -> OomEscalation | None:
@@ -166,6 +177,10 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         before any copy of the operator exists.
         """
         spec = TaskSpec.settle(f"{cls.__name__}({task_id!r})", kwargs, num_nodes=cls._nodes(kwargs))
+        if kwargs.get("modules") is not None:  # now: a mapped task's operator is made only when it runs
+            function = kwargs.get("python_callable")
+            dag_file = inspect.getsourcefile(function) if function is not None else _current_dag_file(kwargs)
+            ProjectModules.settle(spec.owner, kwargs["modules"], dag_file)
         placed = spec.placed(beside_spec(kwargs))
         partial = vars(BaseOperator)["partial"].class_method.__func__  # BaseOperator's, for this class
         return partial(cls, task_id=task_id, **placed, task_spec=spec)  # type: ignore[no-any-return]
@@ -180,9 +195,12 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         """The envelope of this try, for the rendered task; subclasses wrap the payload."""
         from airflow_gpu_provider.task.envelope import Envelope
 
+        modules = None if self.project_modules is None else self.project_modules.shipped(self.task_spec.owner)
         if self.shipped is None:
             command = self.command or []
-            return Envelope.run(shlex.split(command) if isinstance(command, str) else list(command))
+            return Envelope.run(shlex.split(command) if isinstance(command, str) else list(command)).with_modules(
+                modules
+            )
         assert self.python_callable is not None
         args, kwargs = call_arguments(
             self.shipped,
@@ -192,7 +210,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
             context,
             owner=self.task_spec.owner,
         )
-        return Envelope.call(self.shipped, args, kwargs)
+        return Envelope.call(self.shipped, args, kwargs).with_modules(modules)
 
     def rendered_spec(self, *, backend: str | None = None) -> TaskSpec:
         """The settled task after its templates were rendered (``backend``: another backend, to render for it)."""
@@ -239,7 +257,14 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
             min_gpu_memory=rung.min_gpu_memory if rung is not None else None,
             checkpoint=self.checkpoint_location(labels, conf),
             resume=self.resumes,
+            project_path=self.project_path(context),
         )
+
+    def project_path(self, context: Context) -> tuple[str, ...]:
+        """The worker's folders of this task's project code: its DAG file's folder, its DAG bundle's root."""
+        bundle = getattr(getattr(context.get("ti"), "bundle_instance", None), "path", None)
+        dag_file = self._dag_file({"dag": self.dag if self.has_dag() else None})
+        return project_folders(dag_file, None if bundle is None else str(bundle))
 
     @property
     def resumes(self) -> bool:
@@ -264,3 +289,11 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         from airflow_gpu_provider.render import render_task
 
         return render_task(self, context, params=params, backend=backend, after=after)
+
+
+def _current_dag_file(kwargs: Mapping[str, Any]) -> str | None:
+    """The file of the DAG a task is made in: ``dag=``, else the ``with DAG(...)`` block around it."""
+    from airflow.sdk.definitions._internal.contextmanager import DagContext
+
+    dag = kwargs.get("dag") or DagContext.get_current()
+    return getattr(dag, "fileloc", None)

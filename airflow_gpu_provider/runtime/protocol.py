@@ -19,7 +19,7 @@ read its envelope still reports why. The envelope::
      "summary": {"backend": "local", "image": "...", "requirements_hash": "...", "resources": "...",
                  "gpus": [{"index": "0", "name": "...", "memory_total": 85899345920}] | null},
      "die_with_parent": false, "profile": {"interval_s": 1.0, "host": "worker-1"} | null, "resume": true,
-     "launch": {"module": "accelerate.commands.launch", "args": ["--num_processes", "2", ...],
+     "launch": {"module": "accelerate.commands.launch", "args": ["--num_processes", "2", ...], "processes": 2,
                 "environment": {...}, "cpu_environment": {"ACCELERATE_USE_CPU": "1"},
                 "rank_arguments": {"--machine_rank": "NODE_RANK"}, "free_port_argument": "--main_process_port"}}
 
@@ -30,9 +30,17 @@ are exported to the task as ``AIRFLOW_GPU_RESOURCES`` (JSON; ``cpu_fallback`` is
 whose reason is the summary's ``cpu_fallback_reason``). ``launch`` (optional) runs the
 payload once per rank under a launcher: ``environment`` is added to the ranks' environment, ``cpu_environment``
 too when the task has no GPU, ``rank_arguments`` take their values from the environment (a pod's node rank), and
-``free_port_argument`` gets a free local port unless given. Each rank writes ``DIR/rank<RANK>.json``; the result is
+``free_port_argument`` gets a free local port unless given; ``processes`` (the ranks on each machine) is for the
+backend, which gives each rank its share of the CPUs' threads. Each rank writes ``DIR/rank<RANK>.json``; the result is
 rank 0's value, or the earliest error of any rank. A process that another launcher started as a rank other than 0
-(``RANK``) reports nothing: rank 0 reports for the group.
+(``RANK``) reports nothing: rank 0 reports for the group. A copy of the task process that the task's own code
+starts as a rank above 0 (PyTorch Lightning's ``ddp`` runs ``sys.argv`` again with ``LOCAL_RANK``; it inherits
+``AIRFLOW_GPU_TASK_PID``) is a secondary rank: no summary, no sampler, no result; rank 0 ends those still running
+when its function has returned, naming each (``ranks.py``).
+
+``modules`` (optional): project modules shipped with the task, ``{"names": [...], "sha256": ..., "zip": BASE64}``
+(or ``"zip": "env:AIRFLOW_GPU_MODULES"`` in a pod): a zip archive the runtime unpacks into a private folder and puts
+first on ``sys.path`` and ``PYTHONPATH`` (``modules.py``).
 
 The task's checkpoint folder comes in the environment (``AIRFLOW_GPU_CHECKPOINT_DIR``, set by the backend: a path
 here, or a URI), not in the envelope; it is made when missing and named in the log. ``resume`` (optional) looks
@@ -80,6 +88,9 @@ CHECKPOINT_ENV = "AIRFLOW_GPU_CHECKPOINT_DIR"  # the task's checkpoint folder (s
 RESUME_FROM_ENV = "AIRFLOW_GPU_RESUME_FROM"  # with "resume": the newest checkpoint found there, loaded after prepare()
 RESUME_STEP_ENV = "AIRFLOW_GPU_RESUME_STEP"  # and the number in its folder's name (checkpoint_2 -> 2)
 CHECKPOINT_URI_ENV = "AIRFLOW_GPU_CHECKPOINT_URI"  # with "resume" and a URI folder: the URI, staged locally
+MODULES_DIR_ENV = "AIRFLOW_GPU_MODULES_DIR"  # the folder the task process unpacked its project modules into
+MODULES_ENV = "AIRFLOW_GPU_MODULES"  # a pod's project modules archive (base64), named by the envelope's modules.zip
+TASK_PID_ENV = "AIRFLOW_GPU_TASK_PID"  # set by the task process for what it starts: a copy of it knows it is one
 
 # The error kinds of a failed result (``error.kind``); a container or pod OOM-killed is HOST_OOM too, told by its
 # backend.

@@ -146,7 +146,12 @@ def _pod(
     pending = options.pending_timeout or request.missing_gpu.pending_timeout
     reason = f"no node took the GPU pod within pending_timeout ({pending:g} s)" if cpu_fallback else ""
     envelope = request.runtime_envelope(
-        backend="kubernetes", image=deps.image, gpus=None, cpu_fallback=cpu_fallback, fallback_reason=reason
+        backend="kubernetes",
+        image=deps.image,
+        gpus=None,
+        cpu_fallback=cpu_fallback,
+        fallback_reason=reason,
+        modules_from=container.MODULES_ENV,
     )
     shm_volumes, shm_mounts = resources.shm_volume(wanted)
     command, args = container.launch_command(result_to_log=request.num_nodes > 1)
@@ -160,6 +165,8 @@ def _pod(
             wanted,
             {**request.image.environment, **deps.environment, **checkpoint_env},
             envelope,
+            request.processes_per_node,
+            None if request.envelope.modules is None else request.envelope.modules["zip"],
         ),
         resources=amounts,
         options=options,
