@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import REPO
+from helpers import dag_bag
 
 from airflow_gpu_provider import ResourceSettings
 from airflow_gpu_provider.exceptions import InvalidSettingError
@@ -13,9 +14,7 @@ GPU_PARAMS = {"epochs", "batch_size", "mixed_precision", "backend", "on_missing_
 
 
 def _bag():
-    from airflow.dag_processing.dagbag import DagBag
-
-    bag = DagBag(dag_folder=str(REPO / "dags"))
+    bag = dag_bag(REPO / "dags")
     assert bag.import_errors == {}
     return bag
 
