@@ -10,6 +10,7 @@ from airflow_gpu_provider import ResourceSettings
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.operators.spec import TaskSpec, beside_spec
 
+pytestmark = pytest.mark.smoke  # also on the oldest supported Airflow
 GPU_PARAMS = {"epochs", "batch_size", "mixed_precision", "backend", "on_missing_gpu"}
 
 

@@ -6,6 +6,7 @@ import pytest
 from helpers import dag_bag, load_dag, run_dag, task_states, xcom
 
 
+@pytest.mark.smoke
 def test_demo_dag_trains_on_cpu_fallback(airflow_home):
     from conftest import REPO
 
