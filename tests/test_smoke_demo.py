@@ -3,14 +3,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import load_dag, run_dag, task_states, xcom
+from helpers import dag_bag, load_dag, run_dag, task_states, xcom
 
 
+@pytest.mark.smoke
 def test_demo_dag_trains_on_cpu_fallback(airflow_home):
-    from airflow.dag_processing.dagbag import DagBag
     from conftest import REPO
 
-    bag = DagBag(dag_folder=str(REPO / "dags" / "gpu_training_demo.py"))
+    bag = dag_bag(REPO / "dags" / "gpu_training_demo.py")
     assert bag.import_errors == {}
     dag = bag.get_dag("gpu_training_demo")
     dr = run_dag(dag, conf={"epochs": 3, "gpu_count": 1, "on_missing_gpu": "cpu"})

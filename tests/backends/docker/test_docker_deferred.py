@@ -27,6 +27,7 @@ def _run(dag_id: str) -> tuple[dict, str]:
     return worker_result(log), log
 
 
+@pytest.mark.smoke  # before Airflow 3.3 too: the deferral needs no task state store
 def test_a_deferred_container_ends_with_its_result_its_output_in_the_log():
     result, log = _run("deferred_docker_success")
     assert result["states"] == {"task": "success"}, log[-3000:]

@@ -16,9 +16,12 @@ import sys
 import pytest
 import yaml
 from conftest import REPO
+from helpers import dag_bag
 from k8s_manifests import env, main_container, validate
 
 from airflow_gpu_provider.render import to_yaml
+
+pytestmark = pytest.mark.smoke  # also on the oldest supported Airflow (its cncf-kubernetes provider)
 
 GOLDEN = REPO / "tests" / "backends" / "kubernetes" / "golden"
 CASES = {
@@ -29,9 +32,7 @@ CASES = {
 
 
 def _task(dag_file: str, task_id: str):
-    from airflow.dag_processing.dagbag import DagBag
-
-    bag = DagBag(dag_folder=str(REPO / "dags" / dag_file))
+    bag = dag_bag(REPO / "dags" / dag_file)
     assert bag.import_errors == {}
     [dag] = bag.dags.values()
     return dag.get_task(task_id)
