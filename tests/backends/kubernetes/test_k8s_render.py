@@ -2,7 +2,7 @@
 
 Golden files hold the rendered pods with the parts that change on every call or machine replaced: the random pod
 name suffix, the Airflow version label, the shipped runtime (base64) and the task envelope (decoded, with the
-function's source and file path shortened). Regenerate them with ``UPDATE_GOLDEN=1 pytest tests/backends/kubernetes``.
+function's source and file path shortened, and the worker's host name replaced). Regenerate them with ``UPDATE_GOLDEN=1 pytest tests/backends/kubernetes``.
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ def normalize(pod: dict) -> dict:
             envelope["source"] = f"<source of {envelope['function']}()>"
             envelope["filename"] = os.path.relpath(envelope["filename"], REPO)
             envelope["first_line"] = "<line>"
+            if (envelope.get("profile") or {}).get("host"):
+                envelope["profile"]["host"] = "<the worker's host name>"
             variable["value"] = "<base64 of> " + json.dumps(envelope, sort_keys=True)
     return pod
 
