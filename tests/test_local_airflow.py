@@ -404,7 +404,7 @@ def test_browser_gpu_tab_and_gpus_page_show_the_profile(airflow, browser):
 def test_browser_gpu_tab_shows_every_try_and_the_escalation_timeline(airflow, browser):
     """The example ``resilient_training``, try 1 made to run out of host memory: Airflow retries on the next memory
     step, and the GPU tab keeps try 1's profile (its XCom is gone) beside try 2's, with the timeline in words."""
-    airflow.wait_for_dag(RESILIENT)
+    airflow.wait_for_dag(RESILIENT, timeout=300)  # every DAG file of the folder is parsed first
     airflow.unpause(RESILIENT)
     run_id = airflow.trigger(RESILIENT, {"epochs": 2, "fail_at_epoch": 1, "failure": "host_oom"})
     run = airflow.wait_for_run(RESILIENT, run_id, timeout=540)
