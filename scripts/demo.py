@@ -41,6 +41,7 @@ def xcom(dag_run: Any, task_id: str, key: str = "return_value") -> Any:
 def main() -> int:
     """Run the DAG, print the report task's XCom and the train task's profile; exit 1 unless the run succeeded."""
     from airflow_gpu_provider.telemetry import XCOM_KEY
+    from airflow_gpu_provider.telemetry.profile import Profile
     from airflow_gpu_provider.telemetry.report import summary_lines
 
     conf = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
@@ -49,8 +50,8 @@ def main() -> int:
     except RuntimeError as err:
         print(err, file=sys.stderr)
         return 1
-    profile = xcom(dag_run, "train", XCOM_KEY)
-    if profile:
+    profile = Profile.read(xcom(dag_run, "train", XCOM_KEY))
+    if profile is not None:
         print("\n=== the train task's profile (XCom key gpu_profile) ===")
         print("\n".join(summary_lines(profile)))
     print("\n=== gpu_training_demo result ===")
