@@ -28,7 +28,7 @@ The contenders then run one after the other, ``--rounds`` times; medians are pri
 at the end, on every path: the Airflow processes (and any process left with this home in its environment, such as a
 GPU-lock keeper), the containers of the benchmark's DAGs, the home folder.
 
-    python benchmarks/deferral.py [--seconds 60] [--rounds 1] [--base-image airflow-gpu-base:bookworm]
+    python benchmarks/deferral.py [--seconds 60] [--rounds 3] [--base-image airflow-gpu-base:bookworm]
 """
 
 from __future__ import annotations
@@ -284,7 +284,7 @@ def remove_containers(prefix: str) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="how long the task's function sleeps (60)")
-    parser.add_argument("--rounds", type=int, default=1, help="runs of each contender (1)")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each contender (3)")
     parser.add_argument(
         "--base-image", default=os.environ.get("AIRFLOW_GPU_TEST_BASE_IMAGE", "airflow-gpu-base:bookworm")
     )
