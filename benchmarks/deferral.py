@@ -251,7 +251,7 @@ def gpu_free_to_running(bench: Bench, seconds: float) -> dict[str, float]:
     }
 
 
-def retried(measure: Any, retries: list[str], tries: int = 3) -> Any:
+def retried(measure: Any, retries: list[str], tries: int = 5) -> Any:
     """``measure()``, run again when another user of the engine removed its container (:class:`Reaped`)."""
     for _ in range(tries - 1):
         try:
