@@ -314,7 +314,7 @@ def main() -> None:
         bench.watch.start()
         try:
             for name in ("warmup", "waiter"):
-                bench.finished(name, bench.trigger(name), 600)
+                retried(lambda name=name: bench.finished(name, bench.trigger(name), 600), retries)
             for round_ in range(1, args.rounds + 1):
                 for name in ("sync", "deferred", "wait"):
                     measure = (
