@@ -9,24 +9,27 @@ A real Airflow runs in a throw-away home (SQLite): API server, DAG processor, sc
 the CPU while the GPU lock stays held for its life, as on a GPU host.
 
 What is measured: a sampler reads the LocalExecutor's worker processes every 20 ms (``_airflow.WorkerWatch``). A
-worker process is one executor slot: while it supervises a task instance its title names it, and it forks the task
-runner that runs ``execute`` (and, after a deferral, another one that runs ``execute_complete``).
+worker process is one executor slot: while it supervises a task instance its title names it, and it forks one task
+process (Airflow's task runner) per phase: ``execute``, and after a deferral ``execute_complete``.
 
-1. **Slot-seconds**: the seconds a worker was busy supervising the task instance (the slot: the task runner and
-   the supervisor's own start and end), summed over its phases, and the seconds its task runner processes were
-   alive. Goal: the deferred task holds a slot for under 5 % of its run (its end-to-end time).
-2. **End to end**: from the first phase's start on a worker to the last one's end. Goal: deferred <= 1.1x the
+1. **Slot-seconds**: the seconds the task instance's task processes were alive, summed over its phases (the goal's
+   measure: the deferred task holds a slot for under 5 % of its run, its end-to-end time), of which the seconds in
+   the operator (from the task log: between Airflow's "Pre Execute" and "Post Execute"); and the seconds a worker
+   was busy with it (the slot as the executor counts it: the task process plus Airflow's supervisor before and
+   after it, which may wait up to ``[workers] min_heartbeat_interval`` after the process has exited).
+2. **End to end**: from the task's first task process's start to its last one's end. Goal: deferred <= 1.1x the
    synchronous one + ``[gpu] trigger_poll_interval``.
 3. **GPU free -> the waiting task runs**: while a deferred holder (the same task) runs, a local task with
    ``on_missing_gpu="wait"`` and ``deferrable=True`` needing the one GPU is deferred to ``GpuFreeTrigger``. The
    sampler also reads the GPU's lock in ``/proc/locks``; from its release, the times until the trigger fires (the
-   triggerer's log), a worker takes the task again, and its function starts on the GPU (its return value). Goal:
-   < 2 s.
+   triggerer's log), a worker takes the task again, the task instance is ``running`` (the API server's log) and its
+   function starts on the GPU (its return value). Goal: < 2 s.
 
 A warm-up run of each DAG comes first (the API server's, the triggerer's and the engine's first calls are slow).
-The contenders then run one after the other, ``--rounds`` times; medians are printed. Everything started is removed
-at the end, on every path: the Airflow processes (and any process left with this home in its environment, such as a
-GPU-lock keeper), the containers of the benchmark's DAGs, the home folder.
+The contenders then run one after the other, ``--rounds`` times; medians are printed. A round whose deferred
+container was removed by another user of the Docker engine (a shared machine) is run again, and said so. Everything
+started is removed at the end, on every path: the Airflow processes (and any process left with this home in its
+environment, such as a GPU-lock keeper), the containers of the benchmark's DAGs, the home folder.
 
     python benchmarks/deferral.py [--seconds 60] [--rounds 3] [--base-image airflow-gpu-base:bookworm]
 """
