@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -65,16 +64,6 @@ def _worker(cluster: Cluster, name: str) -> None:
     )
 
 
-def _wait(probe, timeout: float, what: str, cluster: Cluster):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = probe()
-        if found:
-            return found
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}:\n{cluster.logs()}")
-
-
 def _task_log(cluster: Cluster, try_number: int) -> str:
     logs = sorted((cluster.home / "logs").glob(f"dag_id={DAG_ID}/**/attempt={try_number}.log"))
     return logs[0].read_text(errors="replace") if logs else ""
@@ -87,8 +76,8 @@ def test_a_killed_workers_container_is_taken_over_by_the_next_try(cluster, docke
     cluster.run("dags", "trigger", DAG_ID, "--run-id", "r1", "--conf", f'{{"root": "{cluster.root}"}}')
 
     # The first try's container has started the function: its line is in the checkpoint folder
-    runs = _wait(lambda: list(cluster.root.glob("**/runs.txt")), 180, "the first container to start", cluster)
-    started = _wait(lambda: "Started container" in _task_log(cluster, 1), 30, "the first try's log", cluster)
+    runs = cluster._wait(lambda: list(cluster.root.glob("**/runs.txt")), 180, "the first container to start")
+    started = cluster._wait(lambda: "Started container" in _task_log(cluster, 1), 30, "the first try's log")
     assert started
     first = _task_log(cluster, 1).split("Started container ", 1)[1].split()[0]
     ours = docker_client.containers(filters={"label": "airflow-gpu-provider.run_id=r1"})
