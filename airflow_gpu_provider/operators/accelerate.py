@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_gpu_provider.checkpoint.mixin import CheckpointMixin
+from airflow_gpu_provider.dag_line import entry_point
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
 from airflow_gpu_provider.launchers.accelerate import launch_section, load_spec
 from airflow_gpu_provider.operators.execution import GpuExecution
-from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
+from airflow_gpu_provider.operators.gpu_step import GpuStepOperator, task_owner
 from airflow_gpu_provider.settings import ResourceSettings
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ class AccelerateOperator(GpuStepOperator):
 
     template_fields: Sequence[str] = (*GpuStepOperator.template_fields, "script", "script_args")
 
+    @entry_point(lambda self, **kwargs: task_owner(type(self), kwargs))
     def __init__(
         self,
         *,
@@ -68,7 +70,7 @@ class AccelerateOperator(GpuStepOperator):
         resume: bool = False,
         **kwargs: Any,
     ) -> None:
-        owner = f"{type(self).__name__}({kwargs.get('task_id', '?')!r})"
+        owner = task_owner(type(self), kwargs)
         spec = load_spec()
         known = {o["dest"] for o in spec["options"]}
         operator_args = _operator_arguments()

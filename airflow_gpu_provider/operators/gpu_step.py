@@ -10,6 +10,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_gpu_provider.checkpoint.mixin import CheckpointMixin
+from airflow_gpu_provider.dag_line import entry_point
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.operators.execution import GpuExecution
 from airflow_gpu_provider.operators.spec import TaskSpec, beside_spec, is_template
@@ -33,6 +34,12 @@ if TYPE_CHECKING:
     from airflow_gpu_provider.settings.escalation import OomEscalation
     from airflow_gpu_provider.task.envelope import Envelope
     from airflow_gpu_provider.task.request import TaskRequest
+
+
+def task_owner(operator: type, kwargs: Mapping[str, Any]) -> str:
+    """The task as its author wrote it, for errors: ``GpuStepOperator('train')`` (or the decorator's, settled)."""
+    spec = kwargs.get("task_spec")
+    return spec.owner if isinstance(spec, TaskSpec) else f"{operator.__name__}({kwargs.get('task_id', '?')!r})"
 
 
 class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMixin, BaseOperator):
@@ -83,6 +90,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
     ui_color = "#76b900"
     ui_fgcolor = "#ffffff"
 
+    @entry_point(lambda self, **kwargs: task_owner(type(self), kwargs))
     def __init__(
         self,
         *,
@@ -110,7 +118,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         task_spec: TaskSpec | None = None,
         **kwargs: Any,
     ) -> None:
-        owner = task_spec.owner if task_spec is not None else f"{type(self).__name__}({kwargs.get('task_id', '?')!r})"
+        owner = task_owner(type(self), {**kwargs, "task_spec": task_spec})
         if (python_callable is None) == (command is None):
             raise InvalidSettingError(
                 owner, "python_callable/command", None, "give exactly one of them", "python_callable=f or command=[...]"
@@ -149,6 +157,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         return self.task_spec.on_oom
 
     @classmethod
+    @entry_point(lambda cls, **kwargs: task_owner(cls, kwargs))
     def partial(cls, *, task_id: str, **kwargs: Any) -> OperatorPartial:  # type: ignore[override]
         """``.partial(...)`` for ``.expand(...)``: the task is settled and placed now, as a plain task is.
 

@@ -94,6 +94,7 @@ class TaskSpec(NamedTuple):
         with _named(owner):
             resources, templated = _resources(owner, given.get("resources"), given)
             image = _image(owner, given.get("image"), given)
+        check_accelerator(owner, resources)
         policy = given.get("on_missing_gpu")
         if policy is None:
             policy = config.get("on_missing_gpu")
@@ -204,6 +205,7 @@ class TaskSpec(NamedTuple):
         if self.templated:
             with _named(self.owner):
                 resources = self.resources.with_overrides(**{k: overrides.get(k, v) for k, v in self.templated.items()})
+            check_accelerator(self.owner, resources)
             spec = spec._replace(resources=resources, templated=_NONE)
             if spec.on_oom is not None:
                 spec.on_oom.check(resources, owner=self.owner)
@@ -219,6 +221,18 @@ class TaskSpec(NamedTuple):
     def on(self, backend: str) -> TaskSpec:
         """The settled spec on another backend (``render_manifests(backend=...)``)."""
         return self if backend == self.backend else self._on_backend(backend)
+
+
+def check_accelerator(owner: str, resources: ResourceSettings) -> None:
+    """The task's accelerator is a known model, one of ``[gpu] devices`` or one ``[gpu] extra_accelerators`` adds."""
+    if resources.accelerator is None:
+        return
+    from airflow_gpu_provider.host.inventory import parse_devices
+    from airflow_gpu_provider.settings.accelerators import check_model
+
+    listed = [d.name for d in parse_devices(config.get("devices")) or [] if d.name]
+    extra = [name.strip() for name in config.get("extra_accelerators").split(",") if name.strip()]
+    check_model(owner, resources.accelerator, [*extra, *listed])
 
 
 @contextlib.contextmanager
