@@ -22,8 +22,8 @@ DOC = """
 `AIRFLOW_GPU_CHECKPOINT_DIR` (under `[gpu] checkpoint_root`; by default on the worker,
 `<state_dir>/checkpoints/<dag>/<run>/<task>`). The loop saves with `accelerator.save_state()` after each epoch
 (`checkpoints/checkpoint_<epoch>`) and starts at `accelerator.save_iteration`. On a retry, the provider loads the
-newest checkpoint right after the loop's `accelerator.prepare(...)`, so the loop carries on from there with no
-resume code of its own.
+newest checkpoint right after the loop's `accelerator.prepare(...)`, with the shuffled loader's pass and shuffling
+state, so the loop carries on from there, exactly as an uninterrupted run would, with no resume code of its own.
 
 `train` also has an `on_oom` ladder: after running out of host memory the next try gets 16 GiB instead of 8 GiB,
 after running out of GPU memory a GPU with more memory (local and Docker: a larger free GPU of the host; a host
@@ -89,7 +89,7 @@ def resilient_training() -> None:
         features = torch.randn(4096, 32)
         targets = features @ torch.randn(32, 1) + 0.05 * torch.randn(4096, 1)
         dataset = torch.utils.data.TensorDataset(features, targets)
-        loader = torch.utils.data.DataLoader(dataset, batch_size=int(params.get("batch_size", 32)))
+        loader = torch.utils.data.DataLoader(dataset, batch_size=int(params.get("batch_size", 32)), shuffle=True)
         model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
         model, optimizer, loader = accelerator.prepare(model, optimizer, loader)  # a retry resumes here

@@ -22,6 +22,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT = 240.0
 STOP_GRACE = 45.0  # more than the script gives its components
+REQUEST_TIMEOUT = 90.0  # an API server on a host whose CPUs are all taken answers slowly
 
 
 def free_port() -> int:
@@ -57,6 +58,10 @@ class LocalAirflow:
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__CORE__PARALLELISM": "4",
             "AIRFLOW__GPU__WAIT_POLL_INTERVAL": "0.5",
+            # the Docker tasks' parent image (no registry can be reached: the local base image)
+            "AIRFLOW__GPU__DEFAULT_PARENT_IMAGE": os.environ.get(
+                "AIRFLOW_GPU_TEST_BASE_IMAGE", "airflow-gpu-base:bookworm"
+            ),
         }
         command = [
             sys.executable,
@@ -142,7 +147,7 @@ class LocalAirflow:
             self.url + path, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})}
         )
         try:
-            with urllib.request.urlopen(request, timeout=30) as response:
+            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT) as response:
                 raw = response.read()
         except urllib.error.HTTPError as err:
             raise AssertionError(f"{method} {path} -> {err.code}: {err.read().decode(errors='replace')}") from None

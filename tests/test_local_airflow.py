@@ -9,6 +9,7 @@ UI's test keeps its screenshots in ``$AIRFLOW_GPU_TEST_ARTIFACTS/ui`` (default `
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,12 +25,14 @@ from local_airflow import REPO, LocalAirflow
 from telemetry.ui.profiles import GPU_PROFILE as SAMPLE_GPU_PROFILE
 
 from airflow_gpu_provider.telemetry.profile import Profile
+from airflow_gpu_provider.telemetry.report import try_key
 from airflow_gpu_provider.telemetry.ui.format import gib, pct
 
 pytestmark = pytest.mark.slow
 
 DEMO = "gpu_training_demo"
 SWEEP = "gpu_hyperparameter_sweep"
+RESILIENT = "resilient_training"
 CHROMIUM = os.environ.get("AIRFLOW_GPU_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_FLAGS = [
     "--headless",
@@ -105,6 +108,40 @@ def test_rest_api_sweep_shares_two_gpus_without_oversubscription(airflow):
     assert best["accuracy"] == max(result["accuracy"] for result in results)
 
 
+def test_a_user_ending_a_deferred_docker_task_stops_its_container(airflow, docker_client):
+    """Mark failed, as a user does in the UI, while the container runs deferred: the triggerer's ``on_kill`` (Airflow
+    3.3) stops and removes it at once, instead of it running on to its end.
+    """
+    dag_id = "deferrable_training"
+    airflow.wait_for_dag(dag_id)
+    airflow.unpause(dag_id)
+    conf = {"deferrable": True, "epochs": 1, "seconds_per_epoch": 600, "backend": "docker", "gpu_count": 0}
+    run_id = airflow.trigger(dag_id, conf)
+    label = f"airflow-gpu-provider.run_id={run_id}"
+
+    def deferred_with_its_container() -> list[dict]:
+        states = {ti["task_id"]: ti["state"] for ti in airflow.task_instances(dag_id, run_id)}
+        running = docker_client.containers(filters={"label": label})
+        return running if states.get("long_job_deferred") == "deferred" and running else []
+
+    deadline = time.monotonic() + 180
+    while not (containers := deferred_with_its_container()):
+        assert time.monotonic() < deadline, (airflow.task_instances(dag_id, run_id), airflow.log_tail())
+        time.sleep(1)
+    [container] = containers
+    path = f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/long_job_deferred"
+    airflow.api("PATCH", path, {"new_state": "failed"})
+
+    deadline = time.monotonic() + 60
+    while docker_client.containers(all=True, filters={"label": label}):
+        assert time.monotonic() < deadline, f"container {container['Id'][:12]} outlived its task:\n{airflow.log_tail()}"
+        time.sleep(1)
+    states = {ti["task_id"]: ti["state"] for ti in airflow.task_instances(dag_id, run_id)}
+    assert states["long_job_deferred"] == "failed"
+    trigger_logs = (airflow.home / "logs").glob(f"dag_id={dag_id}/run_id={run_id}/task_id=long_job_deferred/*trigger*")
+    assert any("ended by a user: stopping container" in log.read_text() for log in trigger_logs)
+
+
 def _failed_at_once(airflow: LocalAirflow) -> dict[str, dict]:
     """Trigger the demo; return its task instances once the run failed, which must take seconds, not forever."""
     started = time.monotonic()
@@ -148,7 +185,7 @@ def browser():
     except ImportError:
         pytest.fail("python playwright is missing: install the dev extra")
     if not Path(CHROMIUM).exists():
-        if os.environ.get("AIRFLOW_GPU_REQUIRE_BROWSER") == "1":
+        if os.environ.get("AIRFLOW_GPU_REQUIRE_BROWSER") == "1" or os.environ.get("CI") == "true":
             pytest.fail(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
         pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
     with sync_playwright() as playwright:
@@ -244,12 +281,16 @@ def _push_sample_profile(airflow: LocalAirflow, run_id: str, task_id: str, *, re
     """TEST DATA: store the two-GPU sample of tests/telemetry/ui/profiles.py as ``task_id``'s profile (through the REST API).
 
     These machines have no GPU, so a real run only ever stores a CPU profile; this puts a multi-GPU one in front of
-    the real UI too (``replace``: over the profile the task stored).
+    the real UI too (``replace``: over the profile the task stored, in XCom and in the task state store's row of its
+    try, which the GPU tab reads first).
     """
     quoted = quote(run_id, safe="")
     entries = f"/api/v2/dags/{DEMO}/dagRuns/{quoted}/taskInstances/{task_id}/xcomEntries"
     if replace:
         airflow.api("PATCH", f"{entries}/gpu_profile", {"value": SAMPLE_GPU_PROFILE, "map_index": -1})
+        key = try_key(SAMPLE_GPU_PROFILE["task"]["try_number"])
+        state_store = f"/api/v2/dags/{DEMO}/dagRuns/{quoted}/taskInstances/{task_id}/state-store/{key}"
+        airflow.api("PATCH", state_store, {"value": SAMPLE_GPU_PROFILE})
     else:
         airflow.api("POST", entries, {"key": "gpu_profile", "value": SAMPLE_GPU_PROFILE, "map_index": -1})
     return airflow.xcom(DEMO, run_id, task_id, key="gpu_profile")
@@ -351,6 +392,61 @@ def test_browser_gpu_tab_and_gpus_page_show_the_profile(airflow, browser):
         overview.locator("figure.chart svg").nth(1).wait_for()
         assert f"run {run_id}" in overview.locator("body").inner_text()
         assert "/plugin/gpus/gpu/dags/" in page.url
+    except Exception as error:
+        page.screenshot(path=str(ARTIFACTS / "failure.png"), full_page=True)
+        (ARTIFACTS / "failure.html").write_text(page.content())
+        raise AssertionError(f"browser step {step!r} failed: {error}; screenshot and HTML in {ARTIFACTS}") from error
+    finally:
+        page.close()
+
+
+@pytest.mark.timeout(900)
+def test_browser_gpu_tab_shows_every_try_and_the_escalation_timeline(airflow, browser):
+    """The example ``resilient_training``, try 1 made to run out of host memory: Airflow retries on the next memory
+    step, and the GPU tab keeps try 1's profile (its XCom is gone) beside try 2's, with the timeline in words."""
+    airflow.wait_for_dag(RESILIENT)
+    airflow.unpause(RESILIENT)
+    run_id = airflow.trigger(RESILIENT, {"epochs": 2, "fail_at_epoch": 1, "failure": "host_oom"})
+    run = airflow.wait_for_run(RESILIENT, run_id, timeout=540)
+    train = next(ti for ti in airflow.task_instances(RESILIENT, run_id) if ti["task_id"] == "train")
+    assert run["state"] == "success" and train["try_number"] == 2, airflow.task_instances(RESILIENT, run_id)
+    latest = airflow.xcom(RESILIENT, run_id, "train", key="gpu_profile")
+    assert latest["task"]["try_number"] == 2  # XCom holds the latest try's only
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": 1400, "height": 1800})
+    page.set_default_timeout(30_000)
+    step = "start"
+    try:
+        step = "1. log in"
+        _log_in(page, airflow)
+
+        step = "2. the GPU tab shows the latest try, lists both, and the timeline"
+        page.goto(f"{airflow.url}/dags/{RESILIENT}/runs/{quote(run_id, safe='')}/tasks/train")
+        page.get_by_role("link", name="GPU", exact=True).click()
+        page.wait_for_url("**/tasks/train/plugin/gpu")
+        tab = page.frame_locator('iframe[title="GPU"]')
+        tab.locator("figure.chart svg").nth(1).wait_for()
+        text = tab.locator("body").inner_text()
+        assert "try 2 of 2" in text and "try 2 (shown)" in text, text
+        tries = [row.inner_text() for row in tab.locator("h2:has-text('Tries') + table tbody tr").all()]
+        assert [row.split("\t")[:2] for row in tries] == [["try 2 (shown)", "success"], ["try 1", "failed"]], tries
+        timeline = [row.inner_text() for row in tab.locator("h2:has-text('escalation') + p + table tbody tr").all()]
+        assert len(timeline) == 2, timeline
+        one, two = (row.split("\t") for row in timeline)
+        assert one[0] == "1" and one[2] == "ran out of host memory (limit 8.0 GiB)", one
+        assert one[4] == "memory 8.0 GiB → 16.0 GiB" and two[0] == "2" and two[2] == "succeeded", timeline
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[+-]\d\d:\d\d", one[1]), one  # ISO, with its offset
+        page.screenshot(path=str(ARTIFACTS / "gpu-tab-tries.png"), full_page=True)
+
+        step = "3. try 1's profile, one click away"
+        tab.get_by_role("link", name="try 1", exact=True).click()
+        tab.get_by_text("try 1 of 2").first.wait_for()
+        tab.locator("figure.chart svg").nth(1).wait_for()
+        text = tab.locator("body").inner_text()
+        assert "try 1 (shown)" in text and "8.0 GiB memory" in text, text
+        assert "Host CPUs" in text and "/proc/pressure/cpu" in text
+        page.screenshot(path=str(ARTIFACTS / "gpu-tab-try-1.png"), full_page=True)
     except Exception as error:
         page.screenshot(path=str(ARTIFACTS / "failure.png"), full_page=True)
         (ARTIFACTS / "failure.html").write_text(page.content())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +13,7 @@ from airflow_gpu_provider.dag_line import entry_point
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
 from airflow_gpu_provider.operators.spec import TaskSpec, beside_spec
+from airflow_gpu_provider.task.modules import ProjectModules
 
 if TYPE_CHECKING:
     from airflow.sdk.bases.decorator import TaskDecorator
@@ -66,8 +68,9 @@ def gpu_task(
     value goes to XCom (``multiple_outputs=True`` unrolls a dict).
 
     ``accelerate=True`` or ``accelerate={"num_processes": 2, "mixed_precision": "bf16", ...}`` runs the function
-    on every rank under ``accelerate launch`` (the :class:`AccelerateOperator` options, ``resume`` included); rank 0's
-    return value goes to XCom. ``checkpoint=`` sets the root of the task's checkpoint folder (``docs/resilience.md``).
+    on every rank under ``accelerate launch`` (the :class:`AccelerateOperator` options); rank 0's return value goes
+    to XCom. ``checkpoint=`` sets the root of the task's checkpoint folder, and ``resume=True`` resumes each retry
+    from its newest checkpoint (``docs/resilience.md``).
 
     The task is settled once, when the function is decorated (mapped tasks too: the scheduler reads their GPU pool
     from the decorator's arguments); errors name it as written, ``@task.gpu('train')``.
@@ -101,6 +104,8 @@ def gpu_task(
             arguments.update({} if accelerate is True else accelerate)
             operator_class = _accelerate_operator_class()
         spec = TaskSpec.settle(owner(function), arguments, num_nodes=operator_class._nodes(arguments))
+        if arguments.get("modules") is not None:  # now: a mapped task's operator is made only when it runs
+            ProjectModules.settle(owner(function), arguments["modules"], inspect.getsourcefile(function))
         return task_decorator_factory(
             python_callable=function,
             multiple_outputs=multiple_outputs,

@@ -35,11 +35,12 @@ if TYPE_CHECKING:
 
 @dataclass
 class Allocation:
-    """GPUs held by one task. ``devices`` is empty for a CPU run."""
+    """GPUs held by one task. ``devices`` is empty for a CPU run (``reason`` says why after a CPU fallback)."""
 
     devices: list[Device]
     fds: list[int] = field(default_factory=list)
     cpu_fallback: bool = False
+    reason: str = ""
 
     def release(self) -> None:
         """Drop the locks (idempotent). Closing the descriptor releases the flock."""
@@ -142,7 +143,7 @@ class GpuAllocator:
         rule = POLICIES[policy]
         if rule.runs_on_cpu:
             log.warning("Requested %s but %s. on_missing_gpu='cpu': running on CPU instead.", requested, state)
-            return Allocation(devices=[], cpu_fallback=True)
+            return Allocation(devices=[], cpu_fallback=True, reason=f"requested {requested} but {state}")
         if not rule.waits or len(candidates) < count:
             raise GpuUnavailableError(f"Requested {requested} but {state}. {_what_helps(len(candidates), count, rule)}")
         if defer:
@@ -159,7 +160,8 @@ class GpuAllocator:
                 log.info("Got GPUs %s after waiting %.0fs.", [d.id for d in allocation.devices], waited)
                 return allocation
             if waited >= timeout:
-                raise GpuUnavailableError(waited_too_long(requested, waited, self._describe(present, candidates)))
+                now = self._describe(present, candidates)
+                raise GpuUnavailableError(waited_too_long(requested, waited, timeout, now))
             if waited >= next_report:
                 log.info(
                     "Still waiting for %s after %.0fs: %s.", requested, waited, self._describe(present, candidates)
@@ -246,7 +248,8 @@ class HostGpus:
             if not larger and request.missing_gpu.runs_on_cpu:
                 log.warning("Requested %s larger than the GPU that ran out of memory, but this host has none; "
                             "running on CPU (on_missing_gpu='cpu').", requested)  # fmt: skip
-                return Allocation(devices=[], cpu_fallback=True)
+                reason = f"requested {requested} larger than the GPU that ran out of memory, but this host has none"
+                return Allocation(devices=[], cpu_fallback=True, reason=reason)
             if not larger:
                 known = ", ".join(f"{d.id}: {_gib(d.memory_total)}" for d in present) or "none"
                 raise GpuUnavailableError(
@@ -260,7 +263,7 @@ class HostGpus:
         if count == 0:  # "all" on a host with none
             if request.missing_gpu.runs_on_cpu:
                 log.warning("Requested %s but this host has none; running on CPU.", requested)
-                return Allocation(devices=[], cpu_fallback=True)
+                return Allocation(devices=[], cpu_fallback=True, reason=f"requested {requested} but this host has none")
             raise GpuUnavailableError(f"Requested {requested} but this host has no matching GPUs.")
         allocator = GpuAllocator(Path(self.state_dir) / "locks", resources.gpu_vendor.name, self.poll_interval)
         return allocator.acquire(

@@ -68,7 +68,13 @@ class GpuFreeTrigger(BaseTrigger):
             free = free_count(self.lock_files)  # a read of /proc/locks and a stat per device: never blocks
             waited = time.time() - self.since
             # the event carries what the task's resume needs: a runner may pass on no more (dag.test())
-            state = {"phase": "wait", "since": self.since, "requested": self.requested}
+            state = {
+                "phase": "wait",
+                "since": self.since,
+                "requested": self.requested,
+                "limit": self.deadline - self.since,
+                "count": self.count,
+            }
             if free >= self.count:
                 yield TriggerEvent({"status": "free", "waited": waited, "free": free, "state": state})
                 return

@@ -38,11 +38,12 @@ class MustWait(Exception):
         return f"Requested {self.requested} but {self.state}"
 
 
-def waited_too_long(requested: str, waited: float, state: str) -> str:
-    """The failure of a wait that reached its limit, in words."""
+def waited_too_long(requested: str, waited: float, limit: float, state: str) -> str:
+    """The failure of a wait that reached its limit (``limit`` seconds), in words."""
     return (
-        f"Waited {waited:.0f}s for {requested} (on_missing_gpu='wait'), the task's wait_timeout or [gpu] "
-        f"wait_timeout, and {state}. Raise wait_timeout, give the task fewer GPUs, or free the busy ones."
+        f"Waited {waited:.0f}s for {requested} (on_missing_gpu='wait') and reached the wait's limit of {limit:g}s "
+        f"(the task's wait_timeout, else [gpu] wait_timeout): {state}. Raise wait_timeout, give the task fewer "
+        "GPUs, or free the busy ones."
     )
 
 

@@ -267,9 +267,11 @@ def launch_section(
     options, environment = accelerate_options(resources, options, num_machines=num_machines)
     if options.get("config_file") is None:  # the defaults a task's own config file would give are its to give
         options = {"num_machines": num_machines, **STATED_DEFAULTS, **options}
+    args = launch_arguments(options, owner=owner)  # checks num_processes: an int from here on
     return {
         "module": LAUNCH_MODULE,
-        "args": launch_arguments(options, owner=owner),
+        "args": args,
+        "processes": max(1, int(options["num_processes"]) // num_machines),  # ranks per machine: their threads
         "environment": environment,
         "cpu_environment": dict(CPU_ENVIRONMENT),
         "rank_arguments": dict(RANK_ARGUMENTS) if multi_node else {},

@@ -14,7 +14,8 @@ from airflow_gpu_provider.dag_line import entry_point
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
 from airflow_gpu_provider.launchers.accelerate import launch_section, load_spec
 from airflow_gpu_provider.operators.execution import GpuExecution
-from airflow_gpu_provider.operators.gpu_step import GpuStepOperator, task_owner
+from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
+from airflow_gpu_provider.operators.spec import task_owner
 from airflow_gpu_provider.settings import ResourceSettings
 
 if TYPE_CHECKING:
@@ -44,14 +45,15 @@ class AccelerateOperator(GpuStepOperator):
     :param gpu_ids: GPUs to use, among those the task was given
     :param dynamo_backend: a torch.compile backend, e.g. ``"inductor"``
     :param launch_options: any other ``accelerate launch`` options, by their names
-    :param resume: on a retry, load the newest ``accelerator.save_state`` checkpoint of the task's checkpoint folder
-        (``AIRFLOW_GPU_CHECKPOINT_DIR``) right after the function's first ``accelerator.prepare(...)``; the folder
-        is in ``AIRFLOW_GPU_RESUME_FROM``, its number in ``AIRFLOW_GPU_RESUME_STEP`` (see ``docs/resilience.md``)
+    :param resume: (:class:`GpuStepOperator`'s) on a retry, load the newest ``accelerator.save_state`` checkpoint
+        of the task's checkpoint folder right after the function's first ``accelerator.prepare(...)``, exactly
+        (shuffled dataloaders included); a script calls ``airflow_gpu_runtime.resume(accelerator)`` itself (see
+        ``docs/resilience.md``)
     """
 
     template_fields: Sequence[str] = (*GpuStepOperator.template_fields, "script", "script_args")
 
-    @entry_point(lambda self, **kwargs: task_owner(type(self), kwargs))
+    @entry_point(task_owner)
     def __init__(
         self,
         *,
@@ -67,10 +69,9 @@ class AccelerateOperator(GpuStepOperator):
         gpu_ids: str | Sequence[int] | None = None,
         dynamo_backend: str | None = None,
         launch_options: Mapping[str, Any] | None = None,
-        resume: bool = False,
         **kwargs: Any,
     ) -> None:
-        owner = task_owner(type(self), kwargs)
+        owner = task_owner(self, **kwargs)
         spec = load_spec()
         known = {o["dest"] for o in spec["options"]}
         operator_args = _operator_arguments()
@@ -80,10 +81,6 @@ class AccelerateOperator(GpuStepOperator):
             raise UnknownSettingError(owner, unknown, ["AccelerateOperator/BaseOperator arguments", *sorted(known)])
         if isinstance(num_machines, bool) or not isinstance(num_machines, int) or num_machines < 1:
             raise InvalidSettingError(owner, "num_machines", num_machines, "expected a positive integer", "1, 2, ...")
-        if not isinstance(resume, bool) or (resume and kwargs.get("checkpoint") is False):
-            why = "a task without a checkpoint folder has nothing to resume" if resume is True else "expected a boolean"
-            raise InvalidSettingError(owner, "resume", resume, why, "True or False (with checkpoint= not False)")
-        self.resume = resume
         if (script is None) == (python_callable is None):
             raise InvalidSettingError(
                 owner,
@@ -133,11 +130,6 @@ class AccelerateOperator(GpuStepOperator):
         if self.script is not None:
             self.command = [self.script, *self.script_args]
         return super().build_envelope(context, spec).launched(self.launch(spec.resources))
-
-    @property
-    def resumes(self) -> bool:
-        """``resume=True``: the try resumes from the newest ``save_state`` checkpoint of the task's folder."""
-        return self.resume
 
     @classmethod
     def _nodes(cls, kwargs: Mapping[str, Any]) -> int:

@@ -172,7 +172,9 @@ class GpuExecution:
                 from airflow_gpu_provider.host.waiting import waited_too_long
 
                 waited = time.time() - since
-                raise GpuUnavailableError(waited_too_long(str(state["requested"]), waited, "they stayed busy"))
+                limit = float(state.get("limit", waited))  # a deferral of an older release has no limit
+                busy = f"{event.get('free', 0)} free of those that would do, {state.get('count', 'more')} needed"
+                raise GpuUnavailableError(waited_too_long(str(state["requested"]), waited, limit, busy))
             self.log.info("GPUs free after %.1fs of deferred waiting: starting the task", event.get("waited", 0.0))
             self._waiting_since = since  # execute() is the decorator's too: it takes the context alone
             return self.execute(context)
@@ -252,7 +254,8 @@ class GpuExecution:
             requested=wait.requested,
             since=since,
         )
-        state = {"phase": "wait", "since": since, "requested": wait.requested}
+        state = {"phase": "wait", "since": since, "requested": wait.requested, "limit": wait.timeout}
+        state["count"] = wait.count
         self.defer(trigger=trigger, method_name="execute_complete", kwargs={"state": state})
 
     def on_kill(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import shlex
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -13,16 +14,12 @@ from airflow_gpu_provider.checkpoint.mixin import CheckpointMixin
 from airflow_gpu_provider.dag_line import entry_point
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.operators.execution import GpuExecution
-from airflow_gpu_provider.operators.spec import TaskSpec, beside_spec, is_template
+from airflow_gpu_provider.operators.spec import TaskSpec, beside_spec, is_template, task_owner
 from airflow_gpu_provider.policy.secrets import MasksCredentials
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.settings.image import check_environment
-from airflow_gpu_provider.task.callable import (
-    call_arguments,
-    check_call_arguments,
-    check_command,
-    shipped_callable,
-)
+from airflow_gpu_provider.task.callable import call_arguments, check_call_arguments, check_command, shipped_callable
+from airflow_gpu_provider.task.modules import ProjectModules, project_folders
 from airflow_gpu_provider.telemetry.lineage import LineageMixin
 
 if TYPE_CHECKING:
@@ -34,12 +31,6 @@ if TYPE_CHECKING:
     from airflow_gpu_provider.settings.escalation import OomEscalation
     from airflow_gpu_provider.task.envelope import Envelope
     from airflow_gpu_provider.task.request import TaskRequest
-
-
-def task_owner(operator: type, kwargs: Mapping[str, Any]) -> str:
-    """The task as its author wrote it, for errors: ``GpuStepOperator('train')`` (or the decorator's, settled)."""
-    spec = kwargs.get("task_spec")
-    return spec.owner if isinstance(spec, TaskSpec) else f"{operator.__name__}({kwargs.get('task_id', '?')!r})"
 
 
 class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMixin, BaseOperator):
@@ -67,7 +58,15 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         ``gpu_count``, ``memory``, ``accelerator``, ``gpu_vendor``, ``mig_profile``, ``shm_size``
     :param requirements: shortcut for ``image.requirements``; likewise ``parent_image``,
         ``python_package_installer``
+    :param modules: modules and packages next to the DAG file to ship with the task (``["plmod", "mypkg"]``):
+        checked at parse (present, no link, at most 256 KiB), read when the task starts, first on the task's path
+        on every backend. The local and executor backends also put the DAG's folder and bundle on the path.
     :param checkpoint: the root of the task's checkpoint folder, or ``False`` (:class:`CheckpointMixin`) (templated)
+    :param resume: each try looks for the newest checkpoint in the task's checkpoint folder
+        (``AIRFLOW_GPU_CHECKPOINT_DIR``): an ``accelerator.save_state`` folder or a Hugging Face Trainer's
+        ``checkpoint-N``. Its path is in ``AIRFLOW_GPU_RESUME_FROM`` (unset on a fresh start), its number in
+        ``AIRFLOW_GPU_RESUME_STEP``; a function's ``save_state`` checkpoint is loaded right after its first
+        ``accelerator.prepare(...)`` (see ``docs/resilience.md``)
     :param deferrable: run the container or pod while the task is deferred, and defer a wait for GPUs; default
         ``[gpu] deferrable`` (:class:`GpuExecution`, docs/deferrable.md); likewise ``reattach``, ``wait_timeout``
     :param task_spec: the task as the decorator (or ``.partial()``) already settled it; arguments given beside it
@@ -90,7 +89,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
     ui_color = "#76b900"
     ui_fgcolor = "#ffffff"
 
-    @entry_point(lambda self, **kwargs: task_owner(type(self), kwargs))
+    @entry_point(task_owner)
     def __init__(
         self,
         *,
@@ -115,10 +114,16 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         parent_image: str | None = None,
         requirements: Sequence[str] | None = None,
         python_package_installer: str | None = None,
+        resume: bool = False,
+        modules: Sequence[str] | None = None,
         task_spec: TaskSpec | None = None,
         **kwargs: Any,
     ) -> None:
-        owner = task_owner(type(self), {**kwargs, "task_spec": task_spec})
+        owner = task_owner(self, task_spec=task_spec, **kwargs)
+        if not isinstance(resume, bool) or (resume and kwargs.get("checkpoint") is False):
+            why = "a task without a checkpoint folder has nothing to resume" if resume is True else "expected a boolean"
+            raise InvalidSettingError(owner, "resume", resume, why, "True or False (with checkpoint= not False)")
+        self.resume = resume
         if (python_callable is None) == (command is None):
             raise InvalidSettingError(
                 owner, "python_callable/command", None, "give exactly one of them", "python_callable=f or command=[...]"
@@ -140,6 +145,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         self.python_callable = python_callable
         self.shipped = shipped_callable(python_callable, owner=owner) if python_callable is not None else None
         self.command = command
+        self.project_modules = ProjectModules.settle(owner, modules, self._dag_file(kwargs))
         if python_callable is not None and self.shipped is not None:
             check_call_arguments(owner, python_callable, op_args or [], op_kwargs or {}, self.shipped.signature)
         self.op_args = list(op_args or [])
@@ -151,13 +157,17 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         self.environment = check_environment(owner, "environment", environment or {})
         super().__init__(**self.task_spec.placed(kwargs))
 
+    def _dag_file(self, kwargs: Mapping[str, Any]) -> str | None:
+        """The DAG file of this task: its function's, else its DAG's (the ``with DAG(...)`` block or ``dag=``)."""
+        return self.shipped.filename if self.shipped is not None else _current_dag_file(kwargs)
+
     @property
     def on_oom(self) -> OomEscalation | None:
         """The task's ``on_oom`` ladder (as settled: :attr:`task_spec` holds the task's every setting)."""
         return self.task_spec.on_oom
 
     @classmethod
-    @entry_point(lambda cls, **kwargs: task_owner(cls, kwargs))
+    @entry_point(task_owner)
     def partial(cls, *, task_id: str, **kwargs: Any) -> OperatorPartial:  # type: ignore[override]
         """``.partial(...)`` for ``.expand(...)``: the task is settled and placed now, as a plain task is.
 
@@ -165,6 +175,10 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         before any copy of the operator exists.
         """
         spec = TaskSpec.settle(f"{cls.__name__}({task_id!r})", kwargs, num_nodes=cls._nodes(kwargs))
+        if kwargs.get("modules") is not None:  # now: a mapped task's operator is made only when it runs
+            function = kwargs.get("python_callable")
+            dag_file = inspect.getsourcefile(function) if function is not None else _current_dag_file(kwargs)
+            ProjectModules.settle(spec.owner, kwargs["modules"], dag_file)
         placed = spec.placed(beside_spec(kwargs))
         partial = vars(BaseOperator)["partial"].class_method.__func__  # BaseOperator's, for this class
         return partial(cls, task_id=task_id, **placed, task_spec=spec)  # type: ignore[no-any-return]
@@ -179,9 +193,12 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         """The envelope of this try, for the rendered task; subclasses wrap the payload."""
         from airflow_gpu_provider.task.envelope import Envelope
 
+        modules = None if self.project_modules is None else self.project_modules.shipped(self.task_spec.owner)
         if self.shipped is None:
             command = self.command or []
-            return Envelope.run(shlex.split(command) if isinstance(command, str) else list(command))
+            return Envelope.run(shlex.split(command) if isinstance(command, str) else list(command)).with_modules(
+                modules
+            )
         assert self.python_callable is not None
         args, kwargs = call_arguments(
             self.shipped,
@@ -191,7 +208,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
             context,
             owner=self.task_spec.owner,
         )
-        return Envelope.call(self.shipped, args, kwargs)
+        return Envelope.call(self.shipped, args, kwargs).with_modules(modules)
 
     def rendered_spec(self, *, backend: str | None = None) -> TaskSpec:
         """The settled task after its templates were rendered (``backend``: another backend, to render for it)."""
@@ -238,12 +255,19 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
             min_gpu_memory=rung.min_gpu_memory if rung is not None else None,
             checkpoint=self.checkpoint_location(labels, conf),
             resume=self.resumes,
+            project_path=self.project_path(context),
         )
+
+    def project_path(self, context: Context) -> tuple[str, ...]:
+        """The worker's folders of this task's project code: its DAG file's folder, its DAG bundle's root."""
+        bundle = getattr(getattr(context.get("ti"), "bundle_instance", None), "path", None)
+        dag_file = self._dag_file({"dag": self.dag if self.has_dag() else None})
+        return project_folders(dag_file, None if bundle is None else str(bundle))
 
     @property
     def resumes(self) -> bool:
-        """Whether a try resumes from the newest checkpoint of its folder (``AccelerateOperator(resume=True)``)."""
-        return False
+        """Whether a try resumes from the newest checkpoint of its folder (``resume=True``)."""
+        return self.resume
 
     def render_manifests(
         self,
@@ -263,3 +287,11 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         from airflow_gpu_provider.render import render_task
 
         return render_task(self, context, params=params, backend=backend, after=after)
+
+
+def _current_dag_file(kwargs: Mapping[str, Any]) -> str | None:
+    """The file of the DAG a task is made in: ``dag=``, else the ``with DAG(...)`` block around it."""
+    from airflow.sdk.definitions._internal.contextmanager import DagContext
+
+    dag = kwargs.get("dag") or DagContext.get_current()
+    return getattr(dag, "fileloc", None)

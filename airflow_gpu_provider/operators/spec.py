@@ -51,6 +51,15 @@ def beside_spec(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in kwargs.items() if key not in SETTINGS or key in kept}
 
 
+def task_owner(operator: object, *_: Any, **kwargs: Any) -> str:
+    """The task as its author wrote it, for errors: ``GpuStepOperator('train')``, or the decorator's (settled).
+
+    :param operator: the operator, or its class (``.partial()``); ``kwargs``: the arguments it was given
+    """
+    spec, name = kwargs.get("task_spec"), (operator if isinstance(operator, type) else type(operator)).__name__
+    return spec.owner if isinstance(spec, TaskSpec) else f"{name}({kwargs.get('task_id', '?')!r})"
+
+
 def is_template(value: object) -> bool:
     """Whether a value is a Jinja template to be rendered when the task runs."""
     return isinstance(value, str) and ("{{" in value or "{%" in value)

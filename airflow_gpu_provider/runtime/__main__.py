@@ -18,13 +18,15 @@ if __name__ == "__main__" and not __package__:  # pragma: no cover - run in subp
     sys.exit(importlib.import_module(".".join(parts) + ".__main__").main())
 
 import json
+import signal
 from typing import TYPE_CHECKING, Any
 
-from .checkpoint import drop_stages, prepare_checkpoint, resume_after_prepare, upload_saves
+from .checkpoint import drop_stages, prepare_checkpoint
 from .command import run_command
 from .cuda import clear_cuda_cache
 from .escalation import error_record
 from .function import call_function
+from .modules import describe_modules, remove_modules, unpack_modules
 from .protocol import (
     EXIT_BAD_ENVELOPE,
     EXIT_USER_ERROR,
@@ -37,6 +39,8 @@ from .protocol import (
     rank_result_path,
     write_result,
 )
+from .ranks import announce_secondary, end_leftover_ranks, framework_rank, is_secondary, mark_task_process
+from .resuming import resume_after_prepare
 from .signals import Terminated, die_with_parent, end_by_sigterm, exit_on_sigterm
 from .summary import describe_cache, print_summary
 
@@ -58,11 +62,19 @@ def _start_profiler(envelope: dict[str, Any]) -> Profiler | None:
     return start_profiler(envelope)
 
 
-def run(envelope: dict[str, Any], source: str, result_to: str, *, rank: bool = False) -> int:
+def _clean_up() -> None:
+    """What a task process stopped by SIGTERM removes: staged checkpoint folders, unpacked modules."""
+    drop_stages()
+    remove_modules()
+
+
+def run(envelope: dict[str, Any], source: str, result_to: str | None, *, rank: bool = False) -> int:
     """Run one envelope (read from ``source``) as the task process, or as one rank of a launch.
 
-    :param result_to: where the result goes: a file, or ``-`` for the log
-    :param rank: this process is one rank of a launch started by this runtime (no summary, no launcher, no sampler)
+    :param result_to: where the result goes: a file, or ``-`` for the log; ``None`` for none (a secondary rank,
+        ``ranks.py``, whose failure is in the log)
+    :param rank: this process is one rank of a launch, or a copy of the task process (no summary, no launcher, no
+        sampler)
     """
     if envelope.get("die_with_parent") and not rank:
         die_with_parent()
@@ -74,11 +86,14 @@ def run(envelope: dict[str, Any], source: str, result_to: str, *, rank: bool = F
         if "effective" in summary:  # for the user's code, its commands and a launcher's ranks
             os.environ[RESOURCES_ENV] = json.dumps(summary["effective"])
         gpus = print_summary(summary, before)
+        describe_modules(envelope)
         prepare_checkpoint(envelope)
         profiler = _start_profiler(envelope)
+        mark_task_process()  # what the task's code starts again knows it is a copy (ranks.py)
         if envelope.get("launch"):
             from .launch import run_launcher  # only where the envelope has a launcher
 
+            assert result_to is not None  # the task process always reports
             return run_launcher(envelope, source, result_to, profiler, gpus)
     if envelope["mode"] == "command":
         result, status = run_command(envelope, sampled=profiler is not None)
@@ -87,11 +102,10 @@ def run(envelope: dict[str, Any], source: str, result_to: str, *, rank: bool = F
             exit_on_sigterm()
         if envelope.get("resume"):
             resume_after_prepare()
-            upload_saves()
         try:
             result = call_function(envelope)
         except Terminated:
-            return end_by_sigterm(drop_stages)
+            return end_by_sigterm(_clean_up)
         status = 0 if result["ok"] else EXIT_USER_ERROR
     after = clear_cuda_cache() if clear else before
     result["cache"] = [before, after]
@@ -100,14 +114,17 @@ def run(envelope: dict[str, Any], source: str, result_to: str, *, rank: bool = F
     if not result["ok"] and not rank:
         result["gpus"] = gpus  # what an OOM escalation compares the next try's GPU with
     if result["ok"] and envelope["mode"] == "callable":
-        who = f"rank {os.environ.get('RANK', '0')}: " if rank else ""
+        who = f"rank {framework_rank() or 0}: " if rank else ""
         print(
             f"{PREFIX} {who}{envelope['function']}() finished in {result['duration_s']:.2f}s; CUDA cache after task: "
             f"{describe_cache(after)}",
             flush=True,
         )
-    if rank or os.environ.get("RANK", "0") == "0":  # under another launcher, rank 0 reports for the group
+    if result_to is not None and (rank or os.environ.get("RANK", "0") == "0"):  # else rank 0 reports for the group
         write_result(result_to, result)
+    if not rank and envelope["mode"] == "callable":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the result is written: what remains is to end the ranks
+        end_leftover_ranks()
     return status
 
 
@@ -126,14 +143,19 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 2 and not rank:
         print(USAGE, file=sys.stderr)
         return EXIT_BAD_ENVELOPE
-    result_to = rank_result_path(argv[2]) if rank else argv[1]
+    secondary = not rank and is_secondary()  # a copy of the task process, started again by the task's code
+    result_to = None if secondary else rank_result_path(argv[2]) if rank else argv[1]
+    if secondary:
+        announce_secondary()
     try:
         envelope = load_envelope(argv[0])
+        unpack_modules(envelope)
     except (OSError, KeyError, ValueError) as exc:
         print(f"{PREFIX} unusable task envelope {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
-        write_result(result_to, {"ok": False, "error": error_record(exc)})
+        if result_to is not None:
+            write_result(result_to, {"ok": False, "error": error_record(exc)})
         return EXIT_BAD_ENVELOPE
-    return run(envelope, argv[0], result_to, rank=rank)
+    return run(envelope, argv[0], result_to, rank=rank or secondary)
 
 
 if __name__ == "__main__":

@@ -1,29 +1,64 @@
-"""The runtime half of checkpoints: the task's folder, what a resume loads and when, a URI folder staged locally.
+"""The runtime half of checkpoints: the task's folder, what a resume finds, a URI folder staged locally.
 
 The worker decides the folder (``AIRFLOW_GPU_CHECKPOINT_DIR``, a path or a URI) and whether to resume; here the
-newest complete ``accelerator.save_state`` is found, loaded after the first ``Accelerator.prepare``, and, for a URI,
-downloaded first and each later save uploaded.
+newest complete checkpoint is found (an ``accelerator.save_state`` folder or a Hugging Face Trainer's
+``checkpoint-N``) and exported; a function's ``save_state`` checkpoint is loaded after its first
+``Accelerator.prepare`` (``resuming.py``), and, for a URI, downloaded first and each later save uploaded.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+import re
+from typing import Any, NamedTuple
 
 from .protocol import CHECKPOINT_ENV, CHECKPOINT_URI_ENV, PREFIX, RESUME_FROM_ENV, RESUME_STEP_ENV, redact
 
 CHECKPOINT_MARKER = "random_states_0.pkl"  # the last file accelerator.save_state writes (process 0's RNG states)
+TRAINER_MARKER = "trainer_state.json"  # the last file a Hugging Face Trainer writes into its checkpoint-N folder
+TRAINER_NAME = re.compile(r"checkpoint-([0-9]+)")  # Trainer's folder names: checkpoint-<global step>
+ACCELERATE, TRAINER = "accelerate", "trainer"  # the kinds of checkpoint a resume finds
+LOAD_WITH = {
+    TRAINER: "pass it on: trainer.train(resume_from_checkpoint=os.environ.get('AIRFLOW_GPU_RESUME_FROM'))",
+    "script": "the script loads it: airflow_gpu_runtime.resume(accelerator) after its accelerator.prepare(...)",
+    "callable": "loaded after the function's first accelerator.prepare()",
+}
 
 
-def newest_checkpoint(folder: str) -> tuple[str, int | None] | None:
-    """The newest complete ``accelerator.save_state`` folder in ``folder`` or its ``checkpoints/``, and its number.
+class Checkpoint(NamedTuple):
+    """A complete checkpoint: its folder, the number in its name (``checkpoint_2``: 2) and its kind."""
 
-    Newest as Accelerate's own ``load_state`` picks it: the highest first number in the folder's name
-    (``checkpoint_12``, ``epoch_3``), then the latest written; a folder without :data:`CHECKPOINT_MARKER` was cut off
-    while being saved and is skipped.
+    path: str
+    number: int | None
+    kind: str
+
+
+def checkpoint_kind(name: str, has: Any) -> str | None:
+    """The kind of the folder ``name``, ``None`` for none or one cut off while being saved.
+
+    :param has: whether the folder holds a file (``has("trainer_state.json")``), on a disk or in a store
     """
-    import re
+    if has(CHECKPOINT_MARKER):
+        return ACCELERATE
+    if TRAINER_NAME.fullmatch(name) and has(TRAINER_MARKER):
+        return TRAINER
+    return None
 
+
+def checkpoint_number(name: str) -> int | None:
+    """The first number in a checkpoint folder's name, as Accelerate's ``load_state`` reads it."""
+    numbers = re.findall(r"[0-9]+", name)
+    return int(numbers[0]) if numbers else None
+
+
+def newest_checkpoint(folder: str) -> Checkpoint | None:
+    """The newest complete checkpoint in ``folder`` or its ``checkpoints/``.
+
+    Newest as Accelerate's own ``load_state`` and Trainer's ``get_last_checkpoint`` pick it: the highest first
+    number in the folder's name (``checkpoint_12``, ``epoch_3``, ``checkpoint-500``), then the latest written. A
+    folder without its kind's last file (:data:`CHECKPOINT_MARKER`, :data:`TRAINER_MARKER`) was cut off while being
+    saved and is skipped.
+    """
     found = []
     for parent in (folder, os.path.join(folder, "checkpoints")):
         try:
@@ -32,20 +67,21 @@ def newest_checkpoint(folder: str) -> tuple[str, int | None] | None:
             continue
         for name in names:
             path = os.path.join(parent, name)
-            if os.path.isfile(os.path.join(path, CHECKPOINT_MARKER)):
-                numbers = re.findall(r"[0-9]+", name)
-                found.append((int(numbers[0]) if numbers else -1, os.path.getmtime(path), path))
+            kind = checkpoint_kind(name, lambda file, path=path: os.path.isfile(os.path.join(path, file)))
+            if kind is not None:
+                number = checkpoint_number(name)
+                found.append((-1 if number is None else number, os.path.getmtime(path), path, kind))
     if not found:
         return None
-    number, _, path = max(found)
-    return path, None if number < 0 else number
+    number, _, path, kind = max(found)
+    return Checkpoint(path, None if number < 0 else number, kind)
 
 
 def prepare_checkpoint(envelope: dict[str, Any]) -> None:
     """Announce the task's checkpoint folder (made if missing); with ``resume``, find what to resume from.
 
     The newest checkpoint goes to ``AIRFLOW_GPU_RESUME_FROM`` and its number to ``AIRFLOW_GPU_RESUME_STEP``,
-    for the function, a script and every rank of a launch.
+    for the function, a script and every rank of a launch; the log says who loads it.
     """
     for name in (RESUME_FROM_ENV, RESUME_STEP_ENV):
         os.environ.pop(name, None)  # only this try's own lookup counts
@@ -71,11 +107,13 @@ def prepare_checkpoint(envelope: dict[str, Any]) -> None:
     if found is None:
         print(f"{PREFIX} resume: no checkpoint in {redact(folder)} yet, so the task starts afresh", flush=True)
         return
-    path, number = found
+    path, number, kind = found
     os.environ[RESUME_FROM_ENV] = path
     if number is not None:
         os.environ[RESUME_STEP_ENV] = str(number)
-    print(f"{PREFIX} resume: from {path} (step {number}), loaded after the first accelerator.prepare()", flush=True)
+    how = LOAD_WITH[TRAINER if kind == TRAINER else "callable" if envelope["mode"] == "callable" else "script"]
+    what = "a Trainer checkpoint" if kind == TRAINER else "an accelerator.save_state checkpoint"
+    print(f"{PREFIX} resume: from {path} (step {number}; {what}, in {RESUME_FROM_ENV}): {how}", flush=True)
 
 
 STAGES: list[str] = []  # local copies of URI checkpoint folders, removed when this process ends
@@ -97,7 +135,6 @@ def stage_from_uri(uri: str) -> str:
     the store's own package and credentials) in the task's environment.
     """
     import atexit
-    import re
     import tempfile
 
     import fsspec
@@ -114,10 +151,11 @@ def stage_from_uri(uri: str) -> str:
         except (FileNotFoundError, NotADirectoryError):
             continue
         for entry in entries:
-            name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
-            if entry["type"] == "directory" and fs.exists(f"{entry['name'].rstrip('/')}/{CHECKPOINT_MARKER}"):
-                numbers = re.findall(r"[0-9]+", name)
-                found.append((int(numbers[0]) if numbers else -1, name, sub, entry["name"].rstrip("/")))
+            remote = entry["name"].rstrip("/")
+            name = remote.rsplit("/", 1)[-1]
+            if entry["type"] == "directory" and checkpoint_kind(name, lambda file, r=remote: fs.exists(f"{r}/{file}")):
+                number = checkpoint_number(name)
+                found.append((-1 if number is None else number, name, sub, remote))
     if found:
         _, name, sub, remote = max(found)
         fs.get(f"{remote}/", f"{os.path.join(stage, sub, name)}/", recursive=True)
@@ -131,7 +169,8 @@ def upload_saves() -> None:
     """With a staged URI folder: after each ``Accelerator.save_state`` into it, the saved folder is uploaded.
 
     Every process waits for the others to finish saving; one process per machine uploads (the ranks' files of a
-    machine lie on its disk).
+    machine lie on its disk). Called by the runtime before a function runs and by :func:`~.resuming.resume` in a
+    script; once per process.
     """
     uri, stage = os.environ.get(CHECKPOINT_URI_ENV), os.environ.get(CHECKPOINT_ENV)
     if not uri or not stage:
@@ -146,6 +185,8 @@ def upload_saves() -> None:
         print(f"{PREFIX} checkpoints stay in {stage}, not uploaded to {why}", flush=True)
         return
     original = Accelerator.save_state
+    if getattr(original, "uploads", False):
+        return
 
     @functools.wraps(original)
     def save_state(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -159,38 +200,5 @@ def upload_saves() -> None:
         self.wait_for_everyone()
         return saved
 
+    save_state.uploads = True  # type: ignore[attr-defined]
     Accelerator.save_state = save_state
-
-
-def resume_after_prepare() -> None:
-    """Make the first ``Accelerator.prepare`` of this process load ``AIRFLOW_GPU_RESUME_FROM`` before returning.
-
-    So the user's loop starts from the restored model, optimizer, scheduler, dataloader and RNG states; with
-    ``AIRFLOW_GPU_RESUME_STEP`` = N, ``accelerator.project_configuration.iteration`` becomes N + 1 (the next
-    automatically named checkpoint is ``checkpoint_<N+1>``, and a loop that saves once per epoch starts there).
-    """
-    path = os.environ.get(RESUME_FROM_ENV)
-    if not path:
-        return
-    try:
-        from accelerate import Accelerator
-    except Exception as exc:  # noqa: BLE001 - the function reports its own import errors
-        print(f"{PREFIX} resume: accelerate cannot be imported here ({exc}); load {path} yourself", flush=True)
-        return
-    import functools
-
-    original = Accelerator.prepare
-    step = os.environ.get(RESUME_STEP_ENV)
-
-    @functools.wraps(original)
-    def prepare(self: Any, *args: Any, **kwargs: Any) -> Any:
-        prepared = original(self, *args, **kwargs)
-        if Accelerator.prepare is prepare:  # the first call only
-            Accelerator.prepare = original
-            self.load_state(path)
-            if step is not None:
-                self.project_configuration.iteration = int(step) + 1
-            print(f"{PREFIX} rank {self.process_index}: resumed from {path}", flush=True)
-        return prepared
-
-    Accelerator.prepare = prepare

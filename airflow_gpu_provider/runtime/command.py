@@ -11,6 +11,24 @@ from .protocol import EXIT_CANNOT_START, PREFIX
 from .signals import run_child
 
 
+def runtime_archive() -> str | None:
+    """The archive this runtime runs from (``runtime.pyz``); ``None`` for an unpacked runtime."""
+    archive = getattr(__spec__.loader, "archive", None)  # a zipimporter's: the .pyz file
+    return os.path.abspath(archive) if archive else None
+
+
+def importable_runtime(environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` with the runtime's archive first on ``PYTHONPATH``, for a command or script it starts.
+
+    So the script can import ``airflow_gpu_runtime`` (``from airflow_gpu_runtime import resume``) on every backend.
+    """
+    archive = runtime_archive()
+    if archive is None:
+        return environ
+    rest = [part for part in environ.get("PYTHONPATH", "").split(os.pathsep) if part and part != archive]
+    return {**environ, "PYTHONPATH": os.pathsep.join([archive, *rest])}
+
+
 def run_command(envelope: dict[str, Any], *, sampled: bool) -> tuple[dict[str, Any], int]:
     """Run the command (no shell): this process becomes it, or, while a sampler runs here, it runs as a child.
 
@@ -18,11 +36,12 @@ def run_command(envelope: dict[str, Any], *, sampled: bool) -> tuple[dict[str, A
     :return: the result envelope and the exit status (the command's; 127 when it cannot start)
     """
     command = [str(part) for part in envelope["command"]]
+    environ = importable_runtime(dict(os.environ))
     sys.stdout.flush()
     try:
         if not sampled:
-            os.execvp(command[0], command)  # noqa: S606 - an argument list, no shell; does not return
-        status = run_child(command)
+            os.execvpe(command[0], command, environ)  # noqa: S606 - an argument list, no shell; does not return
+        status = run_child(command, environ)
     except OSError as exc:
         print(f"{PREFIX} cannot run {command[0]!r}: {exc}", file=sys.stderr, flush=True)
         return {"ok": False, "error": error_record(exc)}, EXIT_CANNOT_START

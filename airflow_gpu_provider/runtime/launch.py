@@ -7,7 +7,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .command import command_result
+from .command import command_result, importable_runtime, runtime_archive
 from .cuda import list_gpus
 from .launcher import describe, read_failures
 from .protocol import EXIT_USER_ERROR, GPU_OOM, HOST_OOM, LAUNCHER, PREFIX, RANK_RESULTS, write_result
@@ -23,9 +23,9 @@ def runtime_script() -> str:
     An unpacked runtime (``python -m airflow_gpu_provider.runtime``) has no archive: its ``__main__.py``, run as a
     file, finds its package.
     """
-    archive = getattr(__spec__.loader, "archive", None)  # a zipimporter's: the .pyz file
+    archive = runtime_archive()
     if archive:
-        return os.path.abspath(archive)
+        return archive
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main__.py")
 
 
@@ -71,7 +71,7 @@ def run_launcher(
     import tempfile
 
     launch = envelope["launch"]
-    environ = {**os.environ, **(launch.get("environment") or {})}
+    environ = importable_runtime({**os.environ, **(launch.get("environment") or {})})
     no_gpu = launch.get("cpu_environment") or {}
     if no_gpu and not _has_gpus(envelope):
         environ.update(no_gpu)

@@ -21,30 +21,42 @@ read its envelope still reports why. The envelope::
      "filename": "/dags/demo.py", "first_line": 12, "args": [...], "kwargs": {...}, "clear_cache": true,
      "summary": {"backend": "local", "image": "...", "requirements_hash": "...", "resources": "...",
                  "gpus": [{"index": "0", "name": "...", "memory_total": 85899345920}] | null},
-     "die_with_parent": false, "profile": {"interval_s": 1.0} | null, "resume": true,
-     "launch": {"module": "accelerate.commands.launch", "args": ["--num_processes", "2", ...],
+     "die_with_parent": false, "profile": {"interval_s": 1.0, "host": "worker-1"} | null, "resume": true,
+     "launch": {"module": "accelerate.commands.launch", "args": ["--num_processes", "2", ...], "processes": 2,
                 "environment": {...}, "cpu_environment": {"ACCELERATE_USE_CPU": "1"},
                 "rank_arguments": {"--machine_rank": "NODE_RANK"}, "free_port_argument": "--main_process_port"}}
 
     {"version": 2, "mode": "command", "command": ["python", "train.py"], "summary": {...}}
 
 ``summary`` (added by the backend) starts the log; ``gpus: null`` asks the driver; its ``effective`` resources
-(after a CPU fallback) are exported to the task as ``AIRFLOW_GPU_RESOURCES`` (JSON). ``launch`` (optional) runs the
+are exported to the task as ``AIRFLOW_GPU_RESOURCES`` (JSON; ``cpu_fallback`` is true there after a CPU fallback,
+whose reason is the summary's ``cpu_fallback_reason``). ``launch`` (optional) runs the
 payload once per rank under a launcher: ``environment`` is added to the ranks' environment, ``cpu_environment``
 too when the task has no GPU, ``rank_arguments`` take their values from the environment (a pod's node rank), and
-``free_port_argument`` gets a free local port unless given. Each rank writes ``DIR/rank<RANK>.json``; the result is
+``free_port_argument`` gets a free local port unless given; ``processes`` (the ranks on each machine) is for the
+backend, which gives each rank its share of the CPUs' threads. Each rank writes ``DIR/rank<RANK>.json``; the result is
 rank 0's value, or the earliest error of any rank. A process that another launcher started as a rank other than 0
-(``RANK``) reports nothing: rank 0 reports for the group.
+(``RANK``) reports nothing: rank 0 reports for the group. A copy of the task process that the task's own code
+starts as a rank above 0 (PyTorch Lightning's ``ddp`` runs ``sys.argv`` again with ``LOCAL_RANK``; it inherits
+``AIRFLOW_GPU_TASK_PID``) is a secondary rank: no summary, no sampler, no result; rank 0 ends those still running
+when its function has returned, naming each (``ranks.py``).
+
+``modules`` (optional): project modules shipped with the task, ``{"names": [...], "sha256": ..., "zip": BASE64}``
+(or ``"zip": "env:AIRFLOW_GPU_MODULES"`` in a pod): a zip archive the runtime unpacks into a private folder and puts
+first on ``sys.path`` and ``PYTHONPATH`` (``modules.py``).
 
 The task's checkpoint folder comes in the environment (``AIRFLOW_GPU_CHECKPOINT_DIR``, set by the backend: a path
 here, or a URI), not in the envelope; it is made when missing and named in the log. ``resume`` (optional) looks
-for the newest ``accelerator.save_state`` folder there, exports it as ``AIRFLOW_GPU_RESUME_FROM`` /
-``AIRFLOW_GPU_RESUME_STEP``, and loads it in each process that runs the function right after its first
-``Accelerator.prepare`` (``checkpoint.py``).
+for the newest checkpoint there (an ``accelerator.save_state`` folder or a Trainer's ``checkpoint-N``,
+``checkpoint.py``), exports it as ``AIRFLOW_GPU_RESUME_FROM`` / ``AIRFLOW_GPU_RESUME_STEP``, and has each process
+that runs the function call ``resume(accelerator)`` right after its first ``Accelerator.prepare`` (``resuming.py``).
+A command or launcher the runtime starts finds the archive first on its ``PYTHONPATH`` (``from airflow_gpu_runtime
+import resume`` in a script).
 
 ``profile`` (optional) starts the sampler for the try (one per node under a launcher, ``telemetry/``): NVML
 through ``ctypes``, else a CPU profile from ``/proc``; a command then runs as the runtime's child instead of
-replacing it.
+replacing it. Its ``host`` is the worker's host name as Airflow knows it; the profile (version
+:data:`PROFILE_VERSION`, read by ``telemetry/profile.py``) records it, the summary's CPU fallback and its reason.
 
 The result envelope: ``{"ok": true, "return_value": ..., "cache": [...]}`` or
 ``{"ok": false, "error": {"type": ..., "kind": "gpu_oom"|"host_oom"|"error", "message": ..., "traceback": ...}}``
@@ -65,6 +77,7 @@ import os
 from typing import Any
 
 ENVELOPE_VERSION = 2
+PROFILE_VERSION = 2  # the profile the sampler returns; telemetry/profile.py reads it (and version 1)
 PREFIX = "[gpu]"
 EXIT_USER_ERROR = 1
 EXIT_BAD_ENVELOPE = 2
@@ -79,6 +92,9 @@ CHECKPOINT_ENV = "AIRFLOW_GPU_CHECKPOINT_DIR"  # the task's checkpoint folder (s
 RESUME_FROM_ENV = "AIRFLOW_GPU_RESUME_FROM"  # with "resume": the newest checkpoint found there, loaded after prepare()
 RESUME_STEP_ENV = "AIRFLOW_GPU_RESUME_STEP"  # and the number in its folder's name (checkpoint_2 -> 2)
 CHECKPOINT_URI_ENV = "AIRFLOW_GPU_CHECKPOINT_URI"  # with "resume" and a URI folder: the URI, staged locally
+MODULES_DIR_ENV = "AIRFLOW_GPU_MODULES_DIR"  # the folder the task process unpacked its project modules into
+MODULES_ENV = "AIRFLOW_GPU_MODULES"  # a pod's project modules archive (base64), named by the envelope's modules.zip
+TASK_PID_ENV = "AIRFLOW_GPU_TASK_PID"  # set by the task process for what it starts: a copy of it knows it is one
 
 # The error kinds of a failed result (``error.kind``); a container or pod OOM-killed is HOST_OOM too, told by its
 # backend.
@@ -147,11 +163,15 @@ def redact(text: str) -> str:
     the last ``@`` before the next ``/`` (a mistyped URL with a space, ``https://user:to ken@host``): nothing of
     the credentials is left, at the cost of hiding a little more than them now and then.
     """
+    if "://" not in text:
+        return text
     import re
 
-    scheme = r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)"
-    text = re.sub(scheme + r"\S*@", r"\g<scheme>***@", text)
-    return re.sub(scheme + r"[^/\n]*@", r"\g<scheme>***@", text)
+    # linear in the text's length: a scheme starts only where a run of scheme characters starts, and the run is
+    # taken whole (an atomic group, spelled for every Python 3): a long run is never scanned once per position
+    scheme = r"(?<![A-Za-z0-9+.-])(?=(?P<scheme>[A-Za-z0-9+.-]*))(?P=scheme)://"
+    text = re.sub(scheme + r"\S*@", r"\g<scheme>://***@", text)
+    return re.sub(scheme + r"[^/\n]*@", r"\g<scheme>://***@", text)
 
 
 def uv_ca_variable(uv_version: str) -> str:

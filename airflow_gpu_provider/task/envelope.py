@@ -25,6 +25,7 @@ class Envelope:
     :param launch: the launcher section (``launchers/accelerate.py``): every rank runs the payload
     :param profile: the sampler's settings (``telemetry/report.py``), ``None``: not sampled
     :param clear_cache: clear the CUDA cache before and after the user code
+    :param modules: project modules shipped with the payload (``task/modules.py``: names, sha256, zip)
     """
 
     mode: Literal["callable", "command"]
@@ -38,6 +39,7 @@ class Envelope:
     launch: Mapping[str, Any] | None = None
     profile: Mapping[str, Any] | None = None
     clear_cache: bool = True
+    modules: Mapping[str, Any] | None = None
 
     @classmethod
     def call(cls, shipped: ShippedCallable, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Envelope:
@@ -61,18 +63,29 @@ class Envelope:
         """The same payload, once per rank under a launcher."""
         return dataclasses.replace(self, launch=dict(launch))
 
+    def with_modules(self, modules: Mapping[str, Any] | None) -> Envelope:
+        """The same payload, with project modules on its path (``None``: none)."""
+        return dataclasses.replace(self, modules=None if modules is None else dict(modules))
+
     def sampled(self, profile: Mapping[str, Any] | None) -> Envelope:
         """The same payload, sampled by the runtime's profiler with these settings (``None``: not sampled)."""
         return dataclasses.replace(self, profile=None if profile is None else dict(profile))
 
     def to_json(
-        self, *, summary: Mapping[str, Any], resume: bool = False, die_with_parent: bool = False
+        self,
+        *,
+        summary: Mapping[str, Any],
+        resume: bool = False,
+        die_with_parent: bool = False,
+        modules_from: str | None = None,
     ) -> dict[str, Any]:
         """The envelope as the runtime reads it (protocol version :data:`~.protocol.ENVELOPE_VERSION`).
 
         :param summary: the resource summary that starts the task's log (``task/environment.py``)
         :param resume: look for the newest checkpoint of the task's folder and resume from it
         :param die_with_parent: the task process is SIGKILLed when its worker dies (the local backend's child)
+        :param modules_from: the environment variable that carries the project modules' archive (``env:NAME`` in
+            the envelope), ``None``: the archive is in the envelope
         """
         payload: dict[str, Any]
         if self.mode == "callable":
@@ -90,6 +103,8 @@ class Envelope:
         envelope: dict[str, Any] = {"version": protocol.ENVELOPE_VERSION, "mode": self.mode, **payload}
         if self.launch is not None:
             envelope["launch"] = dict(self.launch)
+        if self.modules is not None:
+            envelope["modules"] = {**self.modules, **({"zip": f"env:{modules_from}"} if modules_from else {})}
         envelope.update(profile=None if self.profile is None else dict(self.profile), summary=dict(summary))
         if resume:
             envelope["resume"] = True
@@ -106,18 +121,20 @@ def summary(
     image_name: str,
     gpus: list[dict[str, Any]] | None,
     cpu_fallback: bool = False,
+    fallback_reason: str = "",
 ) -> dict[str, Any]:
     """The resource summary the runtime prints at the top of every task log.
 
     :param gpus: the devices the task was given (``Device.describe()``), or ``None`` to let the runtime ask the
         driver (in a container or pod); a task that runs without GPUs always shows none
     :param cpu_fallback: the task runs on the CPU because the GPUs were missing (``on_missing_gpu="cpu"``)
+    :param fallback_reason: why, in words (the profile records it as ``cpu_fallback_reason``)
 
     ``effective`` is what the task really runs with (the runtime exports it as ``AIRFLOW_GPU_RESOURCES``).
     """
     with_gpus = resources.requests_gpus and not cpu_fallback
     effective = resources.without_gpus() if cpu_fallback else resources
-    return {
+    described = {
         "backend": backend,
         "image": image_name,
         "requirements_hash": image.requirements_hash,
@@ -125,3 +142,6 @@ def summary(
         "gpus": gpus if with_gpus else [],
         "effective": {**effective.to_dict(), "cpu_fallback": cpu_fallback},
     }
+    if cpu_fallback:
+        described["cpu_fallback_reason"] = fallback_reason or "the GPUs asked for were missing or busy"
+    return described

@@ -40,11 +40,15 @@ def with_user_environment(
     return {**provider, **{name: value for name, value in user.items() if name not in enforced}}
 
 
-def thread_environment(resources: ResourceSettings) -> dict[str, str]:
-    """``OMP_NUM_THREADS`` & co. set to the task's CPUs (rounded up), so libraries do not start a thread per core."""
+def thread_environment(resources: ResourceSettings, processes: int = 1) -> dict[str, str]:
+    """``OMP_NUM_THREADS`` & co., so that libraries do not start a thread per core of the host.
+
+    Each of the ``processes`` that share the task's CPUs (a launch's ranks on one machine) gets its share:
+    ``max(1, ceil(cpu_count) // processes)``.
+    """
     if resources.cpu_count is None:
         return {}
-    return dict.fromkeys(THREAD_VARIABLES, str(max(1, math.ceil(resources.cpu_count))))
+    return dict.fromkeys(THREAD_VARIABLES, str(max(1, math.ceil(resources.cpu_count) // max(1, processes))))
 
 
 def visible_devices(vendor: GpuVendor, device_ids: Sequence[str]) -> dict[str, str]:

@@ -37,6 +37,8 @@ class TaskRequest:
         container, a pod) instead of starting a second one (docs/deferrable.md); ``False``: it starts afresh
     :param defer_wait: ``on_missing_gpu="wait"`` defers to the triggerer instead of waiting in the worker: the host
         allocator raises :class:`~airflow_gpu_provider.host.allocator.MustWait` rather than sleep
+    :param project_path: the worker's folders of the task's project code (the DAG file's, the bundle's root): the
+        backends whose task runs on the worker put them first on its ``PYTHONPATH`` (``task/modules.py``)
     """
 
     resources: ResourceSettings
@@ -51,11 +53,18 @@ class TaskRequest:
     resume: bool = False
     reattach: bool = True
     defer_wait: bool = False
+    project_path: tuple[str, ...] = ()
 
     @property
     def missing_gpu(self) -> MissingGpuPolicy:
         """What to do when the GPUs are missing or busy."""
         return POLICIES[self.on_missing_gpu]
+
+    @property
+    def processes_per_node(self) -> int:
+        """The processes that share one machine's resources: a launch's ranks per node (``launch["processes"]``)."""
+        launch = self.envelope.launch or {}
+        return max(1, int(launch.get("processes") or 1))
 
     @property
     def display_name(self) -> str:
@@ -69,7 +78,9 @@ class TaskRequest:
         image: str,
         gpus: list[dict[str, Any]] | None,
         cpu_fallback: bool = False,
+        fallback_reason: str = "",
         die_with_parent: bool = False,
+        modules_from: str | None = None,
     ) -> dict[str, Any]:
         """The envelope as the runtime reads it, with the summary that starts the task's log.
 
@@ -78,7 +89,10 @@ class TaskRequest:
         :param gpus: the devices given to the task (``Device.describe()``), or ``None`` to let the runtime ask the
             driver (in a container or pod)
         :param cpu_fallback: the task runs on the CPU because its GPUs were missing (``on_missing_gpu="cpu"``)
+        :param fallback_reason: why, in words (it goes into the profile)
         :param die_with_parent: the task process is SIGKILLed when its worker dies (the local backend's child)
+        :param modules_from: the environment variable that carries the project modules' archive instead of the
+            envelope (a pod's)
         """
         task_summary = summary(
             self.resources,
@@ -87,5 +101,8 @@ class TaskRequest:
             image_name=image,
             gpus=gpus,
             cpu_fallback=cpu_fallback,
+            fallback_reason=fallback_reason,
         )
-        return self.envelope.to_json(summary=task_summary, resume=self.resume, die_with_parent=die_with_parent)
+        return self.envelope.to_json(
+            summary=task_summary, resume=self.resume, die_with_parent=die_with_parent, modules_from=modules_from
+        )

@@ -6,10 +6,14 @@ Pure: the profile in, strings and numbers out. The rules, each from one figure o
 peak memory < 50 %        the smallest card (and, on a MIG-capable card, the smallest MIG slice) that holds
                           the peak with 20 % headroom
 peak memory >= 90 %       close to OOM
-mean utilisation < 10 %   mostly idle (data loading?)
-10 % <= mean < 40 %       waiting on something (input pipeline, small batches)
+mean utilisation < 10 %   mostly idle (data loading?), or the host was busy when its CPU pressure says so
+10 % <= mean < 40 %       waiting on something (input pipeline, small batches), or the host was busy
 a device never used       fewer GPUs would do
+a CPU fallback            the task ran on the CPU instead of its GPUs, and why
 ========================  ==================================================================================
+
+"The host was busy" replaces the guess at the task's own input pipeline when, over the try, runnable processes of
+the host waited for a CPU at least :data:`HOST_BUSY_PCT` % of the time (PSI ``some``, or its load-average estimate).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 
 from airflow_gpu_provider.runtime.protocol import format_bytes
 from airflow_gpu_provider.settings.accelerators import MEMORY_GIB, MIG_PROFILES, MODEL_VENDORS, mig_memory_gib
-from airflow_gpu_provider.telemetry.profile import Device, Profile
+from airflow_gpu_provider.telemetry.profile import Device, HostCpu, Profile
 
 GIB = 2**30
 HEADROOM = 1.2  # a smaller card must hold the peak and a fifth more
@@ -28,6 +32,7 @@ IDLE_MEAN = 10.0
 BUSY_MEAN = 40.0
 FULL_PCT = 90.0
 ROOMY_PCT = 50.0
+HOST_BUSY_PCT = 20.0  # the host's CPUs were too few this share of the try: it explains a task that waited
 
 
 def model_of(name: str, memory_total: float | None) -> str | None:
@@ -58,8 +63,19 @@ def smaller_fits(peak: float, total: float, model: str | None, vendor_models: Se
     return fits
 
 
-def device_advice(device: Device, *, cpu: bool, vendor_models: Sequence[str]) -> list[str]:
-    """The advice for one device of a profile (a GPU, or the task's CPUs for a CPU profile)."""
+def host_busy(host_cpu: HostCpu | None) -> str | None:
+    """``the host was busy (CPU pressure 55 %)`` when the host's CPUs were too few often enough, else None."""
+    if host_cpu is None or host_cpu.pressure_pct is None or host_cpu.pressure_pct < HOST_BUSY_PCT:
+        return None
+    where = "the host" if host_cpu.scope == "host" else "the container"
+    return f"{where} was busy ({host_cpu.describe()})"
+
+
+def device_advice(device: Device, *, cpu: bool, vendor_models: Sequence[str], busy: str | None = None) -> list[str]:
+    """The advice for one device of a profile (a GPU, or the task's CPUs for a CPU profile).
+
+    :param busy: :func:`host_busy`'s words, when the host's CPU pressure explains a device that waited
+    """
     subject = "the CPUs" if cpu else "the GPU"
     what = f"{subject} {'were' if cpu else 'was'}"
     label = "" if cpu else f"GPU {device.index}: "
@@ -74,11 +90,11 @@ def device_advice(device: Device, *, cpu: bool, vendor_models: Sequence[str]) ->
                 notes.append(f"{label}peak {gib(peak)} of {gib(total)} ({pct:.0f} %): {' or '.join(fits)} would do")
     if mean is not None:
         if mean < IDLE_MEAN:
-            notes.append(f"{label}mean utilisation {mean:.0f} %: {what} mostly idle (data loading? waiting?)")
+            why = f": {busy}" if busy else " (data loading? waiting?)"
+            notes.append(f"{label}mean utilisation {mean:.0f} %: {what} mostly idle{why}")
         elif mean < BUSY_MEAN:
-            notes.append(
-                f"{label}mean utilisation {mean:.0f} %: {subject} often waited (input pipeline, small batches?)"
-            )
+            why = f": {busy}" if busy else " (input pipeline, small batches?)"
+            notes.append(f"{label}mean utilisation {mean:.0f} %: {subject} often waited{why}")
     return notes
 
 
@@ -87,7 +103,12 @@ def advice(profile: Profile, *, gpu_count: int | None = None) -> list[str]:
     cpu = profile.is_cpu
     devices = profile.devices
     vendor_models = [m for m in MEMORY_GIB if m not in MODEL_VENDORS]  # NVML reports NVIDIA cards
-    notes = [note for device in devices for note in device_advice(device, cpu=cpu, vendor_models=vendor_models)]
+    busy = host_busy(profile.host_cpu)
+    notes = []
+    if profile.cpu_fallback:
+        notes.append(f"ran on the CPU instead of its GPUs (on_missing_gpu='cpu'): {profile.cpu_fallback_reason}")
+    for device in devices:
+        notes += device_advice(device, cpu=cpu, vendor_models=vendor_models, busy=busy)
     unused = [d.index for d in devices if not cpu and (d.p95_util or 0) == 0 and (d.mean_util or 0) < 1]
     if len(devices) > 1 and unused:
         notes.append(

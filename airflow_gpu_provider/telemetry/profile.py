@@ -1,10 +1,15 @@
 """The one profile schema: a task try's profile as the runtime's sampler writes it, read defensively.
 
 The runtime (``runtime/telemetry/``) samples the task's devices and returns a dict with the result envelope (schema
-version 1, docs/telemetry.md); the worker completes it (``report.py``: the task, what it asked for, advice, cost)
-and stores it in XCom under ``gpu_profile``. Every reader goes through :meth:`Profile.read`: the advice, the cost,
-the log lines, the OpenLineage facet and the UI. Whatever a task pushed under that key (a string, a half-filled
-dict) reads as "no profile" or as a profile with the missing values blank, never as an error.
+version :data:`PROFILE_VERSION`, docs/telemetry.md); the worker completes it (``report.py``: the task, what it asked
+for, advice, cost) and stores it in XCom under ``gpu_profile`` and, per try, in the task state store. Every reader
+goes through :meth:`Profile.read`: the advice, the cost, the log lines, the OpenLineage facet and the UI. Whatever a
+task pushed under that key (a string, a half-filled dict) reads as "no profile" or as a profile with the missing
+values blank, never as an error.
+
+Version 2 added ``node`` (where the sampler ran; ``host`` is now the worker's host name as Airflow knows it),
+``host_cpu`` (the host's CPU pressure) and ``cpu_fallback`` / ``cpu_fallback_reason``. A version 1 profile reads
+with ``node`` blank, no ``host_cpu`` and no fallback.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-SUPPORTED_VERSIONS = (1,)
+from airflow_gpu_provider.runtime.protocol import PROFILE_VERSION
+
+SUPPORTED_VERSIONS = (1, PROFILE_VERSION)
 MAX_POINTS = 600  # the sampler sends at most this many; more are cut, never drawn
 
 
@@ -70,6 +77,53 @@ class Device:
 
 
 @dataclass(frozen=True)
+class HostCpu:
+    """How busy the host's CPUs were over the try (``runtime/telemetry/pressure.py``).
+
+    :param source: the file read: ``/proc/pressure/cpu`` (PSI) or ``/proc/loadavg`` (where PSI is absent)
+    :param scope: ``host`` (the kernel's view, a container's too), or ``container (...)`` where the file was a
+        per-container view mounted over the host's (LXCFS)
+    :param pressure_pct: the share of the try in which runnable tasks waited for a CPU (PSI ``some``); from the
+        load average, ``1 - CPUs / load`` averaged over the samples
+    :param peak_avg10: PSI's highest 10-second average seen; :param load_per_cpu: the load average per CPU
+    """
+
+    source: str
+    scope: str
+    pressure_pct: float | None
+    peak_avg10: float | None = None
+    load_per_cpu: float | None = None
+    cpus: float | None = None
+
+    @classmethod
+    def read(cls, value: Any) -> HostCpu | None:
+        """Build from the profile's ``host_cpu``; None when there is none."""
+        raw = _mapping(value)
+        source = text(raw.get("source"), 200)
+        if not source:
+            return None
+        return cls(
+            source=source,
+            scope=text(raw.get("scope"), 80) or "host",
+            pressure_pct=number(raw.get("pressure_pct")),
+            peak_avg10=number(raw.get("peak_avg10")),
+            load_per_cpu=number(raw.get("load_per_cpu")),
+            cpus=number(raw.get("cpus")),
+        )
+
+    @property
+    def from_psi(self) -> bool:
+        """Read from PSI (else from the load average)."""
+        return "pressure" in self.source
+
+    def describe(self) -> str:
+        """``CPU pressure 55 %`` or ``load 1.6 per CPU``."""
+        if not self.from_psi and self.load_per_cpu is not None:
+            return f"load {self.load_per_cpu:.1f} per CPU"
+        return f"CPU pressure {self.pressure_pct or 0:.0f} %"
+
+
+@dataclass(frozen=True)
 class Series:
     """One device's samples, aligned with :attr:`Profile.times`."""
 
@@ -96,6 +150,16 @@ class Profile:
     advice: tuple[str, ...]
     cost: dict[str, Any] | None
     error: str = ""  # the sampler's own trouble: the profile is incomplete
+    node: str = ""  # where the sampler ran as it names itself: a container's id, a pod's name ("" in version 1)
+    host_cpu: HostCpu | None = None
+    cpu_fallback: bool = False  # on_missing_gpu="cpu" was taken: the task ran on the CPU instead of its GPUs
+    cpu_fallback_reason: str = ""
+
+    @property
+    def try_number(self) -> int | None:
+        """The try this profile is of (``task.try_number``), when known."""
+        value = self.task.get("try_number")
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
     @property
     def is_cpu(self) -> bool:
@@ -159,4 +223,8 @@ class Profile:
             advice=tuple(text(item) for item in _list(raw.get("advice"), 20) if isinstance(item, str)),
             cost=cost if isinstance(cost, dict) else None,
             error=text(raw.get("error")),
+            node=text(raw.get("node"), 200),
+            host_cpu=HostCpu.read(raw.get("host_cpu")),
+            cpu_fallback=raw.get("cpu_fallback") is True,
+            cpu_fallback_reason=text(raw.get("cpu_fallback_reason")) if raw.get("cpu_fallback") is True else "",
         )

@@ -1,9 +1,10 @@
-"""The worker's half of a GPU task's profile: ask for it in the envelope, complete it, log it, store it in XCom.
+"""The worker's half of a GPU task's profile: ask for it in the envelope, complete it, log it, store it.
 
 The runtime samples (``runtime/telemetry/sampler.py``) and returns the series and a per-device summary with the result
 envelope; here the profile (read as :class:`~.profile.Profile`) gets the task's identity, what it asked for, the
-advice and the cost, then goes to XCom under :data:`XCOM_KEY` (the return value keeps ``return_value``) and to the
-end of the log.
+advice and the cost, then goes to XCom under :data:`XCOM_KEY` (the return value keeps ``return_value``), to the task
+instance's task state store under a key of its own try (:func:`try_key`: Airflow clears a task instance's XComs when
+its next try starts, the store keeps every try's), and to the end of the log.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.settings.accelerators import MODEL_VENDORS
 from airflow_gpu_provider.task.request import TaskRequest
-from airflow_gpu_provider.telemetry import XCOM_KEY
+from airflow_gpu_provider.telemetry import TRY_KEY_PREFIX, XCOM_KEY
 from airflow_gpu_provider.telemetry.advice import advice, cost, gib, parse_prices
 from airflow_gpu_provider.telemetry.profile import Profile
 
@@ -22,10 +23,21 @@ if TYPE_CHECKING:
 
 
 def envelope_section(conf: GpuConfig) -> dict[str, Any] | None:
-    """What the runtime needs to sample (``envelope["profile"]``), or ``None`` when ``[gpu] profile`` is off."""
+    """What the runtime needs to sample (``envelope["profile"]``), or ``None`` when ``[gpu] profile`` is off.
+
+    ``host`` is this worker's host name as Airflow records it for the task instance (``[core] hostname_callable``):
+    inside a container or pod the sampler's own name is the container's id or the pod's name.
+    """
     if not conf.profile:
         return None
-    return {"interval_s": conf.profile_interval}
+    from airflow.utils.net import get_hostname
+
+    return {"interval_s": conf.profile_interval, "host": get_hostname()}
+
+
+def try_key(try_number: int) -> str:
+    """The task state store key of one try's profile: ``airflow_gpu_provider.gpu_profile.try_3``."""
+    return f"{TRY_KEY_PREFIX}{try_number}"
 
 
 def complete(
@@ -69,10 +81,13 @@ def _nvidia(model: str | None) -> str | None:
 def summary_lines(profile: Profile) -> list[str]:
     """The lines that end the task log: one per device, then the advice and the cost."""
     kind = "CPU profile (no GPU telemetry)" if profile.is_cpu else "GPU profile"
+    where = profile.host + (f" (in {profile.node})" if profile.node and profile.node != profile.host else "")
     lines = [
         f"profile: {kind} of {profile.duration_s or 0:.1f}s, {profile.samples} samples every "
-        f"{profile.interval_s or 0:g}s on {profile.host}"
+        f"{profile.interval_s or 0:g}s on {where}"
     ]
+    if profile.cpu_fallback:
+        lines.append(f"  CPU fallback (on_missing_gpu='cpu'): {profile.cpu_fallback_reason}")
     for device in profile.devices:
         mean, p95 = device.mean_util, device.p95_util
         util = "?" if mean is None else f"mean {mean:.0f} %" + ("" if p95 is None else f", p95 {p95:.0f} %")
@@ -82,6 +97,10 @@ def summary_lines(profile: Profile) -> list[str]:
         energy = "" if device.energy_wh is None else f", {device.energy_wh:.2f} Wh"
         what = device.name if profile.is_cpu else f"GPU {device.index} {device.name}"
         lines.append(f"  {what}: utilisation {util}; memory {memory}; idle {device.idle_s or 0:.0f}s{energy}")
+    host_cpu = profile.host_cpu
+    if host_cpu is not None:
+        peak = "" if host_cpu.peak_avg10 is None else f", 10-s peak {host_cpu.peak_avg10:.0f} %"
+        lines.append(f"  host CPUs: {host_cpu.describe()}{peak} ({host_cpu.source}, {host_cpu.scope} view)")
     lines += [f"advice: {note}" for note in profile.advice]
     spent = profile.cost
     if spent:
@@ -98,7 +117,7 @@ def summary_lines(profile: Profile) -> list[str]:
 def publish(
     profile: Mapping[str, Any] | None, request: TaskRequest, backend: str, *, context: Any, log: Any, conf: GpuConfig
 ) -> dict[str, Any] | None:
-    """Complete the profile, push it to XCom and log its summary. Never raises: a task never fails for its profile."""
+    """Complete the profile, store it (XCom, the try's key) and log it. Never raises: a task never fails for it."""
     if not profile:
         return None
     try:
@@ -111,6 +130,9 @@ def publish(
         for line in summary_lines(Profile.read(completed)):  # type: ignore[arg-type]  # complete() read it
             log.info("[gpu] %s", line)
         context["ti"].xcom_push(key=XCOM_KEY, value=completed)
+        state_store = context.get("task_state_store")  # None before Airflow 3.3: only the latest try's is kept
+        if state_store is not None and completed["task"]["try_number"] > 0:
+            state_store.set(try_key(completed["task"]["try_number"]), completed)
     except Exception as err:  # noqa: BLE001 - the task's own outcome stands
         log.warning("[gpu] The task's profile could not be stored: %s: %s", type(err).__name__, err)
         return None

@@ -54,7 +54,9 @@ def test_two_process_accelerate_launch_resumes_from_its_newest_save_state(tmp_pa
     assert resumed["checkpoints"] == reference["checkpoints"] == [f"checkpoint_{i}" for i in range(6)]
     torch.testing.assert_close(torch.tensor(resumed["weights"]), torch.tensor(reference["weights"]))
     out = capfd.readouterr().out
-    assert "checkpoint_2 (step 2), loaded after the first accelerator.prepare()" in out
+    assert (
+        "checkpoint_2 (step 2; an accelerator.save_state checkpoint, in AIRFLOW_GPU_RESUME_FROM): loaded after" in out
+    )
     assert "rank 1: resumed from" in out and "rank 0: resumed from" in out
     assert "resume: no checkpoint in" in out  # try 1, and the uninterrupted task
 
@@ -127,5 +129,5 @@ def test_the_example_dag_fails_on_purpose_and_its_retry_resumes(capfd):
     assert [(t["kind"], t["resources"]["memory"]) for t in tries] == [("host_oom", 8 * 2**30), ("success", 16 * 2**30)]
     captured = capfd.readouterr()
     out, log = captured.out, captured.out + captured.err
-    assert "failing on purpose at epoch 2" in out and "(step 1), loaded after the first accelerator.prepare()" in out
+    assert "failing on purpose at epoch 2" in out and "(step 1; an accelerator.save_state checkpoint, in " in out
     assert "memory step 1/1: 2x nvidia GPU, 2 CPUs, 16.0 GiB memory, 2.0 GiB shm (try 1 ran out of host memory)" in log

@@ -36,9 +36,12 @@ def train_with_accelerator(epochs: int, lr: float = 0.05) -> dict:
             optimizer.step()
         losses.append(float(accelerator.gather(loss.detach()).mean()))
     ranks = accelerator.gather(torch.tensor([accelerator.process_index])).tolist()
+    omp = int(os.environ.get("OMP_NUM_THREADS", "0"))  # the threads each rank was given, and what torch uses
+    threads = accelerator.gather(torch.tensor([[omp, torch.get_num_threads()]])).tolist()
     return {
         "world_size": accelerator.num_processes,
         "ranks": ranks,
+        "threads": threads,
         "pids_differ": len(set(accelerator.gather(torch.tensor([os.getpid()])).tolist())) == accelerator.num_processes,
         "backend": str(accelerator.state.backend),
         "device": str(accelerator.device),
@@ -74,7 +77,7 @@ def one_rank_raises() -> None:
 
 
 with DAG("accelerate_callable", schedule=None, start_date=START):
-    train = gpu_task(accelerate={"num_processes": 2, "cpu": True})(train_with_accelerator)
+    train = gpu_task(accelerate={"num_processes": 2, "cpu": True}, cpu_count=2)(train_with_accelerator)
     AccelerateOperator(
         task_id="train_operator",
         python_callable=train_with_accelerator,
@@ -82,6 +85,7 @@ with DAG("accelerate_callable", schedule=None, start_date=START):
         cpu=True,
         num_processes=2,
         mixed_precision="no",
+        cpu_count=4,  # not enforced by the local backend: 2 threads for each of the 2 ranks
     )
     train(3)
 
@@ -92,6 +96,7 @@ with DAG("accelerate_script", schedule=None, start_date=START, params={"out": ""
         script_args=["--epochs", "2", "--out", "{{ params.out }}"],
         cpu=True,
         num_processes=2,
+        cpu_count=4,
     )
 
 with DAG("accelerate_failures", schedule=None, start_date=START, params={"pid_dir": ""}):

@@ -140,6 +140,8 @@ def dag_id(backend: str, scenario: str) -> str:
 
 def operator_arguments(backend: str, scenario: str) -> dict[str, Any]:
     """Everything the cell's GpuStepOperator is given (the Kubernetes cells render it instead of running it)."""
+    deferred = backend == "docker-deferred"  # the Docker backend, its container run while the task is deferred
+    backend = "docker" if deferred else backend
     arguments: dict[str, Any] = {
         "task_id": "task",
         "backend": backend,
@@ -156,12 +158,13 @@ def operator_arguments(backend: str, scenario: str) -> dict[str, Any]:
         arguments["backend_options"] = {"stop_timeout": 2, "repository": "airflow-gpu-test-derived"}
         # the killed worker's container is the reaper's: the re-run is another DAG, not the task instance's next try
         arguments["reattach"] = False
+        arguments["deferrable"] = deferred
     if backend == "local":
         arguments["backend_options"] = {"kill_grace": 2}
     return arguments
 
 
-for _backend in ("local", "docker"):
+for _backend in ("local", "docker", "docker-deferred"):
     for _scenario in SCENARIOS:
         with DAG(dag_id(_backend, _scenario), schedule=None, start_date=START, tags=["reliability"]):
             GpuStepOperator(**operator_arguments(_backend, _scenario))

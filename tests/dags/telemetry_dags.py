@@ -7,7 +7,7 @@ import sys
 
 from airflow.sdk import DAG
 
-from airflow_gpu_provider import GpuStepOperator
+from airflow_gpu_provider import GpuStepOperator, OomEscalation
 
 START = datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)
 
@@ -36,6 +36,33 @@ with DAG("telemetry_local", schedule=None, start_date=START, catchup=False) as t
 with DAG("telemetry_gpu", schedule=None, start_date=START, catchup=False) as telemetry_gpu:
     GpuStepOperator(task_id="one_gpu", python_callable=burn, op_args=[1.5], gpu_count=1)
 
+with DAG("telemetry_cpu_fallback", schedule=None, start_date=START, catchup=False):
+    GpuStepOperator(task_id="fallback", python_callable=burn, op_args=[1.0], gpu_count=1, on_missing_gpu="cpu")
+
+
+def short_of_memory_once() -> str:
+    """Run out of host memory on the first rung (512 MiB), fit on the next (1 GiB)."""
+    import json
+    import os
+    import time
+
+    time.sleep(1)
+    if json.loads(os.environ["AIRFLOW_GPU_RESOURCES"])["memory"] < 2**30:
+        raise MemoryError("out of host memory on purpose")
+    return "fits"
+
+
+with DAG(
+    "telemetry_tries",
+    schedule=None,
+    start_date=START,
+    catchup=False,
+    default_args={"retries": 1, "retry_delay": datetime.timedelta(0)},
+):
+    GpuStepOperator(
+        task_id="grows", python_callable=short_of_memory_once, memory="512Mi", on_oom=OomEscalation(memory=["1Gi"])
+    )
+
 
 with DAG("forged_profile", schedule=None, start_date=START):
     from airflow.sdk import task
@@ -55,3 +82,21 @@ with DAG("forged_profile", schedule=None, start_date=START):
         ti.xcom_push(key="gpu_profile", value=fake)
 
     forger() >> GpuStepOperator(task_id="real", python_callable=burn, op_args=[0.3])
+
+
+with DAG("telemetry_docker", schedule=None, start_date=START, catchup=False):
+    import os
+
+    from airflow_gpu_provider import ImageSettings
+
+    IMAGE = ImageSettings(parent_image=os.environ.get("AIRFLOW_GPU_TEST_BASE_IMAGE", "airflow-gpu-base:bookworm"))
+    GpuStepOperator(task_id="plain", python_callable=burn, op_args=[1.0], backend="docker", image=IMAGE)
+    GpuStepOperator(
+        task_id="fallback",
+        python_callable=burn,
+        op_args=[1.0],
+        backend="docker",
+        image=IMAGE,
+        gpu_count=1,
+        on_missing_gpu="cpu",
+    )

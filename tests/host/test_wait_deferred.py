@@ -110,8 +110,22 @@ def test_a_task_waits_deferred_then_runs_on_the_gpu(one_gpu):
     held = one_gpu.try_acquire([Device("0")], 1, "the other task")
     assert held is not None
     worker = start_worker(DAG_FILE, "deferred_wait", env={"AIRFLOW__GPU__DEVICES": "0"})
-    threading.Timer(12.0, held.release).start()  # the task starts (and defers) within 12 s of the worker's start
-    log_text, _ = worker.communicate(timeout=240)
+    lines: list[str] = []
+
+    def read() -> None:  # the worker's task log, as it comes: the GPU is let go once the task has deferred
+        for line in worker.stdout:
+            lines.append(line)
+            if "Deferred until they are free" in line:
+                threading.Timer(2.0, held.release).start()  # the trigger sees it busy first
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        worker.wait(timeout=240)
+        reader.join(timeout=30)
+    finally:
+        held.release()
+    log_text = "".join(lines)
     result = worker_result(log_text)
     assert result["states"] == {"waits_for_the_gpu": "success"}, log_text[-3000:]
     assert str(result["xcom"]["waits_for_the_gpu"]) == "0"  # the one GPU, once it was free

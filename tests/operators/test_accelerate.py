@@ -33,6 +33,9 @@ def test_real_accelerator_loop_on_two_cpu_processes(capfd):
         assert result["pids_differ"]
         assert result["backend"] == "gloo"
         assert result["last_loss"] < result["first_loss"]
+        # each rank's share of the task's CPUs: OMP_NUM_THREADS and torch's own count, read inside each rank
+        threads = 2 if task_id == "train_operator" else 1  # cpu_count=4 and cpu_count=2, on 2 ranks
+        assert result["threads"] == [[threads, threads], [threads, threads]], result
         profile = xcom(dr, task_id, "gpu_profile")  # one sampler for the node, in the process that launched
         assert profile["kind"] == "cpu" and profile["task"]["task_id"] == task_id
     out = capfd.readouterr().out
@@ -50,6 +53,7 @@ def test_script_with_arguments(tmp_path):
     ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
     assert [r["rank"] for r in ranks] == [0, 1]
     assert all(r["world_size"] == 2 and r["epochs"] == 2 and r["backend"] == "gloo" for r in ranks)
+    assert [r["threads"] for r in ranks] == [[2, 2], [2, 2]]  # cpu_count=4 shared by the script's 2 ranks
 
 
 def test_a_killed_rank_fails_the_task_and_stops_the_others(tmp_path, capfd):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 
 import pytest
@@ -10,9 +11,15 @@ import pytest
 from airflow_gpu_provider.backends import BACKENDS
 from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import RemoteTaskError
+from airflow_gpu_provider.launchers.accelerate import launch_section
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.task.envelope import Envelope, summary
-from airflow_gpu_provider.task.environment import gpu_free_environment, lock_holder, visible_devices
+from airflow_gpu_provider.task.environment import (
+    gpu_free_environment,
+    lock_holder,
+    thread_environment,
+    visible_devices,
+)
 from airflow_gpu_provider.task.missing_gpu import POLICIES
 from airflow_gpu_provider.task.request import TaskRequest
 from airflow_gpu_provider.task.result import result_value
@@ -24,9 +31,11 @@ def request(resources: ResourceSettings, policy: str = "fail") -> TaskRequest:
     return TaskRequest(resources, ImageSettings(), Envelope.run(["true"]), policy, LABELS)  # type: ignore[arg-type]
 
 
-def environments(resources: ResourceSettings) -> dict[str, dict[str, str]]:
+def environments(resources: ResourceSettings, launch: dict | None = None) -> dict[str, dict[str, str]]:
     """The task process's environment as each backend plans it (no engine, no cluster)."""
     req = request(resources)
+    if launch is not None:
+        req = dataclasses.replace(req, envelope=req.envelope.launched(launch))
     local = BACKENDS["local"].create().plan(req, GpuConfig.read()).environment
     docker = BACKENDS["docker"].create().plan(req, GpuConfig.read()).create_kwargs("img")["environment"]
     kubernetes = BACKENDS["kubernetes"].create().plan(req, GpuConfig.read()).environment
@@ -36,6 +45,23 @@ def environments(resources: ResourceSettings) -> dict[str, dict[str, str]]:
 def test_every_backend_gives_the_same_thread_count():
     for backend, environment in environments(ResourceSettings(cpu_count=2.5)).items():
         assert environment["OMP_NUM_THREADS"] == environment["MKL_NUM_THREADS"] == "3", backend
+
+
+@pytest.mark.parametrize(("cpus", "processes", "threads"), [(8, 4, "2"), (2, 2, "1"), (2.5, 2, "1"), (1, 4, "1")])
+def test_every_backend_gives_each_rank_of_a_launch_its_share_of_threads(cpus, processes, threads):
+    """max(1, ceil(cpu_count) // processes): 4 ranks on 8 CPUs get 2 threads each, not 8."""
+    section = launch_section(
+        ResourceSettings(cpu_count=cpus), {"num_processes": processes, "cpu": True}, num_machines=1, owner="t"
+    )
+    assert section["processes"] == processes
+    for backend, environment in environments(ResourceSettings(cpu_count=cpus), section).items():
+        assert environment["OMP_NUM_THREADS"] == environment["MKL_NUM_THREADS"] == threads, backend
+
+
+def test_ranks_per_machine_share_one_machines_threads():
+    section = launch_section(ResourceSettings(cpu_count=16, gpu_count=4), {}, num_machines=2, owner="t")
+    assert section["processes"] == 4  # 8 ranks on 2 machines: 4 share each machine's 16 CPUs
+    assert thread_environment(ResourceSettings(cpu_count=16), section["processes"])["OMP_NUM_THREADS"] == "4"
 
 
 @pytest.mark.parametrize("vendor", ["nvidia", "amd"])
@@ -107,7 +133,9 @@ def test_one_table_of_policies():
 
 def test_result_value():
     assert result_value({"ok": True, "return_value": 7}, 0, where="x") == 7
-    assert result_value(None, 0, where="x") is None
+    with pytest.raises(RemoteTaskError, match="in x ended without a result to read"):
+        result_value(None, 0, where="x")  # the runtime always writes one: it was lost, never a success with None
+    assert result_value({"ok": True, "return_value": None}, 0, where="x") is None
     with pytest.raises(RemoteTaskError, match="exited with status 3"):
         result_value(None, 3, where="x")
     with pytest.raises(RemoteTaskError, match="raised ValueError in x: boom") as err:

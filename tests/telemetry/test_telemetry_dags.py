@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from airflow.utils.net import get_hostname
 from conftest import REPO
 from helpers import load_dag, run_dag, task_states, xcom
 from nvml_replay import RECORDINGS, built_or_skip, replay_environment
+
+from airflow_gpu_provider.telemetry.advice import BUSY_MEAN, HOST_BUSY_PCT
 
 pytestmark = pytest.mark.usefixtures("airflow_home")
 DAG_FILE = REPO / "tests" / "dags" / "telemetry_dags.py"
@@ -33,7 +37,10 @@ def test_every_gpu_task_try_leaves_its_profile_in_xcom_and_the_log(capfd, monkey
     assert task_states(dag_run) == {"busy": "success", "fails": "failed", "exits": "failed"}
     assert xcom(dag_run, "busy") == "burnt"  # the return value keeps its own key
     profile = xcom(dag_run, "busy", "gpu_profile")
-    assert profile["kind"] == "cpu" and profile["version"] == 1
+    assert profile["kind"] == "cpu" and profile["version"] == 2
+    assert profile["host"] == get_hostname() and profile["node"] == os.uname().nodename  # a child of the worker
+    assert profile["cpu_fallback"] is False and profile["cpu_fallback_reason"] is None
+    assert profile["host_cpu"]["scope"] == "host" and profile["host_cpu"]["pressure_pct"] is not None
     assert profile["task"] == {
         "dag_id": "telemetry_local",
         "run_id": dag_run.run_id,
@@ -44,7 +51,10 @@ def test_every_gpu_task_try_leaves_its_profile_in_xcom_and_the_log(capfd, monkey
     }
     assert profile["requested"]["memory"] == 2 * 2**30 and profile["requested"]["cpu_count"] == 1
     [device] = profile["devices"]
-    assert device["mean_util"] > 30  # one busy core of the one CPU it asked for... or of the host's
+    if profile["host_cpu"]["pressure_pct"] < HOST_BUSY_PCT:
+        assert device["mean_util"] > 30  # one busy core of the one CPU it asked for... or of the host's
+    elif device["mean_util"] < BUSY_MEAN:  # other processes of the host took the CPUs: the advice says so
+        assert any("the host was busy (CPU pressure" in note for note in profile["advice"]), profile["advice"]
     assert profile["samples"] >= 8 and len(profile["series"]["t"]) == profile["samples"]
     assert profile["gpu_seconds"] == 0.0
     assert profile["cost"]["model"] == "cpu" and profile["cost"]["amount"] == pytest.approx(
@@ -54,6 +64,7 @@ def test_every_gpu_task_try_leaves_its_profile_in_xcom_and_the_log(capfd, monkey
     log = out.out + out.err
     assert "[gpu] profile: CPU profile (no GPU telemetry) of " in log
     assert "[gpu]   CPU (task process tree, " in log and "[gpu] cost: " in log
+    assert "[gpu]   host CPUs: " in log and f"({profile['host_cpu']['source']}, host view)" in log
 
 
 def test_a_failed_try_keeps_its_profile_too(capfd):
@@ -129,7 +140,8 @@ def test_the_rendered_pod_carries_what_the_runtime_needs_to_sample():
     [pod] = task.render_manifests(params={"gpu_count": 1})
     env = {v["name"]: v.get("value") for v in pod["spec"]["containers"][0]["env"]}
     assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
-    assert json.loads(base64.b64decode(env["AIRFLOW_GPU_ENVELOPE"]))["profile"] == {"interval_s": 0.2}
+    profile = json.loads(base64.b64decode(env["AIRFLOW_GPU_ENVELOPE"]))["profile"]
+    assert profile == {"interval_s": 0.2, "host": get_hostname()}  # the worker that renders and submits the pod
     [cpu_pod] = task.render_manifests(params={"gpu_count": 0})
     cpu_env = {v["name"] for v in cpu_pod["spec"]["containers"][0]["env"]}
     assert "NVIDIA_DRIVER_CAPABILITIES" not in cpu_env
@@ -159,3 +171,46 @@ def test_the_gpus_page_reads_the_profiles_of_gpu_tasks_only():
         assert [row.key.task_id for row in rows] == ["real"]  # ...and the page does not read it
         assert task_profile(session, TaskKey("forged_profile", dr.run_id, "forger")) is None
         assert task_profile(session, TaskKey("forged_profile", dr.run_id, "real")) is not None
+
+
+def test_a_cpu_fallback_is_marked_in_the_profile_with_its_reason(capfd):
+    """gpu_count=1 with on_missing_gpu="cpu" on a host without GPUs: the task runs on the CPU, and says so."""
+    dag_run = run_dag(load_dag(DAG_FILE, "telemetry_cpu_fallback"))
+    assert task_states(dag_run) == {"fallback": "success"}
+    profile = xcom(dag_run, "fallback", "gpu_profile")
+    assert profile["kind"] == "cpu" and profile["cpu_fallback"] is True
+    assert profile["cpu_fallback_reason"].startswith("requested 1x nvidia GPU but "), profile["cpu_fallback_reason"]
+    reason = profile["cpu_fallback_reason"]
+    assert profile["advice"][0] == f"ran on the CPU instead of its GPUs (on_missing_gpu='cpu'): {reason}"
+    assert f"[gpu]   CPU fallback (on_missing_gpu='cpu'): {reason}" in capfd.readouterr().out
+
+
+def test_every_try_keeps_its_profile_and_the_gpu_tab_reads_them_all():
+    """Try 1 runs out of host memory, try 2 (the next memory step) succeeds: XCom holds try 2's profile only, the
+    task state store both, and the GPU tab's store lists both tries and the escalation history."""
+    from airflow.utils.session import create_session
+
+    from airflow_gpu_provider.telemetry.ui import store
+    from airflow_gpu_provider.telemetry.ui.format import TaskKey
+    from airflow_gpu_provider.telemetry.ui.task_page import render_task_page
+    from airflow_gpu_provider.telemetry.ui.timeline import render_timeline
+
+    dag_run = run_dag(load_dag(DAG_FILE, "telemetry_tries"))
+    assert task_states(dag_run) == {"grows": "success"}
+    assert xcom(dag_run, "grows", "gpu_profile")["task"]["try_number"] == 2
+    key = TaskKey("telemetry_tries", dag_run.run_id, "grows")
+    with create_session() as session:
+        tries = store.task_tries(session, key)
+        ladder, history = store.escalation_history(session, key)
+    assert [(t.number, t.state) for t in tries] == [(1, "failed"), (2, "success")]
+    assert [t.profile.try_number if t.profile else None for t in tries] == [1, 2]
+    assert [t.profile.requested["memory"] for t in tries if t.profile] == [512 * 2**20, 2**30]
+    assert all(t.profile and t.profile.samples >= 1 and t.hostname == get_hostname() for t in tries)
+    assert ladder == "memory=1.0 GiB" and [entry["kind"] for entry in history] == ["host_oom", "success"]
+    timeline = render_timeline(ladder, history)
+    assert "ran out of host memory (limit 512.0 MiB)" in timeline and "memory 512.0 MiB → 1.0 GiB" in timeline
+    first = tries[0].profile
+    assert first is not None
+    page = render_task_page(first, key, home="/gpu/", tries=tries, timeline=timeline)
+    assert "try 1 of 2" in page and "<strong>try 1</strong> (shown)" in page
+    assert '/tasks/grows?map_index=-1&amp;try_number=2">try 2</a>' in page

@@ -106,7 +106,7 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         with self._host_gpus(plan) as allocation:
             self._locks = allocation.fds
             if allocation.cpu_fallback:
-                return self._run_container(client, plan, image, cpu_fallback=True, defer=defer)
+                return self._run_container(client, plan, image, cpu_fallback=allocation.reason, defer=defer)
             if allocation.devices:
                 ids = [device.id for device in allocation.devices]
                 self.log.info("GPUs %s from the host allocator (shared with the local backend's tasks)", ids)
@@ -130,7 +130,7 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
     def _run_gpu_container(self, client: Any, plan: DockerPlan, image: str, *, defer: bool) -> TaskResult | Deferral:
         """Run with the GPU request; without an NVIDIA runtime, fail naming the fix or fall back to CPU."""
         try:
-            return self._run_container(client, plan, image, cpu_fallback=False, defer=defer)
+            return self._run_container(client, plan, image, cpu_fallback=None, defer=defer)
         except NoGpuRuntime as err:
             requested = plan.request.resources.describe().split(",")[0]
             policy = plan.request.missing_gpu
@@ -147,16 +147,20 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
                 err,
                 TOOLKIT_FIX,
             )
-            return self._run_container(client, plan, image, cpu_fallback=True, defer=defer)
+            reason = f"the Docker engine cannot start GPU containers ({err})"
+            return self._run_container(client, plan, image, cpu_fallback=reason, defer=defer)
 
     def _run_container(
-        self, client: Any, plan: DockerPlan, image: str, *, cpu_fallback: bool, defer: bool
+        self, client: Any, plan: DockerPlan, image: str, *, cpu_fallback: str | None, defer: bool
     ) -> TaskResult | Deferral:
-        """Create and start the container; follow it to its end, or hand it to a trigger (``defer``)."""
+        """Create and start the container; follow it to its end, or hand it to a trigger (``defer``).
+
+        :param cpu_fallback: why it runs on the CPU instead of its GPUs (``on_missing_gpu="cpu"``), or ``None``
+        """
         files = self._files(plan, image, cpu_fallback)
         lasting = defer or (plan.request.reattach and self._store is not None)  # may outlive this process
         with TaskFiles(files, parent=f"{plan.host.state_dir}/docker-tasks") as task_files:
-            kwargs = plan.create_kwargs(image, cpu_fallback=cpu_fallback)
+            kwargs = plan.create_kwargs(image, cpu_fallback=cpu_fallback is not None)
             mem_limit = kwargs["host_config"].get("mem_limit")
             container_id = lifecycle.create(client, kwargs, task_files, plan, self.log, durable=lasting)
             self._container_id, self._killed, self._stop_timeout = container_id, False, plan.stop_timeout
@@ -204,7 +208,10 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         engine["docker_url"] = url if isinstance(url, str) else list(url)
         self.log.info("Deferred: the triggerer watches container %s (engine %s)", container_id[:12], url)
         state = {"container_id": container_id, "mem_limit": mem_limit}
-        return Deferral(DockerContainerTrigger(container_id, engine, plan.poll_interval, self._deadline, state), state)
+        trigger = DockerContainerTrigger(
+            container_id, engine, plan.poll_interval, self._deadline, state=state, stop_timeout=plan.stop_timeout
+        )
+        return Deferral(trigger, state)
 
     def _earlier_container(self, client: Any, plan: DockerPlan) -> dict[str, Any] | None:
         """The container an earlier try of this task instance left on this engine, to take over; else ``None``.
@@ -267,10 +274,16 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
             raise GpuTaskError(f"Container {container_id[:12]} was stopped because the task was killed.")
         return lifecycle.collect(client, container_id, mem_limit)
 
-    def _files(self, plan: DockerPlan, image: str, cpu_fallback: bool) -> dict[str, bytes]:
+    def _files(self, plan: DockerPlan, image: str, cpu_fallback: str | None) -> dict[str, bytes]:
         """The runtime and the envelope (with the resource summary the runtime prints first)."""
         # gpus None: the runtime asks nvidia-smi in the container (a CPU task gets NVIDIA_VISIBLE_DEVICES=void)
-        envelope = plan.request.runtime_envelope(backend=self.name, image=image, gpus=None, cpu_fallback=cpu_fallback)
+        envelope = plan.request.runtime_envelope(
+            backend=self.name,
+            image=image,
+            gpus=None,
+            cpu_fallback=cpu_fallback is not None,
+            fallback_reason=cpu_fallback or "",
+        )
         return {FILE_NAME: archive(), "envelope.json": json.dumps(envelope).encode()}
 
     def kill(self) -> None:

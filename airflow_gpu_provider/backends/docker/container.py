@@ -92,18 +92,20 @@ def map_resources(
     device_ids: Sequence[str] = (),
     driver_capabilities: str = DockerOptions.driver_capabilities,
     group_add: Sequence[str] | None = None,
+    processes: int = 1,
 ) -> ContainerResources:
     """The Docker form of a resource request.
 
     :param shm_size: ``/dev/shm`` bytes when ``resources.shm_size`` is unset (capped at the memory limit)
     :param ipc_mode: Docker IPC mode; with ``"host"`` the host's ``/dev/shm`` is used and no size is set
+    :param processes: the processes that share the CPUs (a launch's ranks): each gets its share of threads
     """
     host_config, environment, notes = gpu_mapping(
         resources, device_ids=device_ids, driver_capabilities=driver_capabilities, group_add=group_add
     )
     if resources.cpu_count is not None:
         host_config["nano_cpus"] = round(resources.cpu_count * 1e9)
-    environment.update(thread_environment(resources))
+    environment.update(thread_environment(resources, processes))
     if resources.memory is not None:
         host_config["mem_limit"] = resources.memory
         host_config["memswap_limit"] = resources.memory  # a hard limit: no swap, so running out is an OOM kill

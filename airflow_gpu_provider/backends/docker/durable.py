@@ -5,12 +5,15 @@ is created. When the task is deferred, or its worker dies (SIGKILL, a redeploy, 
 same task instance finds the record and takes the container over: it follows its output and collects its result if
 it still runs, or collects the result of one that has ended, instead of starting a second copy
 (``TaskRequest.reattach``; ``reattach=False`` removes it and starts afresh). The orphan reaper spares such a
-container while its task instance has not ended (:func:`task_instance_live`).
+container while its task instance has not ended (:func:`task_instance_live`), and only the reapers of its own
+Airflow deployment judge it (:func:`deployment`): another deployment sharing the engine cannot ask about it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +25,22 @@ KEY = "airflow_gpu_provider.docker_container"
 #: the states of a task instance that has not ended (a try runs, is deferred, or another try will come)
 UNFINISHED = ["null", "scheduled", "queued", "running", "restarting", "up_for_retry", "up_for_reschedule", "deferred"]
 _IDENTITY = ("dag_id", "task_id", "run_id", "map_index")
+#: the label naming the Airflow deployment whose task instance a durable container belongs to
+DEPLOYMENT_LABEL = docker_label("deployment")
+
+
+def deployment() -> str:
+    """The Airflow deployment of this worker: a digest of the Execution API it reports to and its ``AIRFLOW_HOME``.
+
+    Two deployments sharing one Docker engine (staging and production on one GPU host; parallel test runs) each
+    ask their own API whether a durable container's task instance has ended: the other's would answer "no such
+    task instance" and remove a container a later try is about to reattach to.
+    """
+    from airflow.configuration import conf
+
+    api = conf.get("core", "execution_api_server_url", fallback="") or conf.get("api", "base_url", fallback="")
+    home = os.environ.get("AIRFLOW_HOME", "~/airflow")
+    return hashlib.sha256(f"{api}\n{home}".encode()).hexdigest()[:16]
 
 
 def record(state_store: Any, container_id: str, engine: str, try_number: str) -> None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from docker.errors import APIError
 
+from airflow_gpu_provider.backends.docker.durable import DEPLOYMENT_LABEL, deployment
 from airflow_gpu_provider.backends.docker.files import TaskFiles, read_result
 from airflow_gpu_provider.backends.docker.orphans import AUTO_REMOVE_LABEL, DURABLE_LABEL, WORKER_LABEL
 from airflow_gpu_provider.exceptions import OOM_REMEDY, GpuTaskError, HostOutOfMemoryError
@@ -66,7 +67,7 @@ def final_call(
     """
     labels = {WORKER_LABEL: worker_identity(), AUTO_REMOVE_LABEL: plan.options.auto_remove}
     if durable:
-        labels[DURABLE_LABEL] = "true"
+        labels.update({DURABLE_LABEL: "true", DEPLOYMENT_LABEL: deployment()})
     create = {**kwargs, "labels": {**kwargs["labels"], **labels}}
     host_config = create.pop("host_config")
     mounts = [*host_config.get("mounts", []), *([files.mount] if files.mounted else [])]

@@ -5,7 +5,8 @@ may still be using the GPUs. Every container is labelled with its worker (:func:
 before a task takes GPUs on this host, the containers of dead workers of this host are removed: those that still run,
 and the ended ones that their ``auto_remove`` policy would have removed (a container kept for inspection stays).
 Containers of workers on other hosts (sharing a remote engine) are left to them. A durable container (deferred,
-or left for a later try to reattach to: ``durable.py``) is spared while its task instance has not ended.
+or left for a later try to reattach to: ``durable.py``) is spared while its task instance has not ended, and left
+to the workers of its own Airflow deployment.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from docker.errors import APIError, NotFound
 
-from airflow_gpu_provider.backends.docker.durable import task_instance_live
+from airflow_gpu_provider.backends.docker.durable import DEPLOYMENT_LABEL, deployment, task_instance_live
 from airflow_gpu_provider.host.workers import is_dead
 from airflow_gpu_provider.task.labels import docker_label
 
@@ -28,14 +29,17 @@ _ENDED = ("exited", "dead")
 
 def reap_orphans(client: Any, log: logging.Logger) -> list[str]:
     """Remove the containers of this host's dead workers; return their ids."""
-    reaped = []
+    reaped, ours = [], deployment()
     for container in client.containers(all=True, filters={"label": WORKER_LABEL}):
         labels = container["Labels"]
         kept = container.get("State") in _ENDED and labels.get(AUTO_REMOVE_LABEL) in ("never", "success")
         if not is_dead(labels.get(WORKER_LABEL, "")) or kept:
             continue
-        if labels.get(DURABLE_LABEL) == "true" and task_instance_live(labels, log):
-            continue  # its task instance goes on: a later try or the deferred task's resume takes it over
+        if labels.get(DURABLE_LABEL) == "true":
+            if labels.get(DEPLOYMENT_LABEL, ours) != ours:
+                continue  # another Airflow's task instance: only its own workers can tell whether it has ended
+            if task_instance_live(labels, log):
+                continue  # its task instance goes on: a later try or the deferred task's resume takes it over
         with contextlib.suppress(NotFound, APIError):
             client.remove_container(container["Id"], force=True)
             reaped.append(container["Id"])

@@ -89,6 +89,7 @@ def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig
         "device_ids": list(options.devices),
         "driver_capabilities": options.driver_capabilities,
         "group_add": None if options.group_add is None else list(options.group_add),
+        "processes": request.processes_per_node,
     }
     resources = request.resources
     fallback = map_resources(resources.without_gpus(), **mapping) if resources.requests_gpus else None

@@ -4,7 +4,13 @@ It reaches the engine the way the task did: the engine's URL is resolved on the 
 ``$DOCKER_HOST`` or the local socket) and handed over, with the connection id and TLS files; so the triggerer must
 reach that engine too: the local socket of the same host (``[triggerer] queues_enabled = True`` and a triggerer per
 GPU host, started for its queue), or a ``docker_url`` both can reach (docs/deferrable.md). docker-py is synchronous:
-each look at the container runs in a thread (``asyncio.to_thread``), so the triggerer's event loop never blocks.
+each look at the container runs in a thread (``asyncio.to_thread``), and so does the first import of docker-py (a
+few tenths of a second), so the triggerer's event loop never blocks.
+
+A user who ends the deferred task (mark failed or success, clear) ends its container too: Airflow 3.3's triggerer
+calls :meth:`DockerContainerTrigger.on_kill` for such an action (not on a triggerer restart, which only moves the
+trigger). Before 3.3 nothing is called: the container runs to its end, and the orphan reaper removes it once its task
+instance has ended (docs/deferrable.md).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ class DockerContainerTrigger(BaseTrigger):
     :param deadline: when the task times out (seconds since the epoch), or ``None``
     :param state: what the task's resume needs (the ``Deferral``'s state), echoed in every event: the event alone
         resumes the task, even where a runner passes on no more than the event (``dag.test()``)
+    :param stop_timeout: the grace between SIGTERM and SIGKILL when a user ends the task (``on_kill``)
     """
 
     def __init__(
@@ -37,7 +44,9 @@ class DockerContainerTrigger(BaseTrigger):
         engine: dict[str, Any],
         poll_interval: float = 1.0,
         deadline: float | None = None,
+        *,
         state: dict[str, Any] | None = None,
+        stop_timeout: float = 10.0,
     ) -> None:
         super().__init__()
         self.container_id = container_id
@@ -45,6 +54,7 @@ class DockerContainerTrigger(BaseTrigger):
         self.poll_interval = poll_interval
         self.deadline = deadline
         self.state = dict(state or {})
+        self.stop_timeout = stop_timeout
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """The classpath and the arguments the triggerer rebuilds the trigger from."""
@@ -54,6 +64,7 @@ class DockerContainerTrigger(BaseTrigger):
             "poll_interval": self.poll_interval,
             "deadline": self.deadline,
             "state": self.state,
+            "stop_timeout": self.stop_timeout,
         }
         return f"{type(self).__module__}.{type(self).__qualname__}", arguments
 
@@ -67,19 +78,24 @@ class DockerContainerTrigger(BaseTrigger):
         payload = {"status": status, "container_id": self.container_id, **details}
         return TriggerEvent({**payload, "state": {"phase": "run", "backend": self.state}})
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Look at the container every ``poll_interval`` seconds, in a thread, until it ends."""
+    def _state(self, client: Any) -> dict[str, Any] | None:
+        """The container's ``State``, or ``None`` when it is gone (in a thread: docker-py and its import block)."""
         from docker.errors import NotFound
 
+        try:
+            return dict(client.inspect_container(self.container_id)["State"])
+        except NotFound:
+            return None
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Look at the container every ``poll_interval`` seconds, in a thread, until it ends."""
         client = await asyncio.to_thread(self._client)
         try:
             while True:
-                try:
-                    found = await asyncio.to_thread(client.inspect_container, self.container_id)
-                except NotFound:
+                state = await asyncio.to_thread(self._state, client)
+                if state is None:
                     yield self._event("missing")
                     return
-                state = found["State"]
                 if state.get("Status") in _ENDED:
                     yield self._event(
                         "exited", exit_code=state.get("ExitCode"), oom_killed=bool(state.get("OOMKilled"))
@@ -94,3 +110,18 @@ class DockerContainerTrigger(BaseTrigger):
                 await asyncio.sleep(delay)
         finally:
             client.close()
+
+    def _stop(self) -> None:
+        """Stop and remove the container (in a thread, as every docker-py call here)."""
+        from airflow_gpu_provider.backends.docker.lifecycle import stop
+
+        client = self._client()
+        try:
+            stop(client, self.container_id, self.stop_timeout)
+        finally:
+            client.close()
+
+    async def on_kill(self) -> None:
+        """A user ended the deferred task: stop its container (SIGTERM, SIGKILL after ``stop_timeout``), remove it."""
+        self.log.warning("The task was ended by a user: stopping container %s", self.container_id[:12])
+        await asyncio.to_thread(self._stop)

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow_gpu_provider.exceptions import GpuTaskError
-from airflow_gpu_provider.runtime.protocol import RESULT_TO_LOG
+from airflow_gpu_provider.runtime.protocol import MODULES_ENV, RESULT_TO_LOG
 from airflow_gpu_provider.settings import ResourceSettings
 from airflow_gpu_provider.task.environment import (
     driver_environment,
@@ -70,17 +70,36 @@ def launch_command(*, result_to_log: bool = False) -> tuple[list[str], list[str]
 
 
 def task_environment(
-    resources: ResourceSettings, environment: Mapping[str, str], envelope: Mapping[str, Any]
+    resources: ResourceSettings,
+    environment: Mapping[str, str],
+    envelope: Mapping[str, Any],
+    processes: int = 1,
+    modules_zip: str | None = None,
 ) -> dict[str, str]:
     """Environment of the main container: the task's over the provider's defaults.
 
-    Never over the provider's device isolation, nor over the runtime's two variables.
+    Never over the provider's device isolation, nor over the runtime's variables.
+
+    :param processes: the processes that share the pod's CPUs (a launch's ranks on this node)
+    :param modules_zip: the project modules' archive (base64), in a variable of its own (:data:`MODULES_ENV`, which
+        the envelope names): each variable has its own size limit
     """
     # a non-root user may have no home: caches go to /tmp
-    provider = {"PYTHONUNBUFFERED": "1", "HOME": "/tmp", **thread_environment(resources)}
+    provider = {"PYTHONUNBUFFERED": "1", "HOME": "/tmp", **thread_environment(resources, processes)}
     provider |= gpu_free_environment(resources) | driver_environment(resources)
+    shipped = {MODULES_ENV: _fits(modules_zip, "The task's project modules (modules=)")} if modules_zip else {}
     return {
         **with_user_environment(provider, environment, resources.gpu_vendor),
         BOOTSTRAP_ENV: bootstrap_payload(),
         ENVELOPE_ENV: encode_envelope(envelope),
+        **shipped,
     }
+
+
+def _fits(value: str, what: str) -> str:
+    if len(value) > MAX_ENV_VALUE:
+        raise GpuTaskError(
+            f"{what} take {len(value) // 1024} KiB encoded, more than the {MAX_ENV_VALUE // 1024} KiB a pod's "
+            "environment variable can hold. Bake larger code into the task's image (parent_image)."
+        )
+    return value

@@ -143,7 +143,16 @@ def _pod(
     toleration_key = wanted.gpu_vendor.k8s_resource if accelerator_key else None  # MIG nodes too
     place = scheduling.placement(wanted, toleration_key, options, (template or {}).get("spec"))
     # gpus None: the runtime asks nvidia-smi inside the pod
-    envelope = request.runtime_envelope(backend="kubernetes", image=deps.image, gpus=None, cpu_fallback=cpu_fallback)
+    pending = options.pending_timeout or request.missing_gpu.pending_timeout
+    reason = f"no node took the GPU pod within pending_timeout ({pending:g} s)" if cpu_fallback else ""
+    envelope = request.runtime_envelope(
+        backend="kubernetes",
+        image=deps.image,
+        gpus=None,
+        cpu_fallback=cpu_fallback,
+        fallback_reason=reason,
+        modules_from=container.MODULES_ENV,
+    )
     shm_volumes, shm_mounts = resources.shm_volume(wanted)
     command, args = container.launch_command(result_to_log=request.num_nodes > 1)
     checkpoint_volumes, checkpoint_mounts, checkpoint_env, notes = checkpoint_volume(request, options)
@@ -156,6 +165,8 @@ def _pod(
             wanted,
             {**request.image.environment, **deps.environment, **checkpoint_env},
             envelope,
+            request.processes_per_node,
+            None if request.envelope.modules is None else request.envelope.modules["zip"],
         ),
         resources=amounts,
         options=options,
@@ -174,7 +185,7 @@ def _pod(
         security_context=security,
         pod_security_context=pod_security_context(restricted=restricted, user=options.run_as_user),
         pod_template=template,
-        pending_timeout=options.pending_timeout or request.missing_gpu.pending_timeout,
+        pending_timeout=pending,
         num_nodes=request.num_nodes,
         port=request.rendezvous_port or DEFAULT_RENDEZVOUS_PORT,
         termination_grace_period=round(conf.grace(options.termination_grace_period)),

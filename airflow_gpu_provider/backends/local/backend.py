@@ -27,6 +27,7 @@ from airflow_gpu_provider.host.allocator import HostGpus
 from airflow_gpu_provider.host.state import runtime_file, task_folder
 from airflow_gpu_provider.settings.units import format_bytes
 from airflow_gpu_provider.task.environment import thread_environment, visible_devices
+from airflow_gpu_provider.task.modules import python_path
 from airflow_gpu_provider.task.request import TaskRequest
 from airflow_gpu_provider.task.result import TaskResult, read_result_file, task_result
 
@@ -66,7 +67,7 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
             host=HostGpus.configured(conf, devices=self.options.devices, state_dir=self.options.state_dir),
             environment={
                 "PYTHONUNBUFFERED": "1",
-                **thread_environment(request.resources),
+                **thread_environment(request.resources, request.processes_per_node),
                 **request.image.environment,
                 **checkpoint_environment(checkpoint),
             },
@@ -98,11 +99,13 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
             with _task_folder(plan.host.state_dir) as workdir:
                 ids = [device.id for device in allocation.devices]
                 environment = {**os.environ, **plan.environment, **visible_devices(request.resources.gpu_vendor, ids)}
+                environment.update(python_path(request.project_path, environment.get("PYTHONPATH")))
                 envelope = request.runtime_envelope(
                     backend=self.options.backend,
                     image=image_name,
                     gpus=[device.describe() for device in allocation.devices],
                     cpu_fallback=allocation.cpu_fallback,
+                    fallback_reason=allocation.reason,
                     die_with_parent=True,
                 )
                 envelope_path = Path(workdir, "envelope.json")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import time
 
+MIN_TICKS = 2  # the shortest span (in clock ticks, 10 ms each at 100 Hz) over which a CPU share is measured
+
 
 class ProcessTree:
     """CPU % and RSS of this process and its descendants, from ``/proc``: the profile of a task without GPUs."""
@@ -64,10 +66,16 @@ class ProcessTree:
         return cpu, rss
 
     def sample(self) -> list[list[float | None]]:
-        """One row of :data:`~.stats.METRICS`: the tree's CPU % since the last sample (of the cores it may use), RSS."""
+        """One row of :data:`~.stats.METRICS`: the tree's CPU % since the last sample (of the cores it may use), RSS.
+
+        The CPU % is unknown (``None``) over less than :data:`MIN_TICKS` clock ticks, where the kernel's counters
+        (whole ticks) say nothing; that span is counted in the next sample's.
+        """
         now, (cpu, rss) = time.monotonic(), self._tree()
         util = None
-        if self.last is not None and now > self.last[0]:
+        if self.last is not None and (now - self.last[0]) * self.tick < MIN_TICKS:
+            return [[None, rss, None, None, None]]
+        if self.last is not None:
             util = min(100.0, max(0.0, (cpu - self.last[1]) / (now - self.last[0]) / self.cpus * 100))
         self.last = (now, cpu)
         return [[util, rss, None, None, None]]

@@ -5,14 +5,23 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
-from ..protocol import PREFIX
+from ..protocol import PREFIX, PROFILE_VERSION
 from .nvml import Nvml
+from .pressure import HostPressure
 from .proctree import ProcessTree
-from .stats import METRICS, Stats, merge, rounded
+from .stats import METRICS, Stats, combine, merge, rounded
 
 PROFILE_POINTS = 600  # the series that comes back has at most this many points, whatever the duration
+
+
+class Sample(NamedTuple):
+    """The latest sample, held back until the next one: the final one may be merged into it."""
+
+    rows: list[list[float | None]]  # per device, a row of METRICS
+    seconds: float  # the time it stands for: since the sample before it
+    at: float  # seconds since the sampling started
 
 
 class Profiler:
@@ -22,10 +31,19 @@ class Profiler:
     thinned as it grows (pairs of points merged), so memory and the result stay bounded whatever the duration.
     """
 
-    def __init__(self, interval_s: float) -> None:
+    def __init__(self, interval_s: float, *, host: str = "", cpu_fallback: str | None = None) -> None:
+        """Start sampling.
+
+        :param host: the worker's host name as Airflow knows it (the envelope's); empty: this machine's own name
+        :param cpu_fallback: why the task runs on the CPU instead of its GPUs (``on_missing_gpu="cpu"``), or None
+        """
         import threading
 
         self.interval_s = max(0.05, float(interval_s))
+        self.node = os.uname().nodename  # the container's id on Docker, the pod's name on Kubernetes
+        self.host = host or self.node
+        self.cpu_fallback = cpu_fallback
+        self.pressure = HostPressure()
         reason = "no GPU visible to the task"
         try:
             self.source: Any = Nvml()
@@ -42,6 +60,7 @@ class Profiler:
         self.pending: list[list[float | None]] = []
         self.width = 1  # samples per point
         self.samples = 0
+        self.held: Sample | None = None
         self.started = time.time()
         self.clock = time.monotonic()
         self.last = self.clock
@@ -62,18 +81,37 @@ class Profiler:
             self.error = f"{type(exc).__name__}: {exc}"
             print(f"{PREFIX} profile: sampling stopped ({self.error})", flush=True)
 
-    def _sample(self) -> None:
+    def _sample(self, *, final: bool = False) -> None:
         with self.lock:  # the thread's samples, and stop()'s last one
-            self._sample_locked()
+            self._sample_locked(final)
 
-    def _sample_locked(self) -> None:
+    def _sample_locked(self, final: bool) -> None:
+        """Take a sample; settle the one before it.
+
+        A final sample closer to it than the interval is merged into it (one sample over both spans): a
+        sub-millisecond span reads nothing but the granularity of the kernel's counters.
+        """
         rows = self.source.sample()
+        self.pressure.sample()
         now = time.monotonic()
         seconds, self.last = now - self.last, now
+        held = self.held
+        if final and held is not None and seconds < self.interval_s:
+            rows, seconds = combine(held.rows, held.seconds, rows, seconds), held.seconds + seconds
+        else:
+            self._settle()
+        self.held = Sample(rows, seconds, round(now - self.clock, 3))
+
+    def _settle(self) -> None:
+        """Count the held sample in the statistics and the series."""
+        if self.held is None:
+            return
+        rows, seconds, at = self.held
+        self.held = None
         self.samples += 1
         for stats, row in zip(self.stats, rows, strict=False):
             stats.add(row, seconds)
-        self.pending.append([round(now - self.clock, 3)] + [value for row in rows for value in row])
+        self.pending.append([at, *(value for row in rows for value in row)])
         if len(self.pending) == self.width:
             self.points.append(merge(self.pending))
             self.pending = []
@@ -85,9 +123,11 @@ class Profiler:
         """End the sampling (one last sample) and return the profile that travels with the result envelope."""
         self.stopping.set()
         self.thread.join(timeout=5)
-        if not self.thread.is_alive() and self.error is None:
-            with contextlib.suppress(Exception):  # the samples so far still make a profile
-                self._sample()
+        if not self.thread.is_alive():  # (a thread stuck in a driver call keeps its held sample)
+            if self.error is None:
+                with contextlib.suppress(Exception):  # the samples so far still make a profile
+                    self._sample(final=True)
+            self._settle()
         energy = self.source.energy_joules()
         self.source.close()
         points = self.points + ([merge(self.pending)] if self.pending else [])
@@ -105,15 +145,19 @@ class Profiler:
             columns = {metric: [rounded(p[first + i]) for p in points] for i, metric in enumerate(METRICS)}
             series[info["index"]] = {m: values for m, values in columns.items() if any(v is not None for v in values)}
         return {
-            "version": 1,
+            "version": PROFILE_VERSION,
             "kind": self.kind,
-            "host": os.uname().nodename,
+            "host": self.host,
+            "node": self.node,
             "interval_s": self.interval_s,
             "started": self.started,
             "duration_s": round(time.monotonic() - self.clock, 3),
             "samples": self.samples,
             "devices": devices,
             "series": series,
+            "host_cpu": self.pressure.summary(),
+            "cpu_fallback": self.cpu_fallback is not None,
+            "cpu_fallback_reason": self.cpu_fallback,
             "error": self.error,
         }
 
@@ -123,8 +167,14 @@ def start_profiler(envelope: dict[str, Any]) -> Profiler | None:
     settings = envelope.get("profile")
     if not settings or os.environ.get("LOCAL_RANK", "0") != "0":
         return None
+    summary = envelope.get("summary") or {}
+    fell_back = bool((summary.get("effective") or {}).get("cpu_fallback"))
     try:
-        return Profiler(float(settings.get("interval_s", 1.0)))
+        return Profiler(
+            float(settings.get("interval_s", 1.0)),
+            host=str(settings.get("host") or ""),
+            cpu_fallback=str(summary.get("cpu_fallback_reason") or "no reason given") if fell_back else None,
+        )
     except Exception as exc:  # noqa: BLE001 - the task runs without its profile
         print(f"{PREFIX} profile: not sampled ({type(exc).__name__}: {exc})", flush=True)
         return None

@@ -82,6 +82,29 @@ def merge(points: list[list[float | None]]) -> list[float | None]:
     return merged
 
 
+def combine(
+    first: list[list[float | None]], first_s: float, second: list[list[float | None]], second_s: float
+) -> list[list[float | None]]:
+    """Two consecutive samples (per device, a row of :data:`METRICS`) as one sample over both spans.
+
+    Peak metrics take the max; the others are weighted by the time each sample stands for (for a CPU share, that
+    is the share over both spans).
+    """
+    total = first_s + second_s
+    rows = []
+    for row_a, row_b in zip(first, second, strict=True):
+        row: list[float | None] = []
+        for metric, a, b in zip(METRICS, row_a, row_b, strict=True):
+            if a is None or b is None:
+                row.append(b if a is None else a)
+            elif metric in PEAK_METRICS:
+                row.append(max(a, b))
+            else:
+                row.append((a * first_s + b * second_s) / total if total > 0 else b)
+        rows.append(row)
+    return rows
+
+
 def rounded(value: float | None) -> float | None:
     """A value of the series as it travels: 0.1 precision, whole numbers above a million (bytes)."""
     return value if value is None else round(value, 1) if value < 1e6 else int(value)

@@ -23,6 +23,7 @@ from airflow_gpu_provider.telemetry.ui.format import TaskKey
 from airflow_gpu_provider.telemetry.ui.html import SECURITY_HEADERS, e, layout
 from airflow_gpu_provider.telemetry.ui.overview_page import render_overview
 from airflow_gpu_provider.telemetry.ui.task_page import render_no_profile, render_task_page
+from airflow_gpu_provider.telemetry.ui.timeline import render_timeline
 
 MAX_LIMIT = 500
 _INTEGER = re.compile(r"-?\d{1,9}")
@@ -69,15 +70,31 @@ def create_app() -> FastAPI:
 
     @app.get("/dags/{dag_id}/runs/{run_id}/tasks/{task_id}", response_class=HTMLResponse, dependencies=[ReadXCom])
     def task_page(
-        request: Request, dag_id: str, run_id: str, task_id: str, *, session: SessionDep, map_index: str = "-1"
+        request: Request,
+        dag_id: str,
+        run_id: str,
+        task_id: str,
+        *,
+        session: SessionDep,
+        map_index: str = "-1",
+        try_number: Annotated[int | None, Query(ge=1, le=10**6)] = None,
     ) -> HTMLResponse:
-        """The profile of a task instance's latest try, or why there is none."""
+        """One try's profile (the latest with one, unless ``try_number`` says), the tries, the timeline.
+
+        Without a profile to show: why there may be none.
+        """
+        from airflow.settings import TIMEZONE  # [core] default_timezone, as the Airflow UI's server side has it
+
         key = TaskKey(dag_id, run_id, task_id, map_index_of(map_index))
         home = _base(request) + "/"
-        profile = store.task_profile(session, key)
-        if profile is None:
+        tries = store.task_tries(session, key)
+        ladder, history = store.escalation_history(session, key)
+        timeline = render_timeline(ladder, history, zone=TIMEZONE)
+        shown = [t.profile for t in tries if t.profile is not None and try_number in (None, t.number)]
+        if not shown:
             state = store.task_state(session, key)
-            return html(render_no_profile(key, state=state, home=home), 404 if state is None else 200)
-        return html(render_task_page(profile, key, home=home))
+            page = render_no_profile(key, state=state, home=home, tries=tries, timeline=timeline)
+            return html(page, 404 if state is None or try_number is not None else 200)
+        return html(render_task_page(shown[-1], key, home=home, tries=tries, timeline=timeline))
 
     return app

@@ -59,8 +59,9 @@ def requested(request: dict[str, Any]) -> str:
     if request.get("mig_profile"):
         model += f" (MIG {text(request.get('mig_profile'), 20)})"
     parts = [
-        f"all {model}s" if count == "all" else f"{number(count):.0f}× {model}" if number(count) is not None else ""
-    ]
+        "no GPU" if count == 0 else f"all {model}s" if count == "all" else
+        f"{number(count):.0f}× {model}" if number(count) is not None else ""
+    ]  # fmt: skip
     memory = request.get("memory")
     if memory:  # bytes (the operator's parsed request) or the string as written ("16Gi")
         parts.append(f"{gib(number(memory))} memory" if number(memory) is not None else text(memory, 20))
@@ -82,6 +83,22 @@ class TaskKey(NamedTuple):
     def label(self) -> str:
         """``dag_id / task_id``, with ``[map_index]`` when mapped."""
         return f"{self.dag_id} / {self.task_id}" + (f" [{self.map_index}]" if self.map_index >= 0 else "")
+
+
+@dataclass(frozen=True)
+class TaskTry:
+    """One try of a task instance: what Airflow recorded of it, and its profile when one was stored.
+
+    :param state: the try's state (``None`` when Airflow keeps no record of the try, only its profile)
+    :param started: :param ended: epoch seconds; :param hostname: the worker Airflow ran it on
+    """
+
+    number: int
+    state: str | None
+    started: float | None
+    ended: float | None
+    hostname: str
+    profile: Profile | None
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ class _Host:
 
 
 def _assigned(row: ProfileRow) -> str:
+    if row.profile.cpu_fallback:
+        return "no GPU (CPU fallback)"
     if row.profile.is_cpu:
         return "no GPU (CPU profile)"
     names = Counter(d.name or "GPU" for d in row.profile.devices)
@@ -36,7 +38,7 @@ def _peak(row: ProfileRow) -> str:
 def _task_row(row: ProfileRow, base: str) -> list[str]:
     profile = row.profile
     link = task_path(base, row.key)
-    kind = ' <span class="badge">CPU</span>' if profile.is_cpu else ""
+    kind = f' <span class="badge">{"CPU fallback" if profile.cpu_fallback else "CPU"}</span>' if profile.is_cpu else ""
     advice = "".join(f"<li>{e(item)}</li>" for item in profile.advice[:3])
     return [
         f'<span class="nowrap">{e(when(profile.finished or row.stored))}</span>',

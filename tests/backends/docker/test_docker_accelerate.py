@@ -22,3 +22,4 @@ def test_two_cpu_processes_in_a_container_with_cpu_fallback(airflow_home, torch_
     assert result["ranks"] == [0, 1]
     assert result["backend"] == "gloo"
     assert result["last_loss"] < result["first_loss"]
+    assert result["threads"] == [[1, 1], [1, 1]]  # cpu_count=2 shared by the container's 2 ranks

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from airflow.utils.net import get_hostname
 from backends.docker.docker_fixtures import BASE_IMAGE, container_ids
 from helpers import load_dag, run_dag, task_states, xcom
 
@@ -89,5 +90,6 @@ def test_demo_dag_trains_in_docker_with_cpu_fallback(airflow_home, torch_image, 
     assert metrics["final_loss"] < metrics["initial_loss"]
     profile = xcom(dag_run, "train", "gpu_profile")  # sampled inside the container, its processes only
     assert profile["kind"] == "cpu" and profile["task"]["backend"] == "docker"
-    assert profile["host"] != os.uname().nodename  # the container's hostname
+    assert profile["host"] == get_hostname() and profile["node"] != os.uname().nodename  # the worker; the container
+    assert profile["cpu_fallback"] is True
     assert profile["devices"][0]["peak_memory"] > 2**20 and profile["samples"] >= 1

@@ -64,6 +64,56 @@ def test_the_trigger_serialises_what_the_triggerer_needs():
     assert DockerContainerTrigger(**arguments).serialize() == (path, arguments)
 
 
+TRIGGER_IN_A_FRESH_PROCESS = """
+import asyncio, json, sys, threading
+
+from airflow_gpu_provider.backends.docker.trigger import DockerContainerTrigger
+
+imported_on = []  # the threads that imported docker-py while the trigger ran
+
+
+class Spy:
+    def find_spec(self, name, path=None, target=None):
+        if name == "docker" or name.startswith("docker."):
+            imported_on.append(threading.current_thread() is threading.main_thread())
+
+
+async def first_event():
+    async for event in DockerContainerTrigger(sys.argv[1], {"docker_url": sys.argv[2]}, 0.2).run():
+        return event.payload
+
+
+assert "docker" not in sys.modules, "docker-py was imported before the trigger ran"
+sys.meta_path.insert(0, Spy())
+print(json.dumps({"event": asyncio.run(first_event()), "imported_on_the_loop": any(imported_on), "imports": len(imported_on)}))
+"""
+
+
+def test_the_trigger_imports_and_calls_docker_py_off_the_event_loop(docker_client):
+    """The triggerer's event loop never waits for docker-py: not for a call, nor for its first import (tenths of a
+    second, which the real triggerer reported as "async thread was blocked" before the import moved to a thread).
+    """
+    import subprocess
+    import sys
+
+    from airflow_gpu_provider.backends.docker.options import DockerOptions
+
+    image = os.environ.get("AIRFLOW_GPU_TEST_BASE_IMAGE", "airflow-gpu-base:bookworm")
+    created = docker_client.create_container(image, ["true"])["Id"]
+    try:
+        docker_client.start(created)
+        done = subprocess.run(
+            [sys.executable, "-c", TRIGGER_IN_A_FRESH_PROCESS, created, str(DockerOptions().engine_url)],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    finally:
+        docker_client.remove_container(created, force=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["event"]["status"] == "exited" and report["event"]["exit_code"] == 0
+    assert report["imports"] > 0 and not report["imported_on_the_loop"], report
+
+
 def test_a_recorded_container_of_another_task_instance_is_never_taken_over(docker_client):
     """A try takes over only a container whose labels name its own task instance: a record pointing elsewhere (a
     forged or stale one) finds nothing, and the other container is left alone.

@@ -55,6 +55,8 @@ def test_two_nodes_times_four_gpus_bf16_job_service_and_command_lines():
     main_address = f"{name}-0.{name}.ml.svc.cluster.local"
     assert variables["MASTER_ADDR"] == main_address
     assert main["args"] == ["env:AIRFLOW_GPU_ENVELOPE", "-"]  # the result goes to the log: a Job has no sidecar
+    # 16 CPUs a pod, 4 ranks on each of the 2 nodes: 4 threads a rank
+    assert variables["OMP_NUM_THREADS"] == variables["MKL_NUM_THREADS"] == "4"
 
     envelope = envelope_of(job)
     pod_env = {"NODE_RANK": "", "MASTER_ADDR": main_address, "MASTER_PORT": "29500"}

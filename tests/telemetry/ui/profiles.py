@@ -1,9 +1,12 @@
-"""TEST DATA: realistic ``gpu_profile`` XCom values (schema version 1), one of each kind.
+"""TEST DATA: realistic ``gpu_profile`` XCom values, one of each kind, and an ``on_oom`` history.
 
 ``GPU_PROFILE``: a 93 s training try on two A100-80GB cards of ``worker-1`` (device 1 mostly idle), with power,
-temperature and SM clock series, advice and a cost. ``CPU_PROFILE``: the same pipeline on a host without GPUs
-(CPU % and RSS of the task's process tree). Both are made up for the UI's tests; the numbers are plausible, the
-series deterministic.
+temperature and SM clock series, advice and a cost (schema version 1, as older workers wrote it).
+``CPU_PROFILE``: the same pipeline on a host without GPUs (CPU % and RSS of the task's process tree; version 1).
+``FALLBACK_PROFILE``: version 2, a Docker try that fell back to the CPU, sampled in a container on a busy host.
+``ESCALATION``: the ``gpu_escalation`` XCom of a task whose try 1 ran out of GPU memory on an L4 and whose try 2
+succeeded on an A100-80GB, as ``escalation/tries.py`` records it. All made up for the UI's tests; the numbers are
+plausible, the series deterministic.
 """
 
 from __future__ import annotations
@@ -143,8 +146,48 @@ def _cpu_profile() -> dict[str, Any]:
     }
 
 
+def _fallback_profile() -> dict[str, Any]:
+    profile = copy.deepcopy(_cpu_profile())
+    reason = "the Docker engine cannot start GPU containers (could not select device driver)"
+    profile.update(
+        version=2,
+        host="worker-2.example.com",
+        node="3f2a9c1b7d4e",
+        host_cpu={"source": "/proc/pressure/cpu", "scope": "host", "cpus": 8, "pressure_pct": 46.3, "peak_avg10": 81.2},
+        cpu_fallback=True,
+        cpu_fallback_reason=reason,
+        advice=[
+            f"ran on the CPU instead of its GPUs (on_missing_gpu='cpu'): {reason}",
+            "mean utilisation 31 %: the CPUs often waited: the host was busy (CPU pressure 46 %)",
+        ],
+    )
+    profile["devices"][0]["mean_util"] = 31.0
+    return profile
+
+
+def _resources(accelerator: str, memory: int) -> dict[str, Any]:
+    return {"gpu_count": 1, "accelerator": accelerator, "mig_profile": None, "memory": memory, "cpu_count": 4,
+            "shm_size": None, "gpu_vendor": "nvidia"}  # fmt: skip
+
+
+ESCALATION: dict[str, Any] = {
+    "on_oom": "accelerators=L4 -> A100-80GB",
+    "tries": [
+        {
+            "try": 1,
+            "kind": "gpu_oom",
+            "resources": _resources("L4", 16 * GIB),
+            "at": STARTED + 120.25,
+            "gpu_memory": 24 * GIB,
+            "gpu_model": "NVIDIA L4",
+            "error": "GpuOutOfMemoryError: The task ran out of GPU memory",
+        },
+        {"try": 2, "kind": "success", "resources": _resources("A100-80GB", 32 * GIB), "at": STARTED + 400.5},
+    ],
+}
 GPU_PROFILE: dict[str, Any] = _gpu_profile()
 CPU_PROFILE: dict[str, Any] = _cpu_profile()
+FALLBACK_PROFILE: dict[str, Any] = _fallback_profile()
 
 
 def hostile(profile: dict[str, Any]) -> dict[str, Any]:

@@ -13,13 +13,13 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from jwt import InvalidTokenError
-from telemetry.ui.profiles import CPU_PROFILE, GPU_PROFILE
+from telemetry.ui.profiles import CPU_PROFILE, ESCALATION, FALLBACK_PROFILE, GPU_PROFILE
 
 from airflow_gpu_provider.telemetry import ui
 from airflow_gpu_provider.telemetry.profile import Profile
 from airflow_gpu_provider.telemetry.ui import app as ui_app
 from airflow_gpu_provider.telemetry.ui import store
-from airflow_gpu_provider.telemetry.ui.format import ProfileRow, TaskKey
+from airflow_gpu_provider.telemetry.ui.format import ProfileRow, TaskKey, TaskTry
 
 TASK = "/gpu/dags/gpu_training_demo/runs/manual__2026-11-23T13%3A00%3A00%2B00%3A00/tasks/train"
 
@@ -61,13 +61,34 @@ def client(auth: FakeAuthManager, monkeypatch: pytest.MonkeyPatch) -> TestClient
         TaskKey("gpu_training_demo", "r-cpu", "train", 2): CPU_PROFILE,
         TaskKey("secret_dag", "r", "train"): GPU_PROFILE,
     }
+    retried = TaskKey("gpu_training_demo", "r-retried", "train")
+    tries = {  # try 1 fell back to the CPU, try 2 ran on the GPUs; the latest try's profile is shown first
+        retried: [
+            TaskTry(1, "failed", None, None, "worker-2", Profile.read({**FALLBACK_PROFILE, "task": {"try_number": 1}})),
+            TaskTry(2, "success", None, None, "worker-1", Profile.read({**GPU_PROFILE, "task": {"try_number": 2}})),
+            TaskTry(3, "running", None, None, "worker-1", None),
+        ]
+    }
 
     def recent(session: Any, dag_ids: set[str], limit: int = 200) -> list[ProfileRow]:
         rows = [ProfileRow(key, 0.0, Profile.read(value)) for key, value in profiles.items() if key.dag_id in dag_ids]
         return rows[:limit]  # type: ignore[misc]
 
-    monkeypatch.setattr(store, "task_profile", lambda session, key: Profile.read(profiles.get(key)))
-    monkeypatch.setattr(store, "task_state", lambda session, key: "running" if key.run_id == "r-run" else None)
+    def task_tries(session: Any, key: TaskKey) -> list[TaskTry]:
+        profile = Profile.read(profiles.get(key))
+        return tries.get(key) or (
+            [TaskTry(profile.try_number or 1, "success", None, None, "", profile)] if profile else []
+        )
+
+    monkeypatch.setattr(store, "task_tries", task_tries)
+    monkeypatch.setattr(
+        store,
+        "escalation_history",
+        lambda session, key: ("a ladder", ESCALATION["tries"]) if key == retried else ("", []),
+    )
+    monkeypatch.setattr(
+        store, "task_state", lambda session, key: "running" if key.run_id in ("r-run", "r-retried") else None
+    )
     monkeypatch.setattr(store, "recent_profiles", recent)
     app = ui_app.create_app()
     app.dependency_overrides[store_session()] = lambda: None
@@ -163,3 +184,21 @@ def test_the_lazy_app_builds_the_real_one_on_its_first_request(auth, monkeypatch
     assert client.get("/gpu/").status_code == 401
     assert client.get("/gpu/nope").status_code == 404
     assert built == [1]
+
+
+def test_the_tab_shows_the_latest_profiled_try_and_any_other_on_request(client):
+    page = "/gpu/dags/gpu_training_demo/runs/r-retried/tasks/train"
+    latest = client.get(page, headers=GOOD)
+    assert latest.status_code == 200
+    assert "try 2 of 3" in latest.text and "<strong>try 2</strong> (shown)" in latest.text
+    assert f'href="{page}?map_index=-1&amp;try_number=1">try 1</a>' in latest.text
+    assert "running: no profile yet" in latest.text  # try 3
+    assert "ran out of GPU memory on NVIDIA L4 (24.0 GiB)" in latest.text  # the timeline
+    first = client.get(page + "?try_number=1", headers=GOOD)
+    assert first.status_code == 200
+    assert "<strong>try 1</strong> (shown)" in first.text and "CPU fallback" in first.text
+    missing = client.get(page + "?try_number=3", headers=GOOD)
+    assert (
+        missing.status_code == 404 and "No GPU profile" in missing.text and "accelerator L4 → A100-80GB" in missing.text
+    )
+    assert client.get(page + "?try_number=0", headers=GOOD).status_code == 422

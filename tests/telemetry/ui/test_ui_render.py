@@ -6,13 +6,19 @@ import copy
 import re
 
 import pytest
-from telemetry.ui.profiles import CPU_PROFILE, GIB, GPU_PROFILE, hostile
+from telemetry.ui.profiles import CPU_PROFILE, ESCALATION, FALLBACK_PROFILE, GIB, GPU_PROFILE, hostile
 
 from airflow_gpu_provider.telemetry.profile import MAX_POINTS, Profile
 from airflow_gpu_provider.telemetry.ui.chart import memory_chart, utilisation_chart
-from airflow_gpu_provider.telemetry.ui.format import ProfileRow, TaskKey, requested
+from airflow_gpu_provider.telemetry.ui.format import ProfileRow, TaskKey, TaskTry, requested
 from airflow_gpu_provider.telemetry.ui.overview_page import render_overview
-from airflow_gpu_provider.telemetry.ui.task_page import CPU_BADGE, render_no_profile, render_task_page
+from airflow_gpu_provider.telemetry.ui.task_page import (
+    CPU_BADGE,
+    FALLBACK_BADGE,
+    render_no_profile,
+    render_task_page,
+)
+from airflow_gpu_provider.telemetry.ui.timeline import render_timeline
 
 KEY = TaskKey("gpu_training_demo", "manual__2026-11-23T13:00:00+00:00", "train")
 MAX_PAGE_BYTES = 120_000
@@ -131,7 +137,7 @@ def test_gaps_in_a_series_start_a_new_segment():
 
 @pytest.mark.parametrize(
     "value",
-    [None, "a string", [1, 2], {"version": 2, "kind": "gpu"}, {}],
+    [None, "a string", [1, 2], {"version": 3, "kind": "gpu"}, {}],
     ids=["none", "string", "list", "unknown-version", "empty"],
 )
 def test_what_is_no_profile_reads_as_none(value):
@@ -218,3 +224,85 @@ def test_requested_resources_read_either_form(request_, expected):
 def test_an_incomplete_profile_says_so():
     value = {**CPU_PROFILE, "error": "NVML went away <b>"}
     assert "Profile incomplete: NVML went away &lt;b&gt;" in page(value)
+
+
+def test_a_version_2_profile_shows_the_worker_the_container_the_host_cpus_and_the_fallback():
+    html = page(FALLBACK_PROFILE)
+    assert FALLBACK_BADGE in html and CPU_BADGE not in html
+    for text in (
+        "worker-2.example.com (sampled in 3f2a9c1b7d4e)",  # the worker; the container the sampler ran in
+        "the Docker engine cannot start GPU containers (could not select device driver)",
+        "no GPU (CPU fallback)",
+        "CPU pressure 46 %, 10-s peak 81 % (/proc/pressure/cpu, host view)",
+        "the CPUs often waited: the host was busy (CPU pressure 46 %)",
+        "The task fell back to the CPU",
+    ):
+        assert text in html, text
+    overview = render_overview([ProfileRow(KEY, 0.0, Profile.read(FALLBACK_PROFILE))], base="/gpu", limit=9)  # type: ignore[arg-type]
+    assert '<span class="badge">CPU fallback</span>' in overview and "no GPU (CPU fallback)" in overview
+
+
+def test_a_version_1_profile_still_reads_without_the_new_fields():
+    profile = Profile.read(GPU_PROFILE)
+    assert profile is not None and profile.node == "" and profile.host_cpu is None and not profile.cpu_fallback
+    assert "not read (a profile of version 1, or no /proc)" in page(GPU_PROFILE)
+
+
+def test_the_tries_list_links_every_profiled_try_and_marks_the_one_shown():
+    first = Profile.read({**FALLBACK_PROFILE, "task": {"try_number": 1}})
+    second = Profile.read({**GPU_PROFILE, "task": {"try_number": 2}})
+    assert first is not None and second is not None
+    tries = [
+        TaskTry(1, "failed", 1_795_442_000.0, 1_795_442_060.0, "worker-2", first),
+        TaskTry(2, "success", 1_795_442_100.0, None, "worker-1", second),
+        TaskTry(3, None, None, None, "", None),
+    ]
+    html = render_task_page(first, KEY, home="/gpu/", tries=tries)
+    assert "try 1 of 3" in html
+    assert "<strong>try 1</strong> (shown)" in html
+    link = "/gpu/dags/gpu_training_demo/runs/manual__2026-11-23T13%3A00%3A00%2B00%3A00/tasks/train?map_index=-1"
+    assert f'<a href="{link}&amp;try_number=2">try 2</a>' in html
+    rows = re.findall(r"<tr><td>(.*?)</td></tr>", html[html.index("<h2>Tries</h2>") :].split("</table>")[0])
+    assert [row.split("</td><td>")[1] for row in rows] == ["–", "success", "failed"]  # newest first
+    assert "2026-11-23 13:53:20 UTC" in html and "worker-2" in html and "CPU fallback" in rows[2]
+    assert "no profile" in rows[0]
+
+
+def test_the_escalation_timeline_reads_in_words():
+    html = render_timeline(ESCALATION["on_oom"], ESCALATION["tries"])
+    cells = [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr><td>.*?</tr>", html)]
+    assert cells == [
+        [
+            "1",
+            '<span class="nowrap">2026-11-23 13:55:20+00:00</span>',
+            "ran out of GPU memory on NVIDIA L4 (24.0 GiB)",
+            "1× L4, 16.0 GiB memory, 4 CPUs",
+            "accelerator L4 → A100-80GB; memory 16.0 GiB → 32.0 GiB",
+        ],
+        [
+            "2",
+            '<span class="nowrap">2026-11-23 14:00:00+00:00</span>',
+            "succeeded",
+            "1× A100-80GB, 32.0 GiB memory, 4 CPUs",
+            "–",
+        ],
+    ]
+    assert "On out of memory: accelerators=L4 -&gt; A100-80GB." in html
+    assert "85899345920" not in html and "1795442120.25" not in html  # no bytes, no epoch floats
+
+
+def test_the_timeline_is_in_the_deployments_time_zone_and_survives_bad_entries():
+    import datetime
+
+    cet = datetime.timezone(datetime.timedelta(hours=1))
+    assert "2026-11-23 14:55:20+01:00" in render_timeline("", ESCALATION["tries"], zone=cet)
+    evil = '<script>alert("x")</script>'
+    bad = [
+        {"try": "1", "kind": evil, "at": "yesterday", "resources": [], "error": evil},
+        {"try": 2, "kind": "host_oom", "at": float("nan"), "resources": {"memory": evil, "gpu_count": 0}},
+        {"try": True, "kind": "gpu_oom", "gpu_memory": "lots", "gpu_model": evil},
+    ]
+    html = render_timeline(evil, bad)
+    assert "<script" not in html and "&lt;script&gt;" in html
+    assert "ran out of host memory" in html and "no GPU" in html and "ran out of GPU memory on &lt;script" in html
+    assert render_timeline("", []) == ""

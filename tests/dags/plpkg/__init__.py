@@ -1,0 +1,1 @@
+"""A project package next to the test DAG files."""

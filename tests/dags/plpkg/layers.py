@@ -1,0 +1,3 @@
+"""A submodule of the project package."""
+
+NAME = "layers of plpkg"

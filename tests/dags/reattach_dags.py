@@ -1,0 +1,46 @@
+"""DAG of tests/executors/test_reattach.py: a Docker task whose Celery worker is SIGKILLed while its container runs."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+from airflow.sdk import DAG
+
+from airflow_gpu_provider import GpuStepOperator, ImageSettings
+
+IMAGE = ImageSettings(parent_image=os.environ.get("AIRFLOW_GPU_TEST_BASE_IMAGE", "airflow-gpu-base:bookworm"))
+
+
+def counts_its_runs(seconds: str) -> dict:
+    """Append a line to the checkpoint folder for every process that runs this; return how many did."""
+    import os
+    import time
+
+    folder = os.environ["AIRFLOW_GPU_CHECKPOINT_DIR"]
+    with open(os.path.join(folder, "runs.txt"), "a") as handle:
+        handle.write(f"{os.getpid()}\n")
+    print("counted; working", flush=True)
+    time.sleep(int(seconds))
+    with open(os.path.join(folder, "runs.txt")) as handle:
+        runs = len(handle.read().split())
+    print("done after", runs, "run(s)", flush=True)
+    return {"runs": runs}
+
+
+with DAG(
+    "reattach_after_worker_kill",
+    schedule=None,
+    start_date=datetime.datetime(2024, 1, 1),
+    params={"root": "/tmp", "seconds": 45},
+    default_args={"retries": 1, "retry_delay": datetime.timedelta(seconds=0)},
+):
+    GpuStepOperator(
+        task_id="task",
+        python_callable=counts_its_runs,
+        op_args=["{{ params.seconds }}"],
+        checkpoint="{{ params.root }}",
+        backend="docker",
+        image=IMAGE,
+        backend_options={"stop_timeout": 2},
+    )

@@ -1,0 +1,112 @@
+"""Reattach for real: a Docker task's Celery worker is SIGKILLed while its container runs.
+
+The scheduler finds the task instance's heartbeat gone and retries it; the retry, on a new worker, finds the
+container the first try recorded in the task state store and takes it over instead of starting a second copy: the
+task's result is the first container's, and exactly one process ran the function (each run appends a line to a
+file in the task's checkpoint folder, and the function returns how many lines it found).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from cluster import AIRFLOW, Cluster
+from conftest import REPO
+
+pytest.importorskip("airflow.providers.celery", reason="the Celery provider is not installed (the dev extra has it)")
+pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.usefixtures("no_leaks")]
+DAG_ID = "reattach_after_worker_kill"
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    shutil.copy(REPO / "tests" / "dags" / "reattach_dags.py", dags)
+    home = tmp_path / "home"
+    home.mkdir()
+    root = Path(tempfile.mkdtemp(prefix="reattach-root-"))
+    root.chmod(0o700)
+    cluster = Cluster(
+        home,
+        dags,
+        {
+            "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+            "AIRFLOW__GPU__DEVICES": "none",
+            "AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS": str(root),
+            # a dead worker's task instance is failed (and retried) 10 s after its last heartbeat
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "10",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
+        },
+    )
+    cluster.root = root  # type: ignore[attr-defined]
+    try:
+        broker = cluster.start_redis()
+        cluster.env["AIRFLOW__CELERY__BROKER_URL"] = f"{broker}/0"
+        cluster.env["AIRFLOW__CELERY__RESULT_BACKEND"] = f"redis://{broker.split('://')[1]}/1"
+        cluster.start_airflow()
+        yield cluster
+    finally:
+        leftovers = cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+        assert leftovers == [], leftovers
+
+
+def _worker(cluster: Cluster, name: str) -> None:
+    cluster.start(
+        name,
+        [*AIRFLOW, "celery", "worker", "--concurrency", "1", "--skip-serve-logs", "--celery-hostname", f"{name}@%h"],
+    )
+
+
+def _wait(probe, timeout: float, what: str, cluster: Cluster):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = probe()
+        if found:
+            return found
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}:\n{cluster.logs()}")
+
+
+def _task_log(cluster: Cluster, try_number: int) -> str:
+    logs = sorted((cluster.home / "logs").glob(f"dag_id={DAG_ID}/**/attempt={try_number}.log"))
+    return logs[0].read_text(errors="replace") if logs else ""
+
+
+def test_a_killed_workers_container_is_taken_over_by_the_next_try(cluster, docker_client):
+    _worker(cluster, "worker-1")
+    cluster.wait_for_dag(DAG_ID)
+    cluster.run("dags", "unpause", DAG_ID)
+    cluster.run("dags", "trigger", DAG_ID, "--run-id", "r1", "--conf", f'{{"root": "{cluster.root}"}}')
+
+    # The first try's container has started the function: its line is in the checkpoint folder
+    runs = _wait(lambda: list(cluster.root.glob("**/runs.txt")), 180, "the first container to start", cluster)
+    started = _wait(lambda: "Started container" in _task_log(cluster, 1), 30, "the first try's log", cluster)
+    assert started
+    first = _task_log(cluster, 1).split("Started container ", 1)[1].split()[0]
+    ours = docker_client.containers(filters={"label": "airflow-gpu-provider.run_id=r1"})
+    assert [c["Id"][:12] for c in ours] == [first]
+
+    # The worker dies as a redeployment or an OOM kill would end it: its whole process group, at once
+    os.killpg(cluster.processes["worker-1"].pid, signal.SIGKILL)
+    cluster.processes.pop("worker-1").wait()
+    assert docker_client.inspect_container(first)["State"]["Running"]  # the container outlives its worker
+    _worker(cluster, "worker-2")
+
+    state = cluster.wait_for_run(DAG_ID, "r1", timeout=240)
+    tis = cluster.task_instances(DAG_ID, "r1")
+    second = _task_log(cluster, 2)
+    assert state == "success", f"{tis}\n{cluster.logs()}"
+    assert f"Reattached to container {first}, left running by an earlier try" in second, second[-3000:]
+    assert "done after 1 run(s)" in second  # the container's output, followed by the second try
+    assert cluster.xcom(DAG_ID, "r1", "task") == {"runs": 1}  # one process ran the function
+    assert "Started container" not in second
+    assert not runs[0].exists()  # the successful run's checkpoints are deleted with it
+    assert docker_client.containers(all=True, filters={"label": "airflow-gpu-provider.run_id=r1"}) == []

@@ -1,0 +1,93 @@
+"""Ranks the task's own code starts, as PyTorch Lightning's ``ddp`` does: ``sys.executable sys.argv...`` again,
+with ``LOCAL_RANK`` set. The copies are secondary ranks (no summary, no result); rank 0's value is the task's; a
+copy still running when rank 0 returns is ended and named. Real processes, the shipped archive.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from shipped_runtime import callable_envelope, runtime_path
+
+from airflow_gpu_provider.task.callable import shipped_callable
+
+SUMMARY = {"backend": "test", "image": "img", "requirements_hash": "none", "resources": "cpu", "gpus": []}
+
+
+def starts_ranks(ranks, rank_sleeps):
+    """Start ``ranks - 1`` copies of this process as Lightning's ddp does, then return rank 0's value.
+
+    A copy (``LOCAL_RANK`` > 0) sleeps ``rank_sleeps`` seconds, then returns its own value.
+    """
+    import os
+    import subprocess
+    import sys
+    import time
+
+    rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if rank > 0:
+        time.sleep(rank_sleeps)
+        return {"rank": rank}
+    os.environ["LOCAL_RANK"] = "0"  # Lightning sets the main process's rank too
+    for local_rank in range(1, ranks):
+        command = [sys.executable, os.path.abspath(sys.argv[0]), *sys.argv[1:]]
+        subprocess.Popen(command, env={**os.environ, "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(ranks)})
+    time.sleep(0.5)  # the copies have started
+    return {"rank": rank, "pid": os.getpid()}
+
+
+def copy_fails():
+    import os
+    import subprocess
+    import sys
+
+    if os.environ.get("LOCAL_RANK", "0") != "0":
+        raise ValueError("rank 1 broke")
+    command = [sys.executable, os.path.abspath(sys.argv[0]), *sys.argv[1:]]
+    done = subprocess.run(command, env={**os.environ, "LOCAL_RANK": "1"}, timeout=60)
+    return {"copy_status": done.returncode}
+
+
+def _run(tmp_path: Path, function, *args) -> tuple[subprocess.CompletedProcess[str], dict]:
+    envelope = {**callable_envelope(shipped_callable(function, owner="test"), list(args), {}), "summary": SUMMARY}
+    (tmp_path / "envelope.json").write_text(json.dumps(envelope))
+    done = subprocess.run(
+        [sys.executable, str(runtime_path()), "envelope.json", "result.json"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    return done, json.loads((tmp_path / "result.json").read_text())
+
+
+def test_copies_print_no_summary_and_rank_0s_value_is_the_result(tmp_path):
+    done, result = _run(tmp_path, starts_ranks, 3, 1.5)
+    assert done.returncode == 0, done.stderr
+    assert result["ok"] and result["return_value"]["rank"] == 0, result
+    assert done.stdout.count("[gpu] backend=test") == 1, done.stdout  # the summary, once
+    assert done.stdout.count("(LOCAL_RANK=1 WORLD_SIZE=3); rank 0 reports the result") == 1, done.stdout
+    assert done.stdout.count("(LOCAL_RANK=2 WORLD_SIZE=3); rank 0 reports the result") == 1, done.stdout
+    # the copies ended by themselves within the wait (1.5 s): rank 0 waited for them, killed none
+    assert "[gpu] rank 1: starts_ranks() finished" in done.stdout
+    assert "[gpu] rank 2: starts_ranks() finished" in done.stdout
+    assert "killed" not in done.stderr, done.stderr
+
+
+def test_a_rank_still_running_after_rank_0_returned_is_ended_and_named(tmp_path):
+    done, result = _run(tmp_path, starts_ranks, 2, 300)
+    assert done.returncode == 0, done.stderr
+    assert result["return_value"]["rank"] == 0
+    lines = [line for line in done.stderr.splitlines() if "killed with" in line]
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("[gpu] rank 1 (pid ")
+    assert lines[0].endswith("was still running 30s after rank 0's function returned: killed with SIGTERM")
+    pid = int(lines[0].split("(pid ")[1].split(")")[0])
+    assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+def test_a_failing_copy_reports_in_the_log_and_writes_no_result(tmp_path):
+    done, result = _run(tmp_path, copy_fails)
+    assert done.returncode == 0, done.stderr
+    assert result["return_value"] == {"copy_status": 1}  # rank 0's value: the copy's result file is never written
+    assert "ValueError: rank 1 broke" in done.stderr
