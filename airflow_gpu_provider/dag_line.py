@@ -8,7 +8,8 @@ operators' ``__init__`` and ``.partial()``, ``@task.gpu``) is wrapped by :func:`
 
 - starts with the caller's ``file:line`` and the task as written (``GpuStepOperator('train')``,
   ``@task.gpu('train')``; for settings built inside a task's call, that call, found in the DAG file's source);
-- has a traceback whose last frame is that line of the DAG file.
+- has a traceback whose last frame is that line of the DAG file, unless the line's source holds a credential (an
+  index URL with a token): a traceback shows the source, and no credential reaches an import error (rule S1).
 
 The caller is the first frame outside the provider and Airflow. Where that is the standard library (a
 ``dataclasses.replace`` of the provider's own, a deep copy), the error is left as it is: no DAG line caused it.
@@ -50,6 +51,8 @@ def entry_point(owner: Callable[..., str | None] | None = None) -> Callable[[F],
                 if frame is None:
                     raise
                 point_at(err, frame, owner(*args, **kwargs) if owner is not None else None)
+                if _holds_a_credential(frame):
+                    raise  # the message names the line; its source stays out of the traceback (rule S1)
                 raise err.with_traceback(_ending_at(frame))  # noqa: B904 - the same error; the DAG line ends it
 
         return called  # type: ignore[return-value]
@@ -74,12 +77,14 @@ def dag_frame(frame: types.FrameType | None) -> types.FrameType | None:
 
 def point_at(err: InvalidSettingError, frame: types.FrameType, owner: str | None) -> None:
     """Put the DAG's ``file:line`` and the task first in ``err``'s message."""
+    from airflow_gpu_provider.runtime.protocol import redact  # rule S1: no credential in an import error
+
     filename, line = frame.f_code.co_filename, frame.f_lineno
     task = owner or task_at(frame)
     message = str(err)
     named = f"{task}: " if task and not message.startswith(task) else ""
     err.dag_line = (filename, line)
-    err.args = (f"{filename}:{line}: {named}{message}",)
+    err.args = (redact(f"{filename}:{line}: {named}{message}"),)
 
 
 def task_at(frame: types.FrameType) -> str | None:
@@ -139,6 +144,21 @@ def _stdlib_folders() -> tuple[str, ...]:
     import sysconfig
 
     return tuple({os.path.join(sysconfig.get_paths()[key], "") for key in ("stdlib", "platstdlib")})
+
+
+def _holds_a_credential(frame: types.FrameType) -> bool:
+    """Whether the source lines of the frame's current expression (what a traceback shows) hold a credential."""
+    import linecache
+
+    from airflow_gpu_provider.runtime.protocol import redact
+
+    first, last = frame.f_lineno, frame.f_lineno
+    positions = list(frame.f_code.co_positions())
+    if frame.f_lasti // 2 < len(positions):
+        start, end = positions[frame.f_lasti // 2][:2]
+        first, last = min(first, start or first), max(last, end or last)
+    lines = [linecache.getline(frame.f_code.co_filename, number) for number in range(first, last + 1)]
+    return any(redact(line) != line for line in lines)
 
 
 def _airflow_folders() -> tuple[str, ...]:
