@@ -13,6 +13,9 @@
 #                  print it and write it to docs/reliability.md
 #   make gpu-check - on a machine with an NVIDIA GPU: verify every GPU path for real and print a table
 #                  (GPU_CHECK_ARGS="--only inventory,local-task"; exits 2 on a machine without a GPU)
+#   make wheel   - build the provider's sdist and wheel into dist/ (uv build)
+#   make smoke-oldest - the tests marked smoke against the oldest supported Airflow: the wheel installed into
+#                  .venv-oldest-airflow with the versions pinned in .ci/oldest-airflow.txt (.ci/run runs it)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := $(CURDIR)/.venv
@@ -28,7 +31,7 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 export AIRFLOW__GPU__STATE_DIR ?= $(AIRFLOW_HOME)/gpu-state
 
-.PHONY: venv demo dags-test test lint bench clean airflow reliability gpu-check
+.PHONY: venv demo dags-test test lint bench clean airflow reliability gpu-check wheel smoke-oldest oldest-airflow-lock
 
 $(VENV)/.installed: pyproject.toml
 	@echo "Installing the provider and its extras into $(VENV) (a few minutes the first time; log: $(VENV)/install.log)"
@@ -69,6 +72,35 @@ gpu-check: venv
 reliability: venv
 	AIRFLOW_GPU_RELIABILITY_REPORT=$(CURDIR)/docs/reliability.md $(PY) -m pytest tests/reliability -p no:cacheprovider $(PYTEST_ARGS)
 
+wheel: venv
+	rm -rf dist
+	$(UV) build --quiet --out-dir dist
+
+# The oldest supported Airflow (.ci/oldest-airflow.in): a fresh venv with the wheel and the pinned versions
+OLDEST_VENV := $(CURDIR)/.venv-oldest-airflow
+# the files that hold tests marked smoke (collecting the others would need the dev extra: hypothesis, accelerate)
+SMOKE_FILES := tests/test_provider.py tests/test_example_dags.py tests/test_smoke_demo.py tests/test_airflow_versions.py \
+	tests/backends/docker/test_docker_deferred.py tests/backends/kubernetes/test_k8s_render.py
+smoke-oldest: venv
+	rm -rf $(OLDEST_VENV) build/smoke-wheel
+	$(UV) build --quiet --wheel --out-dir build/smoke-wheel
+	$(UV) venv --quiet --python $(PYTHON) $(OLDEST_VENV)
+	$(UV) pip install --quiet --python $(OLDEST_VENV)/bin/python $(FIND_LINKS) -r .ci/oldest-airflow.txt build/smoke-wheel/*.whl
+	$(OLDEST_VENV)/bin/pytest -m smoke -p no:cacheprovider $(PYTEST_ARGS) $(SMOKE_FILES)
+
+# Pin .ci/oldest-airflow.in: third-party packages as they were on that Airflow's release day, Airflow's own
+# providers (with the Kubernetes clients the kubernetes extra's floor needs), torch (from /opt/wheels) and
+# kubernetes-validate (the schemas of the Kubernetes versions the tests check) as new as install with it.
+OLDEST_AIRFLOW_RELEASED := 2025-10-28T00:00:00Z
+NEWEST := apache-airflow-providers-common-compat apache-airflow-providers-common-io apache-airflow-providers-common-sql \
+	apache-airflow-providers-smtp apache-airflow-providers-standard apache-airflow-providers-docker \
+	apache-airflow-providers-cncf-kubernetes kubernetes kubernetes-asyncio kubernetes-validate torch
+oldest-airflow-lock: venv
+	$(UV) pip compile --quiet --upgrade --python-version 3.11 $(FIND_LINKS) --exclude-newer $(OLDEST_AIRFLOW_RELEASED) \
+		$(foreach p,$(NEWEST),--exclude-newer-package $(p)=$(shell date -u +%Y-%m-%dT%H:%M:%SZ)) \
+		--custom-compile-command "make oldest-airflow-lock" .ci/oldest-airflow.in -o .ci/oldest-airflow.txt
+	sed -i 's/^torch==\([0-9.]*\)+cpu$$/torch==\1/' .ci/oldest-airflow.txt  # the CPU build where /opt/wheels has it
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -79,4 +111,4 @@ bench: venv
 	for script in benchmarks/[a-z]*.py; do $(PY) $$script || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(AIRFLOW_HOME)
+	rm -rf $(VENV) $(AIRFLOW_HOME) $(OLDEST_VENV) build/smoke-wheel

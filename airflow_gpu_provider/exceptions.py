@@ -54,10 +54,29 @@ class GpuUnavailableError(GpuTaskError):
 
 
 class MissingDependencyError(GpuTaskError, ImportError):
-    """An optional dependency is missing; the message names the extra to install."""
+    """An optional dependency is missing; the message names the extra and the packages it brings."""
 
     def __init__(self, what: str, extra: str) -> None:
-        super().__init__(f"{what} is not installed. Install it with: pip install 'airflow-gpu-provider[{extra}]'")
+        packages = " ".join(f"'{requirement}'" for requirement in extra_requirements(extra))
+        how = f"pip install {packages}" if packages else f"pip install 'airflow-gpu-provider[{extra}]'"
+        super().__init__(f"{what} is not installed. Install the provider's {extra!r} extra: {how}")
+
+
+def extra_requirements(extra: str) -> list[str]:
+    """What the installed provider's ``extra`` brings, from its metadata (installable while no release is published)."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    from packaging.requirements import Requirement
+
+    try:
+        declared = [Requirement(line) for line in requires("airflow-gpu-provider") or []]
+    except PackageNotFoundError:
+        return []
+    return [
+        str(Requirement(f"{r.name}{r.specifier}"))
+        for r in declared
+        if r.marker is not None and r.marker.evaluate({"extra": extra})
+    ]
 
 
 class RemoteTaskError(GpuTaskError):

@@ -119,7 +119,10 @@ def to_yaml(objects: list[dict[str, Any]]) -> str:
 def _render_file(
     dag_file: str, task_id: str, dag_id: str | None, params: Mapping[str, Any], after: list[str]
 ) -> list[dict[str, Any]] | None:
-    from airflow.dag_processing.dagbag import DagBag
+    try:
+        from airflow.dag_processing.dagbag import DagBag
+    except ImportError:  # before Airflow 3.2
+        from airflow.models.dagbag import DagBag  # type: ignore[no-redef]
 
     bag = DagBag(dag_folder=dag_file)
     if bag.import_errors:

@@ -28,7 +28,10 @@ def run_example(file_name: str, dag_id: str, conf: dict[str, Any]) -> Any:
 
     :raises RuntimeError: when the file does not parse (the message holds Airflow's import errors)
     """
-    from airflow.dag_processing.dagbag import DagBag
+    try:
+        from airflow.dag_processing.dagbag import DagBag
+    except ImportError:  # before Airflow 3.2
+        from airflow.models.dagbag import DagBag  # type: ignore[no-redef]
 
     bag = DagBag(dag_folder=str(REPO / "dags" / file_name))
     if bag.import_errors:

@@ -20,7 +20,7 @@ def nvidia_gpus() -> tuple[tuple[str, ...], str]:
     try:
         import pynvml
     except ImportError:
-        return (), "nvidia-ml-py is not installed (pip install 'airflow-gpu-provider[nvml]')"
+        return (), "nvidia-ml-py is not installed (the provider's nvml extra: pip install nvidia-ml-py)"
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as err:

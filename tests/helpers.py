@@ -6,11 +6,19 @@ from pathlib import Path
 from typing import Any
 
 
+def dag_bag(path: str | Path) -> Any:
+    """A real DagBag of a DAG file or folder (``airflow.models.dagbag`` before Airflow 3.2: the smoke run's too)."""
+    try:
+        from airflow.dag_processing.dagbag import DagBag
+    except ImportError:
+        from airflow.models.dagbag import DagBag
+
+    return DagBag(dag_folder=str(path))
+
+
 def load_dag(path: str | Path, dag_id: str) -> Any:
     """Parse one DAG file with a real DagBag and return one of its DAGs (no import errors allowed)."""
-    from airflow.dag_processing.dagbag import DagBag
-
-    bag = DagBag(dag_folder=str(path))
+    bag = dag_bag(path)
     assert bag.import_errors == {}, bag.import_errors
     return bag.get_dag(dag_id)
 

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 from conftest import REPO
+from helpers import dag_bag
 
 from airflow_gpu_provider import ResourceSettings
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.operators.spec import TaskSpec, beside_spec
 
+pytestmark = pytest.mark.smoke  # also on the oldest supported Airflow
 GPU_PARAMS = {"epochs", "batch_size", "mixed_precision", "backend", "on_missing_gpu"}
 
 
 def _bag():
-    from airflow.dag_processing.dagbag import DagBag
-
-    bag = DagBag(dag_folder=str(REPO / "dags"))
+    bag = dag_bag(REPO / "dags")
     assert bag.import_errors == {}
     return bag
 

@@ -17,6 +17,7 @@ from airflow_gpu_provider.config import OPTIONS
 from airflow_gpu_provider.get_provider_info import get_provider_info
 
 AIRFLOW_BIN = Path(sys.executable).with_name("airflow")
+pytestmark = pytest.mark.smoke  # also on the oldest supported Airflow
 
 
 def test_provider_info_is_valid_against_airflows_schema():

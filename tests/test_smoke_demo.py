@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-from helpers import load_dag, run_dag, task_states, xcom
+from helpers import dag_bag, load_dag, run_dag, task_states, xcom
 
 RECORD = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+Z \[")  # an Airflow log record
 SCREEN = 40  # lines
@@ -90,11 +90,11 @@ def test_make_dags_test_says_how_to_call_it(airflow_home):
     assert "usage: make dags-test DAG=path/to/dag_file.py DAG_ID=its_dag_id" in done.stdout
 
 
+@pytest.mark.smoke
 def test_demo_dag_trains_on_cpu_fallback(airflow_home):
-    from airflow.dag_processing.dagbag import DagBag
     from conftest import REPO
 
-    bag = DagBag(dag_folder=str(REPO / "dags" / "gpu_training_demo.py"))
+    bag = dag_bag(REPO / "dags" / "gpu_training_demo.py")
     assert bag.import_errors == {}
     dag = bag.get_dag("gpu_training_demo")
     dr = run_dag(dag, conf={"epochs": 3, "gpu_count": 1, "on_missing_gpu": "cpu"})

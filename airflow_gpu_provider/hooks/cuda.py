@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow.sdk import BaseHook
+from airflow.providers.common.compat.sdk import BaseHook  # airflow.sdk from 3.1, airflow.hooks.base before
 
 from airflow_gpu_provider.runtime.cuda import clear_cuda_cache, cuda_memory_stats, list_gpus
 from airflow_gpu_provider.settings.units import format_bytes

@@ -7,8 +7,8 @@ import shlex
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow.providers.common.compat.sdk import AirflowFailException  # airflow.sdk.exceptions from 3.2
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_gpu_provider.checkpoint.mixin import CheckpointMixin
 from airflow_gpu_provider.dag_line import entry_point

@@ -57,9 +57,9 @@ class ShippedCallable(NamedTuple):
 
 
 def _known_context_keys() -> frozenset[str]:
-    from airflow.sdk.definitions.context import KNOWN_CONTEXT_KEYS
+    from airflow.sdk.definitions.context import Context
 
-    return frozenset(KNOWN_CONTEXT_KEYS)
+    return frozenset(Context.__annotations__)  # KNOWN_CONTEXT_KEYS from Airflow 3.1, the same keys
 
 
 def _global_reads(source: str, name: str) -> set[str]:

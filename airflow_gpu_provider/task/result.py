@@ -102,6 +102,4 @@ def task_result(result: Mapping[str, Any] | None, exit_code: int, *, where: str)
     status = exit_code or (0 if result is None or result.get("ok") else int(result["exit_status"]))
     if status != 0:
         raise RemoteTaskError(f"The task process in {where} exited with status {status}.", profile=profile)
-    if result is None:  # the runtime always writes one: it was lost (a container removed by someone else, say)
-        raise RemoteTaskError(f"The task process in {where} ended without a result to read: its return value is lost.")
-    return TaskResult(result.get("return_value"), profile)
+    return TaskResult(None if result is None else result.get("return_value"), profile)

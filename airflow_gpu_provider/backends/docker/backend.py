@@ -267,7 +267,7 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         """Log the container's output (``stream``, or all of it from the engine) to its end; read its result."""
         lifecycle.log_lines(stream if stream is not None else lifecycle.output(client, container_id), self.log)
         if timed_out:
-            from airflow.sdk.exceptions import AirflowTaskTimeout
+            from airflow.providers.common.compat.sdk import AirflowTaskTimeout  # airflow.sdk.exceptions from 3.2
 
             raise AirflowTaskTimeout(f"Timeout: container {container_id[:12]} outlived the task's execution_timeout")
         if self._killed:

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from docker.errors import APIError
+from docker.errors import APIError, NotFound
 
 from airflow_gpu_provider.backends.docker.durable import DEPLOYMENT_LABEL, deployment
 from airflow_gpu_provider.backends.docker.files import TaskFiles, read_result
@@ -141,13 +141,28 @@ def collect(client: Any, container_id: str, mem_limit: int | None) -> TaskResult
 
     :raises ContainerOomError: when the engine killed it for its memory limit
     """
-    exit_code = int(client.wait(container_id)["StatusCode"])
+    removed = GpuTaskError(f"Container {container_id[:12]} was removed before its result could be read.")
+    try:
+        exit_code = int(client.wait(container_id)["StatusCode"])
+    except NotFound:
+        raise removed from None
     if exit_code != 0 and client.inspect_container(container_id)["State"].get("OOMKilled"):
         raise ContainerOomError(
             f"Container {container_id[:12]} was killed because it ran out of memory (OOM, exit status {exit_code}; "
             f"memory limit {format_bytes(mem_limit) if mem_limit else 'none'}). " + OOM_REMEDY[ContainerOomError.kind]
         )
-    return task_result(read_result(client, container_id), exit_code, where=f"container {container_id[:12]}")
+    result = read_result(client, container_id)
+    if result is None and not _exists(client, container_id):  # never a success with a lost return value
+        raise removed
+    return task_result(result, exit_code, where=f"container {container_id[:12]}")
+
+
+def _exists(client: Any, container_id: str) -> bool:
+    try:
+        client.inspect_container(container_id)
+    except NotFound:
+        return False
+    return True
 
 
 def cleanup(

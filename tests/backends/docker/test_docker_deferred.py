@@ -27,6 +27,7 @@ def _run(dag_id: str) -> tuple[dict, str]:
     return worker_result(log), log
 
 
+@pytest.mark.smoke  # before Airflow 3.3 too: the deferral needs no task state store
 def test_a_deferred_container_ends_with_its_result_its_output_in_the_log():
     result, log = _run("deferred_docker_success")
     assert result["states"] == {"task": "success"}, log[-3000:]
@@ -145,3 +146,17 @@ def test_a_recorded_container_of_another_task_instance_is_never_taken_over(docke
         assert durable.recorded(Store, "unix://var/run/docker.sock") is None  # not a container id
     finally:
         docker_client.remove_container(created, force=True)
+
+
+def test_a_container_removed_before_its_result_is_read_fails_the_try(docker_client):
+    """Someone else removed the container (a reaper, a user): the try fails; it never succeeds with ``None``."""
+    from airflow_gpu_provider.backends.docker import lifecycle
+    from airflow_gpu_provider.exceptions import GpuTaskError
+
+    image = os.environ.get("AIRFLOW_GPU_TEST_BASE_IMAGE", "airflow-gpu-base:bookworm")
+    created = docker_client.create_container(image, ["true"])["Id"]
+    docker_client.start(created)
+    docker_client.wait(created)
+    docker_client.remove_container(created, force=True)
+    with pytest.raises(GpuTaskError, match=f"Container {created[:12]} was removed before its result could be read"):
+        lifecycle.collect(docker_client, created, None)

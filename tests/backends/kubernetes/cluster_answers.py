@@ -17,10 +17,14 @@ from typing import Any
 import pytest
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
 from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
-from airflow.sdk import serde
 from kubernetes.client import BatchV1Api, CoreV1Api
 from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
+
+try:
+    from airflow.sdk import serde
+except ImportError:  # before Airflow 3.2 (the smoke run on the oldest supported Airflow)
+    from airflow.serialization import serde  # type: ignore[no-redef]
 
 from airflow_gpu_provider.backends import BACKENDS
 from airflow_gpu_provider.backends.kubernetes.multinode import JOB_LABEL
