@@ -51,7 +51,8 @@ OPTIONS: tuple[Option, ...] = (
         "",
         "Accelerator models that tasks may name besides the known ones (KNOWN_MODELS in "
         "airflow_gpu_provider/settings/accelerators.py) and those of [gpu] devices: comma-separated names, as your "
-        "nodes, pools and queues call them. Any other name is refused when the DAG is parsed, on every backend.",
+        "nodes, pools and queues call them. Any other name is refused when the DAG is parsed, on every backend (set it "
+        "on the DAG processor as on the workers).",
         "RTX-5090, L20",
     ),
     Option(
