@@ -157,7 +157,8 @@ class LocalAirflow:
         """Wait until the DAG processor has parsed ``dag_id``."""
         deadline = time.monotonic() + timeout
         while True:
-            dags = {d["dag_id"]: d for d in self.api("GET", "/api/v2/dags?limit=100")["dags"]}
+            found = self.api("GET", f"/api/v2/dags?dag_id_pattern={urllib.request.quote(dag_id)}&limit=100")["dags"]
+            dags = {d["dag_id"]: d for d in found}  # by name: the folders hold more DAGs than one page
             if dag_id in dags:
                 return dags[dag_id]
             if time.monotonic() > deadline:

@@ -138,8 +138,16 @@ def test_a_user_ending_a_deferred_docker_task_stops_its_container(airflow, docke
         time.sleep(1)
     states = {ti["task_id"]: ti["state"] for ti in airflow.task_instances(dag_id, run_id)}
     assert states["long_job_deferred"] == "failed"
-    trigger_logs = (airflow.home / "logs").glob(f"dag_id={dag_id}/run_id={run_id}/task_id=long_job_deferred/*trigger*")
-    assert any("ended by a user: stopping container" in log.read_text() for log in trigger_logs)
+    folder = airflow.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / "task_id=long_job_deferred"
+
+    def stopped_by_the_trigger() -> bool:  # the triggerer writes the trigger's log as it goes
+        return any("ended by a user: stopping container" in log.read_text() for log in folder.glob("*trigger*"))
+
+    deadline = time.monotonic() + 60
+    while not stopped_by_the_trigger():
+        logs = {log.name: log.read_text()[-2000:] for log in folder.glob("*")}
+        assert time.monotonic() < deadline, f"no on_kill line in the trigger's log: {logs}"
+        time.sleep(1)
 
 
 def _failed_at_once(airflow: LocalAirflow) -> dict[str, dict]:
@@ -404,7 +412,7 @@ def test_browser_gpu_tab_and_gpus_page_show_the_profile(airflow, browser):
 def test_browser_gpu_tab_shows_every_try_and_the_escalation_timeline(airflow, browser):
     """The example ``resilient_training``, try 1 made to run out of host memory: Airflow retries on the next memory
     step, and the GPU tab keeps try 1's profile (its XCom is gone) beside try 2's, with the timeline in words."""
-    airflow.wait_for_dag(RESILIENT)
+    airflow.wait_for_dag(RESILIENT, timeout=300)  # every DAG file of the folder is parsed first
     airflow.unpause(RESILIENT)
     run_id = airflow.trigger(RESILIENT, {"epochs": 2, "fail_at_epoch": 1, "failure": "host_oom"})
     run = airflow.wait_for_run(RESILIENT, run_id, timeout=540)

@@ -23,18 +23,34 @@ def colour(position: int) -> str:
 
 
 def _path(times: Sequence[float | None], values: Sequence[float | None], x_max: float, y_max: float) -> str:
-    """The ``d`` of a path through the points; a missing sample starts a new segment."""
+    """The ``d`` of a path through the points; a missing sample starts a new segment.
+
+    A segment of one sample is drawn as a step over that sample's interval (from the sample before it, or the
+    start): a short task's only sample stays visible.
+    """
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
-    commands: list[str] = []
-    pen_down = False
+    segments: list[tuple[float, list[tuple[float, float]]]] = []  # (x where the first sample began, points)
+    current: list[tuple[float, float]] | None = None
+    previous_x = float(LEFT)
     for t, v in zip(times, values, strict=False):
-        if t is None or v is None:
-            pen_down = False
+        x = None if t is None else LEFT + plot_w * min(max(t / x_max, 0.0), 1.0)
+        if x is None or v is None:
+            current = None
+            previous_x = previous_x if x is None else x
             continue
-        x = LEFT + plot_w * min(max(t / x_max, 0.0), 1.0)
         y = TOP + plot_h * (1.0 - min(max(v / y_max, 0.0), 1.0))
-        commands.append(f"{'L' if pen_down else 'M'}{x:.1f},{y:.1f}")
-        pen_down = True
+        if current is None:
+            current = []
+            segments.append((previous_x, current))
+        current.append((x, y))
+        previous_x = x
+    commands: list[str] = []
+    for began, points in segments:
+        if len(points) == 1:
+            x, y = points[0]
+            commands.append(f"M{min(began, x - 3):.1f},{y:.1f}L{x:.1f},{y:.1f}")
+        else:
+            commands.extend(f"{'L' if i else 'M'}{x:.1f},{y:.1f}" for i, (x, y) in enumerate(points))
     return "".join(commands)
 
 

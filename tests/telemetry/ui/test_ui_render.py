@@ -306,3 +306,14 @@ def test_the_timeline_is_in_the_deployments_time_zone_and_survives_bad_entries()
     assert "<script" not in html and "&lt;script&gt;" in html
     assert "ran out of host memory" in html and "no GPU" in html and "ran out of GPU memory on &lt;script" in html
     assert render_timeline("", []) == ""
+
+
+def test_a_lone_sample_is_drawn_over_its_interval():
+    """A short task's one sample is a visible step from the start to its time, not a bare move."""
+    value = copy.deepcopy(GPU_PROFILE)
+    value["series"] = {"t": [2.0], "0": {"util": [40.0], "memory_used": [GIB]}}
+    profile = Profile.read(value)
+    assert profile is not None
+    (d,) = re.findall(r' d="([^"]*)"', utilisation_chart(profile))
+    start, end = (point.split(",") for point in d[1:].split("L"))
+    assert start[1] == end[1] and float(start[0]) < float(end[0])  # a level stroke of some length
