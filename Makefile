@@ -1,8 +1,12 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   - create .venv, install the provider, initialise a SQLite Airflow home in .airflow-home,
-#                 run the example DAG end to end on the local backend and print its result
+#                 run the example DAG end to end on the local backend and print its result (or why it failed);
+#                 the installer's and Airflow's output go to log files, whose paths are printed
 #   make test   - create .venv and run the test suite
 # Optional:
+#   make dags-test DAG=path/to/your_dag.py DAG_ID=your_dag_id [CONF='{"epochs": 2}']
+#                - run `airflow dags test` on your own DAG file against .airflow-home (the file's folder is the
+#                  dags folder for that run)
 #   make airflow - start a real local Airflow (standalone) with the provider, dags/ and a GPU pool
 #                  (AIRFLOW_PORT=8080; AIRFLOW_ARGS="--devices 0,1" to list GPUs by hand)
 #   make reliability - run the failure matrix (every backend x every way a task ends, leftovers counted),
@@ -27,23 +31,34 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 export AIRFLOW__GPU__STATE_DIR ?= $(AIRFLOW_HOME)/gpu-state
 
-.PHONY: venv demo test lint bench clean airflow reliability gpu-check wheel smoke-oldest oldest-airflow-lock
+.PHONY: venv demo dags-test test lint bench clean airflow reliability gpu-check wheel smoke-oldest oldest-airflow-lock
 
 $(VENV)/.installed: pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check uv
-	$(UV) pip install --python $(PY) --compile-bytecode $(FIND_LINKS) "$(TORCH)" -e ".[$(EXTRAS)]"
-	touch $@
+	@echo "Installing the provider and its extras into $(VENV) (a few minutes the first time; log: $(VENV)/install.log)"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@( $(VENV)/bin/pip install --quiet --disable-pip-version-check uv \
+	  && $(UV) pip install --python $(PY) --compile-bytecode $(FIND_LINKS) "$(TORCH)" -e ".[$(EXTRAS)]" \
+	) > $(VENV)/install.log 2>&1 || (tail -n 30 $(VENV)/install.log; echo "Install failed: $(VENV)/install.log"; exit 1)
+	@touch $@
 
 venv: $(VENV)/.installed
 
 $(AIRFLOW_HOME)/.migrated: $(VENV)/.installed
-	mkdir -p $(AIRFLOW_HOME)
-	$(VENV)/bin/airflow db migrate > $(AIRFLOW_HOME)/migrate.log 2>&1 || (cat $(AIRFLOW_HOME)/migrate.log; exit 1)
-	touch $@
+	@echo "Initialising the Airflow home $(AIRFLOW_HOME) (SQLite; log: $(AIRFLOW_HOME)/migrate.log)"
+	@mkdir -p $(AIRFLOW_HOME)
+	@$(VENV)/bin/airflow db migrate > $(AIRFLOW_HOME)/migrate.log 2>&1 || (cat $(AIRFLOW_HOME)/migrate.log; exit 1)
+	@touch $@
 
 demo: $(AIRFLOW_HOME)/.migrated
-	$(PY) scripts/demo.py '$(or $(CONF),{"epochs": 20})'
+	@$(PY) scripts/demo.py '$(or $(CONF),{"epochs": 20})'
+
+# `airflow dags test` needs the file in a DAG bundle: its folder is the dags folder (the one bundle) of this run
+DAG_FOLDER = $(abspath $(dir $(DAG)))
+LOCAL_BUNDLE = [{"name": "dags-folder", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle", "kwargs": {"path": "$(DAG_FOLDER)"}}]
+dags-test: $(AIRFLOW_HOME)/.migrated
+	@test -n "$(DAG)" && test -n "$(DAG_ID)" || { echo "usage: make dags-test DAG=path/to/dag_file.py DAG_ID=its_dag_id [CONF='{...}']"; exit 2; }
+	AIRFLOW__CORE__DAGS_FOLDER="$(DAG_FOLDER)" AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST='$(LOCAL_BUNDLE)' \
+	  $(VENV)/bin/airflow dags test "$(DAG_ID)" -f "$(abspath $(DAG))" $(if $(CONF),-c '$(CONF)')
 
 airflow: venv
 	$(PY) scripts/airflow_local.py --port $(or $(AIRFLOW_PORT),8080) $(AIRFLOW_ARGS)

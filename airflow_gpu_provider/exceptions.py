@@ -11,7 +11,13 @@ from typing import Any
 
 
 class InvalidSettingError(ValueError):
-    """A setting has a bad value. Raised at DAG parse time, before anything starts."""
+    """A setting has a bad value. Raised at DAG parse time, before anything starts.
+
+    Leaving an entry point of a DAG file, its message starts with the DAG's ``file:line`` (``dag_line``) and the
+    task (:mod:`airflow_gpu_provider.dag_line`).
+    """
+
+    dag_line: tuple[str, int] | None = None  # the DAG file and line that caused it, once known
 
     def __init__(self, owner: str, field: str, value: object, reason: str, accepted: str | None = None) -> None:
         from airflow_gpu_provider.runtime.protocol import redact  # rule S1: no credential in an import error

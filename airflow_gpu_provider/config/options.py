@@ -46,6 +46,16 @@ OPTIONS: tuple[Option, ...] = (
         "0,1",
     ),
     Option(
+        "extra_accelerators",
+        "string",
+        "",
+        "Accelerator models that tasks may name besides the known ones (KNOWN_MODELS in "
+        "airflow_gpu_provider/settings/accelerators.py) and those of [gpu] devices: comma-separated names, as your "
+        "nodes, pools and queues call them. Any other name is refused when the DAG is parsed, on every backend (set it "
+        "on the DAG processor as on the workers).",
+        "RTX-5090, L20",
+    ),
+    Option(
         "state_dir",
         "string",
         "/var/tmp/airflow-gpu-provider",

@@ -22,6 +22,7 @@ class GpuConfig:
     backend: str
     on_missing_gpu: str
     devices: str
+    extra_accelerators: str
     state_dir: str
     pool: str
     queue: str

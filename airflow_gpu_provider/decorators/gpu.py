@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.bases.decorator import DecoratedOperator, task_decorator_factory
 
+from airflow_gpu_provider.dag_line import entry_point
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
 from airflow_gpu_provider.operators.spec import TaskSpec, beside_spec
@@ -82,34 +83,35 @@ def gpu_task(
 
             ...
     """
-    operator_class: type[_GpuDecoratedOperator] = _GpuDecoratedOperator
-    accelerate = kwargs.pop("accelerate", None)
-    if accelerate is True:
-        accelerate = {}
-    if accelerate is not None and accelerate is not False:
-        if not isinstance(accelerate, Mapping):
-            raise InvalidSettingError(
-                DECORATOR,
-                "accelerate",
-                accelerate,
-                "expected True or a mapping of launch options",
-                "True, or e.g. {'num_processes': 2, 'mixed_precision': 'bf16'}",
-            )
-        kwargs = {**kwargs, **accelerate}
-        operator_class = _accelerate_operator_class()
 
+    def owner(function: Callable[..., Any]) -> str:
+        return f"{DECORATOR}({kwargs.get('task_id') or getattr(function, '__name__', '?')!r})"
+
+    @entry_point(owner)  # called where the function is decorated: errors point at that line
     def decorate(function: Callable[..., Any]) -> TaskDecorator:
-        owner = f"{DECORATOR}({kwargs.get('task_id') or getattr(function, '__name__', '?')!r})"
-        spec = TaskSpec.settle(owner, kwargs, num_nodes=operator_class._nodes(kwargs))
-        if kwargs.get("modules") is not None:  # now: a mapped task's operator is made only when it runs
-            ProjectModules.settle(owner, kwargs["modules"], inspect.getsourcefile(function))
-        arguments = spec.placed(beside_spec(kwargs))
+        operator_class: type[_GpuDecoratedOperator] = _GpuDecoratedOperator
+        arguments = dict(kwargs)
+        accelerate = arguments.pop("accelerate", None)
+        if accelerate is not None and accelerate is not False:
+            if accelerate is not True and not isinstance(accelerate, Mapping):
+                raise InvalidSettingError(
+                    owner(function),
+                    "accelerate",
+                    accelerate,
+                    "expected True or a mapping of launch options",
+                    "True, or e.g. {'num_processes': 2, 'mixed_precision': 'bf16'}",
+                )
+            arguments.update({} if accelerate is True else accelerate)
+            operator_class = _accelerate_operator_class()
+        spec = TaskSpec.settle(owner(function), arguments, num_nodes=operator_class._nodes(arguments))
+        if arguments.get("modules") is not None:  # now: a mapped task's operator is made only when it runs
+            ProjectModules.settle(owner(function), arguments["modules"], inspect.getsourcefile(function))
         return task_decorator_factory(
             python_callable=function,
             multiple_outputs=multiple_outputs,
             decorated_operator_class=operator_class,
             task_spec=spec,
-            **arguments,
+            **spec.placed(beside_spec(arguments)),
         )
 
     if python_callable is None:

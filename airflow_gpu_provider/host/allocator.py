@@ -26,7 +26,7 @@ from airflow_gpu_provider.host.waiting import MustWait, waited_too_long
 from airflow_gpu_provider.settings import GpuVendor, ResourceSettings
 from airflow_gpu_provider.settings.units import format_bytes
 from airflow_gpu_provider.task.environment import lock_holder
-from airflow_gpu_provider.task.missing_gpu import POLICIES, OnMissingGpu
+from airflow_gpu_provider.task.missing_gpu import POLICIES, MissingGpuPolicy, OnMissingGpu
 from airflow_gpu_provider.task.request import TaskRequest
 
 if TYPE_CHECKING:
@@ -145,11 +145,7 @@ class GpuAllocator:
             log.warning("Requested %s but %s. on_missing_gpu='cpu': running on CPU instead.", requested, state)
             return Allocation(devices=[], cpu_fallback=True, reason=f"requested {requested} but {state}")
         if not rule.waits or len(candidates) < count:
-            hint = " Waiting cannot help: the host does not have that many." if rule.waits else ""
-            raise GpuUnavailableError(
-                f"Requested {requested} but {state}.{hint} Set on_missing_gpu='wait' to wait for busy GPUs, "
-                "on_missing_gpu='cpu' to run on CPU, or list this host's GPUs in [gpu] devices."
-            )
+            raise GpuUnavailableError(f"Requested {requested} but {state}. {_what_helps(len(candidates), count, rule)}")
         if defer:
             raise MustWait([str(self.lock_path(d)) for d in candidates], count, requested, state, timeout)
         log.info("Requested %s but %s. Waiting for GPUs to become free (on_missing_gpu='wait').", requested, state)
@@ -185,6 +181,17 @@ class GpuAllocator:
         if taken:
             parts.append(f"busy: {'; '.join(taken)}")
         return ", ".join(parts)
+
+
+def _what_helps(matching: int, count: int, rule: MissingGpuPolicy) -> str:
+    """What the task's author can do on this host: waiting helps only where enough GPUs exist and are busy."""
+    if matching >= count:
+        return "Set on_missing_gpu='wait' to wait for the busy GPUs, or on_missing_gpu='cpu' to run on CPU."
+    never = "Waiting cannot help: the host does not have that many. " if rule.waits else ""
+    return (
+        f"{never}Set on_missing_gpu='cpu' to run on CPU, run the task where there are GPUs (a GPU worker's queue, "
+        "the Docker or Kubernetes backend), or list this host's GPUs in [gpu] devices."
+    )
 
 
 def _describe_holder(info: dict[str, object]) -> str:

@@ -42,6 +42,8 @@ RANK_ARGUMENTS = {
 CPU_ENVIRONMENT = {"ACCELERATE_USE_CPU": "1"}
 # Options that pick a distributed mode themselves: no --multi_gpu is added next to them.
 DISTRIBUTED_MODES = ("use_deepspeed", "use_fsdp", "use_megatron_lm", "tpu")
+# Without a config file accelerate warns, on every launch, about each of these it fills in: they are given.
+STATED_DEFAULTS = {"mixed_precision": "no", "dynamo_backend": "no"}
 
 
 def _str_to_bool(value: str) -> bool:
@@ -254,13 +256,17 @@ def launch_section(
     """The envelope's ``launch`` section (the runtime's protocol) for ``accelerate launch`` with these options.
 
     On several machines the port is left out of the arguments: each pod passes the headless Service's
-    (``MASTER_PORT``), and the pod's rank variables fill ``rank_arguments``.
+    (``MASTER_PORT``), and the pod's rank variables fill ``rank_arguments``. Without a ``config_file``, the
+    defaults accelerate would warn about are given (:data:`STATED_DEFAULTS`, ``num_machines``): a worker's own
+    ``accelerate config`` file does not change a task.
     """
     multi_node = num_machines > 1
     chosen_port = options.get("main_process_port")
     if multi_node:
         options = {**options, "main_process_port": None}
     options, environment = accelerate_options(resources, options, num_machines=num_machines)
+    if options.get("config_file") is None:  # the defaults a task's own config file would give are its to give
+        options = {"num_machines": num_machines, **STATED_DEFAULTS, **options}
     args = launch_arguments(options, owner=owner)  # checks num_processes: an int from here on
     return {
         "module": LAUNCH_MODULE,

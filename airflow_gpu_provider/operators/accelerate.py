@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_gpu_provider.checkpoint.mixin import CheckpointMixin
+from airflow_gpu_provider.dag_line import entry_point
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
 from airflow_gpu_provider.launchers.accelerate import launch_section, load_spec
 from airflow_gpu_provider.operators.execution import GpuExecution
 from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
+from airflow_gpu_provider.operators.spec import task_owner
 from airflow_gpu_provider.settings import ResourceSettings
 
 if TYPE_CHECKING:
@@ -51,6 +53,7 @@ class AccelerateOperator(GpuStepOperator):
 
     template_fields: Sequence[str] = (*GpuStepOperator.template_fields, "script", "script_args")
 
+    @entry_point(task_owner)
     def __init__(
         self,
         *,
@@ -68,7 +71,7 @@ class AccelerateOperator(GpuStepOperator):
         launch_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        owner = f"{type(self).__name__}({kwargs.get('task_id', '?')!r})"
+        owner = task_owner(self, **kwargs)
         spec = load_spec()
         known = {o["dest"] for o in spec["options"]}
         operator_args = _operator_arguments()

@@ -196,6 +196,8 @@ class GpuExecution:
                 outcome = wait
         except BaseException as err:
             self._running_backend = None
+            if isinstance(err, RemoteTaskError) and err.remote_traceback:  # the user's traceback, once, at ERROR
+                self.log.error("%s", err.remote_traceback.rstrip())
             self._publish(context, attempt, err)
             if isinstance(err, GpuUnavailableError) and attempt.request.min_gpu_memory is not None:
                 raise AirflowFailException(str(err)) from err  # no GPU of this host is larger: retrying cannot help

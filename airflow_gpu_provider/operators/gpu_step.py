@@ -11,18 +11,14 @@ from airflow.providers.common.compat.sdk import AirflowFailException  # airflow.
 from airflow.sdk import BaseOperator
 
 from airflow_gpu_provider.checkpoint.mixin import CheckpointMixin
+from airflow_gpu_provider.dag_line import entry_point
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.operators.execution import GpuExecution
-from airflow_gpu_provider.operators.spec import TaskSpec, beside_spec, is_template
+from airflow_gpu_provider.operators.spec import TaskSpec, beside_spec, is_template, task_owner
 from airflow_gpu_provider.policy.secrets import MasksCredentials
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.settings.image import check_environment
-from airflow_gpu_provider.task.callable import (
-    call_arguments,
-    check_call_arguments,
-    check_command,
-    shipped_callable,
-)
+from airflow_gpu_provider.task.callable import call_arguments, check_call_arguments, check_command, shipped_callable
 from airflow_gpu_provider.task.modules import ProjectModules, project_folders
 from airflow_gpu_provider.telemetry.lineage import LineageMixin
 
@@ -93,6 +89,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
     ui_color = "#76b900"
     ui_fgcolor = "#ffffff"
 
+    @entry_point(task_owner)
     def __init__(
         self,
         *,
@@ -122,7 +119,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         task_spec: TaskSpec | None = None,
         **kwargs: Any,
     ) -> None:
-        owner = task_spec.owner if task_spec is not None else f"{type(self).__name__}({kwargs.get('task_id', '?')!r})"
+        owner = task_owner(self, task_spec=task_spec, **kwargs)
         if not isinstance(resume, bool) or (resume and kwargs.get("checkpoint") is False):
             why = "a task without a checkpoint folder has nothing to resume" if resume is True else "expected a boolean"
             raise InvalidSettingError(owner, "resume", resume, why, "True or False (with checkpoint= not False)")
@@ -170,6 +167,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         return self.task_spec.on_oom
 
     @classmethod
+    @entry_point(task_owner)
     def partial(cls, *, task_id: str, **kwargs: Any) -> OperatorPartial:  # type: ignore[override]
         """``.partial(...)`` for ``.expand(...)``: the task is settled and placed now, as a plain task is.
 

@@ -51,6 +51,15 @@ def beside_spec(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in kwargs.items() if key not in SETTINGS or key in kept}
 
 
+def task_owner(operator: object, *_: Any, **kwargs: Any) -> str:
+    """The task as its author wrote it, for errors: ``GpuStepOperator('train')``, or the decorator's (settled).
+
+    :param operator: the operator, or its class (``.partial()``); ``kwargs``: the arguments it was given
+    """
+    spec, name = kwargs.get("task_spec"), (operator if isinstance(operator, type) else type(operator)).__name__
+    return spec.owner if isinstance(spec, TaskSpec) else f"{name}({kwargs.get('task_id', '?')!r})"
+
+
 def is_template(value: object) -> bool:
     """Whether a value is a Jinja template to be rendered when the task runs."""
     return isinstance(value, str) and ("{{" in value or "{%" in value)
@@ -94,6 +103,7 @@ class TaskSpec(NamedTuple):
         with _named(owner):
             resources, templated = _resources(owner, given.get("resources"), given)
             image = _image(owner, given.get("image"), given)
+        check_accelerator(owner, resources)
         policy = given.get("on_missing_gpu")
         if policy is None:
             policy = config.get("on_missing_gpu")
@@ -204,6 +214,7 @@ class TaskSpec(NamedTuple):
         if self.templated:
             with _named(self.owner):
                 resources = self.resources.with_overrides(**{k: overrides.get(k, v) for k, v in self.templated.items()})
+            check_accelerator(self.owner, resources)
             spec = spec._replace(resources=resources, templated=_NONE)
             if spec.on_oom is not None:
                 spec.on_oom.check(resources, owner=self.owner)
@@ -219,6 +230,18 @@ class TaskSpec(NamedTuple):
     def on(self, backend: str) -> TaskSpec:
         """The settled spec on another backend (``render_manifests(backend=...)``)."""
         return self if backend == self.backend else self._on_backend(backend)
+
+
+def check_accelerator(owner: str, resources: ResourceSettings) -> None:
+    """The task's accelerator is a known model, one of ``[gpu] devices`` or one ``[gpu] extra_accelerators`` adds."""
+    if resources.accelerator is None:
+        return
+    from airflow_gpu_provider.host.inventory import parse_devices
+    from airflow_gpu_provider.settings.accelerators import check_model
+
+    listed = [d.name for d in parse_devices(config.get("devices")) or [] if d.name]
+    extra = [name.strip() for name in config.get("extra_accelerators").split(",") if name.strip()]
+    check_model(owner, resources.accelerator, [*extra, *listed])
 
 
 @contextlib.contextmanager

@@ -31,6 +31,7 @@ from .protocol import (
     EXIT_BAD_ENVELOPE,
     EXIT_USER_ERROR,
     INSTALL,
+    LAUNCHER,
     PREFIX,
     RANK_RESULTS,
     RESOURCES_ENV,
@@ -48,7 +49,8 @@ if TYPE_CHECKING:
 
 USAGE = (
     f"usage: runtime.pyz ENVELOPE RESULT  |  runtime.pyz ENVELOPE {RANK_RESULTS} DIR  |  "
-    f"runtime.pyz {INSTALL} [OPTIONS] TARGET INSTALLER [INDEX ARGS...] -- REQUIREMENTS..."
+    f"runtime.pyz {INSTALL} [OPTIONS] TARGET INSTALLER [INDEX ARGS...] -- REQUIREMENTS...  |  "
+    f"runtime.pyz {LAUNCHER} FAILURES MODULE ARGS..."
 )
 
 
@@ -133,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         from .install import install_main
 
         return install_main(argv[1:])
+    if argv[:1] == [LAUNCHER] and len(argv) >= 3:
+        from .launcher import launcher_main
+
+        return launcher_main(argv[1:])
     rank = len(argv) == 3 and argv[1] == RANK_RESULTS
     if len(argv) != 2 and not rank:
         print(USAGE, file=sys.stderr)

@@ -61,13 +61,18 @@ def error_record(exc: BaseException) -> dict[str, Any]:
 
 
 def failed(exc: BaseException) -> dict[str, Any]:
-    """The result of a function that raised ``exc``: its traceback to the log, one line more for an OOM."""
-    import traceback
+    """The result of a function that raised ``exc``, and one line to the log.
 
-    traceback.print_exc()
+    The traceback travels in the result: the worker logs it once, at ERROR (a rank's that is not the launch's
+    cause is only named here). It starts at the user's code, not at the runtime's call of it.
+    """
+    if exc.__traceback__ is not None and exc.__traceback__.tb_next is not None:
+        exc = exc.with_traceback(exc.__traceback__.tb_next)  # the runtime's own frame (call_function) left out
     error = error_record(exc)
+    rank = f"rank {os.environ['RANK']}: " if "RANK" in os.environ else ""
+    first_line = (error["message"].splitlines() or [""])[0][:500]
+    print(f"{PREFIX} {rank}the task raised {error['type']}: {first_line}", file=sys.stderr)
     if error["kind"] in (GPU_OOM, HOST_OOM):
-        rank = f"rank {os.environ['RANK']}: " if "RANK" in os.environ else ""
         what = "GPU" if error["kind"] == GPU_OOM else "host"
         print(f"{PREFIX} {rank}the task ran out of {what} memory ({error['type']})", file=sys.stderr)
     sys.stderr.flush()

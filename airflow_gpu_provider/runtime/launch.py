@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from .command import command_result, importable_runtime, runtime_archive
 from .cuda import list_gpus
-from .protocol import EXIT_USER_ERROR, GPU_OOM, HOST_OOM, PREFIX, RANK_RESULTS, write_result
+from .launcher import describe, read_failures
+from .protocol import EXIT_USER_ERROR, GPU_OOM, HOST_OOM, LAUNCHER, PREFIX, RANK_RESULTS, write_result
 from .signals import run_child
 
 if TYPE_CHECKING:
@@ -37,14 +38,17 @@ def _free_port() -> int:
 
 
 def launch_command(envelope: dict[str, Any], source: str, rank_results: str, environ: dict[str, str]) -> list[str]:
-    """The launcher's argv, e.g. ``python -m accelerate.commands.launch <args> runtime.pyz ENVELOPE ...``.
+    """The launcher's argv: ``python runtime.pyz launcher FAILURES accelerate.commands.launch <args> runtime.pyz ...``.
+
+    The launcher module runs in a runtime process (``launcher.py``), which names the ranks that failed.
 
     :param source: the envelope's source (every rank reads it again)
-    :param rank_results: the folder the ranks write their results to
+    :param rank_results: the folder the ranks write their results to (and the launcher, its failed ranks)
     :param environ: the ranks' environment (``rank_arguments`` read it)
     """
     launch = envelope["launch"]
-    argv = [sys.executable, "-m", launch["module"], *[str(a) for a in launch["args"]]]
+    failures = os.path.join(rank_results, FAILURES)
+    argv = [sys.executable, runtime_script(), LAUNCHER, failures, launch["module"], *[str(a) for a in launch["args"]]]
     for flag, variable in (launch.get("rank_arguments") or {}).items():
         argv += [flag, environ[variable]]
     port_flag = launch.get("free_port_argument")
@@ -78,16 +82,18 @@ def run_launcher(
         print(f"{PREFIX} launching{cpu_note}: {' '.join(argv)}", flush=True)
         status = run_child(argv, environ)
         profile = None if profiler is None else profiler.stop()
+        failures = read_failures(os.path.join(rank_results, FAILURES))
         if envelope["mode"] != "callable":
-            if profile is not None:
-                write_result(result_to, {**command_result(status), "profile": profile})
+            result = _ranks_failed(failures) if failures and status != 0 else command_result(status)
+            if profile is not None or "error" in result:
+                write_result(result_to, {**result, **({"profile": profile} if profile is not None else {})})
             return status
         results = {}
         for name in os.listdir(rank_results):
             if name.startswith("rank") and name.endswith(".json") and name[4:-5].isdigit():
                 with open(os.path.join(rank_results, name), encoding="utf-8") as handle:
                     results[int(name[4:-5])] = json.load(handle)
-    result, status = merge_ranks(results, status, launch["module"])
+    result, status = merge_ranks(results, status, launch["module"], failures)
     if profile is not None:
         result["profile"] = profile
     if not result.get("ok"):
@@ -96,8 +102,13 @@ def run_launcher(
     return status
 
 
-def merge_ranks(results: dict[int, dict[str, Any]], status: int, launcher: str) -> tuple[dict[str, Any], int]:
-    """One result for the launch: the earliest error of any rank, else rank 0's value."""
+def merge_ranks(
+    results: dict[int, dict[str, Any]], status: int, launcher: str, failures: list[dict[str, Any]] | None = None
+) -> tuple[dict[str, Any], int]:
+    """One result for the launch: the earliest error of any rank, else rank 0's value.
+
+    :param failures: how the ranks that failed ended, as the launcher saw them (``launcher.py``)
+    """
     # an out-of-memory error of any rank is the cause; the other ranks' errors (a broken collective) follow it
     errors = sorted(
         (r["error"].get("kind") not in (GPU_OOM, HOST_OOM), r["error"].get("time", 0), rank)
@@ -107,12 +118,27 @@ def merge_ranks(results: dict[int, dict[str, Any]], status: int, launcher: str) 
     if errors:
         rank = errors[0][2]
         failed = results[rank]
-        failed["error"]["message"] = f"rank {rank}: {failed['error']['message']}"
+        causes = [f"rank {rank}: {failed['error']['message']}"]
+        # a rank killed without a word (SIGKILL) is the likelier cause of the others' broken collectives
+        killed = [describe(f) for f in failures or [] if f["rank"] not in results and f.get("signal") != "SIGTERM"]
+        first = failed["error"].get("kind") in (GPU_OOM, HOST_OOM)
+        failed["error"]["message"] = "; ".join([*causes, *killed] if first else [*killed, *causes])
         return failed, EXIT_USER_ERROR
     if status == 0:  # rank 0's value; on the other machines of a multi-node run, rank 0 is elsewhere
         return {**results.get(0, {"ok": True, "return_value": None}), "ranks": len(results)}, 0
+    if failures:
+        return _ranks_failed(failures), status
     message = (
         f"{launcher} exited with status {status} and no rank reported an exception "
         "(a rank was killed, or the launcher itself failed): see the log above"
     )
     return {"ok": False, "error": {"type": "LaunchError", "message": message, "traceback": ""}}, status or 1
+
+
+FAILURES = "failures.json"  # in the rank results folder: the failed ranks, as the launcher saw them
+
+
+def _ranks_failed(failures: list[dict[str, Any]]) -> dict[str, Any]:
+    """The launch's result when ranks failed without an exception of theirs: each named, the cause first."""
+    message = "; ".join(describe(failure) for failure in failures)
+    return {"ok": False, "error": {"type": "RankFailed", "message": message, "traceback": ""}}

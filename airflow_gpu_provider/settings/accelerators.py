@@ -6,9 +6,12 @@ don't cover. A vendor the table lacks is one :class:`GpuVendor` instance away, w
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import Enum
 
+from airflow_gpu_provider.dag_line import entry_point
+from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.settings.grammar import ACCELERATOR, ENV_NAME, MIG_PROFILE, RESOURCE_NAME, VENDOR_NAME
 
 
@@ -27,13 +30,15 @@ class GpuVendor:
     visible_devices_env: str
     supports_mig: bool = False
 
+    @entry_point()
     def __post_init__(self) -> None:
-        if not VENDOR_NAME.fullmatch(str(self.name)):
-            raise ValueError(f"GpuVendor.name={self.name!r} must be lower-case letters, digits and '-'")
-        if not RESOURCE_NAME.fullmatch(str(self.k8s_resource)):
-            raise ValueError(f"GpuVendor.k8s_resource={self.k8s_resource!r} is not a resource name")
-        if not ENV_NAME.fullmatch(str(self.visible_devices_env)):
-            raise ValueError(f"GpuVendor.visible_devices_env={self.visible_devices_env!r} is not a variable name")
+        for field, grammar, accepted in (
+            ("name", VENDOR_NAME, "lower-case letters, digits and '-', e.g. 'habana'"),
+            ("k8s_resource", RESOURCE_NAME, "a Kubernetes extended resource name, e.g. 'habana.ai/gaudi'"),
+            ("visible_devices_env", ENV_NAME, "an environment variable name, e.g. 'HABANA_VISIBLE_MODULES'"),
+        ):
+            if not grammar.fullmatch(str(getattr(self, field))):
+                raise InvalidSettingError("GpuVendor", field, getattr(self, field), "not accepted", accepted)
 
     def __str__(self) -> str:
         return self.name
@@ -93,10 +98,13 @@ class Accelerator(str, Enum):
 
 # Models whose vendor is not NVIDIA; every other model defaults to the settings' gpu_vendor.
 MODEL_VENDORS: dict[str, GpuVendor] = {
+    "MI100": AMD,
     "MI210": AMD,
     "MI250": AMD,
     "MI250X": AMD,
+    "MI300A": AMD,
     "MI300X": AMD,
+    "MI325X": AMD,
     "MAX-1100": INTEL,
     "MAX-1550": INTEL,
     "TRAINIUM": AWS_NEURON,
@@ -105,6 +113,7 @@ MODEL_VENDORS: dict[str, GpuVendor] = {
     "TPU-V4": GOOGLE_TPU,
     "TPU-V5E": GOOGLE_TPU,
     "TPU-V5P": GOOGLE_TPU,
+    "TPU-V6E": GOOGLE_TPU,
 }
 
 
@@ -126,6 +135,40 @@ MEMORY_GIB: dict[str, float] = {
 }
 # Other names of the same cards (the Kubernetes label tables know both).
 _MEMORY_ALIASES = {"A100-40GB": "A100", "H100-80GB": "H100", "H100-SXM": "H100", "H200-141GB": "H200"}
+
+
+# Other models a task may name (NVIDIA unless MODEL_VENDORS says otherwise); with the tables above, the models that
+# ResourceSettings.accelerator accepts at parse. A deployment adds its own with [gpu] extra_accelerators.
+_OTHER_MODELS = (
+    *("K80", "P4", "P40", "P100", "V100-32GB", "A2", "A16", "A30", "A40", "A800", "L40", "H100-NVL", "H800"),
+    *("GH200", "B100", "GB200", "A6000", "RTX-A6000", "RTX-6000-ADA", "RTX-4090", "RTX-3090"),
+)
+KNOWN_MODELS: frozenset[str] = frozenset(
+    {*(a.value for a in Accelerator), *MODEL_VENDORS, *MEMORY_GIB, *_MEMORY_ALIASES, *_OTHER_MODELS}
+)
+
+
+def check_model(owner: str, model: str, also: Collection[str] = ()) -> None:
+    """Refuse an accelerator model that is neither known nor one of ``also`` (the deployment's), naming both.
+
+    :param also: the models the deployment adds: those of ``[gpu] devices`` and ``[gpu] extra_accelerators``
+    """
+    if model.upper() in KNOWN_MODELS or model.upper() in {m.upper() for m in also}:
+        return
+    import difflib
+
+    close = difflib.get_close_matches(model.upper(), [*KNOWN_MODELS, *also], n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+    added = f"this deployment's {', '.join(sorted(also))}; " if also else ""
+    raise InvalidSettingError(
+        owner,
+        "accelerator",
+        model,
+        f"not a known accelerator model ({hint}a typo would otherwise wait for, or fall back from, a GPU that "
+        "never comes)",
+        f"{', '.join(sorted(KNOWN_MODELS))}; {added}or a model that the deployment's [gpu] extra_accelerators "
+        "(or [gpu] devices, as 0=MODEL) adds, optionally with a count: 'A100:2'",
+    )
 
 
 def card_memory_gib(model: str | None) -> float | None:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_gpu_provider.dag_line import entry_point
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.settings.accelerators import ACCELERATOR_PATTERN, MIG_PATTERN, card_memory_gib, mig_memory_gib
 from airflow_gpu_provider.settings.resources import ResourceSettings
@@ -53,6 +54,7 @@ class OomEscalation:
     mig_profiles: Sequence[str] = ()
     memory: Sequence[int | str] = ()
 
+    @entry_point()
     def __post_init__(self) -> None:
         models = _ladder("accelerators", self.accelerators, "accelerator names such as ['L4', 'A100-80GB', 'H100']")
         for model in models:

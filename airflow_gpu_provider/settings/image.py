@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlparse
 
+from airflow_gpu_provider.dag_line import entry_point
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.settings.grammar import ENV_NAME, IMAGE_REFERENCE
 
@@ -92,6 +93,7 @@ class ImageSettings:
     extra_index_urls: tuple[str, ...] = ()
     find_links: tuple[str, ...] = ()
 
+    @entry_point()
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)

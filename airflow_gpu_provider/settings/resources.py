@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from airflow_gpu_provider.dag_line import entry_point
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
 from airflow_gpu_provider.settings.accelerators import (
     ACCELERATOR_PATTERN,
@@ -81,6 +82,7 @@ class ResourceSettings:
     mig_profile: str | None = None
     shm_size: int | None = None
 
+    @entry_point()
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)

@@ -3,11 +3,13 @@ r"""A task's output as log lines, for the local and Docker backends: bounded mem
 Output arrives in pieces that do not end at line ends. Lines end at ``\n``; a line longer than ``max_line`` bytes
 is logged in pieces (one huge line never sits whole in the worker's memory); a ``\r``-only update (a tqdm progress
 bar) is logged too, at most once a ``progress_interval``, and the last one before a real line end always is. The
-credentials of every URL in a line are redacted (rule S1 of docs/security.md).
+credentials of every URL in a line are redacted (rule S1 of docs/security.md). A Python traceback in the output
+(a script's, a command's) is logged as one record at ERROR (:class:`TaskLog`), the rest at INFO.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 
@@ -15,6 +17,8 @@ from airflow_gpu_provider.runtime.protocol import redact
 
 MAX_LINE = 8192
 PROGRESS_INTERVAL = 1.0
+TRACEBACK = "Traceback (most recent call last):"
+MAX_TRACEBACK_LINES = 400  # a longer one is logged in parts
 
 
 class LineSplitter:
@@ -80,3 +84,41 @@ def stream(read: Callable[[], bytes], emit: Callable[[str], object], splitter: L
             emit(line)
     for line in splitter.flush():
         emit(line)
+
+
+class TaskLog:
+    """Where a task's output lines go: a Python traceback as one ERROR record, the rest at INFO.
+
+    The UI's error filter then shows the traceback. It ends at its first unindented line after the frames
+    (``ValueError: boom``).
+    """
+
+    def __init__(self, log: logging.Logger) -> None:
+        self.log = log
+        self._traceback: list[str] | None = None
+
+    def __call__(self, line: str) -> None:
+        """Log one line, or hold it while a traceback goes on."""
+        if self._traceback is None:
+            if line.lstrip().startswith(TRACEBACK):
+                self._traceback = [line]
+            else:
+                self.log.info("%s", line)
+            return
+        self._traceback.append(line)
+        ended = line[:1] not in (" ", "\t", "")  # the exception's own line, after the indented frames
+        if ended or len(self._traceback) >= MAX_TRACEBACK_LINES:
+            self.flush()
+
+    def flush(self) -> None:
+        """Log a traceback that the output ended in."""
+        if self._traceback:
+            self.log.error("%s", "\n".join(self._traceback))
+        self._traceback = None
+
+
+def log_output(read: Callable[[], bytes], log: logging.Logger) -> None:
+    """Log a task's output (everything ``read()`` returns until ``b""``) as :class:`TaskLog` does."""
+    task_log = TaskLog(log)
+    stream(read, task_log)
+    task_log.flush()

@@ -90,6 +90,10 @@ def task_result(result: Mapping[str, Any] | None, exit_code: int, *, where: str)
                 f"{OOM_REMEDY[HostOutOfMemoryError.kind]} The traceback is in the log above.",
                 **details,
             )
+        if not error.get("traceback"):  # no exception of the user's code: a launch's ranks ended (launch.py)
+            raise RemoteTaskError(
+                f"The task failed in {where}: {error.get('message') or error.get('type')}.", **details
+            )
         raise RemoteTaskError(
             f"The task raised {error.get('type', 'an error')} in {where}: {error.get('message', '')}".rstrip(": ")
             + ". The traceback is in the log above.",

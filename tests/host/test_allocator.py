@@ -211,3 +211,15 @@ def test_the_nvml_inventory_hands_out_the_hosts_real_gpus_one_task_each(real_gpu
             host.allocate(request(len(real_gpus)), backend="test", log=log)
     with host.allocate(request(len(real_gpus)), backend="test", log=log) as every:  # released: all of them again
         assert sorted(d.id for d in every.devices) == sorted(real_gpus)
+
+
+@pytest.mark.parametrize("policy", ["fail", "wait"])
+def test_a_host_without_enough_gpus_is_never_told_to_wait(tmp_path, policy):
+    """On a laptop (no GPU) waiting cannot help: the message suggests the CPU, a GPU host or [gpu] devices."""
+    allocator = GpuAllocator(tmp_path)
+    for present, count in (([], 1), (DEVICES[:2], 3)):
+        with pytest.raises(GpuUnavailableError) as info:
+            allocator.acquire(present, count, policy=policy, holder="t", requested="x", present=present, log=log)
+        message = str(info.value)
+        assert "on_missing_gpu='wait'" not in message
+        assert "on_missing_gpu='cpu' to run on CPU" in message and "[gpu] devices" in message

@@ -41,11 +41,15 @@ def test_partial_refuses_bad_settings_at_parse_naming_the_task():
 
 
 def test_a_decorated_task_names_itself_as_written():
-    with pytest.raises(InvalidSettingError, match=r"^@task\.gpu\('train'\): gpu_count=-1 is invalid"):
+    with pytest.raises(
+        InvalidSettingError, match=r"test_mapping\.py:\d+: @task\.gpu\('train'\): gpu_count=-1 is invalid"
+    ):
 
         @gpu_task(gpu_count=-1)
         def train() -> None:
             pass
 
-    with pytest.raises(InvalidSettingError, match=r"^@task\.gpu\('fit'\): backend='slurm' is invalid"):
+    with pytest.raises(
+        InvalidSettingError, match=r"test_mapping\.py:\d+: @task\.gpu\('fit'\): backend='slurm' is invalid"
+    ):
         gpu_task(task_id="fit", backend="slurm")(lambda: None)

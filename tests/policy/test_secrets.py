@@ -33,6 +33,8 @@ def test_a_mistyped_index_url_with_a_token_never_reaches_the_import_error(tmp_pa
 
     errors = DagBag(dag_folder=str(dag_file)).import_errors
     assert errors and "white space" in str(errors) and SECRET not in str(errors)
+    text = "".join(errors.values())
+    assert f"{dag_file}:4: ImageSettings: index_url='https://***@" in text  # its line is named, its source is not shown
 
 
 def test_a_keyed_checkpoint_uri_reaches_no_log_and_no_rendered_field(airflow_home, monkeypatch, capfd):

@@ -81,8 +81,10 @@ def test_exception_traceback_points_at_the_dag_file_line(tmp_path):
     )
     expected = f'File "{__file__}", line {raise_line}, in explode'
     assert expected in result["error"]["traceback"]
-    assert expected in proc.stderr
-    assert "raise ValueError(values" in proc.stderr  # the source line is shown too
+    assert "raise ValueError(values" in result["error"]["traceback"]  # the source line is shown too
+    assert "airflow_gpu_runtime" not in result["error"]["traceback"]  # it starts at the user's code
+    # the log gets one line; the worker logs the traceback from the result, once, at ERROR
+    assert "[gpu] the task raised ValueError: boom" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_non_json_return_value_is_a_clear_error(tmp_path):

@@ -26,7 +26,7 @@ GIB = 2**30
     ],
 )
 def test_bad_ladders_are_refused_naming_the_field(ladder, field, why):
-    with pytest.raises(InvalidSettingError, match="^OomEscalation: ") as raised:
+    with pytest.raises(InvalidSettingError, match=r"test_escalation\.py:\d+: OomEscalation: ") as raised:
         OomEscalation(**ladder)
     assert field in str(raised.value) and why in str(raised.value)
 

@@ -22,7 +22,7 @@ from airflow_gpu_provider.host.workers import worker_identity
 from airflow_gpu_provider.policy import Policy
 from airflow_gpu_provider.policy.docker import check_container
 from airflow_gpu_provider.settings.units import format_bytes
-from airflow_gpu_provider.task.output import LineSplitter
+from airflow_gpu_provider.task.output import LineSplitter, TaskLog
 from airflow_gpu_provider.task.result import TaskResult, task_result
 
 if TYPE_CHECKING:
@@ -44,14 +44,15 @@ def log_lines(stream: Iterable[tuple[bytes | None, bytes | None]], log: logging.
 
     stdout and stderr are split apart, so a line an unbuffered ``print`` writes in two pieces is never cut by the other.
     """
-    splitters = (LineSplitter(), LineSplitter())
+    splitters, logs = (LineSplitter(), LineSplitter()), (TaskLog(log), TaskLog(log))
     for frames in stream:
-        for splitter, data in zip(splitters, frames, strict=False):
+        for splitter, task_log, data in zip(splitters, logs, frames, strict=False):
             for line in splitter.feed(data or b""):
-                log.info("%s", line)
-    for splitter in splitters:
+                task_log(line)
+    for splitter, task_log in zip(splitters, logs, strict=True):
         for line in splitter.flush():
-            log.info("%s", line)
+            task_log(line)
+        task_log.flush()
 
 
 def final_call(

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from airflow_gpu_provider.backends.local.supervisor import KILL_WAIT, MODULE, STOP_NOW, Pinned
 from airflow_gpu_provider.host.workers import is_dead, worker_identity
-from airflow_gpu_provider.task.output import stream
+from airflow_gpu_provider.task.output import log_output
 
 TOKEN_VARIABLE = "AIRFLOW_GPU_TASK"  # noqa: S105 - the name of a variable, not a secret
 _PREFIX = f"{TOKEN_VARIABLE}=".encode()
@@ -148,9 +148,7 @@ class TaskProcess:
         self._exit: int | None = None
         assert self.process.stdout is not None
         pipe = self.process.stdout.fileno()
-        self._reader = threading.Thread(
-            target=stream, args=(lambda: os.read(pipe, 65536), lambda line: log.info("%s", line)), daemon=True
-        )
+        self._reader = threading.Thread(target=log_output, args=(lambda: os.read(pipe, 65536), log), daemon=True)
         self._reader.start()
 
     def _next_status(self) -> tuple[str, str] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -76,11 +77,23 @@ def test_exception_fails_with_the_containers_traceback(task_log):
     with pytest.raises(RemoteTaskError, match=r"ValueError.*boom from the container") as excinfo:
         run(task_log, request(call(fail_with_value_error)))
     assert excinfo.value.error_type == "ValueError"
-    assert "Traceback" in excinfo.value.remote_traceback
+    traceback = excinfo.value.remote_traceback  # the operator logs it once, at ERROR
+    assert traceback.startswith("Traceback (most recent call last)")
+    assert f'File "{__file__}"' in traceback  # the traceback names this file and its line numbers
+    assert "ValueError: boom from the container" in traceback
     text = task_log[1].text
-    assert "Traceback (most recent call last)" in text  # the container's stderr, streamed to the task log
-    assert f'File "{__file__}"' in text  # the traceback names this file and its line numbers
-    assert "ValueError: boom from the container" in text
+    assert "[gpu] the task raised ValueError: boom from the container" in text  # the container's one line
+    assert "Traceback" not in text  # not a second time
+
+
+def test_a_commands_traceback_is_one_error_record(task_log):
+    script = "def load():\n    raise KeyError('no such column')\n\nload()\n"
+    with pytest.raises(RemoteTaskError, match="exited with status 1"):
+        run(task_log, request(Envelope.run(["python3", "-c", script])))
+    errors = [r.getMessage() for r in task_log[1].records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, task_log[1].text
+    assert errors[0].startswith("Traceback (most recent call last):")
+    assert 'File "<string>", line 2, in load' in errors[0] and errors[0].endswith("KeyError: 'no such column'")
 
 
 def allocate(megabytes: int) -> int:

@@ -64,16 +64,17 @@ def test_two_nodes_times_four_gpus_bf16_job_service_and_command_lines():
         argv = shipped("launch").launch_command(
             envelope, "env:AIRFLOW_GPU_ENVELOPE", "/tmp/ranks", {**pod_env, "NODE_RANK": str(rank)}
         )
-        assert argv[1:] == [
-            "-m",
-            "accelerate.commands.launch",
-            "--num_processes",
-            "8",
+        assert argv[1:5] == [argv[-4], "launcher", "/tmp/ranks/failures.json", "accelerate.commands.launch"]
+        assert argv[5:] == [
             "--num_machines",
             "2",
-            "--multi_gpu",
             "--mixed_precision",
             "bf16",
+            "--dynamo_backend",
+            "no",  # stated: accelerate would warn that it filled it in
+            "--num_processes",
+            "8",
+            "--multi_gpu",
             "--machine_rank",
             str(rank),
             "--main_process_ip",

@@ -1,0 +1,173 @@
+"""Parse errors point at the DAG line: the DAG file, the line and the task, as the DAG's author wrote them.
+
+Airflow keeps only the last frames of an import error (``[core] dagbag_import_error_traceback_depth``, 2 by
+default), and they would be the provider's: the Dag Import Errors view would show ``gpu_step.py`` and
+``resources.py``, never the user's file. So each entry point that a DAG file calls (the settings classes, the
+operators' ``__init__`` and ``.partial()``, ``@task.gpu``) is wrapped by :func:`entry_point`. An
+:class:`InvalidSettingError` leaving it
+
+- starts with the caller's ``file:line`` and the task as written (``GpuStepOperator('train')``,
+  ``@task.gpu('train')``; for settings built inside a task's call, that call, found in the DAG file's source);
+- has a traceback whose last frame is that line of the DAG file, unless the line's source holds a credential (an
+  index URL with a token): a traceback shows the source, and no credential reaches an import error (rule S1).
+
+The caller is the first frame outside the provider and Airflow. Where that is the standard library (a
+``dataclasses.replace`` of the provider's own, a deep copy), the error is left as it is: no DAG line caused it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from airflow_gpu_provider.exceptions import InvalidSettingError
+
+if TYPE_CHECKING:
+    import ast
+    import types
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_PROVIDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
+
+
+def entry_point(owner: Callable[..., str | None] | None = None) -> Callable[[F], F]:
+    """Decorate a function that DAG files call, so that its setting errors point at the DAG line.
+
+    :param owner: called with the function's arguments: the task as written (``GpuStepOperator('train')``), or
+        ``None`` to find it in the DAG file's source (settings built inside a task's call)
+    """
+
+    def wrap(function: F) -> F:
+        @functools.wraps(function)
+        def called(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return function(*args, **kwargs)
+            except InvalidSettingError as err:
+                frame = None if err.dag_line is not None else dag_frame(sys._getframe(1))
+                if frame is None:
+                    raise
+                point_at(err, frame, owner(*args, **kwargs) if owner is not None else None)
+                if _holds_a_credential(frame):
+                    raise  # the message names the line; its source stays out of the traceback (rule S1)
+                raise err.with_traceback(_ending_at(frame))  # noqa: B904 - the same error; the DAG line ends it
+
+        return called  # type: ignore[return-value]
+
+    return wrap
+
+
+def dag_frame(frame: types.FrameType | None) -> types.FrameType | None:
+    """The first frame from ``frame`` outwards that is neither the provider's nor Airflow's: the DAG's line.
+
+    ``None`` when that frame is the standard library's (the provider's own ``dataclasses.replace``) or there is none.
+    """
+    skipped = (_PROVIDER, *_airflow_folders())
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith("<") and not filename.startswith(skipped):  # <string>: a dataclass's __init__
+            in_stdlib = filename.startswith(_stdlib_folders()) and "-packages" not in filename
+            return None if in_stdlib else frame
+        frame = frame.f_back
+    return None
+
+
+def point_at(err: InvalidSettingError, frame: types.FrameType, owner: str | None) -> None:
+    """Put the DAG's ``file:line`` and the task first in ``err``'s message."""
+    from airflow_gpu_provider.runtime.protocol import redact  # rule S1: no credential in an import error
+
+    filename, line = frame.f_code.co_filename, frame.f_lineno
+    task = owner or task_at(frame)
+    message = str(err)
+    named = f"{task}: " if task and not message.startswith(task) else ""
+    err.dag_line = (filename, line)
+    err.args = (redact(f"{filename}:{line}: {named}{message}"),)
+
+
+def task_at(frame: types.FrameType) -> str | None:
+    """The task whose call holds the frame's current expression, as written: ``@task.gpu('train')``.
+
+    From the source of the frame's file: the innermost call with a ``task_id=``, or a decorator call (the task id
+    then defaults to the function's name). ``None`` outside any task (settings built at module level).
+    """
+    import ast
+    import linecache
+
+    positions = list(frame.f_code.co_positions())
+    index = frame.f_lasti // 2
+    if index >= len(positions) or None in positions[index]:
+        return None
+    line, end_line, column, end_column = positions[index]
+    tree = _tree("".join(linecache.getlines(frame.f_code.co_filename, frame.f_globals)))
+    if tree is None:
+        return None
+    found: tuple[tuple[int, int], str] | None = None
+
+    def consider(call: ast.Call, default: str | None, prefix: str) -> None:
+        nonlocal found
+        if (call.lineno, call.col_offset) > (line, column) or (call.end_lineno, call.end_col_offset) < (
+            end_line,
+            end_column,
+        ):
+            return
+        given = next((k.value for k in call.keywords if k.arg == "task_id"), None)
+        task_id = repr(given.value) if isinstance(given, ast.Constant) else ast.unparse(given) if given else default
+        start = (call.lineno, call.col_offset)
+        if task_id is not None and (found is None or start > found[0]):  # the innermost call wins
+            found = start, f"{prefix}{ast.unparse(call.func)}({task_id})"
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            consider(node, None, "")
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for decorator in node.decorator_list:
+                if isinstance(decorator, ast.Call):
+                    consider(decorator, repr(node.name), "@")
+    return None if found is None else found[1]
+
+
+@functools.lru_cache(maxsize=8)
+def _tree(source: str) -> ast.Module | None:
+    import ast
+
+    try:
+        return ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+
+
+@functools.cache
+def _stdlib_folders() -> tuple[str, ...]:
+    import sysconfig
+
+    return tuple({os.path.join(sysconfig.get_paths()[key], "") for key in ("stdlib", "platstdlib")})
+
+
+def _holds_a_credential(frame: types.FrameType) -> bool:
+    """Whether the source lines of the frame's current expression (what a traceback shows) hold a credential."""
+    import linecache
+
+    from airflow_gpu_provider.runtime.protocol import redact
+
+    first, last = frame.f_lineno, frame.f_lineno
+    positions = list(frame.f_code.co_positions())
+    if frame.f_lasti // 2 < len(positions):
+        start, end = positions[frame.f_lasti // 2][:2]
+        first, last = min(first, start or first), max(last, end or last)
+    lines = [linecache.getline(frame.f_code.co_filename, number) for number in range(first, last + 1)]
+    return any(redact(line) != line for line in lines)
+
+
+def _airflow_folders() -> tuple[str, ...]:
+    airflow = sys.modules.get("airflow")
+    return tuple(os.path.join(os.path.abspath(p), "") for p in getattr(airflow, "__path__", ()))
+
+
+def _ending_at(frame: types.FrameType) -> types.TracebackType:
+    """A traceback of one entry, ``frame`` at its current line: raised again, it stays the innermost entry."""
+    import types
+
+    return types.TracebackType(None, frame, frame.f_lasti, frame.f_lineno)
