@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from airflow_gpu_provider.backends.kubernetes.kueue import kueue_name, kueue_queue_name
 from airflow_gpu_provider.backends.options import BadOption, boolean, one_of, option, seconds
 from airflow_gpu_provider.backends.pods.node_labels import node_selector
 from airflow_gpu_provider.backends.pods.options import (
@@ -104,6 +105,8 @@ class KubernetesOptions(PodOptions):
     termination_grace_period: int | None = option(check=_grace_seconds)
     checkpoint_claim: str | None = option(check=dns_subdomain)
     on_finish_action: str = option("delete_pod", check=one_of(*FINISH_ACTIONS))
+    kueue_queue: str | None = option(check=kueue_queue_name)  # None: [gpu] kueue_queue; '': no Kueue
+    kueue_priority_class: str | None = option(check=kueue_name)
 
     def __post_init__(self) -> None:
         super().__post_init__()
