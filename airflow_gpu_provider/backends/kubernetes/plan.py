@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.backends.kubernetes import container
-from airflow_gpu_provider.backends.kubernetes.kueue import kueue_labels, kueue_name
+from airflow_gpu_provider.backends.kubernetes.kueue import kueue_labels
 from airflow_gpu_provider.backends.kubernetes.options import KubernetesOptions, check_pod_template
 from airflow_gpu_provider.backends.kubernetes.requirements import requirements_plan
 from airflow_gpu_provider.backends.options import BadOption
@@ -159,7 +159,7 @@ def _pod(
     shm_volumes, shm_mounts = resources.shm_volume(wanted)
     command, args = container.launch_command(result_to_log=request.num_nodes > 1)
     checkpoint_volumes, checkpoint_mounts, checkpoint_env, notes = checkpoint_volume(request, options)
-    queue = kueue_queue(options, conf)
+    queue = options.kueue_queue_or(conf.kueue_queue)
     return KubernetesPlan(
         task_id=request.labels.get("task_id", "gpu-task"),
         image=deps.image,
@@ -198,24 +198,6 @@ def _pod(
         reattach=request.reattach,
         kueue_queue=queue,
     )
-
-
-def kueue_queue(options: KubernetesOptions, conf: GpuConfig) -> str:
-    """The task's Kueue LocalQueue: ``backend_options['kueue_queue']``, else ``[gpu] kueue_queue``; empty: none."""
-    queue = options.kueue_queue if options.kueue_queue is not None else conf.kueue_queue
-    if queue:
-        try:
-            kueue_name(queue)
-        except BadOption as err:
-            raise GpuTaskError(f"[gpu] kueue_queue={queue!r}: {err.reason}; expected {err.accepted}") from None
-    elif options.kueue_priority_class is not None:
-        raise options.invalid(
-            "kueue_priority_class",
-            options.kueue_priority_class,
-            "no Kueue queue: neither backend_options['kueue_queue'] nor [gpu] kueue_queue is set",
-            "a queue as well, e.g. backend_options={'kueue_queue': 'team-a', 'kueue_priority_class': 'high'}",
-        )
-    return queue
 
 
 def checkpoint_volume(

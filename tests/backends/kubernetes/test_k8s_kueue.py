@@ -160,6 +160,14 @@ def test_a_bad_priority_class_name_is_an_error_at_parse():
         GpuStepOperator(task_id="t", command=["true"], backend="kubernetes", backend_options=options)
 
 
+def test_a_priority_class_without_any_queue_is_an_error_at_parse(monkeypatch):
+    options = {"kueue_priority_class": "gpu-high"}
+    with pytest.raises(InvalidSettingError, match=r"backend_options\['kueue_priority_class'\].*no Kueue queue"):
+        GpuStepOperator(task_id="t", command=["true"], backend="kubernetes", backend_options=options)
+    monkeypatch.setenv("AIRFLOW__GPU__KUEUE_QUEUE", "research")  # the deployment's default queue: accepted
+    GpuStepOperator(task_id="t", command=["true"], backend="kubernetes", backend_options=options)
+
+
 def test_a_bad_gpu_kueue_queue_and_a_priority_without_queue_are_refused_before_anything_is_submitted(kubeconfig):
     with pytest.raises(GpuTaskError, match=r"\[gpu\] kueue_queue='Team_A': .*at most 63 characters"):
         planned(kubeconfig, conf=GpuConfig.read(kueue_queue="Team_A"))
