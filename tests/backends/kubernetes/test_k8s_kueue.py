@@ -248,6 +248,19 @@ def test_the_pod_run_in_the_worker_says_it_waits_then_fails_after_pending_timeou
     assert name in cluster.names("delete_namespaced_pod")
 
 
+def test_without_kueue_an_unschedulable_pod_in_the_worker_is_still_the_schedulers_verdict(kubeconfig, cluster):
+    # the same path (KubernetesPodOperator's PodLaunchTimeoutException, then diagnose_pending), no queue, no gate
+    message = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu. preemption: not helpful."
+    scheduled = k8s.V1PodCondition(type="PodScheduled", status="False", reason="Unschedulable", message=message)
+    cluster.status = k8s.V1PodStatus(phase="Pending", conditions=[scheduled])
+    backend, plan = planned(kubeconfig, pending_timeout=1)
+    with pytest.raises(
+        GpuUnavailableError, match="stayed Pending for 1s and was deleted: no node has 4 nvidia.com/gpu"
+    ):
+        backend.run(plan, context())
+    assert cluster.names("delete_namespaced_pod") == [cluster.created[0]["metadata"]["name"]]
+
+
 def test_the_deferred_job_is_submitted_suspended_and_the_job_trigger_waits_through_admission(
     kubeconfig, cluster, caplog, monkeypatch
 ):
