@@ -7,7 +7,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.settings.accelerators import ACCELERATOR_PATTERN, NVIDIA, GpuVendor, card_memory_gib
+from airflow_gpu_provider.settings.accelerators import (
+    ACCELERATOR_PATTERN,
+    NVIDIA,
+    GpuVendor,
+    card_memory_gib,
+    model_words,
+)
 
 if TYPE_CHECKING:
     from airflow_gpu_provider.settings import ResourceSettings
@@ -78,8 +84,8 @@ def matches_model(device: Device, model: str | None) -> bool:
     """
     if model is None or device.name is None:
         return True
-    words = device.name.upper().replace("-", " ").split()
-    return all(token in words for token in model.upper().replace("-", " ").split())
+    words = model_words(device.name)
+    return all(token in words for token in model_words(model))
 
 
 def matching(resources: ResourceSettings, present: Sequence[Device]) -> list[Device]:

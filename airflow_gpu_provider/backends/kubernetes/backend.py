@@ -19,6 +19,7 @@ from airflow_gpu_provider.backends.kubernetes.multinode_run import IndexedJobRun
 from airflow_gpu_provider.backends.kubernetes.options import KubernetesOptions
 from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan, plan_pod
 from airflow_gpu_provider.backends.kubernetes.pod_operator import build_operator, to_dict
+from airflow_gpu_provider.backends.pods import dra
 from airflow_gpu_provider.exceptions import GpuUnavailableError
 from airflow_gpu_provider.task.request import TaskRequest
 from airflow_gpu_provider.task.result import TaskResult, task_result
@@ -114,7 +115,12 @@ class KubernetesBackend(Backend[KubernetesOptions, KubernetesPlan]):
         if plan.num_nodes > 1:
             _, service, job = multinode_manifests(plan, context=context)
             return [service, job]
-        return [to_dict(build_operator(plan).build_pod_request_obj(context, dry_run=True))]
+        pod = to_dict(build_operator(plan).build_pod_request_obj(context, dry_run=True))
+        if plan.claim is None:
+            return [pod]
+        metadata = pod["metadata"]  # the claim template the pod names, created before it (pods/dra.py)
+        name = dra.template_name(metadata["name"])
+        return [dra.claim_template(name, metadata.get("namespace"), metadata.get("labels") or {}, plan.claim), pod]
 
     def kill(self) -> None:
         """Delete the running pod (KubernetesPodOperator's ``on_kill``) or the Job and its Service, also in start()."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from airflow_gpu_provider.backends.options import BadOption, boolean, one_of, option, seconds
+from airflow_gpu_provider.backends.pods import dra
 from airflow_gpu_provider.backends.pods.node_labels import node_selector
 from airflow_gpu_provider.backends.pods.options import (
     DNS_LABEL,
@@ -104,6 +105,7 @@ class KubernetesOptions(PodOptions):
     termination_grace_period: int | None = option(check=_grace_seconds)
     checkpoint_claim: str | None = option(check=dns_subdomain)
     on_finish_action: str = option("delete_pod", check=one_of(*FINISH_ACTIONS))
+    gpu_allocation: str | None = option(check=one_of(*dra.ALLOCATIONS))  # None: [gpu] kubernetes_gpu_allocation
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -130,6 +132,8 @@ class KubernetesOptions(PodOptions):
         ``node_selector``.
         """
         template = (self.pod_template_dict or {}).get("spec") or {}
+        if self.gpu_allocation == "dra":
+            self.check_dra(resources, template)
         node_selector(
             resources,
             self.label_scheme,
@@ -137,6 +141,18 @@ class KubernetesOptions(PodOptions):
             template=template.get("nodeSelector") or {},
             user=self.node_selector or {},
         )
+
+    def check_dra(self, resources: ResourceSettings, template: Mapping[str, Any]) -> None:
+        """A DRA request the drivers can serve; a pod template that holds no claims of its own (both would be the
+        pod's, and the provider's claim replaces the template's ``resourceClaims``)."""
+        dra.check("ResourceSettings", resources)
+        if resources.requests_gpus and template.get("resourceClaims"):
+            raise self.invalid(
+                "pod_template_dict" if self.pod_template_dict is not None else "pod_template_file",
+                {"spec": {"resourceClaims": template["resourceClaims"]}},
+                "the pod template holds resource claims, and gpu_allocation='dra' gives the pod its own",
+                "a template without spec.resourceClaims, or gpu_allocation='device-plugin'",
+            )
 
     def check_image(self, image: ImageSettings) -> None:
         """Credentials in index URLs would be in the pod spec, for everyone who may read pods: a Secret holds them."""
