@@ -23,7 +23,7 @@ from airflow_gpu_provider.exceptions import GpuUnavailableError
 from airflow_gpu_provider.host.inventory import Device, host_devices, matching, model_groups
 from airflow_gpu_provider.host.state import open_private, private_dir
 from airflow_gpu_provider.host.waiting import MustWait, waited_too_long
-from airflow_gpu_provider.settings import GpuVendor, ResourceSettings
+from airflow_gpu_provider.settings import GpuVendor
 from airflow_gpu_provider.settings.units import format_bytes
 from airflow_gpu_provider.task.environment import lock_holder
 from airflow_gpu_provider.task.missing_gpu import POLICIES, MissingGpuPolicy, OnMissingGpu
@@ -296,4 +296,3 @@ class HostGpus:
 
 def _gib(amount: int | None) -> str:
     return "unknown memory" if amount is None else format_bytes(amount)
-

@@ -233,8 +233,7 @@ class TaskSpec(NamedTuple):
 
 
 def check_accelerator(owner: str, resources: ResourceSettings) -> None:
-    """Each of the task's accelerators is a known model, one of ``[gpu] devices`` or one ``[gpu] extra_accelerators``
-    adds."""
+    """Each of the task's accelerators is a known model, one of ``[gpu] devices`` or of ``[gpu] extra_accelerators``."""
     if resources.accelerator is None:
         return
     from airflow_gpu_provider.host.inventory import parse_devices

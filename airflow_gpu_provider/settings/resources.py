@@ -185,7 +185,7 @@ class ResourceSettings:
         put("gpu_count", gpu_count)
 
     def _models(self) -> tuple[object, ...]:
-        """The accelerator models as given: a list in ``accelerator``, or ``accelerator`` + ``fallback_accelerators``."""
+        """The models as given: a list in ``accelerator``, or ``accelerator`` and ``fallback_accelerators``."""
         given: object = self.accelerator
         fallbacks: object = self.fallback_accelerators
         accepted = "a model name, or a list of them, preferred first: ['H100', 'A100-80GB']"

@@ -46,7 +46,7 @@ def test_amd_models_in_a_list_take_their_vendor() -> None:
 def test_bad_lists_are_refused_naming_the_field(value, why) -> None:
     with pytest.raises(InvalidSettingError) as raised:
         ResourceSettings(accelerator=value)
-    assert f"accelerator=" in str(raised.value) and why in str(raised.value) and "Accepted:" in str(raised.value)
+    assert "accelerator=" in str(raised.value) and why in str(raised.value) and "Accepted:" in str(raised.value)
 
 
 def test_fallbacks_without_a_first_model_are_refused() -> None:
@@ -81,7 +81,10 @@ def test_a_list_has_no_one_queue_or_pool_per_model(monkeypatch: pytest.MonkeyPat
 def test_the_oom_ladder_climbs_from_the_largest_card_of_the_list_and_a_rung_replaces_the_list() -> None:
     listed = ResourceSettings(accelerator=["L4", "A100-80GB"])
     ladder = OomEscalation(accelerators=["A100-80GB", "H100", "H200"])
-    assert ladder.gpu_steps(listed) == [{"accelerator": "H100", "mig_profile": None}, {"accelerator": "H200", "mig_profile": None}]
+    assert ladder.gpu_steps(listed) == [
+        {"accelerator": "H100", "mig_profile": None},
+        {"accelerator": "H200", "mig_profile": None},
+    ]
     climbed, exhausted = ladder.climb(listed, gpu_ooms=1, host_ooms=0)
     assert (climbed.accelerators, exhausted) == (("H100",), None)
     unnamed = OomEscalation(accelerators=["A10", "A100-80GB", "H200"])  # the list's cards by memory: above 80 GiB

@@ -143,8 +143,10 @@ class KubernetesOptions(PodOptions):
         )
 
     def check_dra(self, resources: ResourceSettings, template: Mapping[str, Any]) -> None:
-        """A DRA request the drivers can serve; a pod template that holds no claims of its own (both would be the
-        pod's, and the provider's claim replaces the template's ``resourceClaims``)."""
+        """A DRA request the drivers can serve, and a pod template that holds no claims of its own.
+
+        The provider's claim would replace the template's ``resourceClaims``.
+        """
         dra.check("ResourceSettings", resources)
         if resources.requests_gpus and template.get("resourceClaims"):
             raise self.invalid(

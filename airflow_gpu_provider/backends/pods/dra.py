@@ -149,9 +149,7 @@ def template_name(pod_name: str) -> str:
     return f"{pod_name[:240]}-{CLAIM}"
 
 
-def claim_template(
-    name: str, namespace: str | None, labels: dict[str, str], spec: dict[str, Any]
-) -> dict[str, Any]:
+def claim_template(name: str, namespace: str | None, labels: dict[str, str], spec: dict[str, Any]) -> dict[str, Any]:
     """The ResourceClaimTemplate object, as the API's dict."""
     metadata: dict[str, Any] = {"name": name, "labels": dict(labels)}
     if namespace:

@@ -121,8 +121,10 @@ LABEL_SCHEMES: dict[str, LabelScheme] = {
 def accelerator_requirements(
     resources: ResourceSettings, scheme_name: str, explicit: Mapping[str, str] | None
 ) -> list[Requirements]:
-    """Node labels that select each acceptable model, preferred first; ``[]`` when no model is named, or the scheme
-    is ``none``. ``accelerator_labels`` (``explicit``) stands for every model of a list."""
+    """Node labels that select each acceptable model, preferred first; ``[]`` without a model or labels.
+
+    ``accelerator_labels`` (``explicit``) stands for every model of a list.
+    """
     if explicit:
         return [{key: (value,) for key, value in explicit.items()}]
     if not resources.accelerators or scheme_name == "none" or not resources.requests_gpus:

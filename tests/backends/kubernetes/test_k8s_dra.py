@@ -32,7 +32,9 @@ def _expressions(request):
 
 
 def test_the_pod_names_its_claim_template_and_asks_for_no_extended_resource():
-    _, [template, pod] = plan_and_render(ResourceSettings(accelerator="A100-80GB", gpu_count=2, cpu_count=4), options=DRA)
+    _, [template, pod] = plan_and_render(
+        ResourceSettings(accelerator="A100-80GB", gpu_count=2, cpu_count=4), options=DRA
+    )
     assert template["kind"] == "ResourceClaimTemplate" and template["apiVersion"] == "resource.k8s.io/v1"
     assert template["metadata"]["name"] == pod["metadata"]["name"] + "-gpu"
     assert template["metadata"]["namespace"] == pod["metadata"]["namespace"] == "ml"
@@ -80,7 +82,7 @@ def test_a_try_after_a_gpu_oom_asks_for_more_memory_than_the_card_that_ran_out()
         min_gpu_memory=24 * 2**30,
     )  # fmt: skip
     backend = BACKENDS["kubernetes"].create({"namespace": "ml", **DRA})
-    template, pod = (validate(o) for o in backend.render(request, GpuConfig.read(), None))
+    template, _ = (validate(o) for o in backend.render(request, GpuConfig.read(), None))
     assert _expressions(_claim_request(template)["exactly"]) == [
         'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("24Gi")) > 0'
     ]
@@ -113,7 +115,9 @@ def test_what_no_known_driver_serves_is_refused_at_parse(kwargs, field, why):
 
 
 def test_a_pod_template_with_claims_of_its_own_is_refused_at_parse():
-    template = {"spec": {"resourceClaims": [{"name": "x", "resourceClaimName": "shared"}], "containers": [{"name": "base"}]}}
+    template = {
+        "spec": {"resourceClaims": [{"name": "x", "resourceClaimName": "shared"}], "containers": [{"name": "base"}]}
+    }
     with pytest.raises(InvalidSettingError, match=r"backend_options\['pod_template_dict'\].*holds resource claims"):
         GpuStepOperator(
             task_id="t", command=["true"], backend="kubernetes", gpu_count=1,

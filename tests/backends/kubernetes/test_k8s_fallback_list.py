@@ -18,7 +18,11 @@ def test_any_listed_model_is_required_and_the_first_is_preferred_most():
     _, [pod] = plan_and_render(ResourceSettings(accelerator=["H100", "A100-80GB"]), options={"label_scheme": "gke"})
     node = _node_affinity(pod)
     terms = node["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    h100 = {"key": "cloud.google.com/gke-accelerator", "operator": "In", "values": ["nvidia-h100-80gb", "nvidia-h100-mega-80gb"]}
+    h100 = {
+        "key": "cloud.google.com/gke-accelerator",
+        "operator": "In",
+        "values": ["nvidia-h100-80gb", "nvidia-h100-mega-80gb"],
+    }
     a100 = {"key": "cloud.google.com/gke-accelerator", "operator": "In", "values": ["nvidia-a100-80gb"]}
     assert terms == [{"matchExpressions": [h100]}, {"matchExpressions": [a100]}]
     assert node["preferredDuringSchedulingIgnoredDuringExecution"] == [
