@@ -21,8 +21,7 @@ from typing import Any
 
 from airflow_gpu_provider.backends.executor.options import CLAIM_TEMPLATE_OPTION
 from airflow_gpu_provider.backends.pods import dra, resources, scheduling, security
-from airflow_gpu_provider.backends.pods.options import DNS_SUBDOMAIN
-from airflow_gpu_provider.backends.pods.options import PodOptions
+from airflow_gpu_provider.backends.pods.options import DNS_SUBDOMAIN, PodOptions
 from airflow_gpu_provider.backends.pods.security import overlay
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.policy import PolicyError

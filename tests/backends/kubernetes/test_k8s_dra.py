@@ -211,3 +211,14 @@ def test_one_resource_settings_rendered_both_ways_matches_the_golden_files(airfl
     assert text == path.read_text(), f"{golden} changed; review and rerun with UPDATE_GOLDEN=1"
     kinds = [doc["kind"] for doc in yaml.safe_load_all(text)]
     assert kinds == (["ResourceClaimTemplate", "Pod"] if "train_dra" in golden else ["Pod"])
+
+
+def test_the_worked_example_in_the_docs_is_the_golden_rendering():
+    """docs/kubernetes.md shows the claim template as the real code renders it (the golden file)."""
+    text = (REPO / "docs" / "kubernetes.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", text, flags=re.S)
+    shown = next(list(yaml.safe_load_all(b)) for b in blocks if b.startswith("apiVersion: resource.k8s.io/v1"))
+    golden = list(yaml.safe_load_all((GOLDEN / "dra_render.train_dra.yaml").read_text()))
+    assert shown[0] == golden[0]
+    assert shown[1]["spec"]["resourceClaims"] == golden[1]["spec"]["resourceClaims"]
+    assert shown[1]["spec"]["containers"][0]["resources"] == golden[1]["spec"]["containers"][0]["resources"]
