@@ -279,9 +279,15 @@ class ResourceSettings:
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        """The settings as JSON values (the vendor by name): what a task finds in ``AIRFLOW_GPU_RESOURCES``."""
+        """The settings as JSON values (the vendor by name): what a task finds in ``AIRFLOW_GPU_RESOURCES``.
+
+        ``fallback_accelerators`` only for a list of models.
+        """
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {**values, "gpu_vendor": self.gpu_vendor.name, "fallback_accelerators": list(self.fallback_accelerators)}
+        values.pop("fallback_accelerators")
+        if self.fallback_accelerators:
+            values["fallback_accelerators"] = list(self.fallback_accelerators)
+        return {**values, "gpu_vendor": self.gpu_vendor.name}
 
     def without_gpus(self) -> ResourceSettings:
         """The same request on the CPU only: what a task falls back to under ``on_missing_gpu="cpu"``."""

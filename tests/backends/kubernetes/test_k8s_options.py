@@ -40,6 +40,7 @@ GOOD = {
     "termination_grace_period": 30,
     "checkpoint_claim": "training-checkpoints",
     "on_finish_action": "keep_pod",
+    "gpu_allocation": "dra",
 }
 BAD = {
     "kubernetes_conn_id": "",
@@ -74,6 +75,7 @@ BAD = {
     "termination_grace_period": 1.5,
     "checkpoint_claim": "Checkpoints_PVC",
     "on_finish_action": "delete",
+    "gpu_allocation": "DRA",
 }
 
 
