@@ -75,3 +75,21 @@ def test_the_cpu_policy_falls_back_when_no_model_of_the_list_is_free(tmp_path):
     host = HostGpus(devices="0=L4", state_dir=str(tmp_path))
     allocation = host.allocate(_request(["H100", "A100-80GB"], policy="cpu"), backend="test", log=log)
     assert allocation.cpu_fallback and allocation.devices == []
+
+
+@pytest.mark.usefixtures("airflow_home")
+def test_a_local_task_runs_on_the_first_free_model_of_its_list(monkeypatch, state_dir):
+    """Through real Airflow (dag.test) and a real child process: the H100, then the A100 while the H100 is held."""
+    from conftest import REPO
+    from helpers import load_dag, run_dag, xcom
+
+    from airflow_gpu_provider.host.allocator import GpuAllocator
+    from airflow_gpu_provider.host.inventory import Device
+
+    monkeypatch.setenv("AIRFLOW__GPU__DEVICES", LISTED)
+    dag = load_dag(REPO / "tests" / "dags" / "fallback_list_dag.py", "fallback_list")
+    assert xcom(run_dag(dag), "train") == {"cuda": "3"}
+    held = GpuAllocator(state_dir / "locks").try_acquire([Device("3")], 1, "the test")
+    assert held is not None
+    with held:
+        assert xcom(run_dag(dag), "train") == {"cuda": "1"}
