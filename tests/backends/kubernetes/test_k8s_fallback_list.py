@@ -72,3 +72,20 @@ def test_a_model_the_label_scheme_lacks_is_refused_at_parse():
             task_id="t", command=["true"], backend="kubernetes", accelerator=["L4", "RTX-4090"],
             backend_options={"label_scheme": "gke"},
         )  # fmt: skip
+
+
+def test_a_multi_node_job_carries_the_lists_affinity_and_validates():
+    """The Indexed Job (and its Service) of a multi-node launch: every pod may take any listed model."""
+    import dataclasses
+
+    from k8s_manifests import validate
+
+    from airflow_gpu_provider.backends.kubernetes.multinode_run import multinode_manifests
+
+    plan, _ = plan_and_render(ResourceSettings(accelerator=["H100", "A100-80GB"], gpu_count=8))
+    _, service, job = multinode_manifests(dataclasses.replace(plan, num_nodes=2))
+    validate(service)
+    validate(job)
+    node = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    assert len(node["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]) == 2
+    assert [p["weight"] for p in node["preferredDuringSchedulingIgnoredDuringExecution"]] == [100, 50]
