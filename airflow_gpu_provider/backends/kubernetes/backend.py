@@ -76,7 +76,9 @@ class KubernetesBackend(Backend[KubernetesOptions, KubernetesPlan]):
         """A multi-node launch: an Indexed Job plus its headless Service, removed on every path."""
         layout, service, job = multinode_manifests(plan, context=context)
         hook = cast("KubernetesHook", build_operator(plan).hook)
-        run = IndexedJobRun(hook, layout, service, job, log=self.log, pending_timeout=plan.pending_timeout)
+        run = IndexedJobRun(
+            hook, layout, service, job, log=self.log, pending_timeout=plan.pending_timeout, claim=plan.claim
+        )
         self._running = run
         try:
             result = run.run()
@@ -114,13 +116,14 @@ class KubernetesBackend(Backend[KubernetesOptions, KubernetesPlan]):
         plan = self.plan(request, conf)
         if plan.num_nodes > 1:
             _, service, job = multinode_manifests(plan, context=context)
-            return [service, job]
-        pod = to_dict(build_operator(plan).build_pod_request_obj(context, dry_run=True))
+            objects, owner = [service, job], service["metadata"]  # the Service is named after the Job
+        else:
+            pod = to_dict(build_operator(plan).build_pod_request_obj(context, dry_run=True))
+            objects, owner = [pod], pod["metadata"]
         if plan.claim is None:
-            return [pod]
-        metadata = pod["metadata"]  # the claim template the pod names, created before it (pods/dra.py)
-        name = dra.template_name(metadata["name"])
-        return [dra.claim_template(name, metadata.get("namespace"), metadata.get("labels") or {}, plan.claim), pod]
+            return objects
+        name = dra.template_name(owner["name"])  # the claim template they name, created before them (pods/dra.py)
+        return [dra.claim_template(name, owner.get("namespace"), owner.get("labels") or {}, plan.claim), *objects]
 
     def kill(self) -> None:
         """Delete the running pod (KubernetesPodOperator's ``on_kill``) or the Job and its Service, also in start()."""

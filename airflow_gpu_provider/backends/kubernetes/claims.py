@@ -5,7 +5,9 @@ calls :meth:`ClaimTemplate.create` there first, :meth:`ClaimTemplate.own` once t
 :meth:`ClaimTemplate.delete` from ``cleanup`` and ``on_kill``: every path that ends the pod. The template is named
 after the pod (:func:`~..pods.dra.template_name`), so a resumed (deferred) operator finds it again. Its owner
 reference to the pod lets Kubernetes' garbage collector delete it with the pod even if the worker dies first. The
-claim the cluster makes from it belongs to the pod too (Kubernetes deletes it with the pod).
+claim the cluster makes from it belongs to the pod too (Kubernetes deletes it with the pod). A multi-node launch's
+Indexed Job (:mod:`.multinode_run`) has one template for all its pods (each gets its own claim), named after the Job,
+created before it, owned by it and deleted with it.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ CONFLICT, NOT_FOUND = 409, 404
 
 
 class ClaimTemplate:
-    """The claim template of one pod: its body, and the three calls of its life.
+    """The claim template of one pod (or one Indexed Job's pods): its body, and the three calls of its life.
 
     :param spec: the claim's spec (``KubernetesPlan.claim``)
-    :param api_client: the client KubernetesPodOperator's hook made (its connection, its cluster)
+    :param api_client: the client of the cncf provider's hook (its connection, its cluster)
     """
 
     def __init__(self, spec: dict[str, Any], api_client: ApiClient, log: Any) -> None:
@@ -33,43 +35,44 @@ class ClaimTemplate:
         self.api = ResourceV1Api(api_client)
         self.log = log
 
-    def body(self, pod: k8s.V1Pod) -> k8s.V1ResourceClaimTemplate:
-        """The template of ``pod``: its name, namespace and labels, as the client's object."""
-        manifest = dra.claim_template(
-            dra.template_name(pod.metadata.name), pod.metadata.namespace, dict(pod.metadata.labels or {}), self.spec
-        )
+    def body(self, name: str, namespace: str, labels: dict[str, str]) -> k8s.V1ResourceClaimTemplate:
+        """The template, as the client's object."""
+        manifest = dra.claim_template(name, namespace, labels, self.spec)
         return self.api.api_client._ApiClient__deserialize(manifest, "V1ResourceClaimTemplate")  # type: ignore[attr-defined]
 
-    def create(self, pod: k8s.V1Pod) -> None:
-        """Create the template before the pod that names it (one that exists already is this pod's: kept)."""
-        body = self.body(pod)
+    def create(self, name: str, namespace: str, labels: dict[str, str]) -> None:
+        """Create the template before the pod or Job that names it (one that exists already is kept: a retry's)."""
         try:
-            self.api.create_namespaced_resource_claim_template(pod.metadata.namespace, body)
+            self.api.create_namespaced_resource_claim_template(namespace, self.body(name, namespace, labels))
         except ApiException as err:
             if err.status != CONFLICT:
                 raise
-        self.log.info("Created ResourceClaimTemplate %s/%s", pod.metadata.namespace, body.metadata.name)
+        self.log.info("Created ResourceClaimTemplate %s/%s", namespace, name)
 
-    def owner_patch(self, pod: k8s.V1Pod) -> dict[str, Any]:
-        """The patch that makes ``pod`` (as the API server returned it, with its uid) the template's owner."""
-        reference = {"apiVersion": "v1", "kind": "Pod", "name": pod.metadata.name, "uid": pod.metadata.uid}
+    @staticmethod
+    def owner_patch(owner: Any, kind: str = "Pod", api_version: str = "v1") -> dict[str, Any]:
+        """The patch that makes ``owner`` (a pod or Job as the API server returned it, with its uid) the owner."""
+        reference = {"apiVersion": api_version, "kind": kind, "name": owner.metadata.name, "uid": owner.metadata.uid}
         return {"metadata": {"ownerReferences": [reference]}}
 
-    def own(self, pod: k8s.V1Pod) -> None:
-        """Let the garbage collector delete the template with ``pod`` (best effort: ``delete`` is the rule)."""
+    def own(self, name: str, namespace: str, owner: Any, kind: str = "Pod", api_version: str = "v1") -> None:
+        """Let the garbage collector delete the template with ``owner`` (best effort: ``delete`` is the rule)."""
         try:
-            self.api.patch_namespaced_resource_claim_template(
-                dra.template_name(pod.metadata.name), pod.metadata.namespace, self.owner_patch(pod)
-            )
+            patch = self.owner_patch(owner, kind, api_version)
+            self.api.patch_namespaced_resource_claim_template(name, namespace, patch)
         except ApiException as err:
-            self.log.warning("Could not make pod %s the owner of its claim template: %s", pod.metadata.name, err)
+            self.log.warning("Could not give the claim template %s/%s an owner: %s", namespace, name, err)
 
-    def delete(self, pod: k8s.V1Pod) -> None:
-        """Delete the template of ``pod`` (gone already: nothing to do). Never raises: the task's outcome stands."""
-        name = dra.template_name(pod.metadata.name)
+    def delete(self, name: str, namespace: str) -> None:
+        """Delete the template (gone already: nothing to do). Never raises: the task's outcome stands."""
         try:
-            self.api.delete_namespaced_resource_claim_template(name, pod.metadata.namespace)
-            self.log.info("Deleted ResourceClaimTemplate %s/%s", pod.metadata.namespace, name)
+            self.api.delete_namespaced_resource_claim_template(name, namespace)
+            self.log.info("Deleted ResourceClaimTemplate %s/%s", namespace, name)
         except ApiException as err:
             if err.status != NOT_FOUND:
-                self.log.warning("Could not delete ResourceClaimTemplate %s/%s: %s", pod.metadata.namespace, name, err)
+                self.log.warning("Could not delete ResourceClaimTemplate %s/%s: %s", namespace, name, err)
+
+
+def of_pod(pod: k8s.V1Pod) -> tuple[str, str]:
+    """``(name, namespace)`` of a pod's claim template."""
+    return dra.template_name(pod.metadata.name), pod.metadata.namespace

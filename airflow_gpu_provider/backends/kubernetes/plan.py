@@ -214,11 +214,6 @@ def gpu_claim(
         )
     if allocation != "dra" or not wanted.requests_gpus:
         return None
-    if request.num_nodes > 1:
-        raise GpuTaskError(
-            f"{request.display_name}: gpu_allocation='dra' is not available for a multi-node launch yet (an Indexed "
-            "Job); use gpu_allocation='device-plugin' for it. Nothing was submitted."
-        )
     options.check_dra(wanted, template)  # [gpu]'s default is seen only now; a template file too
     return dra.claim_spec(request.display_name, wanted, request.min_gpu_memory)
 

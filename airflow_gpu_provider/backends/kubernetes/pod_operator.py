@@ -24,7 +24,7 @@ from kubernetes.client import ApiClient, Configuration
 from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
-from airflow_gpu_provider.backends.kubernetes.claims import ClaimTemplate
+from airflow_gpu_provider.backends.kubernetes.claims import ClaimTemplate, of_pod
 from airflow_gpu_provider.backends.kubernetes.pending import Unschedulable, termination_error, unschedulable
 from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan
 from airflow_gpu_provider.backends.pods import dra
@@ -93,16 +93,16 @@ class GpuPodOperator(KubernetesPodOperator):
         template = self.claim_template()
         if template is None:
             return super().get_or_create_pod(pod_request_obj, context)
-        template.create(pod_request_obj)
+        template.create(*of_pod(pod_request_obj), dict(pod_request_obj.metadata.labels or {}))
         try:
             pod = super().get_or_create_pod(pod_request_obj, context)
         except BaseException:
-            template.delete(pod_request_obj)
+            template.delete(*of_pod(pod_request_obj))
             raise
         if pod.metadata.name != pod_request_obj.metadata.name:  # an earlier try's pod, with its own template
-            template.delete(pod_request_obj)
+            template.delete(*of_pod(pod_request_obj))
         with contextlib.suppress(ApiException):
-            template.own(self.pod_manager.read_pod(pod))
+            template.own(*of_pod(pod), self.pod_manager.read_pod(pod))
         return pod
 
     def cleanup(self, pod: k8s.V1Pod, remote_pod: k8s.V1Pod, *args: Any, **kwargs: Any) -> None:
@@ -112,7 +112,7 @@ class GpuPodOperator(KubernetesPodOperator):
         finally:
             template = self.claim_template()
             if template is not None and pod is not None:
-                template.delete(pod)
+                template.delete(*of_pod(pod))
 
     def on_kill(self) -> None:
         """Delete the pod (KubernetesPodOperator's ``on_kill``), then its claim template."""
@@ -121,7 +121,7 @@ class GpuPodOperator(KubernetesPodOperator):
         finally:
             template = self.claim_template()
             if template is not None and self.pod is not None:
-                template.delete(self.pod)
+                template.delete(*of_pod(self.pod))
 
     @property
     def pod_label(self) -> str:

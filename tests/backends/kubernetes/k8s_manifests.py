@@ -98,7 +98,9 @@ def validate(
 ) -> dict[str, Any]:
     """Validate one API object (Pod, Job, Service, ResourceClaimTemplate) and return it; pods meet the restricted
     profile by default."""
-    if obj["kind"] == "ResourceClaimTemplate" or (obj.get("spec") or {}).get("resourceClaims"):
+    spec = obj.get("spec") or {}
+    pod_spec = (spec.get("template") or {}).get("spec") or spec  # a Job's pods, or a pod's
+    if obj["kind"] == "ResourceClaimTemplate" or pod_spec.get("resourceClaims"):
         versions = tuple(v for v in versions if v in DRA_VERSIONS) or DRA_VERSIONS
     for version in versions:
         kubernetes_validate.validate(obj, version, strict=True)

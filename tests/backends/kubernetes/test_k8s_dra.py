@@ -14,7 +14,7 @@ from helpers import dag_bag
 from k8s_manifests import DRA_VERSIONS, main_container, plan_and_render, validate
 
 from airflow_gpu_provider import GpuStepOperator
-from airflow_gpu_provider.exceptions import GpuTaskError, InvalidSettingError
+from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.render import to_yaml
 from airflow_gpu_provider.settings import ResourceSettings
 
@@ -140,40 +140,53 @@ def test_the_worker_default_comes_from_gpu_kubernetes_gpu_allocation(monkeypatch
     assert [o["kind"] for o in objects] == ["Pod"]
 
 
-def test_a_multi_node_launch_with_dra_is_refused_before_anything_is_submitted():
+def test_a_multi_node_job_has_one_claim_template_and_each_pod_its_claim():
+    """The Indexed Job's pod template names the Job's claim template; rendered: template, Service, Job."""
     from airflow_gpu_provider.backends import BACKENDS
     from airflow_gpu_provider.config.worker import GpuConfig
     from airflow_gpu_provider.settings import ImageSettings
     from airflow_gpu_provider.task.envelope import Envelope
     from airflow_gpu_provider.task.request import TaskRequest
 
-    request = TaskRequest(ResourceSettings(gpu_count=1), ImageSettings(), Envelope.run(["true"]), "fail", num_nodes=2)
-    with pytest.raises(GpuTaskError, match="not available for a multi-node launch yet"):
-        BACKENDS["kubernetes"].create(DRA).plan(request, GpuConfig.read())
+    request = TaskRequest(
+        ResourceSettings(accelerator=["H100", "A100-80GB"], gpu_count=8), ImageSettings(), Envelope.run(["true"]),
+        "fail", {"dag_id": "d", "task_id": "train", "run_id": "r", "try_number": "1", "map_index": "-1"}, num_nodes=2,
+    )  # fmt: skip
+    backend = BACKENDS["kubernetes"].create({"namespace": "ml", **DRA})
+    template, service, job = (validate(o) for o in backend.render(request, GpuConfig.read(), None))
+    assert [template["kind"], service["kind"], job["kind"]] == ["ResourceClaimTemplate", "Service", "Job"]
+    assert template["metadata"]["name"] == job["metadata"]["name"] + "-gpu"
+    spec = job["spec"]["template"]["spec"]
+    assert spec["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": template["metadata"]["name"]}]
+    assert spec["containers"][0]["resources"]["claims"] == [{"name": "gpu"}]
+    assert "nvidia.com/gpu" not in spec["containers"][0]["resources"].get("limits", {})
+    assert [s["name"] for s in _claim_request(template)["firstAvailable"]] == ["h100", "a100-80gb"]
 
 
 def test_the_claim_template_the_operator_creates_is_the_rendered_one():
     """The create call's body, built with the kubernetes client's own models (no cluster: nothing is sent)."""
-    from kubernetes.client import ApiClient
+    from kubernetes.client import ApiClient, V1Job, V1ObjectMeta
 
-    from airflow_gpu_provider.backends.kubernetes.claims import ClaimTemplate
+    from airflow_gpu_provider.backends.kubernetes.claims import ClaimTemplate, of_pod
     from airflow_gpu_provider.backends.kubernetes.pod_operator import build_operator, to_dict
 
     plan, [rendered, _] = plan_and_render(ResourceSettings(accelerator=["H100", "A100-80GB"]), options=DRA)
     operator = build_operator(plan)
     pod = operator.build_pod_request_obj(None, dry_run=True)
     claims = ClaimTemplate(plan.claim, ApiClient(), operator.log)
-    body = claims.body(pod)
+    name, namespace = of_pod(pod)
+    body = claims.body(name, namespace, dict(pod.metadata.labels))
     assert type(body).__name__ == "V1ResourceClaimTemplate"
     assert to_dict(body) == {**rendered, "metadata": {**rendered["metadata"], "name": f"{pod.metadata.name}-gpu"}}
-    validate(to_dict(body))
     pod.metadata.uid = "0b7e2c64-1f7a-4b8e-9a55-8d3c3c1c2a10"
-    assert claims.owner_patch(pod) == {"metadata": {"ownerReferences": [
-        {"apiVersion": "v1", "kind": "Pod", "name": pod.metadata.name, "uid": pod.metadata.uid}
-    ]}}  # fmt: skip
-    owned = {**to_dict(body), "metadata": {**to_dict(body)["metadata"], **claims.owner_patch(pod)["metadata"]}}
-    for version in DRA_VERSIONS:
-        validate(owned, versions=(version,))
+    job = V1Job(metadata=V1ObjectMeta(name="train-abc", uid="5d1c6a7e-0f6e-4a55-9b7e-3c2b1a0f9e8d"))
+    for owner, kind, api_version in ((pod, "Pod", "v1"), (job, "Job", "batch/v1")):
+        patch = claims.owner_patch(owner, kind, api_version)
+        reference = {"apiVersion": api_version, "kind": kind, "name": owner.metadata.name, "uid": owner.metadata.uid}
+        assert patch == {"metadata": {"ownerReferences": [reference]}}
+        owned = to_dict(body)
+        owned["metadata"].update(patch["metadata"])
+        validate(owned, versions=DRA_VERSIONS)
 
 
 # ---------------------------------------------------------------------------------------------- golden renderings
