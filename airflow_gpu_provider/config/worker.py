@@ -42,6 +42,7 @@ class GpuConfig:
     checkpoint_root: str
     checkpoint_cleanup: bool
     kill_grace: float
+    kubernetes_gpu_allocation: str
     profile_interval: float
     prices: str
     allowed_mount_roots: str
