@@ -169,7 +169,7 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
             try:
                 task_files.copy_in(client, container_id)
                 if lasting:
-                    durable.record(self._store, container_id, str(plan.options.engine_url), _try(plan))
+                    durable.record(self._store, container_id, str(plan.options.engine_url), plan.try_number)
                 stream = (
                     None if defer else client.attach(container_id, stdout=True, stderr=True, stream=True, demux=True)
                 )
@@ -237,14 +237,14 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
             container_id[:12],
             "ended" if ended else "left running",
         )
-        durable.record(self._store, container_id, str(plan.options.engine_url), _try(plan))  # this try's now
+        durable.record(self._store, container_id, str(plan.options.engine_url), plan.try_number)  # this try's now
         if defer and not ended:
             return self._deferral(plan, container_id, mem_limit)
         return self._follow(client, plan, container_id, mem_limit)
 
     def _owns(self, plan: DockerPlan, container_id: str) -> bool:
         """No later try took the container over: this try may remove it (``durable.owns``)."""
-        return durable.owns(self._store, container_id, _try(plan), self.log)
+        return durable.owns(self._store, container_id, plan.try_number, self.log)
 
     def _follow(
         self, client: Any, plan: DockerPlan, container_id: str, mem_limit: int | None, *, timed_out: bool = False
@@ -295,8 +295,3 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         self._killed = True
         self.log.info("Stopping container %s", container_id[:12])
         lifecycle.stop(client, container_id, self._stop_timeout)
-
-
-def _try(plan: DockerPlan) -> str:
-    """The try number of the task a plan runs, as its labels carry it."""
-    return plan.request.labels.get("try_number", "")

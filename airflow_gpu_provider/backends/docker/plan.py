@@ -75,6 +75,11 @@ class DockerPlan:
             "host_config": {**self.host_config, **resources.host_config},
         }
 
+    @property
+    def try_number(self) -> str:
+        """The try this plan runs, as its labels carry it (``durable.py`` records it with the container)."""
+        return self.request.labels.get("try_number", "")
+
     def on_devices(self, device_ids: Sequence[str]) -> DockerPlan:
         """The same plan with the GPUs requested by id (those the host allocator handed out)."""
         remapped = map_resources(self.request.resources, **{**self.mapping, "device_ids": list(device_ids)})
