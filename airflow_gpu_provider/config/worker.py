@@ -41,6 +41,8 @@ class GpuConfig:
     checkpoint_root: str
     checkpoint_cleanup: bool
     kill_grace: float
+    quarantine_seconds: float
+    infra_retries: int
     profile_interval: float
     prices: str
     allowed_mount_roots: str

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from airflow_gpu_provider.exceptions import GpuUnavailableError
+from airflow_gpu_provider.host import quarantine
 from airflow_gpu_provider.host.inventory import Device, host_devices, matches_model
 from airflow_gpu_provider.host.state import open_private, private_dir
 from airflow_gpu_provider.host.waiting import MustWait, waited_too_long
@@ -210,17 +211,24 @@ class HostGpus:
     :param devices: ``[gpu] devices``: ``auto`` (NVML), ``none``, or device ids
     :param state_dir: the host-wide state dir; the locks live in its ``locks`` folder
     :param poll_interval: seconds between attempts with ``on_missing_gpu="wait"``
+    :param quarantine_seconds: how long a GPU is left out after a try failed on it (``[gpu] quarantine_seconds``)
     """
 
     devices: str = "auto"
     state_dir: str = "/var/tmp/airflow-gpu-provider"
     poll_interval: float = 5.0
     wait_timeout: float = float("inf")
+    quarantine_seconds: float = 3600.0
 
     @classmethod
     def configured(cls, conf: GpuConfig, *, devices: str | None = None, state_dir: str | None = None) -> HostGpus:
         """From the worker's ``[gpu]`` options, with a backend's own ``devices`` / ``state_dir`` options first."""
-        return cls(devices or conf.devices, state_dir or conf.state_dir, conf.wait_poll_interval, conf.wait_timeout)
+        chosen = devices or conf.devices, state_dir or conf.state_dir
+        return cls(*chosen, conf.wait_poll_interval, conf.wait_timeout, conf.quarantine_seconds)
+
+    def quarantine(self, gpus: Sequence[Device], failure: object, log: logging.Logger, *, positional: bool) -> None:
+        """After a try failed on its GPUs (an Xid, ECC): leave those it names out for a while (``quarantine.py``)."""
+        quarantine.after_failure(self.state_dir, self.quarantine_seconds, gpus, failure, log, positional=positional)
 
     def present(self, vendor: GpuVendor) -> list[Device]:
         """The host's devices of ``vendor``."""
@@ -241,7 +249,7 @@ class HostGpus:
             return Allocation(devices=[])
         if present is None:
             present = self.present(resources.gpu_vendor)
-        candidates = _candidates(resources, present)
+        candidates = quarantine.usable(self.state_dir, _candidates(resources, present), log)
         requested = resources.describe().split(",")[0]
         if request.min_gpu_memory is not None:  # a try after a GPU out-of-memory failure
             larger = [d for d in candidates if d.memory_total is not None and d.memory_total > request.min_gpu_memory]

@@ -23,7 +23,7 @@ from airflow_gpu_provider.backends.docker.lifecycle import ContainerOomError, No
 from airflow_gpu_provider.backends.docker.options import DockerOptions
 from airflow_gpu_provider.backends.docker.orphans import reap_orphans
 from airflow_gpu_provider.backends.docker.plan import DockerPlan, plan_container
-from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError
+from airflow_gpu_provider.exceptions import GpuInfrastructureError, GpuTaskError, GpuUnavailableError
 from airflow_gpu_provider.host.allocator import Allocation
 from airflow_gpu_provider.host.keeper import Keeper
 from airflow_gpu_provider.task.request import TaskRequest
@@ -111,7 +111,11 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
                 ids = [device.id for device in allocation.devices]
                 self.log.info("GPUs %s from the host allocator (shared with the local backend's tasks)", ids)
                 plan = plan.on_devices(ids)
-            return self._run_gpu_container(client, plan, image, defer=defer)
+            try:
+                return self._run_gpu_container(client, plan, image, defer=defer)
+            except GpuInfrastructureError as err:  # an Xid or ECC error: its GPUs (0, 1, ... in the container) wait
+                plan.host.quarantine(allocation.devices, err.failure, self.log, positional=True)
+                raise
 
     def _host_gpus(self, plan: DockerPlan) -> Allocation:
         """Devices from the host GPU allocator when the engine is on this host and its GPUs are known.

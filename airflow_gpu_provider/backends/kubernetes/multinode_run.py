@@ -19,13 +19,14 @@ from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
 from kubernetes.client.exceptions import ApiException
 
+from airflow_gpu_provider.backends.kubernetes.failures import pod_failure
 from airflow_gpu_provider.backends.kubernetes.multinode import COMPLETION_INDEX, JOB_LABEL, MultiNodeLayout
 from airflow_gpu_provider.backends.kubernetes.multinode import headless_service as service_manifest
 from airflow_gpu_provider.backends.kubernetes.multinode import indexed_job as job_manifest
 from airflow_gpu_provider.backends.kubernetes.pending import termination_error, unschedulable
 from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan
 from airflow_gpu_provider.backends.kubernetes.pod_operator import build_operator, to_dict
-from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError
+from airflow_gpu_provider.exceptions import GpuInfrastructureError, GpuTaskError, GpuUnavailableError
 from airflow_gpu_provider.policy.pods import require
 from airflow_gpu_provider.runtime.protocol import RESULT_MARKER
 
@@ -123,8 +124,12 @@ class IndexedJobRun:
         return result_from_log(text)
 
     def killed_rank(self, limits: Mapping[str, str]) -> GpuTaskError | None:
-        """The error of a rank whose main container the kernel or kubelet killed (``OOMKilled``, ...), if any."""
+        """The error of a rank the cluster stopped (``failures.py``), or whose container was killed (``OOMKilled``)."""
         for pod in self._pods():
+            failure = pod_failure(to_dict(pod))
+            if failure is not None:
+                text = f"A rank of Job {self.layout.name} failed because of the cluster: {failure['reason']}"
+                return GpuInfrastructureError(f"{text}. {'; '.join(failure['evidence'])}", failure=failure)
             error = termination_error(to_dict(pod), MAIN_CONTAINER, limits)
             if error is not None:
                 return error

@@ -7,7 +7,9 @@ Merge rules (documented in ``docs/kubernetes.md``):
 - tolerations: the GPU toleration (unless ``gpu_toleration=False``), then the template's, then ``tolerations``,
   with exact duplicates dropped;
 - affinity: ``affinity`` replaces the template's; the provider's accelerator expression is then added to *every*
-  required node-selector term (terms are ORed, expressions within one ANDed), so it holds whichever term matches.
+  required node-selector term (terms are ORed, expressions within one ANDed), so it holds whichever term matches;
+  so is a ``kubernetes.io/hostname NotIn`` the nodes where an earlier try failed because of the infrastructure
+  (:func:`avoiding_nodes`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,16 @@ def add_required_expressions(affinity: Mapping[str, Any], expressions: list[dict
     for term in terms:
         term.setdefault("matchExpressions", []).extend(copy.deepcopy(expressions))
     return result
+
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+def avoiding_nodes(affinity: Mapping[str, Any], nodes: tuple[str, ...]) -> dict[str, Any]:
+    """``affinity`` with a required ``NotIn`` on the nodes' host names: a try after an infrastructure failure there."""
+    if not nodes:
+        return dict(affinity)
+    return add_required_expressions(affinity, [{"key": HOSTNAME_LABEL, "operator": "NotIn", "values": list(nodes)}])
 
 
 def placement(
