@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from .failures import nccl_evidence
+from .failures import collective_evidence
 from .protocol import ERROR, GPU_OOM, HOST_OOM, INFRASTRUCTURE, PREFIX
 
 # What accelerator libraries raise when the device's memory runs out: torch's OutOfMemoryError (torch.cuda's too),
@@ -52,7 +52,7 @@ def error_record(exc: BaseException) -> dict[str, Any]:
     """The ``error`` of a failed result: type, kind, message, traceback, and when (of several ranks, the earliest)."""
     import traceback
 
-    nccl = nccl_evidence(exc)
+    nccl = collective_evidence(exc)
     kind = (
         GPU_OOM if is_gpu_oom(exc) else HOST_OOM if _in_chain(exc, MemoryError) else INFRASTRUCTURE if nccl else ERROR
     )

@@ -1,11 +1,11 @@
 """The class of a failed try, as the runtime sees it: the user's code, its resources, or the infrastructure.
 
-An exception whose text is what ``torch.distributed`` and NCCL print when a collective timed out or its communicator
-was aborted is the infrastructure's (``error.kind``, in any rank: :func:`nccl_evidence`); so is any failure of a try
-during which the sampler saw an Xid error of :data:`~.protocol.XID_INFRASTRUCTURE` or a rise of a GPU's uncorrectable
-ECC error count (the profile's ``gpu_faults``, ``telemetry/nvml.py``). An out-of-memory error is the resources'
-(``escalation.py``); anything else the application's. :func:`settle` writes the class into the result
-(``failure``); the worker reads it (``task/result.py``).
+An exception whose text is what ``torch.distributed`` and NCCL (or gloo) print when a collective timed out or its
+communicator was aborted is the infrastructure's (``error.kind``, in any rank: :func:`collective_evidence`); so is
+any failure of a try during which the sampler saw an Xid error of :data:`~.protocol.XID_INFRASTRUCTURE` or a rise of
+a GPU's uncorrectable ECC error count (the profile's ``gpu_faults``, ``telemetry/nvml.py``). An out-of-memory error
+is the resources' (``escalation.py``); anything else the application's. :func:`settle` writes the class into the
+result (``failure``); the worker reads it (``task/result.py``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from typing import Any
 from .protocol import INFRASTRUCTURE, PREFIX, XID_INFRASTRUCTURE, failure_class
 
 # What ProcessGroupNCCL (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, NCCLUtils.cpp) and NCCL itself say when a
-# collective timed out, a communicator was aborted, or a peer or the network failed.
-NCCL_TEXTS = (
+# collective timed out, a communicator was aborted, or a peer or the network failed; and gloo's collective timeout
+# (third_party/gloo/gloo/transport/tcp/unbound_buffer.cc: "Timed out waiting 3000ms for recv operation to complete").
+COLLECTIVE_TEXTS = (
     "Watchdog caught collective operation timeout",
     "Some NCCL operations have failed or timed out",
     "NCCL communicator was aborted",
@@ -26,16 +27,18 @@ NCCL_TEXTS = (
     "ncclRemoteError",
     "ncclSystemError",
     "NCCL timeout",
+    "for recv operation to complete",
+    "for send operation to complete",
 )
 
 
-def nccl_evidence(exc: BaseException | None) -> str | None:
-    """The line of ``exc`` (or of an exception it was raised from) that says NCCL failed, or ``None``."""
+def collective_evidence(exc: BaseException | None) -> str | None:
+    """The line of ``exc`` (or of an exception it was raised from) that says a collective failed, or ``None``."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         for line in str(exc).splitlines():
-            if any(text in line for text in NCCL_TEXTS):
+            if any(text in line for text in COLLECTIVE_TEXTS):
                 return line.strip()[:500]
         exc = exc.__cause__ or exc.__context__
     return None
@@ -69,7 +72,7 @@ def settle(result: dict[str, Any], profile: Mapping[str, Any] | None) -> dict[st
         evidence.append(str(error.get("evidence") or error.get("message", "")))
     klass = INFRASTRUCTURE if faults else failure_class(error.get("kind"))
     if klass == INFRASTRUCTURE:
-        reason = "GPU fault" if faults else "NCCL failure"
+        reason = "GPU fault" if faults else "collective (NCCL) timeout or abort"
         error_text = error.get("message") or f"exit status {result.get('exit_status')}"
         if faults and error.get("kind") != INFRASTRUCTURE:
             evidence.append(f"then the task failed: {str(error_text).splitlines()[0][:300] if error_text else ''}")
