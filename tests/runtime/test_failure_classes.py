@@ -151,8 +151,11 @@ def test_a_real_gloo_collective_timeout_between_two_processes(tmp_path):
     ("body", "klass", "error"),
     [
         ("raise ValueError('bad input')", "application", RemoteTaskError),
-        ("import torch\nraise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')", "resources",
-         GpuOutOfMemoryError),  # fmt: skip
+        (
+            "import torch\nraise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')",
+            "resources",
+            GpuOutOfMemoryError,
+        ),  # fmt: skip
     ],
     ids=["application", "resources"],
 )

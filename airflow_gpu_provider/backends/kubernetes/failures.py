@@ -33,15 +33,15 @@ def pod_failure(pod: Mapping[str, Any]) -> dict[str, Any] | None:
     status = pod.get("status") or {}
     node = (pod.get("spec") or {}).get("nodeName")
     name = f"{(pod.get('metadata') or {}).get('namespace', '?')}/{(pod.get('metadata') or {}).get('name', '?')}"
+    if status.get("reason") in ("Evicted", "NodeLost", "Preempting"):
+        what = {"Evicted": "evicted", "NodeLost": "lost with its node", "Preempting": "preempted"}[status["reason"]]
+        return _record(what, [f"pod {name}: {status['reason']}: {status.get('message') or ''}".rstrip(": ")], node)
     for condition in status.get("conditions") or []:
         if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
             reason = str(condition.get("reason") or "")
             what = DISRUPTIONS.get(reason, f"disrupted ({reason})")
             message = condition.get("message") or ""
             return _record(what, [f"pod {name}: DisruptionTarget {reason}: {message}".rstrip(": ")], node)
-    if status.get("reason") in ("Evicted", "NodeLost", "Preempting"):
-        what = {"Evicted": "evicted", "NodeLost": "lost with its node", "Preempting": "preempted"}[status["reason"]]
-        return _record(what, [f"pod {name}: {status['reason']}: {status.get('message') or ''}".rstrip(": ")], node)
     for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
         waiting = (container.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in PULL_FAILURES:
