@@ -90,7 +90,7 @@ def test_the_other_gpu_of_the_same_recording_saw_no_xid_the_failure_is_the_tasks
 
 
 def test_a_rise_of_the_uncorrectable_ecc_count_is_a_gpu_fault(tmp_path, replay_lib):
-    result, log = run_task(tmp_path, CRASH, replay_environment(ECC_RECORDING, replay_lib))
+    result, _ = run_task(tmp_path, CRASH, replay_environment(ECC_RECORDING, replay_lib))
     assert result["failure"]["class"] == "infrastructure"
     [fault] = result["profile"]["gpu_faults"]
     assert fault["ecc_uncorrected"] == 2  # the recording's count went from 0 to 2
@@ -155,7 +155,7 @@ def test_a_real_gloo_collective_timeout_between_two_processes(tmp_path):
             "import torch\nraise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')",
             "resources",
             GpuOutOfMemoryError,
-        ),  # fmt: skip
+        ),
     ],
     ids=["application", "resources"],
 )

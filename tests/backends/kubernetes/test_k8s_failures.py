@@ -12,7 +12,7 @@ import logging
 
 import pytest
 from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
-from cluster_answers import StateStore, container, context, fire, planned
+from cluster_answers import StateStore, context, fire, planned
 from k8s_manifests import main_container, plan_and_render, validate
 from kubernetes.client import models as k8s
 
@@ -41,8 +41,13 @@ def disruption(reason: str, message: str, phase: str = "Running") -> dict:
     return {"phase": phase, "conditions": [condition, {"type": "Ready", "status": "False"}]}
 
 
-KILLED = {"terminated": {"exitCode": 137, "reason": "ContainerStatusUnknown", "message": "The container could not "
-          "be located when the pod was terminated"}}  # fmt: skip
+KILLED = {
+    "terminated": {
+        "exitCode": 137,
+        "reason": "ContainerStatusUnknown",
+        "message": "The container could not be located when the pod was terminated",
+    }
+}
 EVICTED = {  # what the kubelet leaves of a pod it evicted for node pressure (Kubernetes 1.26+)
     "phase": "Failed",
     "reason": "Evicted",
@@ -104,7 +109,7 @@ IMAGE_PULL = {
             },
             "lost with its node",
             "NodeLost: Node",
-        ),  # fmt: skip
+        ),
         (IMAGE_PULL, "the image cannot be pulled", "ErrImagePull for image registry.example.com/train:v9"),
     ],
     ids=["evicted", "preempted", "node unreachable", "node deleted", "node lost (older clusters)", "ErrImagePull"],
@@ -124,11 +129,11 @@ def test_pod_statuses_of_the_clusters_doing_are_infrastructure(status, reason, e
         {
             "phase": "Failed",
             "containerStatuses": [{"name": "base", "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}],
-        },  # fmt: skip
+        },
         {
             "phase": "Failed",
             "containerStatuses": [{"name": "base", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}],
-        },  # fmt: skip
+        },
         {"phase": "Running", "conditions": [{"type": "DisruptionTarget", "status": "False"}]},
         {
             "phase": "Pending",
@@ -168,9 +173,11 @@ def test_a_pod_no_node_took_in_time_says_so_without_a_node_to_avoid(kubeconfig, 
     ctx = context()
     deferral = backend.start(plan, ctx)
     scheduled = k8s.V1PodCondition(
-        type="PodScheduled", status="False", reason="Unschedulable",
+        type="PodScheduled",
+        status="False",
+        reason="Unschedulable",
         message="0/2 nodes are available: 2 Insufficient nvidia.com/gpu. preemption: not helpful.",
-    )  # fmt: skip
+    )
     cluster.status = k8s.V1PodStatus(phase="Pending", conditions=[scheduled])
     _, kwargs = deferral.trigger.serialize()  # the trigger as the triggerer builds it, with no time to wait
     impatient = KubernetesPodTrigger(**{**kwargs, "schedule_timeout": 0, "startup_check_interval": 0.01})
