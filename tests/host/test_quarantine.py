@@ -84,6 +84,15 @@ def test_without_infra_retries_the_failure_fails_the_try_saying_why(tmp_path, re
     assert result["states"] == {"trains_on_one_gpu": "failed"}, out[-4000:]
     assert "GpuInfrastructureError" in out and "because of the infrastructure, not its code (GPU fault)" in out
     assert "[gpu] GPU 0 quarantined on this host" in out
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:  # the worker's XCom, in the tests' Airflow DB
+        query = select(XComModel).where(XComModel.dag_id == "gpu_fault_on_gpu0", XComModel.key == "gpu_failure")
+        failure = XComModel.deserialize_value(session.scalars(query.order_by(XComModel.timestamp)).all()[-1])
+    assert failure["class"] == "infrastructure" and failure["reason"] == "GPU fault"
+    assert failure["gpus"] == [{"index": "0", "uuid": GPU0}] and failure["host"]
 
 
 def test_a_quarantine_expires(tmp_path):
