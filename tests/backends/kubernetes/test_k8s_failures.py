@@ -224,3 +224,16 @@ def test_what_is_read_back_from_the_store_is_checked():
     store = StateStore(**{infrastructure.KEY: ["good-node", "../etc", 7, "UPPER"]})
     assert infrastructure.avoided_nodes(context(store)) == ("good-node",)
     assert infrastructure.avoided_nodes(context(StateStore(**{infrastructure.KEY: "a-node"}))) == ()
+
+
+def test_a_multi_node_jobs_pods_avoid_the_failed_nodes_too():
+    _, rendered = plan_and_render(
+        ResourceSettings(gpu_count=1), options={"pending_timeout": 60}, avoid_nodes=(NODE,), num_nodes=2
+    )
+    [job] = [obj for obj in rendered if obj["kind"] == "Job"]
+    terms = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert terms["nodeSelectorTerms"] == [
+        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [NODE]}]}
+    ]
