@@ -49,6 +49,20 @@ def run_faulty_host(tmp_path: Path, replay_lib: Path, **options: str) -> tuple[d
     return worker_result(out), out, state_dir
 
 
+def gpu_failures(*, since: float) -> list[dict]:
+    """The ``gpu_failure`` XComs of the test DAG pushed since ``since`` (the worker's, in the tests' Airflow DB)."""
+    from datetime import datetime, timezone
+
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    query = select(XComModel).where(XComModel.dag_id == "gpu_fault_on_gpu0", XComModel.key == "gpu_failure")
+    query = query.where(XComModel.timestamp >= datetime.fromtimestamp(since, timezone.utc))
+    with create_session() as session:
+        return [XComModel.deserialize_value(row) for row in session.scalars(query)]
+
+
 @pytest.fixture(scope="module")
 def replay_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built_or_skip(tmp_path_factory.mktemp("nvml"))
@@ -72,6 +86,7 @@ def test_an_xid_on_gpu_0_quarantines_it_and_the_task_runs_again_on_gpu_1(tmp_pat
     entries = json.loads(path.read_text())
     assert list(entries) == ["0"] and started + 600 < entries["0"]["until"] < time.time() + 600
     assert "Xid 79" in entries["0"]["reason"]
+    assert gpu_failures(since=started) == []  # the rescheduled run's XComs were cleared when it started
     # the next allocation on this host gets GPU 1 as well, while the quarantine lasts
     host = HostGpus(devices="0,1", state_dir=str(state_dir))
     with host.allocate(one_gpu_request(), backend="local", log=log) as allocation:
@@ -80,17 +95,12 @@ def test_an_xid_on_gpu_0_quarantines_it_and_the_task_runs_again_on_gpu_1(tmp_pat
 
 @pytest.mark.usefixtures("airflow_home")
 def test_without_infra_retries_the_failure_fails_the_try_saying_why(tmp_path, replay_lib):
+    started = time.time()
     result, out, _ = run_faulty_host(tmp_path, replay_lib, quarantine_seconds="600")
     assert result["states"] == {"trains_on_one_gpu": "failed"}, out[-4000:]
     assert "GpuInfrastructureError" in out and "because of the infrastructure, not its code (GPU fault)" in out
     assert "[gpu] GPU 0 quarantined on this host" in out
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
-
-    with create_session() as session:  # the worker's XCom, in the tests' Airflow DB
-        query = select(XComModel).where(XComModel.dag_id == "gpu_fault_on_gpu0", XComModel.key == "gpu_failure")
-        failure = XComModel.deserialize_value(session.scalars(query.order_by(XComModel.timestamp)).all()[-1])
+    [failure] = gpu_failures(since=started)
     assert failure["class"] == "infrastructure" and failure["reason"] == "GPU fault"
     assert failure["gpus"] == [{"index": "0", "uuid": GPU0}] and failure["host"]
 
