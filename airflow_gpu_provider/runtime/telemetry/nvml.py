@@ -121,7 +121,9 @@ class Nvml:
         """An event set that receives the devices' critical Xid events; ``None`` where NVML has none to give."""
         c = self.ctypes
         event_set = c.c_void_p()
-        if getattr(self.lib, "nvmlEventSetCreate", None) is None or self.lib.nvmlEventSetCreate(c.byref(event_set)):
+        if not all(hasattr(self.lib, name) for name in ("nvmlEventSetCreate", "nvmlEventSetWait_v2")):
+            return None  # a driver older than NVML's _v2 wait: no Xid events, the metrics still
+        if self.lib.nvmlEventSetCreate(c.byref(event_set)):
             return None
         for _, handle in self.devices:  # a device without Xid events (NOT_SUPPORTED) is left out
             self.lib.nvmlDeviceRegisterEvents(handle, c.c_ulonglong(XID_CRITICAL_ERROR), event_set)
