@@ -685,6 +685,7 @@ KUBERNETES_OPTIONS: dict[str, st.SearchStrategy[Any]] = {
     ),
     "image_pull_policy": field(st.sampled_from(["Always", "IfNotPresent", "Never"]), st.just("always")),
     "priority_class_name": field(st.sampled_from(["high", "system-node-critical"]), st.just("High")),
+    "kueue_queue": field(st.sampled_from(["team-a", "", "q.v1", "a" * 63]), st.sampled_from(["Team", "a" * 64, "a_b"])),
     "runtime_class_name": field(st.sampled_from(["nvidia", "kata.containers"]), st.just("Nvidia")),
     "container_security_context": field(SECURITY_OK, SECURITY_BAD),
     "pod_security": field(st.sampled_from(["restricted", "baseline"]), st.just("privileged")),

@@ -129,6 +129,16 @@ def test_a_user_ending_a_deferred_docker_task_stops_its_container(airflow, docke
         assert time.monotonic() < deadline, (airflow.task_instances(dag_id, run_id), airflow.log_tail())
         time.sleep(1)
     [container] = containers
+    folder = airflow.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / "task_id=long_job_deferred"
+
+    def trigger_log_says(line: str) -> bool:  # the triggerer writes the trigger's log as it goes
+        return any(line in log.read_text() for log in folder.glob("*trigger*"))
+
+    # Only a trigger the triggerer runs can be told: one ended before it started is left to the reaper (docs)
+    deadline = time.monotonic() + 60
+    while not trigger_log_says(f"Watching container {container['Id'][:12]}"):
+        assert time.monotonic() < deadline, f"the trigger never started: {airflow.log_tail()}"
+        time.sleep(1)
     path = f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/long_job_deferred"
     airflow.api("PATCH", path, {"new_state": "failed"})
 
@@ -138,13 +148,8 @@ def test_a_user_ending_a_deferred_docker_task_stops_its_container(airflow, docke
         time.sleep(1)
     states = {ti["task_id"]: ti["state"] for ti in airflow.task_instances(dag_id, run_id)}
     assert states["long_job_deferred"] == "failed"
-    folder = airflow.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / "task_id=long_job_deferred"
-
-    def stopped_by_the_trigger() -> bool:  # the triggerer writes the trigger's log as it goes
-        return any("ended by a user: stopping container" in log.read_text() for log in folder.glob("*trigger*"))
-
     deadline = time.monotonic() + 60
-    while not stopped_by_the_trigger():
+    while not trigger_log_says("ended by a user: stopping container"):
         logs = {log.name: log.read_text()[-2000:] for log in folder.glob("*")}
         assert time.monotonic() < deadline, f"no on_kill line in the trigger's log: {logs}"
         time.sleep(1)

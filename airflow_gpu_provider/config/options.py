@@ -83,6 +83,15 @@ OPTIONS: tuple[Option, ...] = (
         "gpu-{accelerator}",
     ),
     Option(
+        "kueue_queue",
+        "string",
+        "",
+        "Kueue LocalQueue of the kubernetes backend's GPU pods and Indexed Jobs that do not name one in "
+        "backend_options['kueue_queue']: they carry the kueue.x-k8s.io/queue-name label, and a Job is created "
+        "suspended for Kueue to admit. Empty: no Kueue. See docs/kubernetes.md.",
+        "team-a",
+    ),
+    Option(
         "executor",
         "string",
         "",

@@ -26,6 +26,7 @@ class GpuConfig:
     state_dir: str
     pool: str
     queue: str
+    kueue_queue: str
     executor: str
     inventory: str
     wait_poll_interval: float

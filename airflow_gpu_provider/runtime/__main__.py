@@ -22,7 +22,7 @@ import signal
 from typing import TYPE_CHECKING, Any
 
 from .checkpoint import drop_stages, prepare_checkpoint
-from .command import run_command
+from .command import command_result, run_command
 from .cuda import clear_cuda_cache
 from .escalation import error_record
 from .failures import settle
@@ -96,7 +96,10 @@ def run(envelope: dict[str, Any], source: str, result_to: str | None, *, rank: b
 
             assert result_to is not None  # the task process always reports
             return run_launcher(envelope, source, result_to, profiler, gpus)
+    reports = result_to is not None and (rank or os.environ.get("RANK", "0") == "0")  # else rank 0 reports
     if envelope["mode"] == "command":
+        if reports and profiler is None:  # this process becomes the command: its exit status alone decides
+            write_result(str(result_to), command_result(0))
         result, status = run_command(envelope, sampled=profiler is not None)
     else:
         if not rank:
@@ -122,8 +125,8 @@ def run(envelope: dict[str, Any], source: str, result_to: str | None, *, rank: b
             f"{describe_cache(after)}",
             flush=True,
         )
-    if result_to is not None and (rank or os.environ.get("RANK", "0") == "0"):  # else rank 0 reports for the group
-        write_result(result_to, result)
+    if reports:  # every run reports: a missing result is never a success (task/result.py)
+        write_result(str(result_to), result)
     if not rank and envelope["mode"] == "callable":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the result is written: what remains is to end the ranks
         end_leftover_ranks()

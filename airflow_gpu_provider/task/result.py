@@ -116,4 +116,10 @@ def task_result(result: Mapping[str, Any] | None, exit_code: int, *, where: str)
     status = exit_code or (0 if result is None or result.get("ok") else int(result["exit_status"]))
     if status != 0:
         raise RemoteTaskError(f"The task process in {where} exited with status {status}.", profile=profile)
-    return TaskResult(None if result is None else result.get("return_value"), profile)
+    if result is None:  # the runtime reports every run, an exec'd command's too (runtime/__main__)
+        raise RemoteTaskError(
+            f"The task in {where} ended with status 0 but its result is missing: it was lost (removed with its "
+            "container or pod, or never written), so the try cannot count as a success.",
+            profile=profile,
+        )
+    return TaskResult(result.get("return_value"), profile)

@@ -14,6 +14,7 @@ import signal
 import tempfile
 from pathlib import Path
 
+import psutil
 import pytest
 from cluster import AIRFLOW, Cluster
 from conftest import REPO
@@ -83,9 +84,14 @@ def test_a_killed_workers_container_is_taken_over_by_the_next_try(cluster, docke
     ours = docker_client.containers(filters={"label": "airflow-gpu-provider.run_id=r1"})
     assert [c["Id"][:12] for c in ours] == [first]
 
-    # The worker dies as a redeployment or an OOM kill would end it: its whole process group, at once
+    # The worker dies as an OOM kill would end it: its whole process group, at once. Airflow's task process leads
+    # a group of its own, so the first try lives on, orphaned: it must leave the container to the try that takes
+    # it over (it cannot even ask the task state store, its supervisor is gone), not remove it when it ends.
+    tree = psutil.Process(cluster.processes["worker-1"].pid).children(recursive=True)
     os.killpg(cluster.processes["worker-1"].pid, signal.SIGKILL)
     cluster.processes.pop("worker-1").wait()
+    orphans = [process for process in tree if process.is_running() and process.status() != psutil.STATUS_ZOMBIE]
+    assert orphans, "the first try's task process should outlive its worker's process group"
     assert docker_client.inspect_container(first)["State"]["Running"]  # the container outlives its worker
     _worker(cluster, "worker-2")
 
@@ -99,3 +105,5 @@ def test_a_killed_workers_container_is_taken_over_by_the_next_try(cluster, docke
     assert "Started container" not in second
     assert not runs[0].exists()  # the successful run's checkpoints are deleted with it
     assert docker_client.containers(all=True, filters={"label": "airflow-gpu-provider.run_id=r1"}) == []
+    _, alive = psutil.wait_procs(orphans, timeout=60)  # the orphaned first try ends with its container
+    assert alive == [], alive

@@ -110,7 +110,7 @@ def test_command_mode_execs_and_propagates_exit_status(tmp_path):
     assert proc.returncode == 7
     assert proc.stdout.splitlines()[0].startswith("[gpu] backend=test")
     assert "hello" in proc.stdout
-    assert result is None  # commands report through their exit status
+    assert result == {"ok": True, "return_value": None}  # written before the exec: the exit status decides
 
 
 def test_command_not_found(tmp_path):

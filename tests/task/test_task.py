@@ -133,7 +133,9 @@ def test_one_table_of_policies():
 
 def test_result_value():
     assert result_value({"ok": True, "return_value": 7}, 0, where="x") == 7
-    assert result_value(None, 0, where="x") is None  # a command the runtime became (exec): its status decides
+    assert result_value({"ok": True, "return_value": None}, 0, where="x") is None  # an exec'd command's report
+    with pytest.raises(RemoteTaskError, match="result is missing"):  # a lost result is never a success
+        result_value(None, 0, where="x")
     with pytest.raises(RemoteTaskError, match="exited with status 3"):
         result_value(None, 3, where="x")
     with pytest.raises(RemoteTaskError, match="raised ValueError in x: boom") as err:

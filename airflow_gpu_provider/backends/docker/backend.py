@@ -173,12 +173,7 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
             try:
                 task_files.copy_in(client, container_id)
                 if lasting:
-                    durable.record(
-                        self._store,
-                        container_id,
-                        str(plan.options.engine_url),
-                        plan.request.labels.get("try_number", ""),
-                    )
+                    durable.record(self._store, container_id, str(plan.options.engine_url), _try(plan))
                 stream = (
                     None if defer else client.attach(container_id, stdout=True, stderr=True, stream=True, demux=True)
                 )
@@ -196,12 +191,12 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
                 return outcome
             finally:
                 self._container_id = None
-                if not handed_over:
+                if not handed_over and (not lasting or self._owns(plan, container_id)):
                     lifecycle.cleanup(client, container_id, plan, self.log, started=started, succeeded=succeeded)
                     if lasting:
                         durable.forget(self._store)
                     if keeper is not None:
-                        keeper.stop()
+                        keeper.stop()  # (a container taken over keeps its keeper: it ends with the container)
 
     def _deferral(self, plan: DockerPlan, container_id: str, mem_limit: int | None) -> Deferral:
         """The trigger that waits for the container, reaching the engine as this worker did."""
@@ -246,9 +241,14 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
             container_id[:12],
             "ended" if ended else "left running",
         )
+        durable.record(self._store, container_id, str(plan.options.engine_url), _try(plan))  # this try's now
         if defer and not ended:
             return self._deferral(plan, container_id, mem_limit)
         return self._follow(client, plan, container_id, mem_limit)
+
+    def _owns(self, plan: DockerPlan, container_id: str) -> bool:
+        """No later try took the container over: this try may remove it (``durable.owns``)."""
+        return durable.owns(self._store, container_id, _try(plan), self.log)
 
     def _follow(
         self, client: Any, plan: DockerPlan, container_id: str, mem_limit: int | None, *, timed_out: bool = False
@@ -262,8 +262,9 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
             return outcome
         finally:
             self._container_id = None
-            lifecycle.cleanup(client, container_id, plan, self.log, started=True, succeeded=succeeded)
-            durable.forget(self._store)
+            if self._owns(plan, container_id):
+                lifecycle.cleanup(client, container_id, plan, self.log, started=True, succeeded=succeeded)
+                durable.forget(self._store)
 
     def _collect(
         self, client: Any, container_id: str, mem_limit: int | None, stream: Any, *, timed_out: bool = False
@@ -298,3 +299,8 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         self._killed = True
         self.log.info("Stopping container %s", container_id[:12])
         lifecycle.stop(client, container_id, self._stop_timeout)
+
+
+def _try(plan: DockerPlan) -> str:
+    """The try number of the task a plan runs, as its labels carry it."""
+    return plan.request.labels.get("try_number", "")

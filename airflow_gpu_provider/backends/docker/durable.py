@@ -49,6 +49,31 @@ def record(state_store: Any, container_id: str, engine: str, try_number: str) ->
         state_store.set(KEY, {"id": container_id, "engine": engine, "try": try_number})
 
 
+def owns(state_store: Any, container_id: str, try_number: str, log: logging.Logger) -> bool:
+    """Whether this try may still remove its container: no later try took it over (:func:`record` again).
+
+    A try whose worker was killed can live on (Airflow's task process leads a process group of its own, which a
+    worker's ``killpg`` misses) and reach its clean-up while a later try follows the same container. Without an
+    answer from the store (its supervisor died with the worker) it is not removed on a guess: the orphan reaper
+    removes it once its task instance has ended.
+    """
+    if state_store is None:
+        return True
+    try:
+        value = state_store.get(KEY, default=None)
+    except Exception as err:  # noqa: BLE001 - the store is out of reach: this try's supervisor is gone
+        log.warning("Cannot tell whether a later try took container %s over (%s): it is kept.", container_id[:12], err)
+        return False
+    if isinstance(value, dict) and value.get("id") == container_id and value.get("try") != try_number:
+        log.warning(
+            "Container %s was taken over by try %s of this task: it is left to that try.",
+            container_id[:12],
+            value.get("try"),
+        )
+        return False
+    return True
+
+
 def forget(state_store: Any) -> None:
     """The container was removed: nothing to reattach to."""
     if state_store is not None:

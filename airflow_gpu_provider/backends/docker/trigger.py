@@ -90,6 +90,7 @@ class DockerContainerTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Look at the container every ``poll_interval`` seconds, in a thread, until it ends."""
         client = await asyncio.to_thread(self._client)
+        self.log.info("Watching container %s every %ss until it ends", self.container_id[:12], self.poll_interval)
         try:
             while True:
                 state = await asyncio.to_thread(self._state, client)

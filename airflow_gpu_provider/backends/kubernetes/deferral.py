@@ -134,6 +134,7 @@ class DeferredPod:
         if isinstance(timeout, (int, float)):
             timeout = timedelta(seconds=timeout)
         self.log.info("Pod %s started; the task defers to %s", operator.pod_label, type(deferred.trigger).__name__)
+        operator.log_kueue_wait(pod, self.log)
         return Deferral(trigger=deferred.trigger, state=state, timeout=timeout)
 
     @staticmethod

@@ -93,9 +93,14 @@ def _pod_template(layout: MultiNodeLayout, pod: Mapping[str, Any]) -> dict[str, 
     }
 
 
-def indexed_job(layout: MultiNodeLayout, pod: Mapping[str, Any], labels: Mapping[str, str]) -> dict[str, Any]:
-    """An Indexed Job running ``pod``'s spec on ``num_nodes`` pods, one per completion index."""
-    return {
+def indexed_job(
+    layout: MultiNodeLayout, pod: Mapping[str, Any], labels: Mapping[str, str], *, suspend: bool = False
+) -> dict[str, Any]:
+    """An Indexed Job running ``pod``'s spec on ``num_nodes`` pods, one per completion index.
+
+    :param suspend: created suspended, for Kueue to admit (it sets ``suspend`` to false then: all pods at once)
+    """
+    job: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": layout.name, "namespace": layout.namespace, "labels": {**labels, JOB_LABEL: layout.name}},
@@ -108,6 +113,9 @@ def indexed_job(layout: MultiNodeLayout, pod: Mapping[str, Any], labels: Mapping
             "ttlSecondsAfterFinished": layout.ttl_seconds_after_finished,
         },
     }
+    if suspend:
+        job["spec"]["suspend"] = True
+    return job
 
 
 def headless_service(

@@ -33,6 +33,7 @@ from kubernetes.client.exceptions import ApiException
 
 from airflow_gpu_provider.backends.base import Deferral
 from airflow_gpu_provider.backends.kubernetes.deferral import execution_timeout
+from airflow_gpu_provider.backends.kubernetes.kueue import waiting_line, waiting_queue
 from airflow_gpu_provider.backends.kubernetes.multinode import MultiNodeLayout
 from airflow_gpu_provider.backends.kubernetes.multinode_run import MAIN_CONTAINER, IndexedJobRun, multinode_manifests
 from airflow_gpu_provider.backends.kubernetes.pod_operator import build_operator
@@ -83,6 +84,9 @@ class DeferredJob:
             except BaseException:
                 self.run.cleanup()
                 raise
+            queue = waiting_queue(job)  # created suspended: the trigger waits through Kueue's admission too
+            if queue is not None:
+                self.log.info("%s", waiting_line(f"Indexed Job {layout.namespace}/{layout.name}", queue))
         options = self.plan.options
         trigger = KubernetesJobTrigger(
             job_name=layout.name,

@@ -20,6 +20,12 @@ from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
 from kubernetes.client.exceptions import ApiException
 
 from airflow_gpu_provider.backends.kubernetes.failures import pod_failure
+from airflow_gpu_provider.backends.kubernetes.kueue import (
+    queue_the_job_only,
+    waited_too_long,
+    waiting_line,
+    waiting_queue,
+)
 from airflow_gpu_provider.backends.kubernetes.multinode import COMPLETION_INDEX, JOB_LABEL, MultiNodeLayout
 from airflow_gpu_provider.backends.kubernetes.multinode import headless_service as service_manifest
 from airflow_gpu_provider.backends.kubernetes.multinode import indexed_job as job_manifest
@@ -47,7 +53,7 @@ def multinode_manifests(
     name = pod["metadata"]["name"][: 60 - len(str(plan.num_nodes - 1))].rstrip("-.")
     layout = MultiNodeLayout(name, namespace or pod["metadata"]["namespace"], plan.num_nodes, plan.port)
     labels = dict(pod["metadata"].get("labels") or {})
-    job = job_manifest(layout, pod, labels)
+    job = queue_the_job_only(job_manifest(layout, pod, labels, suspend=bool(plan.kueue_queue)))  # Kueue admits it
     require(job, operator.pod_security, f"Indexed Job {layout.name} of task {plan.task_id}")
     return layout, service_manifest(layout, labels), job
 
@@ -157,8 +163,12 @@ class IndexedJobRun:
         started = time.monotonic()
         followed = False
         manager = PodManager(kube_client=self.hook.core_v1_client)
+        waiting: str | None = None  # the Kueue queue the Job was last seen waiting in
         while True:
             job = self.hook.batch_v1_client.read_namespaced_job_status(self.layout.name, self.layout.namespace)
+            queue = self._admission(to_dict(job), waiting, time.monotonic() - started)
+            if queue != waiting:  # a new wait: for a node once admitted, for admission again once preempted
+                started, waiting = time.monotonic(), queue
             conditions = {c.type: c for c in (job.status.conditions or []) if c.status == "True"}
             if "Failed" in conditions:
                 failed = conditions["Failed"]
@@ -173,6 +183,22 @@ class IndexedJobRun:
                 manager.fetch_container_logs(rank0, MAIN_CONTAINER, follow=True)
                 followed = True
             time.sleep(self.poll_interval)
+
+    def _admission(self, job: Mapping[str, Any], before: str | None, waited: float) -> str | None:
+        """The queue a suspended Job waits in for Kueue (said once in the log, and again after a preemption).
+
+        A wait longer than ``pending_timeout`` fails the run (the Job is deleted); the clock starts again once the
+        Job is admitted (for its pods to get nodes), and when Kueue preempts it (suspends it again).
+        """
+        queue = waiting_queue({"kind": "Job", **job})
+        what = f"Job {self.layout.namespace}/{self.layout.name}"
+        if queue is not None and before is None:
+            self.log.info("%s", waiting_line(what, queue))
+        elif queue is None and before is not None:
+            self.log.info("%s was admitted by Kueue (queue %r)", what, before)
+        if queue is not None and waited >= self.pending_timeout:
+            raise GpuUnavailableError(waited_too_long(what, queue, self.pending_timeout))
+        return queue
 
     def _check_pending(self, pods: list[Any], waited: float) -> None:
         if waited < self.pending_timeout:

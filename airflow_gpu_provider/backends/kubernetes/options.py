@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from airflow_gpu_provider.backends.kubernetes.kueue import kueue_name, kueue_queue_name
 from airflow_gpu_provider.backends.options import BadOption, boolean, one_of, option, seconds
 from airflow_gpu_provider.backends.pods.node_labels import node_selector
 from airflow_gpu_provider.backends.pods.options import (
@@ -23,6 +24,7 @@ from airflow_gpu_provider.backends.pods.options import (
     string_check,
 )
 from airflow_gpu_provider.backends.pods.security import overlay, skeleton
+from airflow_gpu_provider.exceptions import GpuTaskError
 from airflow_gpu_provider.policy.pods import refused, violations
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 
@@ -104,6 +106,8 @@ class KubernetesOptions(PodOptions):
     termination_grace_period: int | None = option(check=_grace_seconds)
     checkpoint_claim: str | None = option(check=dns_subdomain)
     on_finish_action: str = option("delete_pod", check=one_of(*FINISH_ACTIONS))
+    kueue_queue: str | None = option(check=kueue_queue_name)  # None: [gpu] kueue_queue; '': no Kueue
+    kueue_priority_class: str | None = option(check=kueue_name)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -129,6 +133,10 @@ class KubernetesOptions(PodOptions):
         The selectors are the pod template's (``pod_template_dict``; a template file is read when the task runs) and
         ``node_selector``.
         """
+        if self.kueue_priority_class is not None and self.kueue_queue is None:
+            from airflow_gpu_provider import config
+
+            self.kueue_queue_or(config.get("kueue_queue"))  # the DAG processor's, as the worker's plan checks it
         template = (self.pod_template_dict or {}).get("spec") or {}
         node_selector(
             resources,
@@ -137,6 +145,26 @@ class KubernetesOptions(PodOptions):
             template=template.get("nodeSelector") or {},
             user=self.node_selector or {},
         )
+
+    def kueue_queue_or(self, default: str) -> str:
+        """The task's Kueue LocalQueue: ``kueue_queue``, else ``default`` (``[gpu] kueue_queue``); empty: none.
+
+        A priority class without a queue is refused; ``default`` is checked by :func:`.kueue.kueue_name`.
+        """
+        queue = self.kueue_queue if self.kueue_queue is not None else default
+        if not queue and self.kueue_priority_class is not None:
+            raise self.invalid(
+                "kueue_priority_class",
+                self.kueue_priority_class,
+                "no Kueue queue: neither backend_options['kueue_queue'] nor [gpu] kueue_queue is set",
+                "a queue as well, e.g. backend_options={'kueue_queue': 'team-a', 'kueue_priority_class': 'high'}",
+            )
+        if queue and self.kueue_queue is None:
+            try:
+                kueue_name(queue)
+            except BadOption as err:
+                raise GpuTaskError(f"[gpu] kueue_queue={queue!r}: {err.reason}; expected {err.accepted}") from None
+        return queue
 
     def check_image(self, image: ImageSettings) -> None:
         """Credentials in index URLs would be in the pod spec, for everyone who may read pods: a Secret holds them."""

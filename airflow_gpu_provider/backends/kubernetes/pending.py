@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_gpu_provider.backends.kubernetes.kueue import waited_too_long, waiting_queue
 from airflow_gpu_provider.exceptions import OOM_REMEDY, GpuTaskError, HostOutOfMemoryError
 
 _INSUFFICIENT = re.compile(r"(\d+) Insufficient ([A-Za-z0-9./_-]+)")
@@ -36,6 +37,7 @@ class Unschedulable:
     :param insufficient: resource name -> number of nodes that lack it
     :param taints: taints that some nodes had and the pod did not tolerate
     :param selector_mismatch: number of nodes whose labels did not match
+    :param kueue_queue: the pod never reached the scheduler: it still waits for Kueue's admission in this queue
     """
 
     pod: str
@@ -43,9 +45,12 @@ class Unschedulable:
     insufficient: dict[str, int] = field(default_factory=dict)
     taints: list[str] = field(default_factory=list)
     selector_mismatch: int = 0
+    kueue_queue: str | None = None
 
     def explain(self, waited_seconds: float, requested: Mapping[str, str]) -> str:
         """One message for the task log and the raised error."""
+        if self.kueue_queue is not None:
+            return waited_too_long(f"Pod {self.pod}", self.kueue_queue, waited_seconds)
         parts = []
         for resource, nodes in self.insufficient.items():
             amount = requested.get(resource)
@@ -86,6 +91,9 @@ def unschedulable(pod: Mapping[str, Any], events: Sequence[str] = ()) -> Unsched
     status = pod.get("status") or {}
     if status.get("phase") not in (None, "Pending"):
         return None
+    queue = waiting_queue(pod)
+    if queue is not None:  # Kueue's scheduling gate: the scheduler has not seen it yet
+        return Unschedulable(pod=_name(pod), scheduler_message="", kueue_queue=queue)
     conditions = [c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"]
     scheduled_false = bool(conditions) and conditions[0].get("status") == "False"
     failed_scheduling = [m for m in events if "nodes are available" in m]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.backends.kubernetes import container
+from airflow_gpu_provider.backends.kubernetes.kueue import kueue_labels
 from airflow_gpu_provider.backends.kubernetes.options import KubernetesOptions, check_pod_template
 from airflow_gpu_provider.backends.kubernetes.requirements import requirements_plan
 from airflow_gpu_provider.backends.options import BadOption
@@ -41,6 +42,7 @@ class KubernetesPlan:
     :param num_nodes: pods of a multi-node launch (an Indexed Job), meeting on ``port``
     :param notes: what the plan could not give the task, for its log
     :param reattach: a later try takes over the pod an earlier try left running (``TaskRequest.reattach``)
+    :param kueue_queue: the Kueue LocalQueue of the pod (or the Job), empty for none (:mod:`.kueue`)
     """
 
     task_id: str
@@ -68,6 +70,7 @@ class KubernetesPlan:
     termination_grace_period: int = 30
     notes: tuple[str, ...] = ()
     reattach: bool = True
+    kueue_queue: str = ""
 
 
 def load_pod_template(options: KubernetesOptions) -> dict[str, Any] | None:
@@ -156,6 +159,7 @@ def _pod(
     shm_volumes, shm_mounts = resources.shm_volume(wanted)
     command, args = container.launch_command(result_to_log=request.num_nodes > 1)
     checkpoint_volumes, checkpoint_mounts, checkpoint_env, notes = checkpoint_volume(request, options)
+    queue = options.kueue_queue_or(conf.kueue_queue)
     return KubernetesPlan(
         task_id=request.labels.get("task_id", "gpu-task"),
         image=deps.image,
@@ -180,6 +184,7 @@ def _pod(
             **MANAGED_BY,
             kubernetes_label("requirements"): request.image.requirements_hash,
             **(options.labels or {}),
+            **kueue_labels(queue, options.kueue_priority_class),
         },
         annotations={kubernetes_label("resources"): envelope["summary"]["resources"], **(options.annotations or {})},
         security_context=security,
@@ -191,6 +196,7 @@ def _pod(
         termination_grace_period=round(conf.grace(options.termination_grace_period)),
         notes=notes,
         reattach=request.reattach,
+        kueue_queue=queue,
     )
 
 

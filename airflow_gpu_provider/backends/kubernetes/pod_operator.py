@@ -18,13 +18,14 @@ from typing import Any
 
 from airflow.providers.cncf.kubernetes import version_compat
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
-from airflow.providers.cncf.kubernetes.utils.pod_manager import PodLaunchFailedException
+from airflow.providers.cncf.kubernetes.utils.pod_manager import PodLaunchFailedException, PodLaunchTimeoutException
 from airflow.sdk.definitions._internal.contextmanager import DagContext
 from kubernetes.client import ApiClient, Configuration
 from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
 from airflow_gpu_provider.backends.kubernetes.failures import pod_failure, unschedulable_failure
+from airflow_gpu_provider.backends.kubernetes.kueue import kueue_queue, waiting_line, waiting_queue
 from airflow_gpu_provider.backends.kubernetes.pending import Unschedulable, termination_error, unschedulable
 from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan
 from airflow_gpu_provider.exceptions import GpuInfrastructureError, GpuUnavailableError, RemoteTaskError
@@ -89,13 +90,28 @@ class GpuPodOperator(KubernetesPodOperator):
         """Wait for the pod to start; if it never gets a node, record the scheduler's reason and delete it.
 
         The pod is deleted whatever ``on_finish_action`` says: kept, it could still be scheduled later and run the
-        task a second time, next to the CPU fallback or a retry.
+        task a second time, next to the CPU fallback or a retry. A pod that Kueue gated is said to wait for admission.
         """
+        self.log_kueue_wait(pod)
         try:
             super().await_pod_start(pod)
-        except PodLaunchFailedException:
+        except (PodLaunchFailedException, PodLaunchTimeoutException):  # the timeout is no subclass of the failure
             self.diagnose_pending(pod)
             raise
+
+    def log_kueue_wait(self, pod: k8s.V1Pod | None, log: Any = None) -> None:
+        """Say so in the log when the pod waits for Kueue's admission (read once: Kueue's webhook gated it).
+
+        Only a pod in a Kueue queue is read; one that cannot be read is not reported.
+        """
+        if pod is None or kueue_queue(to_dict(pod)) is None:
+            return
+        try:
+            queue = waiting_queue(to_dict(self.pod_manager.read_pod(pod)))
+        except ApiException:
+            return
+        if queue is not None:
+            (log or self.log).info("%s", waiting_line(f"Pod {self.pod_label}", queue))
 
     def diagnose_pending(self, pod: k8s.V1Pod) -> None:
         """Record the scheduler's verdict on a pod that did not start; delete it if no node can take it.

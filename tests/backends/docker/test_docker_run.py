@@ -296,9 +296,9 @@ def test_containers_keep_no_capability_and_gain_no_privilege(task_log, monkeypat
 @pytest.mark.parametrize(
     ("made", "fragment"),
     [
-        ("ln -s /etc/passwd /tmp/airflow-gpu-result.json", "not a regular file"),
-        ("mkfifo /tmp/airflow-gpu-result.json", "not a regular file"),
-        ("mkdir /tmp/airflow-gpu-result.json", "not a regular file"),
+        ("rm /tmp/airflow-gpu-result.json && ln -s /etc/passwd /tmp/airflow-gpu-result.json", "not a regular file"),
+        ("rm /tmp/airflow-gpu-result.json && mkfifo /tmp/airflow-gpu-result.json", "not a regular file"),
+        ("rm /tmp/airflow-gpu-result.json && mkdir /tmp/airflow-gpu-result.json", "not a regular file"),
         ("head -c 70000000 /dev/zero > /tmp/airflow-gpu-result.json", "larger than"),
     ],
 )

@@ -60,7 +60,7 @@ def kubeconfig_file(tmp_path: Any, monkeypatch: Any) -> Any:
     return path
 
 
-def planned(kubeconfig, *, policy="fail", reattach=True, num_nodes=1, **options):
+def planned(kubeconfig, *, policy="fail", reattach=True, num_nodes=1, conf=None, **options):
     """A Kubernetes backend and its plan: 4 GPUs and 8Gi, through the ``gke`` connection and a kubeconfig file."""
     request = TaskRequest(
         ResourceSettings(gpu_count=4, memory="8Gi"),
@@ -82,7 +82,7 @@ def planned(kubeconfig, *, policy="fail", reattach=True, num_nodes=1, **options)
             **options,
         }
     )
-    return backend, backend.plan(request, GpuConfig.read())
+    return backend, backend.plan(request, conf or GpuConfig.read())
 
 
 class TaskInstance:
@@ -157,6 +157,8 @@ class Cluster:
         self.jobs: list[dict[str, Any]] = []
         self.job_status: k8s.V1JobStatus | None = None
         self.job_pods: list[k8s.V1Pod] = []
+        self.kueue_webhook = False  # Kueue's pod webhook: a pod with a queue label is created gated, and labelled
+        self.admitted = True  # Kueue has admitted the Job (unsuspended it); False: it is read as created
 
     def names(self, method: str) -> list[Any]:
         return [arg for name, arg in self.calls if name == method]
@@ -164,6 +166,10 @@ class Cluster:
     # ------------------------------------------------------------------ CoreV1Api
     def create_namespaced_pod(self, _api: Any, namespace: str, body: dict[str, Any], **_: Any) -> k8s.V1Pod:
         self.calls.append(("create_namespaced_pod", body["metadata"]["name"]))
+        labels = body["metadata"].get("labels") or {}
+        if self.kueue_webhook and "kueue.x-k8s.io/queue-name" in labels:  # what Kueue's mutating webhook adds
+            body = {**body, "metadata": {**body["metadata"], "labels": {**labels, "kueue.x-k8s.io/managed": "true"}}}
+            body["spec"] = {**body["spec"], "schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}
         self.created.append(body)
         return to_model(body, "V1Pod")
 
@@ -222,7 +228,13 @@ class Cluster:
         self.calls.append(("read_namespaced_job_status", name))
         if self.job_status is None:
             raise ApiException(status=404, reason="Not Found")
-        return k8s.V1Job(metadata=k8s.V1ObjectMeta(name=name, namespace=namespace), status=self.job_status)
+        body = next((job for job in self.jobs if job["metadata"]["name"] == name), None)
+        if body is None:  # a Job submitted by an earlier try: its status is what is read
+            return k8s.V1Job(metadata=k8s.V1ObjectMeta(name=name, namespace=namespace), status=self.job_status)
+        job = to_model(body, "V1Job")  # the whole Job, as the API server returns it
+        job.spec.suspend = False if self.admitted else job.spec.suspend
+        job.status = self.job_status
+        return job
 
     def delete_namespaced_job(self, _api: Any, name: str, namespace: str, **_: Any) -> None:
         self.calls.append(("delete_namespaced_job", name))

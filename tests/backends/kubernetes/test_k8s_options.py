@@ -40,6 +40,8 @@ GOOD = {
     "termination_grace_period": 30,
     "checkpoint_claim": "training-checkpoints",
     "on_finish_action": "keep_pod",
+    "kueue_queue": "team-a",
+    "kueue_priority_class": "gpu-high",
 }
 BAD = {
     "kubernetes_conn_id": "",
@@ -74,6 +76,8 @@ BAD = {
     "termination_grace_period": 1.5,
     "checkpoint_claim": "Checkpoints_PVC",
     "on_finish_action": "delete",
+    "kueue_queue": "Team_A",
+    "kueue_priority_class": "a" * 64,
 }
 
 

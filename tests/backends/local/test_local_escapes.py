@@ -54,10 +54,18 @@ class LockWatch:
                 if alive(self.child):  # lives now, it lived when the lock was seen free
                     if free:
                         self.freed_while_alive.append(time.monotonic())
-                    if not self.escaped:
+                    if not self.escaped and self._has_exec(self.child):  # before execve it is the task's copy
                         environ = Path(f"/proc/{self.child}/environ").read_bytes()
                         self.escaped.append((os.getpgid(self.child), environ))
             time.sleep(0.02)
+
+    @staticmethod
+    def _has_exec(pid: int) -> bool:
+        """Has the forked child become ``sleep`` yet (until then it holds the task's environment)?"""
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep\0")
+        except OSError:
+            return False
 
     def stop(self) -> None:
         self._done.set()

@@ -24,9 +24,12 @@ def run_command(tmp_path, script: str):
 @pytest.mark.parametrize(
     ("script", "fragment"),
     [
-        ("ln -s {secret} result.json", "cannot be read safely"),  # a file the task could not have written
-        ("mkfifo result.json", "not a regular file"),  # used to block the worker forever
-        ("mkdir result.json", "not a regular file"),
+        (
+            "rm result.json && ln -s {secret} result.json",
+            "cannot be read safely",
+        ),  # a file the task could not have written
+        ("rm result.json && mkfifo result.json", "not a regular file"),  # used to block the worker forever
+        ("rm result.json && mkdir result.json", "not a regular file"),
         ("head -c 70000000 /dev/zero > result.json", "larger than"),
     ],
 )
