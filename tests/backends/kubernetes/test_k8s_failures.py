@@ -237,3 +237,32 @@ def test_a_multi_node_jobs_pods_avoid_the_failed_nodes_too():
     assert terms["nodeSelectorTerms"] == [
         {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [NODE]}]}
     ]
+
+
+def test_the_worked_example_of_the_docs_is_what_the_code_renders():
+    """docs/kubernetes.md, "GPU failure classes": the record, the log line and the next pod's affinity."""
+    import json
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "kubernetes.md").read_text()
+    section = docs[docs.index("## GPU failure classes") :]
+    record, affinity = (
+        re.findall(r"```json\n(.*?)```", section, re.S)[0],
+        re.findall(r"```yaml\n(.*?)```", section, re.S)[0],
+    )
+    message = "default-scheduler: preempting to accommodate a higher priority pod"
+    preempted = {
+        "metadata": {"name": "train-h2qloq0t", "namespace": "ml"},
+        "spec": {"nodeName": NODE},
+        "status": disruption("PreemptionByScheduler", message),
+    }
+    failure = pod_failure(preempted)
+    assert json.loads(record) == failure
+    assert infrastructure.describe(failure) in section
+    _, [rendered] = plan_and_render(
+        ResourceSettings(gpu_count=1, accelerator="A100-80GB"), options={"pending_timeout": 60}, avoid_nodes=(NODE,)
+    )
+    assert yaml.safe_load(affinity) == {"affinity": rendered["spec"]["affinity"]}
