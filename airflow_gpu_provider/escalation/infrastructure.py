@@ -47,12 +47,15 @@ def describe(failure: Mapping[str, Any]) -> str:
     return f"{line}: {evidence}" if evidence else line
 
 
-def report(context: Mapping[str, Any], failure: Mapping[str, Any], task_log: Any) -> None:
-    """Say so in the log (ERROR) and in XCom (``gpu_failure``); keep the node for the next try to avoid."""
+def report(context: Mapping[str, Any], failure: Mapping[str, Any], task_log: Any, *, avoid_node: bool) -> None:
+    """Say so in the log (ERROR) and in XCom (``gpu_failure``); keep the node for the next try to avoid.
+
+    :param avoid_node: the backend's pods are placed on nodes (Kubernetes): the next try avoids this one
+    """
     task_log.error("%s", describe(failure))
     context["ti"].xcom_push(XCOM_KEY, dict(failure))
     node, store = failure.get("node"), context.get("task_state_store")
-    if not node or store is None or not _NODE.fullmatch(str(node)):
+    if not avoid_node or not node or store is None or not _NODE.fullmatch(str(node)):
         return
     nodes = [name for name in avoided_nodes(context) if name != node][-(MAX_NODES - 1) :]
     store.set(KEY, [*nodes, str(node)])

@@ -202,7 +202,7 @@ def test_the_next_try_renders_a_required_anti_affinity_for_the_failed_nodes(capl
     for node in (NODE, "gke-ml-a100-pool-3f1c9b2e-m2pd", NODE):  # the same node twice is kept once, latest last
         failure = pod_failure(pod(EVICTED, node))
         with caplog.at_level(logging.ERROR, logger="task"):
-            infrastructure.report(ctx, failure, log)
+            infrastructure.report(ctx, failure, log, avoid_node=True)
     assert ctx["ti"].xcom["gpu_failure"] == failure  # the latest
     assert f"[gpu] infrastructure failure: evicted on {NODE}: pod ml/d-train-abc123: Evicted: " in caplog.text
     avoided = infrastructure.avoided_nodes(ctx)
@@ -266,3 +266,11 @@ def test_the_worked_example_of_the_docs_is_what_the_code_renders():
         ResourceSettings(gpu_count=1, accelerator="A100-80GB"), options={"pending_timeout": 60}, avoid_nodes=(NODE,)
     )
     assert yaml.safe_load(affinity) == {"affinity": rendered["spec"]["affinity"]}
+
+
+def test_a_backend_without_nodes_keeps_none():
+    """Local and Docker: the "node" of a failure is the worker or a container; nothing goes to the store."""
+    store = StateStore()
+    ctx = context(store)
+    infrastructure.report(ctx, pod_failure(pod(EVICTED)), logging.getLogger("task"), avoid_node=False)
+    assert store.values == {} and ctx["ti"].xcom["gpu_failure"]["node"] == NODE
