@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.exceptions import GpuUnavailableError
 from airflow_gpu_provider.host import quarantine
@@ -226,9 +226,9 @@ class HostGpus:
         chosen = devices or conf.devices, state_dir or conf.state_dir
         return cls(*chosen, conf.wait_poll_interval, conf.wait_timeout, conf.quarantine_seconds)
 
-    def quarantine(self, gpus: Sequence[Device], failure: object, log: logging.Logger, *, positional: bool) -> None:
-        """After a try failed on its GPUs (an Xid, ECC): leave those it names out for a while (``quarantine.py``)."""
-        quarantine.after_failure(self.state_dir, self.quarantine_seconds, gpus, failure, log, positional=positional)
+    def quarantining(self, gpus: Sequence[Device], log: logging.Logger, *, positional: bool) -> Any:
+        """A context that quarantines the ``gpus`` an infrastructure failure raised in it names (``quarantine.py``)."""
+        return quarantine.on_gpu_fault(self, gpus, log, positional=positional)
 
     def present(self, vendor: GpuVendor) -> list[Device]:
         """The host's devices of ``vendor``."""

@@ -14,10 +14,11 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from airflow_gpu_provider.exceptions import GpuInfrastructureError
 from airflow_gpu_provider.host.inventory import Device
 from airflow_gpu_provider.host.state import exclusive, open_private, private_dir
 
@@ -110,18 +111,18 @@ def usable(state_dir: str | os.PathLike[str], candidates: Sequence[Device], log:
     return [device for device in candidates if device.id not in held]
 
 
-def after_failure(
-    state_dir: str | os.PathLike[str],
-    seconds: float,
-    allocated: Sequence[Device],
-    failure: object,
-    log: logging.Logger,
-    *,
-    positional: bool,
-) -> None:
-    """After a try failed on its GPUs (an Xid, an ECC error): quarantine those of ``allocated`` that it names."""
-    if not isinstance(failure, Mapping) or not allocated:
-        return
-    failed = failed_devices(failure, allocated, positional=positional)
-    reason = "; ".join(str(line) for line in failure.get("evidence") or []) or str(failure.get("reason"))
-    quarantine(state_dir, failed, reason, seconds, log)
+@contextlib.contextmanager
+def on_gpu_fault(host: Any, allocated: Sequence[Device], log: logging.Logger, *, positional: bool) -> Iterator[None]:
+    """Quarantine the GPUs of ``allocated`` that an infrastructure failure raised inside names (an Xid, ECC).
+
+    :param host: the :class:`~.allocator.HostGpus` they came from (its state dir and ``quarantine_seconds``)
+    :param positional: the task saw its devices numbered from 0 in the order given (a container)
+    """
+    try:
+        yield
+    except GpuInfrastructureError as err:
+        if err.failure is not None and allocated:
+            failed = failed_devices(err.failure, allocated, positional=positional)
+            reason = "; ".join(str(line) for line in err.failure.get("evidence") or []) or str(err.failure["reason"])
+            quarantine(host.state_dir, failed, reason, host.quarantine_seconds, log)
+        raise

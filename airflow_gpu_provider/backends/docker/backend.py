@@ -23,7 +23,7 @@ from airflow_gpu_provider.backends.docker.lifecycle import ContainerOomError, No
 from airflow_gpu_provider.backends.docker.options import DockerOptions
 from airflow_gpu_provider.backends.docker.orphans import reap_orphans
 from airflow_gpu_provider.backends.docker.plan import DockerPlan, plan_container
-from airflow_gpu_provider.exceptions import GpuInfrastructureError, GpuTaskError, GpuUnavailableError
+from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError
 from airflow_gpu_provider.host.allocator import Allocation
 from airflow_gpu_provider.host.keeper import Keeper
 from airflow_gpu_provider.task.request import TaskRequest
@@ -103,19 +103,15 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         for note in (*plan.notes, *plan.resources.notes):
             self.log.warning("%s", note)
         image = task_image(client, plan, self.log)
-        with self._host_gpus(plan) as allocation:
-            self._locks = allocation.fds
+        with self._host_gpus(plan) as allocation, plan.host.quarantining(allocation.devices, self.log, positional=True):
+            self._locks = allocation.fds  # an Xid or ECC error: its GPUs (0, 1, ... in the container) are quarantined
             if allocation.cpu_fallback:
                 return self._run_container(client, plan, image, cpu_fallback=allocation.reason, defer=defer)
             if allocation.devices:
                 ids = [device.id for device in allocation.devices]
                 self.log.info("GPUs %s from the host allocator (shared with the local backend's tasks)", ids)
                 plan = plan.on_devices(ids)
-            try:
-                return self._run_gpu_container(client, plan, image, defer=defer)
-            except GpuInfrastructureError as err:  # an Xid or ECC error: its GPUs (0, 1, ... in the container) wait
-                plan.host.quarantine(allocation.devices, err.failure, self.log, positional=True)
-                raise
+            return self._run_gpu_container(client, plan, image, defer=defer)
 
     def _host_gpus(self, plan: DockerPlan) -> Allocation:
         """Devices from the host GPU allocator when the engine is on this host and its GPUs are known.

@@ -23,7 +23,6 @@ from airflow_gpu_provider.backends.local.process import TaskProcess, reap_orphan
 from airflow_gpu_provider.backends.local.venv import ensure_venv
 from airflow_gpu_provider.backends.options import WorkerOptions
 from airflow_gpu_provider.checkpoint.location import checkpoint_environment
-from airflow_gpu_provider.exceptions import GpuInfrastructureError
 from airflow_gpu_provider.host.allocator import HostGpus
 from airflow_gpu_provider.host.state import runtime_file, task_folder
 from airflow_gpu_provider.settings.units import format_bytes
@@ -131,11 +130,8 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
                 )
             else:
                 allocation.release()
-        try:
+        with plan.host.quarantining(allocation.devices, self.log, positional=False):  # an Xid, ECC: quarantined
             return task_result(result, exit_code, where="the local task process")
-        except GpuInfrastructureError as err:  # an Xid or ECC error on its GPUs: the next tries go elsewhere
-            plan.host.quarantine(allocation.devices, err.failure, self.log, positional=False)
-            raise
 
     def kill(self) -> None:
         """Called from ``on_kill`` (inside a signal handler): SIGTERM the task's whole tree, SIGKILL after the grace.
