@@ -17,14 +17,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from airflow_gpu_provider.exceptions import GpuUnavailableError
 from airflow_gpu_provider.host import quarantine
-from airflow_gpu_provider.host.inventory import Device, host_devices, matches_model
+from airflow_gpu_provider.host.inventory import Device, host_devices, matching, model_groups
 from airflow_gpu_provider.host.state import open_private, private_dir
 from airflow_gpu_provider.host.waiting import MustWait, waited_too_long
-from airflow_gpu_provider.settings import GpuVendor, ResourceSettings
+from airflow_gpu_provider.settings import GpuVendor
 from airflow_gpu_provider.settings.units import format_bytes
 from airflow_gpu_provider.task.environment import lock_holder
 from airflow_gpu_provider.task.missing_gpu import POLICIES, MissingGpuPolicy, OnMissingGpu
@@ -73,9 +73,18 @@ class GpuAllocator:
         safe_id = "".join(c if c.isalnum() or c in "-_." else "_" for c in device.id)
         return self.lock_dir / f"{self.vendor}-{safe_id}.lock"
 
-    def try_acquire(self, candidates: Sequence[Device], count: int, holder: str) -> Allocation | None:
-        """Lock ``count`` free devices now, or none at all."""
+    def try_acquire(
+        self, candidates: Sequence[Device], count: int, holder: str, groups: Sequence[Sequence[Device]] = ()
+    ) -> Allocation | None:
+        """Lock ``count`` free devices now, or none at all.
+
+        :param groups: the candidates of each model of a fallback list, preferred first: all devices from the first
+            group with ``count`` free, never a mix of models (:func:`.inventory.model_groups`)
+        """
         private_dir(self.lock_dir)
+        return next(filter(None, (self._try_group(group, count, holder) for group in groups or [candidates])), None)
+
+    def _try_group(self, candidates: Sequence[Device], count: int, holder: str) -> Allocation | None:
         allocation = Allocation(devices=[])
         for device in candidates:
             fd = open_private(self.lock_path(device))
@@ -126,6 +135,7 @@ class GpuAllocator:
         timeout: float = float("inf"),
         defer: bool = False,
         sleep: Callable[[float], None] = time.sleep,
+        groups: Sequence[Sequence[Device]] = (),
     ) -> Allocation:
         """Lock ``count`` of ``candidates`` according to ``policy``.
 
@@ -134,10 +144,11 @@ class GpuAllocator:
         :param present: every device of the host, for messages
         :param timeout: seconds to wait with ``"wait"`` (``[gpu] wait_timeout``)
         :param defer: with ``"wait"``, raise :class:`MustWait` instead of waiting here (``deferrable=True``)
+        :param groups: the candidates by model of a fallback list, preferred first (:meth:`try_acquire`)
         :raises GpuUnavailableError: with ``policy="fail"``, or with ``"wait"`` when the host can never satisfy it
             or the wait timed out
         """
-        allocation = self.try_acquire(candidates, count, holder)
+        allocation = self.try_acquire(candidates, count, holder, groups)
         if allocation is not None:
             return allocation
         state = self._describe(present, candidates)
@@ -145,8 +156,9 @@ class GpuAllocator:
         if rule.runs_on_cpu:
             log.warning("Requested %s but %s. on_missing_gpu='cpu': running on CPU instead.", requested, state)
             return Allocation(devices=[], cpu_fallback=True, reason=f"requested {requested} but {state}")
-        if not rule.waits or len(candidates) < count:
-            raise GpuUnavailableError(f"Requested {requested} but {state}. {_what_helps(len(candidates), count, rule)}")
+        enough = max((len(group) for group in groups or [candidates]), default=0)  # of one model
+        if not rule.waits or enough < count:
+            raise GpuUnavailableError(f"Requested {requested} but {state}. {_what_helps(enough, count, rule)}")
         if defer:
             raise MustWait([str(self.lock_path(d)) for d in candidates], count, requested, state, timeout)
         log.info("Requested %s but %s. Waiting for GPUs to become free (on_missing_gpu='wait').", requested, state)
@@ -156,7 +168,7 @@ class GpuAllocator:
             delay = min(self.poll_interval * random.uniform(0.8, 1.2), max(timeout - waited, 0.01))
             sleep(delay)
             waited += delay
-            allocation = self.try_acquire(candidates, count, holder)
+            allocation = self.try_acquire(candidates, count, holder, groups)
             if allocation is not None:
                 log.info("Got GPUs %s after waiting %.0fs.", [d.id for d in allocation.devices], waited)
                 return allocation
@@ -211,24 +223,17 @@ class HostGpus:
     :param devices: ``[gpu] devices``: ``auto`` (NVML), ``none``, or device ids
     :param state_dir: the host-wide state dir; the locks live in its ``locks`` folder
     :param poll_interval: seconds between attempts with ``on_missing_gpu="wait"``
-    :param quarantine_seconds: how long a GPU is left out after a try failed on it (``[gpu] quarantine_seconds``)
     """
 
     devices: str = "auto"
     state_dir: str = "/var/tmp/airflow-gpu-provider"
     poll_interval: float = 5.0
     wait_timeout: float = float("inf")
-    quarantine_seconds: float = 3600.0
 
     @classmethod
     def configured(cls, conf: GpuConfig, *, devices: str | None = None, state_dir: str | None = None) -> HostGpus:
         """From the worker's ``[gpu]`` options, with a backend's own ``devices`` / ``state_dir`` options first."""
-        chosen = devices or conf.devices, state_dir or conf.state_dir
-        return cls(*chosen, conf.wait_poll_interval, conf.wait_timeout, conf.quarantine_seconds)
-
-    def quarantining(self, gpus: Sequence[Device], log: logging.Logger, *, positional: bool) -> Any:
-        """A context that quarantines the ``gpus`` an infrastructure failure raised in it names (``quarantine.py``)."""
-        return quarantine.on_gpu_fault(self, gpus, log, positional=positional)
+        return cls(devices or conf.devices, state_dir or conf.state_dir, conf.wait_poll_interval, conf.wait_timeout)
 
     def present(self, vendor: GpuVendor) -> list[Device]:
         """The host's devices of ``vendor``."""
@@ -249,7 +254,7 @@ class HostGpus:
             return Allocation(devices=[])
         if present is None:
             present = self.present(resources.gpu_vendor)
-        candidates = quarantine.usable(self.state_dir, _candidates(resources, present), log)
+        candidates = quarantine.usable(self.state_dir, matching(resources, present), log)
         requested = resources.describe().split(",")[0]
         if request.min_gpu_memory is not None:  # a try after a GPU out-of-memory failure
             larger = [d for d in candidates if d.memory_total is not None and d.memory_total > request.min_gpu_memory]
@@ -267,7 +272,9 @@ class HostGpus:
                     "(0=L4,1=A100-80GB) when NVML cannot tell their memory."
                 )
             candidates = sorted(larger, key=lambda d: d.memory_total or 0)  # the smallest GPU that is larger
-        count = len(candidates) if isinstance(resources.gpu_count, str) else resources.gpu_count
+        groups = model_groups(resources, candidates)
+        first_present = next((group for group in groups if group), candidates)
+        count = len(first_present) if isinstance(resources.gpu_count, str) else resources.gpu_count
         if count == 0:  # "all" on a host with none
             if request.missing_gpu.runs_on_cpu:
                 log.warning("Requested %s but this host has none; running on CPU.", requested)
@@ -284,15 +291,9 @@ class HostGpus:
             log=log,
             timeout=self.wait_timeout,
             defer=request.defer_wait,
+            groups=groups,
         )
 
 
 def _gib(amount: int | None) -> str:
     return "unknown memory" if amount is None else format_bytes(amount)
-
-
-def _candidates(resources: ResourceSettings, present: Sequence[Device]) -> list[Device]:
-    candidates = [d for d in present if matches_model(d, resources.accelerator)]
-    if resources.mig_profile is not None:
-        candidates = [d for d in candidates if d.id.startswith("MIG-")]
-    return candidates

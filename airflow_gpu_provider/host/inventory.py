@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.settings.accelerators import ACCELERATOR_PATTERN, NVIDIA, GpuVendor, card_memory_gib
+from airflow_gpu_provider.settings.accelerators import (
+    ACCELERATOR_PATTERN,
+    NVIDIA,
+    GpuVendor,
+    card_memory_gib,
+    model_words,
+)
+
+if TYPE_CHECKING:
+    from airflow_gpu_provider.settings import ResourceSettings
 
 DEVICES_ACCEPTED = (
     "'auto' (NVML), 'none', or comma-separated device ids such as '0,1,2,3' or MIG UUIDs, each optionally with its "
@@ -73,5 +84,21 @@ def matches_model(device: Device, model: str | None) -> bool:
     """
     if model is None or device.name is None:
         return True
-    words = device.name.upper().replace("-", " ").split()
-    return all(token in words for token in model.upper().replace("-", " ").split())
+    words = model_words(device.name)
+    return all(token in words for token in model_words(model))
+
+
+def matching(resources: ResourceSettings, present: Sequence[Device]) -> list[Device]:
+    """The devices of ``present`` that match the request: any model of its list, a MIG slice for a MIG profile."""
+    models = resources.accelerators or (None,)
+    candidates = [d for d in present if any(matches_model(d, model) for model in models)]
+    if resources.mig_profile is not None:
+        candidates = [d for d in candidates if d.id.startswith("MIG-")]
+    return candidates
+
+
+def model_groups(resources: ResourceSettings, candidates: Sequence[Device]) -> list[list[Device]]:
+    """The candidates of each model of a fallback list, preferred first (``[]`` for one model or none)."""
+    if len(resources.accelerators) < 2:
+        return []
+    return [[d for d in candidates if matches_model(d, model)] for model in resources.accelerators]

@@ -107,7 +107,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         cpu_count: float | str | None = None,
         gpu_count: int | str | None = None,
         memory: int | str | None = None,
-        accelerator: str | None = None,
+        accelerator: str | Sequence[str] | None = None,
         gpu_vendor: Any = None,
         mig_profile: str | None = None,
         shm_size: int | str | None = None,

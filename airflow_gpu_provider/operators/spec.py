@@ -233,7 +233,7 @@ class TaskSpec(NamedTuple):
 
 
 def check_accelerator(owner: str, resources: ResourceSettings) -> None:
-    """The task's accelerator is a known model, one of ``[gpu] devices`` or one ``[gpu] extra_accelerators`` adds."""
+    """Each of the task's accelerators is a known model, one of ``[gpu] devices`` or of ``[gpu] extra_accelerators``."""
     if resources.accelerator is None:
         return
     from airflow_gpu_provider.host.inventory import parse_devices
@@ -241,7 +241,8 @@ def check_accelerator(owner: str, resources: ResourceSettings) -> None:
 
     listed = [d.name for d in parse_devices(config.get("devices")) or [] if d.name]
     extra = [name.strip() for name in config.get("extra_accelerators").split(",") if name.strip()]
-    check_model(owner, resources.accelerator, [*extra, *listed])
+    for model in resources.accelerators:
+        check_model(owner, model, [*extra, *listed])
 
 
 @contextlib.contextmanager

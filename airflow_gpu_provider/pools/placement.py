@@ -31,7 +31,7 @@ def pool_for(owner: str, resources: ResourceSettings, queue: str | None) -> str 
 
     if "{queue}" in template:
         template = template.replace("{queue}", queue or queue_for(owner, resources, config.get("queue")))
-    return template.replace("{accelerator}", model_slug(resources))
+    return template.replace("{accelerator}", model_slug(owner, resources)) if "{accelerator}" in template else template
 
 
 def is_gpu_pool(name: str | None, queue: str | None = None) -> bool:

@@ -171,6 +171,15 @@ def check_model(owner: str, model: str, also: Collection[str] = ()) -> None:
     )
 
 
+def model_words(model: str) -> list[str]:
+    """The words a device name must contain to be of ``model`` (``"H100-80GB"``: ``H100`` and ``80GB``).
+
+    The one rule of what a model name means on a device: the host inventory matches NVML's names with it, the DRA
+    claim selects the driver's ``productName`` with it.
+    """
+    return model.upper().replace("-", " ").split()
+
+
 def card_memory_gib(model: str | None) -> float | None:
     """The memory of one card of ``model`` (GiB), or ``None`` when the table does not know it."""
     if model is None:

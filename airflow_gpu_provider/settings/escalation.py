@@ -88,12 +88,16 @@ class OomEscalation:
         if resources.mig_profile is not None:
             slice_gib = mig_memory_gib(resources.mig_profile)
             steps += [{"mig_profile": p} for p in self.mig_profiles if mig_memory_gib(p) > slice_gib]
+        # A fallback list is climbed from its largest card: the task may have run on any model of it. A step
+        # names one model, which replaces the list (ResourceSettings.with_overrides).
         names = [m.upper() for m in self.accelerators]
-        own = (resources.accelerator or "").upper()
-        if own in names:  # the ladder names the task's own card: the steps after it
-            cards = list(self.accelerators[names.index(own) + 1 :])
+        own = [names.index(m.upper()) for m in resources.accelerators if m.upper() in names]
+        if own:  # the ladder names the task's own card(s): the steps after the highest of them
+            cards = list(self.accelerators[max(own) + 1 :])
         else:
-            own_card = card_memory_gib(resources.accelerator)
+            cards_gib = [card_memory_gib(m) for m in resources.accelerators]
+            known = [gib for gib in cards_gib if gib is not None]
+            own_card = max(known) if known and len(known) == len(cards_gib) else None
             cards = [m for m in self.accelerators if own_card is None or (card_memory_gib(m) or 0) > own_card]
         return steps + [{"accelerator": m, "mig_profile": None} for m in cards]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -66,12 +67,15 @@ class ResourceSettings:
     :param gpu_count: number of GPUs (or MIG slices), or ``"all"`` (local and Docker only)
     :param memory: memory limit: integer bytes or ``"16GB"``, ``"16Gi"``, ``"512Mi"``
     :param accelerator: GPU model, e.g. ``"A100"``, ``"H100-80GB"``, or SkyPilot-style ``"A100:2"``,
-        which also sets ``gpu_count``
+        which also sets ``gpu_count``; or an ordered list of acceptable models, preferred first:
+        ``["H100", "A100-80GB"]`` (kept as ``accelerator="H100"``, ``fallback_accelerators=("A100-80GB",)``)
     :param gpu_vendor: ``"nvidia"`` (default), ``"amd"``, ``"intel"``, ``"aws-neuron"``, ``"google-tpu"``,
         or a :class:`GpuVendor` for anything else
     :param mig_profile: NVIDIA MIG partition, e.g. ``"1g.10gb"``; ``gpu_count`` then counts slices
     :param shm_size: size of ``/dev/shm`` in containers and pods (bytes or a quantity string);
         ``None`` uses the backend's default
+    :param fallback_accelerators: the models after ``accelerator`` in a list, in order (set by a list in
+        ``accelerator``; replaced whenever ``accelerator`` is)
     """
 
     cpu_count: float | None = None
@@ -81,6 +85,7 @@ class ResourceSettings:
     gpu_vendor: GpuVendor = field(default=NVIDIA)
     mig_profile: str | None = None
     shm_size: int | None = None
+    fallback_accelerators: tuple[str, ...] = ()
 
     @entry_point()
     def __post_init__(self) -> None:
@@ -127,8 +132,16 @@ class ResourceSettings:
         put("gpu_vendor", vendor)
 
         gpu_count = _parse_count("gpu_count", self.gpu_count, allow_all=True)
-        if self.accelerator is not None:
-            model, count = self._parse_accelerator(self.accelerator)
+        models = self._models()
+        if models:
+            parsed = [self._parse_accelerator(m) for m in models]
+            counts = {count for _, count in parsed if count is not None}
+            if len(counts) > 1:
+                raise _invalid(
+                    "accelerator", list(models), f"the models ask for different counts {sorted(counts)}",
+                    "one count for every model of the list (or none: gpu_count)",
+                )  # fmt: skip
+            count = counts.pop() if counts else None
             if count is not None:
                 if gpu_count not in (0, count):
                     raise _invalid(
@@ -140,18 +153,13 @@ class ResourceSettings:
                 gpu_count = count
             elif gpu_count == 0:
                 gpu_count = 1
-            model_vendor = MODEL_VENDORS.get(model.upper())
-            if model_vendor is not None and model_vendor.name != vendor.name:
-                if vendor != NVIDIA:  # an explicit, different vendor; NVIDIA is the default
-                    raise _invalid(
-                        "accelerator",
-                        self.accelerator,
-                        f"it is a {model_vendor.name} model but gpu_vendor={vendor.name!r}",
-                        f"gpu_vendor={model_vendor.name!r} or a {vendor.name} model",
-                    )
-                vendor = model_vendor
-                put("gpu_vendor", vendor)
-            put("accelerator", model)
+            vendor = self._model_vendor(vendor, [model for model, _ in parsed])
+            put("gpu_vendor", vendor)
+            names = [model for model, _ in parsed]
+            if len({n.upper() for n in names}) < len(names):
+                raise _invalid("accelerator", list(models), "a model is listed twice", "each model once, in order")
+            put("accelerator", names[0])
+            put("fallback_accelerators", tuple(names[1:]))
 
         if self.mig_profile is not None:
             profile = str(getattr(self.mig_profile, "value", self.mig_profile))
@@ -176,6 +184,44 @@ class ResourceSettings:
             put("mig_profile", profile)
         put("gpu_count", gpu_count)
 
+    def _models(self) -> tuple[object, ...]:
+        """The models as given: a list in ``accelerator``, or ``accelerator`` and ``fallback_accelerators``."""
+        given: object = self.accelerator
+        fallbacks: object = self.fallback_accelerators
+        accepted = "a model name, or a list of them, preferred first: ['H100', 'A100-80GB']"
+        if not isinstance(fallbacks, (list, tuple)) or (fallbacks and given is None):
+            raise _invalid("fallback_accelerators", fallbacks, "expected the models after accelerator", accepted)
+        if given is None:
+            return ()
+        if isinstance(given, str):
+            return (given, *fallbacks)
+        if not isinstance(given, Sequence) or not given:
+            raise _invalid("accelerator", given, "expected a model name or a non-empty list of them", accepted)
+        if fallbacks:
+            raise _invalid("fallback_accelerators", fallbacks, "accelerator is already a list", "one list only")
+        return tuple(given)
+
+    @staticmethod
+    def _model_vendor(vendor: GpuVendor, models: list[str]) -> GpuVendor:
+        """The vendor of the models (one for all of them); an explicit, different ``gpu_vendor`` is an error."""
+        found = {MODEL_VENDORS.get(m.upper(), vendor).name for m in models}
+        if len(found) > 1:
+            raise _invalid(
+                "accelerator", models, f"the list mixes vendors ({', '.join(sorted(found))})",
+                "models of one vendor: a pod asks for one vendor's devices",
+            )  # fmt: skip
+        model_vendor = MODEL_VENDORS.get(models[0].upper())
+        if model_vendor is None or model_vendor.name == vendor.name:
+            return vendor
+        if vendor != NVIDIA:  # an explicit, different vendor; NVIDIA is the default
+            raise _invalid(
+                "accelerator",
+                models[0] if len(models) == 1 else models,
+                f"it is a {model_vendor.name} model but gpu_vendor={vendor.name!r}",
+                f"gpu_vendor={model_vendor.name!r} or a {vendor.name} model",
+            )
+        return model_vendor
+
     @staticmethod
     def _parse_accelerator(value: object) -> tuple[str, int | None]:
         accepted = "a model name such as 'A100' or 'H100-80GB', optionally with a count: 'A100:2'"
@@ -192,6 +238,11 @@ class ResourceSettings:
 
     # ------------------------------------------------------------------ derived views
     @property
+    def accelerators(self) -> tuple[str, ...]:
+        """Every acceptable model, preferred first: ``accelerator`` then ``fallback_accelerators`` (or ``()``)."""
+        return (self.accelerator, *self.fallback_accelerators) if self.accelerator else ()
+
+    @property
     def requests_gpus(self) -> bool:
         """Whether the task asks for any accelerator."""
         return isinstance(self.gpu_count, str) or self.gpu_count > 0
@@ -203,6 +254,8 @@ class ResourceSettings:
             raise UnknownSettingError(_OWNER, unknown, (f.name for f in dataclasses.fields(self)))
         if "accelerator" in overrides and "gpu_count" not in overrides and self.accelerator is not None:
             overrides["gpu_count"] = 0  # the new accelerator string decides the count again
+        if "accelerator" in overrides:
+            overrides.setdefault("fallback_accelerators", ())  # a new accelerator (or list) replaces the list
         return dataclasses.replace(self, **overrides)
 
     def describe(self) -> str:
@@ -211,7 +264,7 @@ class ResourceSettings:
         if self.gpu_count == ALL_GPUS:
             parts.append(f"all {self.gpu_vendor.name} {self.accelerator or 'GPU'}s")
         elif self.requests_gpus:
-            what = self.accelerator or "GPU"
+            what = " or ".join(self.accelerators) or "GPU"
             if self.mig_profile:
                 what += f" MIG {self.mig_profile}"
             parts.append(f"{self.gpu_count}x {self.gpu_vendor.name} {what}")
@@ -226,8 +279,14 @@ class ResourceSettings:
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        """The settings as JSON values (the vendor by name): what a task finds in ``AIRFLOW_GPU_RESOURCES``."""
+        """The settings as JSON values (the vendor by name): what a task finds in ``AIRFLOW_GPU_RESOURCES``.
+
+        ``fallback_accelerators`` only for a list of models.
+        """
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        values.pop("fallback_accelerators")
+        if self.fallback_accelerators:
+            values["fallback_accelerators"] = list(self.fallback_accelerators)
         return {**values, "gpu_vendor": self.gpu_vendor.name}
 
     def without_gpus(self) -> ResourceSettings:

@@ -202,3 +202,32 @@ def test_a_pod_override_that_breaks_the_restricted_profile_is_refused(kubernetes
     root = {"spec": {"containers": [{"name": "base", "securityContext": {"runAsUser": 0}}]}}
     with pytest.raises(InvalidSettingError, match="runAsUser=0.*need.*runAsUser=1000"):
         gpu_task(gpu_count=1, executor_config={"pod_override": root})
+
+
+def test_an_admins_claim_template_gives_the_worker_pod_its_gpus_by_dra(kubernetes_executor):
+    """``dra_claim_template``: the pod names the admin's ResourceClaimTemplate (a pod_override creates nothing)."""
+    options = {"kubernetes": {"dra_claim_template": "team-a-h100"}}
+    task = gpu_task(gpu_count=1, accelerator="H100", backend_options=options)
+    pod = validate(worker_pod(task, SHIPPED_TEMPLATE))
+    assert pod["spec"]["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": "team-a-h100"}]
+    base = main_container(pod)
+    assert base["resources"]["claims"] == [{"name": "gpu"}]
+    assert "nvidia.com/gpu" not in (base["resources"].get("limits") or {})
+    assert not pod["spec"].get("nodeSelector") and "affinity" not in pod["spec"]  # the template picks the model
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"]["tolerations"]
+
+
+def test_a_claim_template_with_a_pod_override_that_holds_claims_is_refused_at_parse(kubernetes_executor):
+    own = {
+        "spec": {"resourceClaims": [{"name": "mine", "resourceClaimName": "shared"}], "containers": [{"name": "base"}]}
+    }
+    with pytest.raises(InvalidSettingError) as raised:
+        gpu_task(
+            gpu_count=1,
+            backend_options={"kubernetes": {"dra_claim_template": "team-a-h100"}},
+            executor_config={"pod_override": own},
+        )
+    message = str(raised.value)
+    assert "executor_config['pod_override']" in message and "holds resource claims" in message
+    with pytest.raises(InvalidSettingError, match="not a ResourceClaimTemplate name"):
+        gpu_task(gpu_count=1, backend_options={"kubernetes": {"dra_claim_template": "Team A"}})

@@ -93,7 +93,7 @@ def chosen(owner: str, requested: str | None, executors: list[Executor]) -> Exec
 
 def queue_for(owner: str, resources: ResourceSettings, template: str) -> str:
     """The queue of a GPU task: ``template`` with ``{accelerator}`` filled (:func:`model_slug`: ``gpu-a100``)."""
-    queue = template.replace("{accelerator}", model_slug(resources))
+    queue = template.replace("{accelerator}", model_slug(owner, resources)) if "{accelerator}" in template else template
     if not QUEUE.fullmatch(queue):
         raise InvalidSettingError(
             owner, "queue", template, "not a queue name", "letters, digits, '-', '_' and '.', plus {accelerator}"
@@ -101,8 +101,17 @@ def queue_for(owner: str, resources: ResourceSettings, template: str) -> str:
     return queue
 
 
-def model_slug(resources: ResourceSettings) -> str:
-    """``{accelerator}`` of queue and pool names: the model in lower case, or ``any`` for a task that names none."""
+def model_slug(owner: str, resources: ResourceSettings) -> str:
+    """``{accelerator}`` of queue and pool names: the model in lower case, or ``any`` for a task that names none.
+
+    A fallback list has no one worker class: refused, since its first model's queue or pool would ignore the others.
+    """
+    if len(resources.accelerators) > 1:
+        raise InvalidSettingError(
+            owner, "accelerator", list(resources.accelerators),
+            "a list of models has no one worker class for the {accelerator} of [gpu] queue or [gpu] pool",
+            "one model, or a [gpu] queue and [gpu] pool without {accelerator}",
+        )  # fmt: skip
     return slug(resources.accelerator) if resources.accelerator else ANY_MODEL
 
 

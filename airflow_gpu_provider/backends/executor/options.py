@@ -10,8 +10,11 @@ from typing import Any, ClassVar
 from airflow_gpu_provider.backends.options import BadOption, WorkerOptions, option, text
 from airflow_gpu_provider.backends.pods.options import PodOptions
 
+#: A ResourceClaimTemplate the deployment's admin created: the worker pod's GPUs come from DRA claims made from it
+#: (a ``pod_override`` cannot create the template; docs/kubernetes.md).
+CLAIM_TEMPLATE_OPTION = "dra_claim_template"
 #: The options that shape a KubernetesExecutor worker pod: the pod options the kubernetes backend takes too.
-POD_OPTIONS: tuple[str, ...] = tuple(sorted(PodOptions.names()))
+POD_OPTIONS: tuple[str, ...] = tuple(sorted({*PodOptions.names(), CLAIM_TEMPLATE_OPTION}))
 QUEUE = re.compile(r"^[A-Za-z0-9_.\-{}]+$")
 
 

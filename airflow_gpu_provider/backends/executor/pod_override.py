@@ -19,8 +19,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from airflow_gpu_provider.backends.pods import resources, scheduling, security
-from airflow_gpu_provider.backends.pods.options import PodOptions
+from airflow_gpu_provider.backends.executor.options import CLAIM_TEMPLATE_OPTION
+from airflow_gpu_provider.backends.pods import dra, resources, scheduling, security
+from airflow_gpu_provider.backends.pods.options import DNS_SUBDOMAIN, PodOptions
 from airflow_gpu_provider.backends.pods.security import overlay
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.policy import PolicyError
@@ -47,7 +48,8 @@ def executor_config(
     template_user = ((template.get("spec") or {}).get("securityContext") or {}).get("runAsUser")
     if "run_as_user" not in pod_options and isinstance(template_user, int) and template_user > 0:
         options = dataclasses.replace(options, run_as_user=template_user)  # the worker image's user (airflow: 50000)
-    provider = provider_pod(wanted, options, template, user.get("spec") or {})
+    claim = _claim_template(owner, wanted, pod_options, user, template)
+    provider = provider_pod(wanted, options, template, user.get("spec") or {}, claim_template=claim)
     merged = merge(provider, user, owner)
     check_pod(owner, merged, given.get("pod_template_file"), template, options.pod_security)
     return {**given, "pod_override": to_pod(merged)}
@@ -64,7 +66,7 @@ def check_placed(owner: str, pod_options: Mapping[str, Any], given: Mapping[str,
 def _options(owner: str, pod_options: Mapping[str, Any]) -> PodOptions:
     """``backend_options['kubernetes']``, parsed, and its level one ``[gpu] min_pod_security`` allows."""
     try:
-        options = PodOptions.parse(dict(pod_options))
+        options = PodOptions.parse({k: v for k, v in pod_options.items() if k != CLAIM_TEMPLATE_OPTION})
         options.permitted(owner)
     except InvalidSettingError as err:
         field = err.field.replace("backend_options[", "backend_options['kubernetes'][", 1)
@@ -102,13 +104,44 @@ def check_pod(owner: str, merged: dict[str, Any], own: str | None, template: Map
             raise refused(owner, "executor_config['pod_template_file']", found, level, choice=choice)
 
 
+def _claim_template(
+    owner: str, wanted: ResourceSettings, pod_options: Mapping[str, Any], user: Mapping[str, Any], template: Any
+) -> str | None:
+    """``dra_claim_template``, checked: a template name, for a GPU task, and no claims of the pod's own."""
+    name = pod_options.get(CLAIM_TEMPLATE_OPTION)
+    field = f"backend_options['kubernetes'][{CLAIM_TEMPLATE_OPTION!r}]"
+    if name is None or not wanted.requests_gpus:
+        return None
+    if not isinstance(name, str) or not DNS_SUBDOMAIN.fullmatch(name):
+        raise InvalidSettingError(owner, field, name, "not a ResourceClaimTemplate name", "a DNS subdomain name")
+    for where, spec in ((FIELD, user.get("spec") or {}), ("the worker pod template", template.get("spec") or {})):
+        if spec.get("resourceClaims"):
+            raise InvalidSettingError(
+                owner, FIELD if where == FIELD else field, {"spec": {"resourceClaims": spec["resourceClaims"]}},
+                f"{where} holds resource claims, and {CLAIM_TEMPLATE_OPTION} gives the pod its own GPU claim",
+                f"a pod_override without spec.resourceClaims, or no {CLAIM_TEMPLATE_OPTION}",
+            )  # fmt: skip
+    return name
+
+
 def provider_pod(
-    wanted: ResourceSettings, options: PodOptions, template: Mapping[str, Any], user_spec: Mapping[str, Any]
+    wanted: ResourceSettings,
+    options: PodOptions,
+    template: Mapping[str, Any],
+    user_spec: Mapping[str, Any],
+    *,
+    claim_template: str | None = None,
 ) -> dict[str, Any]:
-    """The GPU pod as an API dict: the Kubernetes backend's mapping, over the worker template's scheduling fields."""
+    """The GPU pod as an API dict: the Kubernetes backend's mapping, over the worker template's scheduling fields.
+
+    :param claim_template: an admin's ResourceClaimTemplate: the GPUs are its claim's, not an extended resource's
+    """
     template_spec = template.get("spec") or {}
     base = ((template_spec.get("containers") or [{}])[0]) or {}
     amounts = resources.container_resources(wanted)
+    if claim_template is not None:  # the admin's template selects the devices (and their model)
+        amounts = resources.without_accelerators(amounts)
+        options = dataclasses.replace(options, label_scheme="none")
     for kind in ("requests", "limits"):  # the executor replaces the template's: keep what the task leaves unset
         kept = {k: v for k, v in ((base.get("resources") or {}).get(kind) or {}).items() if k not in amounts[kind]}
         amounts[kind] = {**kept, **amounts[kind]}
@@ -131,6 +164,8 @@ def provider_pod(
     }
     if mounts:
         main["volumeMounts"] = mounts
+    if claim_template is not None:
+        main["resources"]["claims"] = dra.container_claims()
     spec: dict[str, Any] = {
         "containers": [main],
         "nodeSelector": place.node_selector,
@@ -141,6 +176,7 @@ def provider_pod(
         "priorityClassName": options.priority_class_name,
         "runtimeClassName": options.runtime_class_name,
         "serviceAccountName": options.service_account_name,
+        "resourceClaims": dra.pod_claims(claim_template) if claim_template is not None else None,
     }
     metadata = {
         "labels": {**MANAGED_BY, **(options.labels or {})},

@@ -19,6 +19,7 @@ from airflow_gpu_provider.backends.kubernetes.multinode_run import IndexedJobRun
 from airflow_gpu_provider.backends.kubernetes.options import KubernetesOptions
 from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan, plan_pod
 from airflow_gpu_provider.backends.kubernetes.pod_operator import build_operator, to_dict
+from airflow_gpu_provider.backends.pods import dra
 from airflow_gpu_provider.exceptions import GpuUnavailableError
 from airflow_gpu_provider.task.request import TaskRequest
 from airflow_gpu_provider.task.result import TaskResult, task_result
@@ -75,7 +76,9 @@ class KubernetesBackend(Backend[KubernetesOptions, KubernetesPlan]):
         """A multi-node launch: an Indexed Job plus its headless Service, removed on every path."""
         layout, service, job = multinode_manifests(plan, context=context)
         hook = cast("KubernetesHook", build_operator(plan).hook)
-        run = IndexedJobRun(hook, layout, service, job, log=self.log, pending_timeout=plan.pending_timeout)
+        run = IndexedJobRun(
+            hook, layout, service, job, log=self.log, pending_timeout=plan.pending_timeout, claim=plan.claim
+        )
         self._running = run
         try:
             result = run.run()
@@ -113,8 +116,14 @@ class KubernetesBackend(Backend[KubernetesOptions, KubernetesPlan]):
         plan = self.plan(request, conf)
         if plan.num_nodes > 1:
             _, service, job = multinode_manifests(plan, context=context)
-            return [service, job]
-        return [to_dict(build_operator(plan).build_pod_request_obj(context, dry_run=True))]
+            objects, owner = [service, job], service["metadata"]  # the Service is named after the Job
+        else:
+            pod = to_dict(build_operator(plan).build_pod_request_obj(context, dry_run=True))
+            objects, owner = [pod], pod["metadata"]
+        if plan.claim is None:
+            return objects
+        name = dra.template_name(owner["name"])  # the claim template they name, created before them (pods/dra.py)
+        return [dra.claim_template(name, owner.get("namespace"), owner.get("labels") or {}, plan.claim), *objects]
 
     def kill(self) -> None:
         """Delete the running pod (KubernetesPodOperator's ``on_kill``) or the Job and its Service, also in start()."""

@@ -76,7 +76,7 @@ class DeferredJob:
             layout, service, job = multinode_manifests(self.plan, context=context)
             if deadline is not None:
                 job["spec"]["activeDeadlineSeconds"] = int(deadline.total_seconds())
-            self.run = IndexedJobRun(hook, layout, service, job, log=self.log)
+            self.run = IndexedJobRun(hook, layout, service, job, log=self.log, claim=self.plan.claim)
             try:
                 self.run.create()
                 if store is not None:
@@ -119,7 +119,7 @@ class DeferredJob:
                 raise
             return None
         if hook.is_job_complete(job):
-            IndexedJobRun.attach(hook, layout, log=self.log).cleanup()  # over: its result went with its try
+            IndexedJobRun.attach(hook, layout, log=self.log, claim=self.plan.claim).cleanup()  # over: its try's
             return None
         self.log.info("Taking over Indexed Job %s/%s, submitted by an earlier try", layout.namespace, layout.name)
         return layout
@@ -129,7 +129,7 @@ class DeferredJob:
         job = state.get("job") or {}
         event = event if isinstance(event, dict) else {}
         layout = MultiNodeLayout(job["name"], job["namespace"], self.plan.num_nodes, self.plan.port)
-        self.run = run = IndexedJobRun.attach(self._hook(), layout, log=self.log)
+        self.run = run = IndexedJobRun.attach(self._hook(), layout, log=self.log, claim=self.plan.claim)
         where = f"Job {layout.name} (rank 0)"
         try:
             result = run.rank0_result(print_log=True)

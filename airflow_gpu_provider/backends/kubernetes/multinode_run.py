@@ -19,6 +19,7 @@ from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
 from kubernetes.client.exceptions import ApiException
 
+from airflow_gpu_provider.backends.kubernetes.claims import ClaimTemplate
 from airflow_gpu_provider.backends.kubernetes.failures import pod_failure
 from airflow_gpu_provider.backends.kubernetes.kueue import (
     queue_the_job_only,
@@ -32,6 +33,7 @@ from airflow_gpu_provider.backends.kubernetes.multinode import indexed_job as jo
 from airflow_gpu_provider.backends.kubernetes.pending import termination_error, unschedulable
 from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan
 from airflow_gpu_provider.backends.kubernetes.pod_operator import build_operator, to_dict
+from airflow_gpu_provider.backends.pods import dra
 from airflow_gpu_provider.exceptions import GpuInfrastructureError, GpuTaskError, GpuUnavailableError
 from airflow_gpu_provider.policy.pods import require
 from airflow_gpu_provider.runtime.protocol import RESULT_MARKER
@@ -53,6 +55,8 @@ def multinode_manifests(
     name = pod["metadata"]["name"][: 60 - len(str(plan.num_nodes - 1))].rstrip("-.")
     layout = MultiNodeLayout(name, namespace or pod["metadata"]["namespace"], plan.num_nodes, plan.port)
     labels = dict(pod["metadata"].get("labels") or {})
+    if plan.claim is not None:  # one claim template for the Job's pods, named after the Job (each gets its claim)
+        pod["spec"]["resourceClaims"] = dra.pod_claims(dra.template_name(layout.name))
     job = queue_the_job_only(job_manifest(layout, pod, labels, suspend=bool(plan.kueue_queue)))  # Kueue admits it
     require(job, operator.pod_security, f"Indexed Job {layout.name} of task {plan.task_id}")
     return layout, service_manifest(layout, labels), job
@@ -71,18 +75,26 @@ class IndexedJobRun:
         log: logging.Logger | None = None,
         poll_interval: float = 5.0,
         pending_timeout: float = 300.0,
+        claim: dict[str, Any] | None = None,
     ) -> None:
+        """:param claim: the spec of the pods' DRA claim (``KubernetesPlan.claim``): its template goes with the Job"""
         self.hook, self.layout, self.service, self.job = hook, layout, dict(service), dict(job)
         self.log = log or logging.getLogger(__name__)
+        self.claim = None if claim is None else ClaimTemplate(claim, hook.api_client, self.log)
         self.poll_interval, self.pending_timeout = poll_interval, pending_timeout
         self._created = False
 
     @classmethod
     def attach(
-        cls, hook: KubernetesHook, layout: MultiNodeLayout, *, log: logging.Logger | None = None
+        cls,
+        hook: KubernetesHook,
+        layout: MultiNodeLayout,
+        *,
+        log: logging.Logger | None = None,
+        claim: dict[str, Any] | None = None,
     ) -> IndexedJobRun:
         """The run of a Job submitted earlier (by another worker's ``create``): to collect and clean up."""
-        run = cls(hook, layout, {}, {}, log=log)
+        run = cls(hook, layout, {}, {}, log=log, claim=claim)
         run._created = True
         return run
 
@@ -145,7 +157,12 @@ class IndexedJobRun:
         """Submit the Job, then its Service (owned by the Job, so that it goes with it)."""
         namespace = self.layout.namespace
         self._created = True  # from here on, cleanup has something to delete
+        template = dra.template_name(self.layout.name)
+        if self.claim is not None:
+            self.claim.create(template, namespace, self.service["metadata"].get("labels", {}))
         created = self.hook.batch_v1_client.create_namespaced_job(namespace, self.job)
+        if self.claim is not None:
+            self.claim.own(template, namespace, created, kind="Job", api_version="batch/v1")
         owned = service_manifest(self.layout, self.service["metadata"].get("labels", {}), created.metadata.uid)
         self.hook.core_v1_client.create_namespaced_service(namespace, owned)
         self.log.info(
@@ -221,6 +238,8 @@ class IndexedJobRun:
                 namespace, label_selector=self.selector)),
             ("service", lambda: self.hook.core_v1_client.delete_namespaced_service(name, namespace)),
         )  # fmt: skip
+        if self.claim is not None:  # ClaimTemplate.delete logs what it could not delete itself
+            self.claim.delete(dra.template_name(name), namespace)
         for what, delete in steps:
             try:
                 delete()

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from airflow_gpu_provider.backends.kubernetes.kueue import kueue_name, kueue_queue_name
 from airflow_gpu_provider.backends.options import BadOption, boolean, one_of, option, seconds
+from airflow_gpu_provider.backends.pods import dra
 from airflow_gpu_provider.backends.pods.node_labels import node_selector
 from airflow_gpu_provider.backends.pods.options import (
     DNS_LABEL,
@@ -108,6 +109,7 @@ class KubernetesOptions(PodOptions):
     on_finish_action: str = option("delete_pod", check=one_of(*FINISH_ACTIONS))
     kueue_queue: str | None = option(check=kueue_queue_name)  # None: [gpu] kueue_queue; '': no Kueue
     kueue_priority_class: str | None = option(check=kueue_name)
+    gpu_allocation: str | None = option(check=one_of(*dra.ALLOCATIONS))  # None: [gpu] kubernetes_gpu_allocation
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -138,6 +140,8 @@ class KubernetesOptions(PodOptions):
 
             self.kueue_queue_or(config.get("kueue_queue"))  # the DAG processor's, as the worker's plan checks it
         template = (self.pod_template_dict or {}).get("spec") or {}
+        if self.gpu_allocation == "dra":
+            self.check_dra(resources, template)
         node_selector(
             resources,
             self.label_scheme,
@@ -165,6 +169,20 @@ class KubernetesOptions(PodOptions):
             except BadOption as err:
                 raise GpuTaskError(f"[gpu] kueue_queue={queue!r}: {err.reason}; expected {err.accepted}") from None
         return queue
+
+    def check_dra(self, resources: ResourceSettings, template: Mapping[str, Any]) -> None:
+        """A DRA request the drivers can serve, and a pod template that holds no claims of its own.
+
+        The provider's claim would replace the template's ``resourceClaims``.
+        """
+        dra.check("ResourceSettings", resources)
+        if resources.requests_gpus and template.get("resourceClaims"):
+            raise self.invalid(
+                "pod_template_dict" if self.pod_template_dict is not None else "pod_template_file",
+                {"spec": {"resourceClaims": template["resourceClaims"]}},
+                "the pod template holds resource claims, and gpu_allocation='dra' gives the pod its own",
+                "a template without spec.resourceClaims, or gpu_allocation='device-plugin'",
+            )
 
     def check_image(self, image: ImageSettings) -> None:
         """Credentials in index URLs would be in the pod spec, for everyone who may read pods: a Secret holds them."""

@@ -16,7 +16,7 @@ from airflow_gpu_provider.backends.kubernetes.kueue import kueue_labels
 from airflow_gpu_provider.backends.kubernetes.options import KubernetesOptions, check_pod_template
 from airflow_gpu_provider.backends.kubernetes.requirements import requirements_plan
 from airflow_gpu_provider.backends.options import BadOption
-from airflow_gpu_provider.backends.pods import resources, scheduling
+from airflow_gpu_provider.backends.pods import dra, resources, scheduling
 from airflow_gpu_provider.backends.pods.security import pod_security_context, security_context
 from airflow_gpu_provider.checkpoint.location import CHECKPOINT_MOUNT, checkpoint_environment, unreachable
 from airflow_gpu_provider.exceptions import GpuTaskError
@@ -43,6 +43,8 @@ class KubernetesPlan:
     :param notes: what the plan could not give the task, for its log
     :param reattach: a later try takes over the pod an earlier try left running (``TaskRequest.reattach``)
     :param kueue_queue: the Kueue LocalQueue of the pod (or the Job), empty for none (:mod:`.kueue`)
+    :param claim: with ``gpu_allocation="dra"``, the spec of the pod's GPU claim (:mod:`..pods.dra`): the operator
+        creates its ResourceClaimTemplate with the pod, and the container has no extended-resource GPU limit
     """
 
     task_id: str
@@ -71,6 +73,7 @@ class KubernetesPlan:
     notes: tuple[str, ...] = ()
     reattach: bool = True
     kueue_queue: str = ""
+    claim: dict[str, Any] | None = None
 
 
 def load_pod_template(options: KubernetesOptions) -> dict[str, Any] | None:
@@ -144,6 +147,10 @@ def _pod(
     template = load_pod_template(options)
     accelerator_key = resources.accelerator_resource(wanted)
     toleration_key = wanted.gpu_vendor.k8s_resource if accelerator_key else None  # MIG nodes too
+    claim = gpu_claim(request, options, conf, wanted, (template or {}).get("spec") or {})
+    if claim is not None:  # the claim selects the devices: no extended resource, no node labels for the model
+        amounts = resources.without_accelerators(amounts)
+        options = dataclasses.replace(options, label_scheme="none")
     place = scheduling.placement(wanted, toleration_key, options, (template or {}).get("spec"))
     # gpus None: the runtime asks nvidia-smi inside the pod
     pending = options.pending_timeout or request.missing_gpu.pending_timeout
@@ -197,7 +204,24 @@ def _pod(
         notes=notes,
         reattach=request.reattach,
         kueue_queue=queue,
+        claim=claim,
     )
+
+
+def gpu_claim(
+    request: TaskRequest, options: KubernetesOptions, conf: GpuConfig, wanted: ResourceSettings, template: Any
+) -> dict[str, Any] | None:
+    """The spec of the pod's DRA claim when the task allocates GPUs by DRA (the option, else ``[gpu]``'s)."""
+    allocation = options.gpu_allocation or conf.kubernetes_gpu_allocation
+    if allocation not in dra.ALLOCATIONS:
+        raise GpuTaskError(
+            f"{request.display_name}: [gpu] kubernetes_gpu_allocation={allocation!r} is not one of "
+            f"{', '.join(map(repr, dra.ALLOCATIONS))}. Nothing was submitted."
+        )
+    if allocation != "dra" or not wanted.requests_gpus:
+        return None
+    options.check_dra(wanted, template)  # [gpu]'s default is seen only now; a template file too
+    return dra.claim_spec(request.display_name, wanted, request.min_gpu_memory)
 
 
 def checkpoint_volume(

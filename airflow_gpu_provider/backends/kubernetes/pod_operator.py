@@ -24,10 +24,12 @@ from kubernetes.client import ApiClient, Configuration
 from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
+from airflow_gpu_provider.backends.kubernetes.claims import ClaimTemplate, of_pod
 from airflow_gpu_provider.backends.kubernetes.failures import pod_failure, unschedulable_failure
 from airflow_gpu_provider.backends.kubernetes.kueue import kueue_queue, waiting_line, waiting_queue
 from airflow_gpu_provider.backends.kubernetes.pending import Unschedulable, termination_error, unschedulable
 from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan
+from airflow_gpu_provider.backends.pods import dra
 from airflow_gpu_provider.exceptions import GpuInfrastructureError, GpuUnavailableError, RemoteTaskError
 from airflow_gpu_provider.policy.pods import require
 from airflow_gpu_provider.task.result import result_value
@@ -54,11 +56,14 @@ class GpuPodOperator(KubernetesPodOperator):
     """KubernetesPodOperator that checks its pod, keeps the result envelope, diagnoses pods that never started.
 
     :param pod_security: the Pod Security Standards level every pod it builds must meet
+    :param claim: the spec of the pod's DRA claim (``KubernetesPlan.claim``): its template is created with the pod
+        and deleted after it (:mod:`.claims`)
     """
 
-    def __init__(self, *, pod_security: str = "restricted", **kwargs: Any) -> None:
+    def __init__(self, *, pod_security: str = "restricted", claim: dict[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pod_security = pod_security
+        self.claim = claim
         self.result_envelope: dict[str, Any] | None = None
         self.unschedulable: Unschedulable | None = None
         self.last_read: dict[str, Any] | None = None  # the pod as diagnose_pending read it (an image pull failure)
@@ -72,8 +77,54 @@ class GpuPodOperator(KubernetesPodOperator):
         build the pod here: nothing is submitted or shown that was not checked.
         """
         pod = super().build_pod_request_obj(context, dry_run=dry_run)
+        if self.claim is not None:  # the claim, made from the pod's own template; the task's container uses it
+            pod.spec.resource_claims = [
+                to_model(c, "V1PodResourceClaim") for c in dra.pod_claims(dra.template_name(pod.metadata.name))
+            ]
+            base = next(c for c in pod.spec.containers if c.name == self.base_container_name)
+            base.resources = base.resources or k8s.V1ResourceRequirements()
+            base.resources.claims = [to_model(c, "CoreV1ResourceClaim") for c in dra.container_claims()]
         require(to_dict(pod), self.pod_security, f"pod {pod.metadata.name} of task {self.task_id}")
         return pod
+
+    def claim_template(self) -> ClaimTemplate | None:
+        """The pod's DRA claim template (``None`` without DRA), through the hook's client."""
+        return None if self.claim is None else ClaimTemplate(self.claim, self.client.api_client, self.log)
+
+    def get_or_create_pod(self, pod_request_obj: k8s.V1Pod, context: Any) -> k8s.V1Pod:
+        """KubernetesPodOperator's, with the claim template created first and owned by the pod that runs."""
+        template = self.claim_template()
+        if template is None:
+            return super().get_or_create_pod(pod_request_obj, context)
+        template.create(*of_pod(pod_request_obj), dict(pod_request_obj.metadata.labels or {}))
+        try:
+            pod = super().get_or_create_pod(pod_request_obj, context)
+        except BaseException:
+            template.delete(*of_pod(pod_request_obj))
+            raise
+        if pod.metadata.name != pod_request_obj.metadata.name:  # an earlier try's pod, with its own template
+            template.delete(*of_pod(pod_request_obj))
+        with contextlib.suppress(ApiException):
+            template.own(*of_pod(pod), self.pod_manager.read_pod(pod))
+        return pod
+
+    def cleanup(self, pod: k8s.V1Pod, remote_pod: k8s.V1Pod, *args: Any, **kwargs: Any) -> None:
+        """KubernetesPodOperator's cleanup, then the pod's claim template deleted (also when the cleanup fails)."""
+        try:
+            super().cleanup(pod, remote_pod, *args, **kwargs)
+        finally:
+            template = self.claim_template()
+            if template is not None and pod is not None:
+                template.delete(*of_pod(pod))
+
+    def on_kill(self) -> None:
+        """Delete the pod (KubernetesPodOperator's ``on_kill``), then its claim template."""
+        try:
+            super().on_kill()
+        finally:
+            template = self.claim_template()
+            if template is not None and self.pod is not None:
+                template.delete(*of_pod(self.pod))
 
     @property
     def pod_label(self) -> str:
@@ -208,6 +259,7 @@ def _pod_operator(plan: KubernetesPlan, options: Any, security: Any, **mode: Any
         **mode,
         **reattach_arguments(plan.reattach),
         pod_security=options.pod_security,
+        claim=plan.claim,
         task_id=plan.task_id,
         kubernetes_conn_id=options.kubernetes_conn_id,
         namespace=options.namespace,

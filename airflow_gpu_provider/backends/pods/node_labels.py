@@ -120,25 +120,44 @@ LABEL_SCHEMES: dict[str, LabelScheme] = {
 
 def accelerator_requirements(
     resources: ResourceSettings, scheme_name: str, explicit: Mapping[str, str] | None
-) -> Requirements:
-    """Node labels that select the requested model; ``{}`` when no model is named or the scheme is ``none``."""
+) -> list[Requirements]:
+    """Node labels that select each acceptable model, preferred first; ``[]`` without a model or labels.
+
+    ``accelerator_labels`` (``explicit``) stands for every model of a list.
+    """
     if explicit:
-        return {key: (value,) for key, value in explicit.items()}
-    model = resources.accelerator
-    if model is None or scheme_name == "none" or not resources.requests_gpus:
-        return {}
+        return [{key: (value,) for key, value in explicit.items()}]
+    if not resources.accelerators or scheme_name == "none" or not resources.requests_gpus:
+        return []
     scheme = LABEL_SCHEMES[scheme_name]
-    found = scheme.models.get(model.upper())
-    if found is None:
-        raise InvalidSettingError(
-            "ResourceSettings",
-            "accelerator",
-            model,
-            f"the label scheme {scheme_name!r} ({scheme.documentation}) has no node labels for this model",
-            f"one of {', '.join(sorted(scheme.models))}; or give the node labels yourself with "
-            "backend_options={'accelerator_labels': {'<label>': '<value>'}}; or label_scheme='none'",
-        )
-    return dict(found)
+    found = [scheme.models.get(model.upper()) for model in resources.accelerators]
+    for model, labels in zip(resources.accelerators, found, strict=True):
+        if labels is None:
+            raise InvalidSettingError(
+                "ResourceSettings",
+                "accelerator",
+                model,
+                f"the label scheme {scheme_name!r} ({scheme.documentation}) has no node labels for this model",
+                f"one of {', '.join(sorted(scheme.models))}; or give the node labels yourself with "
+                "backend_options={'accelerator_labels': {'<label>': '<value>'}}; or label_scheme='none'",
+            )
+    return [dict(labels) for labels in found if labels is not None]
+
+
+def expressions(requirements: Requirements) -> list[dict[str, Any]]:
+    """Node-selector ``In`` expressions for one model's labels."""
+    return [{"key": key, "operator": "In", "values": list(values)} for key, values in requirements.items()]
+
+
+def preferred_terms(alternatives: list[Requirements]) -> list[dict[str, Any]]:
+    """Preferred node affinity for a fallback list: the first model weighs 100, each next one less (none for one)."""
+    if len(alternatives) < 2:
+        return []
+    n = len(alternatives)
+    return [
+        {"weight": max(1, 100 * (n - i) // n), "preference": {"matchExpressions": expressions(labels)}}
+        for i, labels in enumerate(alternatives)
+    ]
 
 
 def merge_node_selectors(*sources: tuple[str, Mapping[str, str]]) -> dict[str, str]:
@@ -168,21 +187,23 @@ def node_selector(
     *,
     template: Mapping[str, str],
     user: Mapping[str, str],
-) -> tuple[dict[str, str], list[dict[str, Any]]]:
-    """The pod's nodeSelector and the accelerator's required node-affinity expressions.
+) -> tuple[dict[str, str], list[list[dict[str, Any]]]]:
+    """The pod's nodeSelector and the accelerator's required node-affinity alternatives (ORed, each one ANDed).
 
-    The selector unites the pod template's, the accelerator's (a model with one label value) and ``node_selector``;
-    a model with several label values becomes an ``In`` expression. Asked at DAG parse time (the options' check,
-    with ``pod_template_dict``) and when the pod is planned (with the template file too).
+    The selector unites the pod template's, the accelerator's (one model with one label value) and ``node_selector``;
+    a model with several label values becomes an ``In`` expression; a fallback list becomes one alternative per model
+    (the scheduler takes a node of any of them). Asked at DAG parse time (the options' check, with
+    ``pod_template_dict``) and when the pod is planned (with the template file too).
     """
-    required = accelerator_requirements(resources, scheme_name, explicit)
-    derived = {key: values[0] for key, values in required.items() if len(values) == 1}
-    expressions: list[dict[str, Any]] = [
-        {"key": key, "operator": "In", "values": list(values)} for key, values in required.items() if len(values) > 1
-    ]
+    alternatives = accelerator_requirements(resources, scheme_name, explicit)
+    derived: dict[str, str] = {}
+    if len(alternatives) == 1:
+        [required] = alternatives
+        derived = {key: values[0] for key, values in required.items() if len(values) == 1}
+        alternatives = [{key: values for key, values in required.items() if len(values) > 1}]
     selector = merge_node_selectors(
         ("the pod template", template),
         (f"accelerator={resources.accelerator!r}", derived),
         ("backend_options['node_selector']", user),
     )
-    return selector, expressions
+    return selector, [expressions(labels) for labels in alternatives if labels]

@@ -8,8 +8,9 @@ Merge rules (documented in ``docs/kubernetes.md``):
   with exact duplicates dropped;
 - affinity: ``affinity`` replaces the template's; the provider's accelerator expression is then added to *every*
   required node-selector term (terms are ORed, expressions within one ANDed), so it holds whichever term matches;
-  so is a ``kubernetes.io/hostname NotIn`` the nodes where an earlier try failed because of the infrastructure
-  (:func:`avoiding_nodes`).
+  a fallback list of models gives each term one copy per model (a node of any listed model), and preferred terms
+  weighted in the list's order (the first model most); a ``kubernetes.io/hostname NotIn`` the nodes where an earlier
+  try failed because of the infrastructure is ANDed into every required term too (:func:`avoiding_nodes`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_gpu_provider.backends.pods.node_labels import node_selector
+from airflow_gpu_provider.backends.pods.node_labels import accelerator_requirements, node_selector, preferred_terms
 from airflow_gpu_provider.backends.pods.options import PodOptions
 from airflow_gpu_provider.settings import ResourceSettings
 
@@ -46,18 +47,19 @@ def _dedupe(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return result
 
 
-def add_required_expressions(affinity: Mapping[str, Any], expressions: list[dict[str, Any]]) -> dict[str, Any]:
-    """AND ``expressions`` into every required node-selector term of ``affinity`` (a copy)."""
+def add_required_expressions(affinity: Mapping[str, Any], alternatives: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """AND one of ``alternatives`` (lists of expressions, ORed) into every required node-selector term (a copy)."""
     result = copy.deepcopy(dict(affinity))
-    if not expressions:
+    if not alternatives:
         return result
     node = result.setdefault("nodeAffinity", {})
     required = node.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
-    terms = required.setdefault("nodeSelectorTerms", [])
-    if not terms:
-        terms.append({})
-    for term in terms:
-        term.setdefault("matchExpressions", []).extend(copy.deepcopy(expressions))
+    terms = required.get("nodeSelectorTerms") or [{}]
+    required["nodeSelectorTerms"] = [
+        {**term, "matchExpressions": [*copy.deepcopy(term.get("matchExpressions") or []), *copy.deepcopy(expressions)]}
+        for term in terms
+        for expressions in alternatives
+    ]
     return result
 
 
@@ -68,7 +70,15 @@ def avoiding_nodes(affinity: Mapping[str, Any], nodes: tuple[str, ...]) -> dict[
     """``affinity`` with a required ``NotIn`` on the nodes' host names: a try after an infrastructure failure there."""
     if not nodes:
         return dict(affinity)
-    return add_required_expressions(affinity, [{"key": HOSTNAME_LABEL, "operator": "NotIn", "values": list(nodes)}])
+    return add_required_expressions(affinity, [[{"key": HOSTNAME_LABEL, "operator": "NotIn", "values": list(nodes)}]])
+
+
+def add_preferred_terms(affinity: dict[str, Any], preferred: list[dict[str, Any]]) -> dict[str, Any]:
+    """Append the fallback list's weighted preferences to the affinity's preferred node terms (in place)."""
+    if preferred:
+        node = affinity.setdefault("nodeAffinity", {})
+        node.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).extend(preferred)
+    return affinity
 
 
 def placement(
@@ -79,7 +89,7 @@ def placement(
 ) -> Placement:
     """Merge the provider's scheduling fields with the pod template's and the user's (rules in the module doc)."""
     template_spec = template_spec or {}
-    selector, expressions = node_selector(
+    selector, alternatives = node_selector(
         resources,
         options.label_scheme,
         options.accelerator_labels,
@@ -90,4 +100,6 @@ def placement(
     template_tolerations = [dict(t) for t in template_spec.get("tolerations") or []]
     merged_tolerations = _dedupe([*own, *template_tolerations, *(dict(t) for t in options.tolerations)])
     affinity = options.affinity if options.affinity is not None else template_spec.get("affinity") or {}
-    return Placement(selector, merged_tolerations, add_required_expressions(affinity, expressions))
+    required = add_required_expressions(affinity, alternatives)
+    preferred = preferred_terms(accelerator_requirements(resources, options.label_scheme, options.accelerator_labels))
+    return Placement(selector, merged_tolerations, add_preferred_terms(required, preferred))

@@ -11,8 +11,10 @@ from kubernetes.utils import parse_quantity
 
 from airflow_gpu_provider.config.worker import GpuConfig
 
-# The oldest release whose Job features we rely on (pod-index labels, Indexed completion) and the newest schemas.
-KUBERNETES_VERSIONS = ("1.28", "1.37")
+# The oldest release whose Job features we rely on (pod-index labels, Indexed completion), the first with DRA's
+# resource.k8s.io/v1 (GA), and the newest schemas kubernetes-validate has.
+KUBERNETES_VERSIONS = ("1.28", "1.34", "1.37")
+DRA_VERSIONS = ("1.34", "1.37")  # a ResourceClaimTemplate, and a pod that names one
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
@@ -94,7 +96,12 @@ def assert_restricted(spec: dict[str, Any], where: str) -> None:
 def validate(
     obj: dict[str, Any], *, restricted: bool = True, versions: tuple[str, ...] = KUBERNETES_VERSIONS
 ) -> dict[str, Any]:
-    """Validate one API object (Pod, Job, Service) and return it; pods meet the restricted profile by default."""
+    """Validate one API object (Pod, Job, Service, ResourceClaimTemplate) and return it; pods meet the restricted
+    profile by default."""
+    spec = obj.get("spec") or {}
+    pod_spec = (spec.get("template") or {}).get("spec") or spec  # a Job's pods, or a pod's
+    if obj["kind"] == "ResourceClaimTemplate" or pod_spec.get("resourceClaims"):
+        versions = tuple(v for v in versions if v in DRA_VERSIONS) or DRA_VERSIONS
     for version in versions:
         kubernetes_validate.validate(obj, version, strict=True)
     metadata = obj["metadata"]

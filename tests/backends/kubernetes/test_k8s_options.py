@@ -42,6 +42,7 @@ GOOD = {
     "on_finish_action": "keep_pod",
     "kueue_queue": "team-a",
     "kueue_priority_class": "gpu-high",
+    "gpu_allocation": "dra",
 }
 BAD = {
     "kubernetes_conn_id": "",
@@ -78,6 +79,7 @@ BAD = {
     "on_finish_action": "delete",
     "kueue_queue": "Team_A",
     "kueue_priority_class": "a" * 64,
+    "gpu_allocation": "DRA",
 }
 
 
