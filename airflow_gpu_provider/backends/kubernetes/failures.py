@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from airflow_gpu_provider.exceptions import GpuInfrastructureError
 from airflow_gpu_provider.runtime.protocol import INFRASTRUCTURE
 
 # DisruptionTarget's reasons (k8s.io/api/core/v1: PodReasonPreemptionByScheduler, ...), in words.
@@ -48,6 +49,16 @@ def pod_failure(pod: Mapping[str, Any]) -> dict[str, Any] | None:
             image = container.get("image", "?")
             message = f"pod {name}: {waiting['reason']} for image {image}: {waiting.get('message') or ''}"
             return _record("the image cannot be pulled", [message.rstrip(": ")], node)
+    return None
+
+
+def cluster_error(where: str, *pods: Mapping[str, Any] | None) -> GpuInfrastructureError | None:
+    """The error of the first of ``pods`` (as read, ``None`` where unread) that the cluster made fail, else ``None``."""
+    for pod in pods:
+        failure = None if pod is None else pod_failure(pod)
+        if failure is not None:
+            text = f"The {where} failed because of the cluster, not the task: {failure['reason']}"
+            return GpuInfrastructureError(f"{text}. {'; '.join(failure['evidence'])}", failure=failure)
     return None
 
 

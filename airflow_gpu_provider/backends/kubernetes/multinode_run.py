@@ -20,7 +20,7 @@ from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
 from kubernetes.client.exceptions import ApiException
 
 from airflow_gpu_provider.backends.kubernetes.claims import ClaimTemplate
-from airflow_gpu_provider.backends.kubernetes.failures import pod_failure
+from airflow_gpu_provider.backends.kubernetes.failures import cluster_error
 from airflow_gpu_provider.backends.kubernetes.kueue import (
     queue_the_job_only,
     waited_too_long,
@@ -34,7 +34,7 @@ from airflow_gpu_provider.backends.kubernetes.pending import termination_error, 
 from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan
 from airflow_gpu_provider.backends.kubernetes.pod_operator import build_operator, to_dict
 from airflow_gpu_provider.backends.pods import dra
-from airflow_gpu_provider.exceptions import GpuInfrastructureError, GpuTaskError, GpuUnavailableError
+from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError
 from airflow_gpu_provider.policy.pods import require
 from airflow_gpu_provider.runtime.protocol import RESULT_MARKER
 
@@ -144,10 +144,9 @@ class IndexedJobRun:
     def killed_rank(self, limits: Mapping[str, str]) -> GpuTaskError | None:
         """The error of a rank the cluster stopped (``failures.py``), or whose container was killed (``OOMKilled``)."""
         for pod in self._pods():
-            failure = pod_failure(to_dict(pod))
-            if failure is not None:
-                text = f"A rank of Job {self.layout.name} failed because of the cluster: {failure['reason']}"
-                return GpuInfrastructureError(f"{text}. {'; '.join(failure['evidence'])}", failure=failure)
+            cluster = cluster_error(f"rank of Job {self.layout.name} (pod {pod.metadata.name})", to_dict(pod))
+            if cluster is not None:
+                return cluster
             error = termination_error(to_dict(pod), MAIN_CONTAINER, limits)
             if error is not None:
                 return error

@@ -25,12 +25,12 @@ from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
 from airflow_gpu_provider.backends.kubernetes.claims import ClaimTemplate, of_pod
-from airflow_gpu_provider.backends.kubernetes.failures import pod_failure, unschedulable_failure
+from airflow_gpu_provider.backends.kubernetes.failures import cluster_error, unschedulable_failure
 from airflow_gpu_provider.backends.kubernetes.kueue import kueue_queue, waiting_line, waiting_queue
 from airflow_gpu_provider.backends.kubernetes.pending import Unschedulable, termination_error, unschedulable
 from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan
 from airflow_gpu_provider.backends.pods import dra
-from airflow_gpu_provider.exceptions import GpuInfrastructureError, GpuUnavailableError, RemoteTaskError
+from airflow_gpu_provider.exceptions import GpuUnavailableError, RemoteTaskError
 from airflow_gpu_provider.policy.pods import require
 from airflow_gpu_provider.task.result import result_value
 
@@ -201,14 +201,9 @@ class GpuPodOperator(KubernetesPodOperator):
         where = f"pod {self.pod_label}"
         # the pod as last read: ``remote_pod`` in the worker's run, ``pod`` once ``trigger_reentry`` has read it
         remote = self.remote_pod if self.remote_pod is not None else self.pod
-        for seen in (self.last_read, None if remote is None else to_dict(remote)):
-            failure = None if seen is None else pod_failure(seen)
-            if failure is not None:  # the cluster's doing, whatever the task's code said as it was stopped
-                return GpuInfrastructureError(
-                    f"The {where} failed because of the cluster, not the task: {failure['reason']}. "
-                    f"{'; '.join(failure['evidence'])}",
-                    failure=failure,
-                )
+        cluster = cluster_error(where, self.last_read, None if remote is None else to_dict(remote))
+        if cluster is not None:  # the cluster's doing, whatever the task's code said as it was stopped
+            return cluster
         if self.result_envelope is not None and not self.result_envelope.get("ok", False):
             try:
                 result_value(self.result_envelope, 1, where=where)
