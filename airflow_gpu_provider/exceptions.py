@@ -46,7 +46,13 @@ class UnknownSettingError(InvalidSettingError, TypeError):
 
 
 class GpuTaskError(RuntimeError):
-    """A GPU task could not run or failed on the worker."""
+    """A GPU task could not run or failed on the worker.
+
+    ``failure``: the ``gpu_failure`` record when the infrastructure, not the task, is why (``class``, ``reason``,
+    ``evidence``, ``host``/``node``, ``gpus``; :class:`GpuInfrastructureError`, or a pod no node took in time).
+    """
+
+    failure: dict[str, Any] | None = None
 
 
 class GpuUnavailableError(GpuTaskError):
@@ -116,6 +122,22 @@ class HostOutOfMemoryError(RemoteTaskError):
     """The task ran out of host memory: its container or pod was OOM-killed, or Python raised ``MemoryError``."""
 
     kind = "host_oom"
+
+
+class GpuInfrastructureError(RemoteTaskError):
+    """The try failed because of the infrastructure, not the task's code.
+
+    A GPU fault (an Xid error, an uncorrectable ECC error), an NCCL timeout or abort, a pod evicted, preempted or
+    lost with its node, an image that cannot be pulled.
+
+    :param failure: the ``gpu_failure`` record: ``class``, ``reason``, ``evidence``, ``host``/``node``, ``gpus``
+    """
+
+    kind = "infrastructure"
+
+    def __init__(self, message: str, *, failure: Mapping[str, Any], **details: Any) -> None:
+        self.failure = dict(failure)
+        super().__init__(message, **details)
 
 
 #: What to do after an out-of-memory failure, by its kind: worded once, for every backend and the OOM ladder.

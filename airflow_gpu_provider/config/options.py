@@ -214,6 +214,23 @@ OPTIONS: tuple[Option, ...] = (
         "120",
     ),
     Option(
+        "quarantine_seconds",
+        "float",
+        "3600",
+        "Seconds a GPU of a worker host is left out by the local and Docker backends after a try failed on it "
+        "because of the GPU itself (an Xid error such as 79, an uncorrectable ECC error). 0: never quarantined.",
+        "600",
+    ),
+    Option(
+        "infra_retries",
+        "integer",
+        "0",
+        "Times a try that failed because of the infrastructure (a GPU fault, an NCCL timeout, a pod evicted, "
+        "preempted or lost with its node, an image pull) is run again at once without using one of the task's "
+        "retries (Airflow's reschedule: the same try number), avoiding the node or GPU that failed.",
+        "2",
+    ),
+    Option(
         "kubernetes_gpu_allocation",
         "string",
         "device-plugin",

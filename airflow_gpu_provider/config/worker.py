@@ -42,6 +42,8 @@ class GpuConfig:
     checkpoint_root: str
     checkpoint_cleanup: bool
     kill_grace: float
+    quarantine_seconds: float
+    infra_retries: int
     kubernetes_gpu_allocation: str
     profile_interval: float
     prices: str

@@ -18,7 +18,7 @@ from typing import Any
 from airflow_gpu_provider.runtime import protocol
 
 KEY = "airflow_gpu_provider.oom_history"
-KINDS = frozenset({protocol.GPU_OOM, protocol.HOST_OOM, protocol.ERROR, "success"})
+KINDS = frozenset({protocol.GPU_OOM, protocol.HOST_OOM, protocol.ERROR, protocol.INFRASTRUCTURE, "success"})
 MAX_ENTRIES = 100  # more tries than any task has: the rest is not a history
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,8 @@ def _entry(value: Any, before: int) -> dict[str, Any] | None:
     if not isinstance(value, dict) or value.get("kind") not in KINDS:
         return None
     number, memory = value.get("try"), value.get("gpu_memory")
-    if isinstance(number, bool) or not isinstance(number, int) or not 0 < number < before:
+    # this try's own number too: a run of it that was rescheduled ([gpu] infra_retries) recorded how it ended
+    if isinstance(number, bool) or not isinstance(number, int) or not 0 < number <= before:
         return None
     if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int) or memory <= 0):
         return None
@@ -39,7 +40,8 @@ def load(state_store: Any, try_number: int) -> list[dict[str, Any]]:
     """The history of the task instance's earlier tries (empty for the first, or without a store).
 
     :param state_store: ``context["task_state_store"]`` (``None`` before Airflow 3.3)
-    :param try_number: this try's number: entries of later tries are not history
+    :param try_number: this try's number: entries of later tries are not history (this try's own are: the runs of
+        it that an infrastructure failure rescheduled)
     """
     if state_store is None:
         if try_number > 1:

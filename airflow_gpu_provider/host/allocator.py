@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from airflow_gpu_provider.exceptions import GpuUnavailableError
+from airflow_gpu_provider.host import quarantine
 from airflow_gpu_provider.host.inventory import Device, host_devices, matching, model_groups
 from airflow_gpu_provider.host.state import open_private, private_dir
 from airflow_gpu_provider.host.waiting import MustWait, waited_too_long
@@ -253,7 +254,7 @@ class HostGpus:
             return Allocation(devices=[])
         if present is None:
             present = self.present(resources.gpu_vendor)
-        candidates = matching(resources, present)
+        candidates = quarantine.usable(self.state_dir, matching(resources, present), log)
         requested = resources.describe().split(",")[0]
         if request.min_gpu_memory is not None:  # a try after a GPU out-of-memory failure
             larger = [d for d in candidates if d.memory_total is not None and d.memory_total > request.min_gpu_memory]

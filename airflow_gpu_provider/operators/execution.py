@@ -199,6 +199,7 @@ class GpuExecution:
             if isinstance(err, RemoteTaskError) and err.remote_traceback:  # the user's traceback, once, at ERROR
                 self.log.error("%s", err.remote_traceback.rstrip())
             self._publish(context, attempt, err)
+            self._infrastructure(context, attempt, err)
             if isinstance(err, GpuUnavailableError) and attempt.request.min_gpu_memory is not None:
                 raise AirflowFailException(str(err)) from err  # no GPU of this host is larger: retrying cannot help
             raise
@@ -235,6 +236,15 @@ class GpuExecution:
         )
         if attempt.tries is not None:
             context["ti"].xcom_push(escalation.XCOM_KEY, attempt.tries.finish(request.resources, failure))
+
+    def _infrastructure(self, context: Context, attempt: Attempt, error: BaseException) -> None:
+        """An infrastructure failure: said, its node kept for the next try, run again (``[gpu] infra_retries``)."""
+        from airflow_gpu_provider.escalation import infrastructure
+
+        failure = infrastructure.failure_of(error)
+        if failure is not None:
+            infrastructure.report(context, failure, self.log, avoid_node=attempt.spec.info.renders)  # a pod's node
+            infrastructure.run_again(context, attempt.conf.infra_retries, self.log)
 
     def _defer_wait(self, wait: MustWait, conf: GpuConfig, waiting_since: float | None) -> NoReturn:
         """Wait for GPUs in the triggerer: the task holds no worker slot and no GPU while it waits."""

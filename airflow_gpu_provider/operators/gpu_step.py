@@ -227,6 +227,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
 
         :param tries: the tries so far, with an ``on_oom`` ladder: the request is this try's rung
         """
+        from airflow_gpu_provider.escalation import infrastructure
         from airflow_gpu_provider.task.labels import task_labels  # run time: off the parse path
         from airflow_gpu_provider.task.request import TaskRequest
         from airflow_gpu_provider.telemetry import report
@@ -256,6 +257,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
             checkpoint=self.checkpoint_location(labels, conf),
             resume=self.resumes,
             project_path=self.project_path(context),
+            avoid_nodes=infrastructure.avoided_nodes(context),  # after an infrastructure failure there
         )
 
     def project_path(self, context: Context) -> tuple[str, ...]:

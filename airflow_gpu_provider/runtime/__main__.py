@@ -25,6 +25,7 @@ from .checkpoint import drop_stages, prepare_checkpoint
 from .command import command_result, run_command
 from .cuda import clear_cuda_cache
 from .escalation import error_record
+from .failures import settle
 from .function import call_function
 from .modules import describe_modules, remove_modules, unpack_modules
 from .protocol import (
@@ -116,6 +117,7 @@ def run(envelope: dict[str, Any], source: str, result_to: str | None, *, rank: b
         result["profile"] = profiler.stop()
     if not result["ok"] and not rank:
         result["gpus"] = gpus  # what an OOM escalation compares the next try's GPU with
+        settle(result, result.get("profile"))  # its class: the user's code, its resources, the infrastructure
     if result["ok"] and envelope["mode"] == "callable":
         who = f"rank {framework_rank() or 0}: " if rank else ""
         print(

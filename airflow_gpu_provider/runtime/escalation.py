@@ -1,4 +1,4 @@
-"""What a failure is: a GPU out-of-memory error, the host's, or another; the error record of a failed result.
+"""What a failure is: a GPU out-of-memory error, the host's, an NCCL failure, or another; a failed result's error.
 
 The runtime half of OOM escalation: the kind decided here travels in the result envelope (``error.kind``), and the
 worker raises the matching exception and picks the next try's resources from it.
@@ -11,7 +11,8 @@ import sys
 import time
 from typing import Any
 
-from .protocol import ERROR, GPU_OOM, HOST_OOM, PREFIX
+from .failures import collective_evidence
+from .protocol import ERROR, GPU_OOM, HOST_OOM, INFRASTRUCTURE, PREFIX
 
 # What accelerator libraries raise when the device's memory runs out: torch's OutOfMemoryError (torch.cuda's too),
 # or the error text of CUDA, ROCm/HIP, XPU, cuBLAS and XLA. Python's own MemoryError is the host's memory, not this.
@@ -51,13 +52,20 @@ def error_record(exc: BaseException) -> dict[str, Any]:
     """The ``error`` of a failed result: type, kind, message, traceback, and when (of several ranks, the earliest)."""
     import traceback
 
-    return {
+    nccl = collective_evidence(exc)
+    kind = (
+        GPU_OOM if is_gpu_oom(exc) else HOST_OOM if _in_chain(exc, MemoryError) else INFRASTRUCTURE if nccl else ERROR
+    )
+    record = {
         "time": time.time(),  # the earliest error of several ranks is the root cause
         "type": type(exc).__name__,
-        "kind": GPU_OOM if is_gpu_oom(exc) else HOST_OOM if _in_chain(exc, MemoryError) else ERROR,
+        "kind": kind,
         "message": str(exc),
         "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
     }
+    if kind == INFRASTRUCTURE:
+        record["evidence"] = nccl  # the line that says NCCL failed (failures.py)
+    return record
 
 
 def failed(exc: BaseException) -> dict[str, Any]:

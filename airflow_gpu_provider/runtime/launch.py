@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .command import command_result, importable_runtime, runtime_archive
 from .cuda import list_gpus
+from .failures import settle
 from .launcher import describe, read_failures
 from .protocol import EXIT_USER_ERROR, GPU_OOM, HOST_OOM, LAUNCHER, PREFIX, RANK_RESULTS, write_result
 from .signals import run_child
@@ -86,7 +87,8 @@ def run_launcher(
         if envelope["mode"] != "callable":
             result = _ranks_failed(failures) if failures and status != 0 else command_result(status)
             if profile is not None or "error" in result:
-                write_result(result_to, {**result, **({"profile": profile} if profile is not None else {})})
+                result = {**result, **({"profile": profile} if profile is not None else {})}
+                write_result(result_to, settle(result, profile))
             return status
         results = {}
         for name in os.listdir(rank_results):
@@ -98,6 +100,7 @@ def run_launcher(
         result["profile"] = profile
     if not result.get("ok"):
         result["gpus"] = gpus  # what an OOM escalation compares the next try's GPU with
+        settle(result, profile)  # its class (failures.py): an NCCL failure in any rank, a GPU fault seen here
     write_result(result_to, result)
     return status
 

@@ -59,9 +59,14 @@ replacing it. Its ``host`` is the worker's host name as Airflow knows it; the pr
 :data:`PROFILE_VERSION`, read by ``telemetry/profile.py``) records it, the summary's CPU fallback and its reason.
 
 The result envelope: ``{"ok": true, "return_value": ..., "cache": [...]}`` or
-``{"ok": false, "error": {"type": ..., "kind": "gpu_oom"|"host_oom"|"error", "message": ..., "traceback": ...}}``
+``{"ok": false, "error": {"type": ..., "kind": "gpu_oom"|"host_oom"|"infrastructure"|"error", "message": ...,
+"traceback": ...}}``
 (a command's failure: ``{"ok": false, "exit_status": N}``), with ``"profile": {...}`` when the try was sampled and
-``"gpus": [...]`` when it failed. Exit status 0 on success, 1 when the user code raised, 2 when the envelope itself
+``"gpus": [...]`` when it failed. A failed result carries its class, ``"failure": {"class":
+"application"|"resources"|"infrastructure", "reason": ..., "evidence": [...], "host": ..., "node": ...,
+"gpus": [{"index", "uuid"}]}``: ``infrastructure`` for an NCCL timeout or abort in any rank (``error.kind``), or
+an Xid error of :data:`XID_INFRASTRUCTURE` or an uncorrectable ECC error that the sampler saw (the profile's
+``gpu_faults``). Exit status 0 on success, 1 when the user code raised, 2 when the envelope itself
 is unusable (a command: its own status, 127 when it cannot start).
 
 Installer credentials never travel on a command line nor in a log: :func:`split_credentials` takes them out of
@@ -101,6 +106,29 @@ TASK_PID_ENV = "AIRFLOW_GPU_TASK_PID"  # set by the task process for what it sta
 GPU_OOM = "gpu_oom"
 HOST_OOM = "host_oom"
 ERROR = "error"
+INFRASTRUCTURE = "infrastructure"  # an NCCL timeout or abort (the runtime's ``failures.py`` decides)
+
+# The class of a failed try (the result's ``failure``, decided by the runtime's ``failures.py``; a pod's end by the
+# Kubernetes backend's ``failures.py``): the user's code, its resources (the OOM ladder), or the infrastructure.
+APPLICATION, RESOURCES = "application", "resources"
+FAILURE_CLASSES = (APPLICATION, RESOURCES, INFRASTRUCTURE)
+# NVML Xid errors that say the GPU or its link failed, not the task (NVIDIA's Xid catalog).
+XID_INFRASTRUCTURE = {
+    48: "double-bit ECC error",
+    63: "ECC page retirement or row remapping recorded",
+    64: "ECC page retirement or row remapping failed",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+}
+
+
+def failure_class(kind: str | None) -> str:
+    """The class of an error of this ``kind``: an OOM is the resources', an NCCL failure the infrastructure's."""
+    if kind in (GPU_OOM, HOST_OOM):
+        return RESOURCES
+    return INFRASTRUCTURE if kind == INFRASTRUCTURE else APPLICATION
 
 
 def load_envelope(source: str) -> dict[str, Any]:

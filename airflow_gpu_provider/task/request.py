@@ -37,6 +37,8 @@ class TaskRequest:
         container, a pod) instead of starting a second one (docs/deferrable.md); ``False``: it starts afresh
     :param defer_wait: ``on_missing_gpu="wait"`` defers to the triggerer instead of waiting in the worker: the host
         allocator raises :class:`~airflow_gpu_provider.host.allocator.MustWait` rather than sleep
+    :param avoid_nodes: the nodes where an earlier try failed because of the infrastructure (a GPU fault, an
+        eviction, a lost node: ``escalation/infrastructure.py``): the Kubernetes backend keeps the pod off them
     :param project_path: the worker's folders of the task's project code (the DAG file's, the bundle's root): the
         backends whose task runs on the worker put them first on its ``PYTHONPATH`` (``task/modules.py``)
     """
@@ -54,6 +56,7 @@ class TaskRequest:
     reattach: bool = True
     defer_wait: bool = False
     project_path: tuple[str, ...] = ()
+    avoid_nodes: tuple[str, ...] = ()
 
     @property
     def missing_gpu(self) -> MissingGpuPolicy:

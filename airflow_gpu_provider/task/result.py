@@ -16,6 +16,7 @@ from typing import Any
 
 from airflow_gpu_provider.exceptions import (
     OOM_REMEDY,
+    GpuInfrastructureError,
     GpuOutOfMemoryError,
     GpuTaskError,
     HostOutOfMemoryError,
@@ -74,6 +75,19 @@ def task_result(result: Mapping[str, Any] | None, exit_code: int, *, where: str)
     The error carries the try's profile too: a failed try's (an OOM's) is the one that explains it.
     """
     profile = None if result is None else result.get("profile")
+    failure = None if result is None else result.get("failure")
+    if isinstance(failure, Mapping) and failure.get("class") == protocol.INFRASTRUCTURE:
+        error = result.get("error") or {}  # type: ignore[union-attr]
+        evidence = "; ".join(str(line) for line in failure.get("evidence") or []) or failure.get("reason")
+        raise GpuInfrastructureError(
+            f"The task failed in {where} because of the infrastructure, not its code ({failure.get('reason')}): "
+            f"{evidence}. The next try avoids what failed.",
+            failure=failure,
+            error_type=str(error.get("type", "")),
+            remote_traceback=str(error.get("traceback", "")),
+            profile=profile,
+            gpus=result.get("gpus"),  # type: ignore[union-attr]
+        )
     if result is not None and not result.get("ok", False) and "exit_status" not in result:
         error = result.get("error") or {}
         details: dict[str, Any] = {"error_type": error.get("type", ""), "profile": profile}

@@ -10,6 +10,13 @@
  * (the first call reads row 0, at the last row it stays) and reads it; every other getter reads the row under
  * the cursor (row 0 before the first utilisation call). Energy is the recorded power integrated over the
  * recorded timestamps since the first row: trapezoids between rows of known power, across "[N/A]" rows.
+ *
+ * Two optional columns (a recording without them reads as a device without ECC and without Xid events):
+ *   ecc.errors.uncorrected.volatile.total  nvidia-smi's own field: nvmlDeviceGetTotalEccErrors (uncorrected, volatile)
+ *   xid                                    an Xid error at that tick (as the kernel log's "NVRM: Xid" line says);
+ *                                          "[N/A]" for none. When the utilisation call moves a device's cursor onto
+ *                                          such a row, an event nvmlEventTypeXidCriticalError is queued for every
+ *                                          event set the device is registered with (nvmlEventSetWait_v2 reads it).
  */
 #define _DEFAULT_SOURCE /* timegm */
 #include <math.h>
@@ -26,6 +33,7 @@ typedef enum nvmlReturn_enum {
     NVML_ERROR_NOT_SUPPORTED = 3,
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_LIBRARY_NOT_FOUND = 12,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999
@@ -41,12 +49,14 @@ typedef enum { NVML_CLOCK_GRAPHICS, NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_CLOCK_VI
 
 /* The recording's columns, by their header names without units; each value in NVML's unit once loaded. */
 enum { TIMESTAMP, INDEX, UUID, NAME, UTIL_GPU, UTIL_MEMORY, MEMORY_USED, MEMORY_TOTAL, POWER, TEMPERATURE, CLOCK_SM,
-       COLUMNS };
+       REQUIRED, ECC_UNCORRECTED = REQUIRED, XID, COLUMNS }; /* the columns from REQUIRED on are optional */
 static const char *const COLUMN_NAMES[COLUMNS] = {
     "timestamp", "index", "uuid", "name", "utilization.gpu", "utilization.memory", "memory.used", "memory.total",
-    "power.draw", "temperature.gpu", "clocks.sm"};
+    "power.draw", "temperature.gpu", "clocks.sm", "ecc.errors.uncorrected.volatile.total", "xid"};
 static const double SCALE[COLUMNS] = {[MEMORY_USED] = 1048576, [MEMORY_TOTAL] = 1048576, [POWER] = 1000,
-                                      [UTIL_GPU] = 1, [UTIL_MEMORY] = 1, [TEMPERATURE] = 1, [CLOCK_SM] = 1};
+                                      [UTIL_GPU] = 1, [UTIL_MEMORY] = 1, [TEMPERATURE] = 1, [CLOCK_SM] = 1,
+                                      [ECC_UNCORRECTED] = 1, [XID] = 1};
+#define XID_CRITICAL_ERROR 0x8ULL /* nvmlEventTypeXidCriticalError */
 
 typedef struct { double value[COLUMNS], energy_mj; } Row; /* value NAN: not supported; energy: a running total */
 
@@ -55,8 +65,15 @@ struct nvmlDevice_st {
     Row *rows;
     size_t count;
     long cursor, known; /* known: the last row with a power */
+    unsigned int watched; /* event sets registered for its Xid events */
 };
 typedef struct nvmlDevice_st *nvmlDevice_t;
+typedef struct { nvmlDevice_t device; unsigned long long eventType, eventData; unsigned int gpuInstanceId,
+                 computeInstanceId; } nvmlEventData_t;
+#define PENDING 64
+struct nvmlEventSet_st { nvmlEventData_t pending[PENDING]; unsigned int head, count; };
+typedef struct nvmlEventSet_st *nvmlEventSet_t;
+static nvmlEventSet_t event_sets[8]; /* the sets created and not freed */
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned int init_count;
@@ -121,7 +138,7 @@ static int add_row(char **fields, const int *at) {
     device->rows = rows;
     Row *row = &rows[device->count++];
     row->value[TIMESTAMP] = milliseconds(fields[at[TIMESTAMP]]);
-    for (int c = UTIL_GPU; c < COLUMNS; c++) row->value[c] = number(fields[at[c]]) * SCALE[c];
+    for (int c = UTIL_GPU; c < COLUMNS; c++) row->value[c] = at[c] < 0 ? NAN : number(fields[at[c]]) * SCALE[c];
     row->energy_mj = device->count > 1 ? row[-1].energy_mj : 0;
     if (!isnan(row->value[POWER])) {
         if (device->known >= 0) { /* mW x ms / 1000 = mJ */
@@ -155,7 +172,7 @@ static nvmlReturn_t load(void) {
                 at[c] = -1;
                 for (int f = 0; f < columns; f++)
                     if (!strcmp(fields[f], COLUMN_NAMES[c])) at[c] = f;
-                ok = at[c] >= 0;
+                ok = at[c] >= 0 || c >= REQUIRED;
             }
         } else {
             ok = columns && split(text, fields, 64) == columns && add_row(fields, at);
@@ -308,9 +325,22 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *ou
     return leave(result);
 }
 
+static void queue_xid(nvmlDevice_t device) { /* the row under the cursor records an Xid: tell the sets watching */
+    double xid = current(device)->value[XID];
+    for (unsigned int s = 0; !isnan(xid) && s < sizeof event_sets / sizeof *event_sets; s++) {
+        nvmlEventSet_t set = event_sets[s];
+        if (!set || !(device->watched & (1u << s)) || set->count == PENDING) continue;
+        nvmlEventData_t *event = &set->pending[(set->head + set->count++) % PENDING];
+        *event = (nvmlEventData_t){device, XID_CRITICAL_ERROR, (unsigned long long)xid, 0xFFFFFFFF, 0xFFFFFFFF};
+    }
+}
+
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization) {
     ENTER(device, utilization);
-    if (device->cursor + 1 < (long)device->count) device->cursor++;
+    if (device->cursor + 1 < (long)device->count) {
+        device->cursor++;
+        queue_xid(device);
+    }
     const Row *row = current(device);
     if (isnan(row->value[UTIL_GPU]) || isnan(row->value[UTIL_MEMORY])) return leave(NVML_ERROR_NOT_SUPPORTED);
     utilization->gpu = (unsigned int)row->value[UTIL_GPU];
@@ -349,4 +379,64 @@ nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned l
     if (isnan(row->value[POWER])) return leave(NVML_ERROR_NOT_SUPPORTED);
     *energy = (unsigned long long)(row->energy_mj + 0.5);
     return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int errorType, int counterType,
+                                         unsigned long long *count) {
+    ENTER(device, count);
+    double value = current(device)->value[ECC_UNCORRECTED];
+    if (errorType != 1 || counterType != 0 || isnan(value)) return leave(NVML_ERROR_NOT_SUPPORTED); /* recorded: */
+    *count = (unsigned long long)value; /* the uncorrected volatile count alone */
+    return leave(NVML_SUCCESS);
+}
+
+/* Events: only Xid critical errors are recorded. A set is freed by nvmlEventSetFree (or left with the process). */
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    ENTER(NULL, set);
+    for (unsigned int s = 0; s < sizeof event_sets / sizeof *event_sets; s++)
+        if (!event_sets[s]) {
+            *set = event_sets[s] = calloc(1, sizeof **set);
+            return leave(*set ? NVML_SUCCESS : NVML_ERROR_UNKNOWN);
+        }
+    return leave(NVML_ERROR_UNKNOWN);
+}
+
+static int set_slot(nvmlEventSet_t set) {
+    for (unsigned int s = 0; set && s < sizeof event_sets / sizeof *event_sets; s++)
+        if (event_sets[s] == set) return (int)s;
+    return -1;
+}
+
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes, nvmlEventSet_t set) {
+    ENTER(device, set);
+    int slot = set_slot(set);
+    if (slot < 0) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (eventTypes & ~XID_CRITICAL_ERROR) return leave(NVML_ERROR_NOT_SUPPORTED); /* nothing else is recorded */
+    device->watched |= 1u << slot;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+    (void)timeoutms; /* a replay has no later: what is not queued now never comes */
+    ENTER(NULL, data);
+    if (set_slot(set) < 0) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (!set->count) return leave(NVML_ERROR_TIMEOUT);
+    *data = set->pending[set->head];
+    set->head = (set->head + 1) % PENDING;
+    set->count--;
+    return leave(NVML_SUCCESS);
+}
+nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+    return nvmlEventSetWait_v2(set, data, timeoutms);
+}
+
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    pthread_mutex_lock(&lock);
+    int slot = set_slot(set);
+    if (slot >= 0) {
+        for (unsigned int i = 0; i < device_count; i++) devices[i].watched &= ~(1u << slot);
+        event_sets[slot] = NULL;
+        free(set);
+    }
+    return leave(slot >= 0 ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT);
 }

@@ -50,3 +50,9 @@ def test_a_history_read_back_keeps_only_entries_a_try_could_have_written():
     assert kept == [good]
     assert store.load(_Store({"not": "a list"}), 2) == []
     assert store.load(None, 2) == []
+
+
+def test_a_rescheduled_runs_entry_of_this_same_try_is_history():
+    """[gpu] infra_retries reschedules a try: its earlier run's entry has this try's number."""
+    rescheduled = {"try": 2, "kind": "infrastructure"}
+    assert store.load(_Store([rescheduled, {"try": 3, "kind": "infrastructure"}]), 2) == [rescheduled]

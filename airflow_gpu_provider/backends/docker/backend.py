@@ -26,6 +26,7 @@ from airflow_gpu_provider.backends.docker.plan import DockerPlan, plan_container
 from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError
 from airflow_gpu_provider.host.allocator import Allocation
 from airflow_gpu_provider.host.keeper import Keeper
+from airflow_gpu_provider.host.quarantine import on_fault
 from airflow_gpu_provider.task.request import TaskRequest
 from airflow_gpu_provider.task.result import TaskResult
 from airflow_gpu_provider.task.runtime_zip import FILE_NAME, archive
@@ -103,8 +104,8 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         for note in (*plan.notes, *plan.resources.notes):
             self.log.warning("%s", note)
         image = task_image(client, plan, self.log)
-        with self._host_gpus(plan) as allocation:
-            self._locks = allocation.fds
+        with self._host_gpus(plan) as allocation, on_fault(plan.host, allocation.devices, self.log, positional=True):
+            self._locks = allocation.fds  # an Xid or ECC error: its GPUs (0, 1, ... in the container) are quarantined
             if allocation.cpu_fallback:
                 return self._run_container(client, plan, image, cpu_fallback=allocation.reason, defer=defer)
             if allocation.devices:

@@ -20,6 +20,7 @@ from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
 from kubernetes.client.exceptions import ApiException
 
 from airflow_gpu_provider.backends.kubernetes.claims import ClaimTemplate
+from airflow_gpu_provider.backends.kubernetes.failures import cluster_error
 from airflow_gpu_provider.backends.kubernetes.kueue import (
     queue_the_job_only,
     waited_too_long,
@@ -141,8 +142,11 @@ class IndexedJobRun:
         return result_from_log(text)
 
     def killed_rank(self, limits: Mapping[str, str]) -> GpuTaskError | None:
-        """The error of a rank whose main container the kernel or kubelet killed (``OOMKilled``, ...), if any."""
+        """The error of a rank the cluster stopped (``failures.py``), or whose container was killed (``OOMKilled``)."""
         for pod in self._pods():
+            cluster = cluster_error(f"rank of Job {self.layout.name} (pod {pod.metadata.name})", to_dict(pod))
+            if cluster is not None:
+                return cluster
             error = termination_error(to_dict(pod), MAIN_CONTAINER, limits)
             if error is not None:
                 return error

@@ -186,7 +186,7 @@ def _pod(
         init_containers=deps.init_containers,
         node_selector=place.node_selector,
         tolerations=place.tolerations,
-        affinity=place.affinity,
+        affinity=scheduling.avoiding_nodes(place.affinity, request.avoid_nodes),
         labels={
             **MANAGED_BY,
             kubernetes_label("requirements"): request.image.requirements_hash,

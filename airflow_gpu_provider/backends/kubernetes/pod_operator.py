@@ -25,6 +25,7 @@ from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
 from airflow_gpu_provider.backends.kubernetes.claims import ClaimTemplate, of_pod
+from airflow_gpu_provider.backends.kubernetes.failures import cluster_error, unschedulable_failure
 from airflow_gpu_provider.backends.kubernetes.kueue import kueue_queue, waiting_line, waiting_queue
 from airflow_gpu_provider.backends.kubernetes.pending import Unschedulable, termination_error, unschedulable
 from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan
@@ -65,6 +66,7 @@ class GpuPodOperator(KubernetesPodOperator):
         self.claim = claim
         self.result_envelope: dict[str, Any] | None = None
         self.unschedulable: Unschedulable | None = None
+        self.last_read: dict[str, Any] | None = None  # the pod as diagnose_pending read it (an image pull failure)
         self.timed_out = False  # resumed from the trigger's timeout event: the pod may still run
 
     def build_pod_request_obj(self, context: Any = None, *, dry_run: bool = False) -> k8s.V1Pod:
@@ -170,6 +172,7 @@ class GpuPodOperator(KubernetesPodOperator):
         """
         try:
             remote = self.pod_manager.read_pod(pod)
+            self.last_read = to_dict(remote)
             events = [e.message or "" for e in self.pod_manager.read_pod_events(pod).items]
             self.unschedulable = unschedulable(to_dict(remote), events)
             if self.unschedulable is not None:
@@ -186,18 +189,29 @@ class GpuPodOperator(KubernetesPodOperator):
         """No XCom from a failed pod: GpuStepOperator pushes the function's return value itself."""
 
     def explain_failure(self, plan: KubernetesPlan) -> Exception | None:
-        """A typed error for a failed run: no node, the user's exception, or a killed container; else None."""
+        """A typed error for a failed run, else None.
+
+        No node; the cluster's doing (``failures.py``); the user's exception; a killed container.
+        """
         limits = plan.resources.get("limits", {})
         if self.unschedulable is not None:
-            return GpuUnavailableError(self.unschedulable.explain(plan.pending_timeout, limits))
+            unavailable = GpuUnavailableError(self.unschedulable.explain(plan.pending_timeout, limits))
+            unavailable.failure = unschedulable_failure(str(unavailable))
+            return unavailable
         where = f"pod {self.pod_label}"
+        # the pod as last read: ``remote_pod`` in the worker's run, ``pod`` once ``trigger_reentry`` has read it
+        remote = self.remote_pod if self.remote_pod is not None else self.pod
+        cluster = cluster_error(where, self.last_read, None if remote is None else to_dict(remote))
+        if cluster is not None:  # the cluster's doing, whatever the task's code said as it was stopped
+            return cluster
         if self.result_envelope is not None and not self.result_envelope.get("ok", False):
             try:
                 result_value(self.result_envelope, 1, where=where)
             except RemoteTaskError as err:
+                node = None if remote is None else getattr(remote.spec, "node_name", None)
+                if err.failure is not None and node:  # the runtime's node is the pod's name: the next try avoids this
+                    err.failure.update(pod=err.failure.get("node"), node=node)
                 return err
-        # the pod as last read: ``remote_pod`` in the worker's run, ``pod`` once ``trigger_reentry`` has read it
-        remote = self.remote_pod if self.remote_pod is not None else self.pod
         if remote is not None:
             return termination_error(to_dict(remote), self.base_container_name, limits)
         return None

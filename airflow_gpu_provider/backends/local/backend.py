@@ -24,6 +24,7 @@ from airflow_gpu_provider.backends.local.venv import ensure_venv
 from airflow_gpu_provider.backends.options import WorkerOptions
 from airflow_gpu_provider.checkpoint.location import checkpoint_environment
 from airflow_gpu_provider.host.allocator import HostGpus
+from airflow_gpu_provider.host.quarantine import on_fault
 from airflow_gpu_provider.host.state import runtime_file, task_folder
 from airflow_gpu_provider.settings.units import format_bytes
 from airflow_gpu_provider.task.environment import thread_environment, visible_devices
@@ -130,7 +131,8 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
                 )
             else:
                 allocation.release()
-        return task_result(result, exit_code, where="the local task process")
+        with on_fault(plan.host, allocation.devices, self.log, positional=False):  # an Xid, ECC: quarantined
+            return task_result(result, exit_code, where="the local task process")
 
     def kill(self) -> None:
         """Called from ``on_kill`` (inside a signal handler): SIGTERM the task's whole tree, SIGKILL after the grace.

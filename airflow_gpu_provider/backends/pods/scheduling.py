@@ -9,7 +9,8 @@ Merge rules (documented in ``docs/kubernetes.md``):
 - affinity: ``affinity`` replaces the template's; the provider's accelerator expression is then added to *every*
   required node-selector term (terms are ORed, expressions within one ANDed), so it holds whichever term matches;
   a fallback list of models gives each term one copy per model (a node of any listed model), and preferred terms
-  weighted in the list's order (the first model most).
+  weighted in the list's order (the first model most); a ``kubernetes.io/hostname NotIn`` the nodes where an earlier
+  try failed because of the infrastructure is ANDed into every required term too (:func:`avoiding_nodes`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,16 @@ def add_required_expressions(affinity: Mapping[str, Any], alternatives: list[lis
         for expressions in alternatives
     ]
     return result
+
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+def avoiding_nodes(affinity: Mapping[str, Any], nodes: tuple[str, ...]) -> dict[str, Any]:
+    """``affinity`` with a required ``NotIn`` on the nodes' host names: a try after an infrastructure failure there."""
+    if not nodes:
+        return dict(affinity)
+    return add_required_expressions(affinity, [[{"key": HOSTNAME_LABEL, "operator": "NotIn", "values": list(nodes)}]])
 
 
 def add_preferred_terms(affinity: dict[str, Any], preferred: list[dict[str, Any]]) -> dict[str, Any]:

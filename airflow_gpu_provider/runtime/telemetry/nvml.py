@@ -1,4 +1,8 @@
-"""The task's visible GPUs through NVML, called with ``ctypes``: no nvidia-ml-py needed in the image."""
+"""The task's visible GPUs through NVML, called with ``ctypes``: no nvidia-ml-py needed in the image.
+
+Besides the metrics, :meth:`Nvml.faults` reports what says a GPU failed: Xid errors (NVML's critical Xid events,
+registered for each device) and a rise of its volatile uncorrectable ECC error count since the sampling started.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ from typing import Any
 
 NVML_LIBRARY = "libnvidia-ml.so.1"  # mounted into GPU containers by the NVIDIA container toolkit
 NO_DEVICES = ("", "-1", "none", "void", "nodevfiles")  # CUDA_VISIBLE_DEVICES values that name no device
+XID_CRITICAL_ERROR = 0x8  # nvmlEventTypeXidCriticalError
+UNCORRECTED, VOLATILE = 1, 0  # nvmlMemoryErrorType_t NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvmlEccCounterType_t
 
 
 class Nvml:
@@ -25,12 +31,24 @@ class Nvml:
         class Memory(ctypes.Structure):
             _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
 
-        self.ctypes, self.utilization, self.memory = ctypes, Utilization, Memory
+        class EventData(ctypes.Structure):  # nvmlEventData_t
+            _fields_ = [
+                ("device", ctypes.c_void_p),
+                ("eventType", ctypes.c_ulonglong),
+                ("eventData", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint),
+                ("computeInstanceId", ctypes.c_uint),
+            ]
+
+        self.ctypes, self.utilization, self.memory, self.event_data = ctypes, Utilization, Memory, EventData
         self.lib = ctypes.CDLL(NVML_LIBRARY)
         self.lib.nvmlErrorString.restype = ctypes.c_char_p
         self._call("nvmlInit_v2")
+        self.event_set: Any = None
         try:
             self.devices = self._visible()
+            self.event_set = self._watch_xids()
+            self.ecc_seen = [self._ecc(handle) for _, handle in self.devices]
         except BaseException:
             self.close()
             raise
@@ -99,6 +117,43 @@ class Nvml:
             energies.append(value.value / 1000 if ok else None)
         return energies
 
+    def _watch_xids(self) -> Any:
+        """An event set that receives the devices' critical Xid events; ``None`` where NVML has none to give."""
+        c = self.ctypes
+        event_set = c.c_void_p()
+        if not all(hasattr(self.lib, name) for name in ("nvmlEventSetCreate", "nvmlEventSetWait_v2")):
+            return None  # a driver older than NVML's _v2 wait: no Xid events, the metrics still
+        if self.lib.nvmlEventSetCreate(c.byref(event_set)):
+            return None
+        for _, handle in self.devices:  # a device without Xid events (NOT_SUPPORTED) is left out
+            self.lib.nvmlDeviceRegisterEvents(handle, c.c_ulonglong(XID_CRITICAL_ERROR), event_set)
+        return event_set
+
+    def _ecc(self, handle: Any) -> int | None:
+        """The device's volatile uncorrectable ECC error count; ``None`` without ECC (most consumer cards)."""
+        count = self.ctypes.c_ulonglong()
+        status = self.lib.nvmlDeviceGetTotalEccErrors(handle, UNCORRECTED, VOLATILE, self.ctypes.byref(count))
+        return int(count.value) if status == 0 else None
+
+    def faults(self) -> list[dict[str, Any]]:
+        """What says a GPU failed since the last call: its Xid events, a rise of its uncorrectable ECC count."""
+        found: list[dict[str, Any]] = []
+        by_handle = {handle.value: info for info, handle in self.devices}
+        data = self.event_data()
+        while (
+            self.event_set is not None and self.lib.nvmlEventSetWait_v2(self.event_set, self.ctypes.byref(data), 0) == 0
+        ):
+            info = by_handle.get(data.device) or {}
+            found.append({"index": info.get("index"), "uuid": info.get("uuid"), "xid": int(data.eventData)})
+        for position, (info, handle) in enumerate(self.devices):
+            count, before = self._ecc(handle), self.ecc_seen[position]
+            if count is not None and before is not None and count > before:
+                found.append({"index": info["index"], "uuid": info["uuid"], "ecc_uncorrected": count - before})
+            self.ecc_seen[position] = count if count is not None else before
+        return found
+
     def close(self) -> None:
         """Release NVML."""
+        if self.event_set is not None:
+            self.lib.nvmlEventSetFree(self.event_set)
         self.lib.nvmlShutdown()

@@ -7,6 +7,7 @@ import os
 import time
 from typing import Any, NamedTuple
 
+from ..failures import describe_fault
 from ..protocol import PREFIX, PROFILE_VERSION
 from .nvml import Nvml
 from .pressure import HostPressure
@@ -65,6 +66,7 @@ class Profiler:
         self.clock = time.monotonic()
         self.last = self.clock
         self.energy = self.source.energy_joules()
+        self.faults: list[dict[str, Any]] = []  # Xid events, uncorrectable ECC errors (Nvml.faults)
         self.error: str | None = None
         self.stopping = threading.Event()
         self.lock = threading.Lock()
@@ -93,6 +95,10 @@ class Profiler:
         """
         rows = self.source.sample()
         self.pressure.sample()
+        for fault in self.source.faults() if self.kind == "gpu" else []:
+            fault["at"] = round(time.monotonic() - self.clock, 3)
+            self.faults.append(fault)
+            print(f"{PREFIX} profile: {describe_fault(fault)}", flush=True)
         now = time.monotonic()
         seconds, self.last = now - self.last, now
         held = self.held
@@ -158,6 +164,7 @@ class Profiler:
             "host_cpu": self.pressure.summary(),
             "cpu_fallback": self.cpu_fallback is not None,
             "cpu_fallback_reason": self.cpu_fallback,
+            "gpu_faults": self.faults,
             "error": self.error,
         }
 

@@ -139,8 +139,12 @@ def plan_and_render(
     *,
     policy: str = "fail",
     envelope: dict[str, Any] | None = None,
+    **request_fields: Any,
 ) -> tuple[Any, list[dict[str, Any]]]:
-    """Plan a request on the Kubernetes backend and render it with KubernetesPodOperator (no cluster)."""
+    """Plan a request on the Kubernetes backend and render it with KubernetesPodOperator (no cluster).
+
+    :param request_fields: more fields of the request (``avoid_nodes=...``)
+    """
     from airflow_gpu_provider.backends import BACKENDS
     from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
     from airflow_gpu_provider.task.envelope import Envelope
@@ -152,6 +156,7 @@ def plan_and_render(
         envelope or Envelope.run(["python3", "-c", "print('hi')"]),
         policy,  # type: ignore[arg-type]
         {"dag_id": "d", "task_id": "train", "run_id": "manual", "try_number": "1", "map_index": "-1"},
+        **request_fields,
     )
     options = {"namespace": "ml", **(options or {})}
     backend = BACKENDS["kubernetes"].create(options)
