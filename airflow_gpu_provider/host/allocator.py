@@ -64,9 +64,7 @@ class GpuAllocator:
     """
 
     def __init__(self, lock_dir: str | os.PathLike[str], vendor: str = "nvidia", poll_interval: float = 5.0) -> None:
-        self.lock_dir = Path(lock_dir)
-        self.vendor = vendor
-        self.poll_interval = poll_interval
+        self.lock_dir, self.vendor, self.poll_interval = Path(lock_dir), vendor, poll_interval
 
     def lock_path(self, device: Device) -> Path:
         """The lock file of one device."""
@@ -229,11 +227,13 @@ class HostGpus:
     state_dir: str = "/var/tmp/airflow-gpu-provider"
     poll_interval: float = 5.0
     wait_timeout: float = float("inf")
+    quarantine_seconds: float = 3600.0  # a GPU that failed (an Xid, ECC errors) is skipped this long (quarantine.py)
 
     @classmethod
     def configured(cls, conf: GpuConfig, *, devices: str | None = None, state_dir: str | None = None) -> HostGpus:
         """From the worker's ``[gpu]`` options, with a backend's own ``devices`` / ``state_dir`` options first."""
-        return cls(devices or conf.devices, state_dir or conf.state_dir, conf.wait_poll_interval, conf.wait_timeout)
+        limits = (conf.wait_poll_interval, conf.wait_timeout, conf.quarantine_seconds)
+        return cls(devices or conf.devices, state_dir or conf.state_dir, *limits)
 
     def present(self, vendor: GpuVendor) -> list[Device]:
         """The host's devices of ``vendor``."""

@@ -115,18 +115,14 @@ def usable(state_dir: str | os.PathLike[str], candidates: Sequence[Device], log:
 def on_fault(host: Any, allocated: Sequence[Device], log: logging.Logger, *, positional: bool) -> Iterator[None]:
     """Quarantine those of ``allocated`` that an infrastructure failure raised inside names (an Xid, ECC).
 
-    For the worker's ``[gpu] quarantine_seconds``, read when the GPU failed.
-
-    :param host: the :class:`~.allocator.HostGpus` they came from (its state dir)
+    :param host: the :class:`~.allocator.HostGpus` they came from (its state dir, ``[gpu] quarantine_seconds``)
     :param positional: the task saw its devices numbered from 0 in the order given (a container)
     """
     try:
         yield
     except GpuInfrastructureError as err:
         if err.failure is not None and allocated:
-            from airflow_gpu_provider import config  # the worker's, when its GPU failed
-
             failed = failed_devices(err.failure, allocated, positional=positional)
             reason = "; ".join(str(line) for line in err.failure.get("evidence") or []) or str(err.failure["reason"])
-            quarantine(host.state_dir, failed, reason, float(config.get("quarantine_seconds")), log)
+            quarantine(host.state_dir, failed, reason, host.quarantine_seconds, log)
         raise
