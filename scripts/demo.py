@@ -7,15 +7,15 @@ tasks' states, the train task's profile and the result, or each failed task's er
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from redirect import output_to  # scripts/, this script's folder
 
 REPO = Path(__file__).resolve().parents[1]
 DAG_FILE, DAG_ID = "gpu_training_demo.py", "gpu_training_demo"
@@ -37,26 +37,6 @@ def run_example(file_name: str, dag_id: str, conf: dict[str, Any]) -> Any:
     if bag.import_errors:
         raise RuntimeError("\n".join(bag.import_errors.values()))
     return bag.get_dag(dag_id).test(run_conf=conf)
-
-
-@contextlib.contextmanager
-def output_to(path: Path) -> Iterator[None]:
-    """Everything written to stdout and stderr meanwhile (this process's and its children's) goes to ``path``."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    with path.open("wb") as log:
-        os.dup2(log.fileno(), 1)
-        os.dup2(log.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
-                os.close(fd)
 
 
 def task_states(dag_run: Any) -> dict[str, str]:

@@ -31,17 +31,18 @@ locks are the host's (``[gpu] state_dir``), so GPUs that running tasks hold are 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from redirect import output_to  # scripts/, this script's folder
 
 from airflow_gpu_provider.config.worker import GpuConfig
 
@@ -416,26 +417,6 @@ def find_gpus() -> tuple[list[dict[str, Any]], str]:
     return [], "; ".join(reasons)
 
 
-@contextlib.contextmanager
-def output_to(path: Path) -> Iterator[None]:
-    """Send this process's stdout and stderr, at the descriptor level (child processes too), to a file."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    with path.open("ab") as sink:
-        os.dup2(sink.fileno(), 1)
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            os.close(saved[0])
-            os.close(saved[1])
-
-
 class _Records(logging.Handler):
     def __init__(self, records: list[logging.LogRecord]) -> None:
         super().__init__(logging.DEBUG)
@@ -457,7 +438,7 @@ def run_check(name: str, gpus: list[dict[str, Any]], log_dir: Path, epochs: int)
     for handler in handlers:
         log.addHandler(handler)
     try:
-        with output_to(log_file):
+        with output_to(log_file, append=True):
             return True, CHECKS[name](ctx)
     except Failed as err:
         return False, str(err)
