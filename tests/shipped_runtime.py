@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -48,3 +50,30 @@ def command_envelope(command: list[str]) -> dict[str, Any]:
     from airflow_gpu_provider.task.envelope import Envelope
 
     return Envelope.run(command).to_json(summary={})
+
+
+def run_sampled_task(
+    tmp_path: Path, body: str, *, env: dict[str, str] | None = None, interval: float = 0.1, **envelope: Any
+) -> tuple[dict[str, Any], str]:
+    """Run ``body`` as a task function in a real runtime process with profiling on; return (result envelope, log).
+
+    :param envelope: keys that replace the envelope's (``profile=`` with more than the interval, for example)
+    """
+    source = "def task():\n" + textwrap.indent(textwrap.dedent(body), "    ")
+    full = {
+        "version": 2,
+        "mode": "callable",
+        "function": "task",
+        "source": source,
+        "summary": {"backend": "test", "gpus": []},
+        "profile": {"interval_s": interval},
+        **envelope,
+    }
+    (tmp_path / "envelope.json").write_text(json.dumps(full))
+    done = run_runtime(
+        str(tmp_path / "envelope.json"),
+        str(tmp_path / "result.json"),
+        env={**{k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}, **(env or {})},
+        timeout=120,
+    )
+    return json.loads((tmp_path / "result.json").read_text()), done.stdout + done.stderr

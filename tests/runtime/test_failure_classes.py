@@ -7,16 +7,13 @@ torch.distributed processes, and the exact texts ProcessGroupNCCL raises (the CP
 
 from __future__ import annotations
 
-import json
-import os
 import socket
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 from nvml_replay import RECORDINGS, built_or_skip, replay_environment
-from shipped_runtime import run_runtime
+from shipped_runtime import run_sampled_task
 
 from airflow_gpu_provider.exceptions import GpuInfrastructureError, GpuOutOfMemoryError, RemoteTaskError
 from airflow_gpu_provider.task.result import task_result
@@ -39,21 +36,7 @@ def replay_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def run_task(tmp_path: Path, body: str, env: dict[str, str] | None = None) -> tuple[dict[str, Any], str]:
     """Run ``body`` as a task function in the shipped runtime, sampled every 0.05 s; (result, log)."""
-    source = "def task():\n" + textwrap.indent(textwrap.dedent(body), "    ")
-    envelope = {
-        "version": 2,
-        "mode": "callable",
-        "function": "task",
-        "source": source,
-        "summary": {"backend": "test", "gpus": []},
-        "profile": {"interval_s": 0.05, "host": "worker-7"},
-    }
-    (tmp_path / "envelope.json").write_text(json.dumps(envelope))
-    environ = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    done = run_runtime(
-        str(tmp_path / "envelope.json"), str(tmp_path / "result.json"), env={**environ, **(env or {})}, timeout=120
-    )
-    return json.loads((tmp_path / "result.json").read_text()), done.stdout + done.stderr
+    return run_sampled_task(tmp_path, body, env=env, profile={"interval_s": 0.05, "host": "worker-7"})
 
 
 CRASH = "import time\ntime.sleep(0.5)\nraise RuntimeError('CUDA error: unspecified launch failure')"

@@ -8,16 +8,15 @@ runtime's own ``ctypes`` code exactly as the driver's library would be.
 from __future__ import annotations
 
 import csv
-import json
 import os
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 from nvml_replay import RECORDINGS, built_or_skip, replay_environment
-from shipped_runtime import run_runtime, shipped
+from shipped_runtime import run_sampled_task as run_task
+from shipped_runtime import shipped
 
 sampler, proctree = shipped("telemetry.sampler"), shipped("telemetry.proctree")  # from the runtime's archive
 stats = shipped("telemetry.stats")
@@ -34,28 +33,6 @@ def recorded(recording: Path) -> dict[str, list[dict[str, str]]]:
     for row in rows:
         by_uuid.setdefault(row["uuid"], []).append(row)
     return by_uuid
-
-
-def run_task(tmp_path: Path, body: str, *, env: dict[str, str] | None = None, interval: float = 0.1, **envelope):
-    """Run a callable in a real runtime process with profiling on; return (result envelope, stdout)."""
-    source = "def task():\n" + textwrap.indent(textwrap.dedent(body), "    ")
-    envelope = {
-        "version": 2,
-        "mode": "callable",
-        "function": "task",
-        "source": source,
-        "summary": {"backend": "test", "gpus": []},
-        "profile": {"interval_s": interval},
-        **envelope,
-    }
-    (tmp_path / "envelope.json").write_text(json.dumps(envelope))
-    done = run_runtime(
-        str(tmp_path / "envelope.json"),
-        str(tmp_path / "result.json"),
-        env={**{k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}, **(env or {})},
-        timeout=120,
-    )
-    return json.loads((tmp_path / "result.json").read_text()), done.stdout + done.stderr
 
 
 @pytest.fixture(scope="module")
