@@ -188,7 +188,10 @@ def test_a_final_sample_right_after_the_last_one_is_merged_into_it(monkeypatch):
     while time.monotonic() < end:  # busy: CPU time accrues, in whole clock ticks
         pass
     profiler.stopping.set()
-    profiler.thread.join()
+    profiler.thread.join()  # its own last sample may have come just now (1.0 s is a multiple of the interval):
+    end = time.monotonic() + 0.1  # the last sample below spans 0.1 s of busy CPU whenever the thread's came
+    while time.monotonic() < end:
+        pass
     profiler._sample()  # the sampling thread's last sample...
     held = profiler.held  # (held back: the next sample might be merged into it)
     counted = profiler.samples
