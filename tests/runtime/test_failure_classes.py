@@ -98,7 +98,9 @@ def test_without_a_recovery_action_nvidias_catalogue_decides():
     """Where the driver does not give it: a reset or more in the catalogue's immediate action is the infrastructure's."""
     from airflow_gpu_provider.runtime.failures import is_infrastructure_fault
 
-    verdicts = {xid: is_infrastructure_fault({"xid": xid}) for xid in (13, 43, 48, 63, 74, 79, 92, 94, 95, 119, 120, 154)}
+    verdicts = {
+        xid: is_infrastructure_fault({"xid": xid}) for xid in (13, 43, 48, 63, 74, 79, 92, 94, 95, 119, 120, 154)
+    }
     assert [xid for xid, infrastructure in verdicts.items() if infrastructure] == [48, 74, 79, 95, 119, 120, 154]
     assert not is_infrastructure_fault({"xid": 79, "recovery_action": "none"})  # the driver's word comes first
     assert is_infrastructure_fault({"xid": 63, "recovery_action": "node reboot"})

@@ -186,8 +186,10 @@ class Nvml:
         return RECOVERY_ACTIONS[action] if 0 <= action < len(RECOVERY_ACTIONS) else f"recovery action {action}"
 
     def faults(self) -> list[dict[str, Any]]:
-        """What says a GPU failed since the last call: its Xid events (with the GPU's recovery action, where the
-        driver gives it), a rise of its uncorrectable ECC count."""
+        """What says a GPU failed since the last call: its Xid events, a rise of its uncorrectable ECC count.
+
+        An Xid event carries the GPU's recovery action when the driver gives it (:meth:`recovery_action`).
+        """
         found: list[dict[str, Any]] = []
         by_handle = {handle.value: (info, handle) for info, handle in self.devices}
         data = self.event_data()
