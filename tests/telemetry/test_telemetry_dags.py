@@ -161,7 +161,7 @@ def test_the_gpus_page_reads_the_profiles_of_gpu_tasks_only():
     from airflow.utils.session import create_session
 
     from airflow_gpu_provider.telemetry.ui.format import TaskKey
-    from airflow_gpu_provider.telemetry.ui.store import recent_profiles, task_profile
+    from airflow_gpu_provider.telemetry.ui.store import profiled_dags, recent_profiles, task_profile
 
     dr = run_dag(load_dag(DAG_FILE, "forged_profile"))
     assert task_states(dr) == {"forger": "success", "real": "success"}
@@ -171,6 +171,9 @@ def test_the_gpus_page_reads_the_profiles_of_gpu_tasks_only():
         assert [row.key.task_id for row in rows] == ["real"]  # ...and the page does not read it
         assert task_profile(session, TaskKey("forged_profile", dr.run_id, "forger")) is None
         assert task_profile(session, TaskKey("forged_profile", dr.run_id, "real")) is not None
+        # the DAG filter's choices: a readable DAG with a GPU task's profile, never one the user may not read
+        assert profiled_dags(session, {"forged_profile", "no_such_dag"}) == ["forged_profile"]
+        assert profiled_dags(session, set()) == []
 
 
 def test_a_cpu_fallback_is_marked_in_the_profile_with_its_reason(capfd):
