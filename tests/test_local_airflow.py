@@ -392,7 +392,8 @@ def test_browser_gpu_tab_and_gpus_page_show_the_profile(airflow, browser):
         page.get_by_role("link", name="GPUs", exact=True).click()
         page.wait_for_url("**/plugin/gpus**")
         overview = page.frame_locator('iframe[title="GPUs"]')
-        row_link = overview.locator(f'a[href*="/runs/{quote(run_id, safe="")}/tasks/train?"]')
+        tries_table = overview.locator("h2:has-text('Recent GPU tasks') + table")
+        row_link = tries_table.locator(f'a[href*="/runs/{quote(run_id, safe="")}/tasks/train?"]')
         row_link.wait_for()
         text = overview.locator("body").inner_text()
         assert f"{DEMO} / train" in text and f"{DEMO} / report" not in text  # the forged one is not listed

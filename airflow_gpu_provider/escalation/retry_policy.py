@@ -104,8 +104,8 @@ class GpuRetryPolicy(RetryPolicy):
         reason = f"{klass}: {evidence}"[:MAX_REASON]
         if klass == APPLICATION and self.application == "fail":
             return RetryDecision.fail(reason=reason)
-        delay = self.infrastructure_delay if klass == INFRASTRUCTURE else None
-        return RetryDecision.retry(delay=delay, reason=reason)  # type: ignore[arg-type]
+        delay = self.infrastructure_delay if klass == INFRASTRUCTURE else None  # a timedelta once built
+        return RetryDecision.retry(delay=delay if isinstance(delay, timedelta) else None, reason=reason)
 
     def serialize(self) -> dict[str, Any]:
         """JSON for DAG serialisation: the options (the delay in seconds)."""

@@ -67,7 +67,7 @@ def save(state_store: Any, history: Sequence[Mapping[str, Any]]) -> None:
     if state_store is None:
         return
     try:
-        from airflow.sdk import NEVER_EXPIRE
+        from airflow.sdk.execution_time.context import NEVER_EXPIRE  # airflow.sdk.NEVER_EXPIRE, where it is defined
     except ImportError:  # an Airflow whose store has no such retention: its default (docs/resilience.md)
         state_store.set(KEY, [dict(entry) for entry in history])
     else:
