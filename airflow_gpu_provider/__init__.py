@@ -21,6 +21,7 @@ _EXPORTS = {
     "MigProfile": "airflow_gpu_provider.settings",
     "OomEscalation": "airflow_gpu_provider.settings",
     "GpuStepOperator": "airflow_gpu_provider.operators.gpu_step",
+    "GpuRetryPolicy": "airflow_gpu_provider.escalation.retry_policy",
     "AccelerateOperator": "airflow_gpu_provider.operators.accelerate",
     "gpu_task": "airflow_gpu_provider.decorators.gpu",
     "CudaHook": "airflow_gpu_provider.hooks.cuda",
@@ -30,6 +31,7 @@ __all__ = [
     "AccelerateOperator",
     "Accelerator",
     "CudaHook",
+    "GpuRetryPolicy",
     "GpuStepOperator",
     "GpuVendor",
     "ImageSettings",
@@ -44,6 +46,7 @@ __all__ = [
 if TYPE_CHECKING:
     from airflow_gpu_provider.backends.docker.images.catalogue import pytorch_image
     from airflow_gpu_provider.decorators.gpu import gpu_task
+    from airflow_gpu_provider.escalation.retry_policy import GpuRetryPolicy
     from airflow_gpu_provider.hooks.cuda import CudaHook
     from airflow_gpu_provider.operators.accelerate import AccelerateOperator
     from airflow_gpu_provider.operators.gpu_step import GpuStepOperator

@@ -49,3 +49,19 @@ def test_without_a_task_state_store_each_try_runs_on_the_tasks_own_resources(mon
     assert "no task state store (Airflow < 3.3): this try cannot know how the earlier ones ended" in log
     history = xcom(dag_run, "climb", escalation.XCOM_KEY)
     assert [t["kind"] for t in history["tries"]] == ["gpu_oom"]  # this try's own record only
+
+
+def test_retry_policies_are_used_where_airflow_has_them_and_refused_clearly_where_not():
+    """Airflow 3.3's retry_policy: the GPU operators' default is GpuRetryPolicy(); before it they have none, and a DAG
+    that builds one is told at parse what it needs (docs/resilience.md)."""
+    from airflow_gpu_provider import GpuRetryPolicy, GpuStepOperator
+    from airflow_gpu_provider.exceptions import InvalidSettingError
+
+    has_policies = importlib.util.find_spec("airflow.sdk.definitions.retry_policy") is not None
+    operator = GpuStepOperator(task_id="train", command=["true"])
+    if has_policies:
+        assert operator.retry_policy == GpuRetryPolicy()
+        return
+    assert operator.retry_policy is None
+    with pytest.raises(InvalidSettingError, match=r"retry policies \(retry_policy=\) are new in Airflow 3.3"):
+        GpuRetryPolicy(application="fail")

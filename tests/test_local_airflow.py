@@ -392,13 +392,24 @@ def test_browser_gpu_tab_and_gpus_page_show_the_profile(airflow, browser):
         page.get_by_role("link", name="GPUs", exact=True).click()
         page.wait_for_url("**/plugin/gpus**")
         overview = page.frame_locator('iframe[title="GPUs"]')
-        row_link = overview.locator(f'a[href*="/runs/{quote(run_id, safe="")}/tasks/train?"]')
+        tries_table = overview.locator("h2:has-text('Recent GPU tasks') + table")
+        row_link = tries_table.locator(f'a[href*="/runs/{quote(run_id, safe="")}/tasks/train?"]')
         row_link.wait_for()
         text = overview.locator("body").inner_text()
         assert f"{DEMO} / train" in text and f"{DEMO} / report" not in text  # the forged one is not listed
         assert sample["host"] in text and forged == sample
         assert all(device["name"] in text for device in sample["devices"])
+        # the hosts summary first, then each task's advice once, then the tries (which link to it)
+        assert overview.locator("h2").all_inner_texts() == ["Hosts and models", "Advice", "Recent GPU tasks"]
+        assert overview.locator("#advice-1").inner_text() == f"{DEMO} / train"
         page.screenshot(path=str(ARTIFACTS / "gpus-page.png"), full_page=True)
+
+        step = "4b. the filters (a GET form, no script) narrow the page to one host and model"
+        overview.locator('select[name="host"]').select_option(sample["host"])
+        overview.locator('select[name="model"]').select_option(sample["devices"][0]["name"])
+        overview.get_by_role("button", name="Show").click()
+        overview.get_by_text(f"with host {sample['host']}, model {sample['devices'][0]['name']}").wait_for()
+        assert overview.locator(f'a[href*="/runs/{quote(run_id, safe="")}/tasks/train?"]').count() == 2  # advice, row
 
         step = "5. a row opens the try's page inside the same view"
         row_link.click()

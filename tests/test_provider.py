@@ -66,3 +66,14 @@ def test_gpu_options_can_be_set_by_environment(monkeypatch):
     monkeypatch.setenv("AIRFLOW__GPU__WAIT_POLL_INTERVAL", "0.5")
     assert config.get("backend") == "docker"
     assert config.get("wait_poll_interval") == 0.5
+
+
+def test_profile_interval_has_a_floor_that_keeps_telemetry_off_the_tasks_back(monkeypatch):
+    """Each sample takes the GPU driver's lock, which the task's CUDA calls wait for: 0.05 s is refused, saying why."""
+    from airflow_gpu_provider import config
+
+    monkeypatch.setenv("AIRFLOW__GPU__PROFILE_INTERVAL", "0.05")
+    with pytest.raises(ValueError, match=r"profile_interval='0.05' is below 0.25 s: every sample takes the GPU driver"):
+        config.get("profile_interval")
+    monkeypatch.setenv("AIRFLOW__GPU__PROFILE_INTERVAL", "0.25")
+    assert config.get("profile_interval") == 0.25

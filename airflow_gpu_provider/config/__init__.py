@@ -18,6 +18,9 @@ from airflow_gpu_provider.config.options import SECTION, Option
 OPTIONS: tuple[Option, ...] = (*options.OPTIONS, *ALLOW_LISTS)
 POSITIVE_SECONDS = ("wait_poll_interval", "wait_timeout", "trigger_poll_interval", "kill_grace", "profile_interval")
 POD_SECURITY_LEVELS = ("restricted", "baseline", "privileged")
+# Each NVML call of a sample takes the driver's lock, which the task's own CUDA calls on that GPU wait for: below
+# this, telemetry could slow the task it measures (docs/telemetry.md)
+MIN_PROFILE_INTERVAL = 0.25
 
 __all__ = ["OPTIONS", "SECTION", "Option", "airflow_setting", "check_choice", "get", "provider_config"]
 
@@ -68,6 +71,11 @@ def _typed(option: Option, text: str) -> Any:
         seconds = float(text)
         if option.name in POSITIVE_SECONDS and not 0 < seconds <= 10**9:  # NaN and infinity fail this too
             raise ValueError(f"[{SECTION}] {option.name}={text!r} is not a positive number of seconds (at most 1e9)")
+        if option.name == "profile_interval" and seconds < MIN_PROFILE_INTERVAL:
+            raise ValueError(
+                f"[{SECTION}] profile_interval={text!r} is below {MIN_PROFILE_INTERVAL} s: every sample takes the GPU "
+                "driver's lock, which the task's own CUDA calls wait for (docs/telemetry.md). Accepted: 0.25 or more"
+            )
         return seconds
     value = text.strip()
     if option.name == "state_dir" and (not value.startswith("/") or value.rstrip("/") == ""):

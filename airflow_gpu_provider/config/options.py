@@ -240,7 +240,14 @@ OPTIONS: tuple[Option, ...] = (
         "gpu_allocation option overrides it per task.",
         "dra",
     ),
-    Option("profile_interval", "float", "1.0", "Seconds between two samples of a task's profile.", "5.0"),
+    Option(
+        "profile_interval",
+        "float",
+        "1.0",
+        "Seconds between two samples of a task's profile: 0.25 or more (each sample takes the GPU driver's lock, "
+        "which the task's own CUDA calls wait for).",
+        "5.0",
+    ),
     Option(
         "prices",
         "string",

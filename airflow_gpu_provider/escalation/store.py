@@ -5,6 +5,13 @@ the history goes to the metadata DB, in the task state store of the task instanc
 Store tab, deleted when the task succeeds, and written by nothing but that task instance — another DAG cannot forge
 it (rule T2 of docs/security.md). What is read back is still checked entry by entry.
 
+It never ages out: Airflow's store expires a key after ``[state_store] default_retention_days`` (30) unless it is
+written with ``NEVER_EXPIRE``, and a ladder must not silently start again at its first rung because a failed task
+was cleared a month later. So the history is kept until the task succeeds, or until its DAG run is deleted (``airflow
+db clean``, or the run deleted in the UI: the store's rows go with their run), and it stays small (at most
+:data:`MAX_ENTRIES`). What the task state store holds besides (the nodes an infrastructure failure avoids, every
+try's profile) takes Airflow's default retention: docs/resilience.md says what is forgotten when.
+
 On an Airflow without the store (before 3.3) the history cannot travel between tries: each try runs on the task's
 own resources, and the log says so.
 """
@@ -56,9 +63,15 @@ def load(state_store: Any, try_number: int) -> list[dict[str, Any]]:
 
 
 def save(state_store: Any, history: Sequence[Mapping[str, Any]]) -> None:
-    """Keep the history for the next try, wherever it runs."""
-    if state_store is not None:
+    """Keep the history for the next try, wherever it runs, for as long as the DAG run lasts."""
+    if state_store is None:
+        return
+    try:
+        from airflow.sdk.execution_time.context import NEVER_EXPIRE  # airflow.sdk.NEVER_EXPIRE, where it is defined
+    except ImportError:  # an Airflow whose store has no such retention: its default (docs/resilience.md)
         state_store.set(KEY, [dict(entry) for entry in history])
+    else:
+        state_store.set(KEY, [dict(entry) for entry in history], retention=NEVER_EXPIRE)
 
 
 def forget(state_store: Any) -> None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 from airflow.providers.common.compat.sdk import AirflowFailException  # airflow.sdk.exceptions from 3.2
 
 from airflow_gpu_provider import config
+from airflow_gpu_provider.escalation.retry_policy import DefaultRetryPolicy
 from airflow_gpu_provider.exceptions import GpuUnavailableError, InvalidSettingError, RemoteTaskError
 
 if TYPE_CHECKING:
@@ -93,6 +94,7 @@ class GpuExecution:
 
     task_spec: TaskSpec
     log: Any
+    retry_policy = DefaultRetryPolicy()  # the DAG's retry_policy, else GpuRetryPolicy() (Airflow 3.3+)
 
     def __init__(
         self, *, deferrable: bool | None = None, reattach: bool = True, wait_timeout: Any = None, **kwargs: Any
@@ -232,7 +234,13 @@ class GpuExecution:
         if isinstance(failure, RemoteTaskError):
             profile = failure.profile
         self.gpu_profile = report.publish(
-            profile, request, str(attempt.spec.backend), context=context, log=self.log, conf=attempt.conf
+            profile,
+            request,
+            str(attempt.spec.backend),
+            context=context,
+            log=self.log,
+            conf=attempt.conf,
+            failure=failure,
         )
         if attempt.tries is not None:
             context["ti"].xcom_push(escalation.XCOM_KEY, attempt.tries.finish(request.resources, failure))

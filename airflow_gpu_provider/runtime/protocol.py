@@ -65,9 +65,10 @@ The result envelope: ``{"ok": true, "return_value": ..., "cache": [...]}`` or
 ``"gpus": [...]`` when it failed. A failed result carries its class, ``"failure": {"class":
 "application"|"resources"|"infrastructure", "reason": ..., "evidence": [...], "host": ..., "node": ...,
 "gpus": [{"index", "uuid"}]}``: ``infrastructure`` for an NCCL timeout or abort in any rank (``error.kind``), or
-an Xid error of :data:`XID_INFRASTRUCTURE` or an uncorrectable ECC error that the sampler saw (the profile's
-``gpu_faults``). Exit status 0 on success, 1 when the user code raised, 2 when the envelope itself
-is unusable (a command: its own status, 127 when it cannot start).
+an Xid error whose GPU needs a reset or more (its recovery action, else NVIDIA's Xid catalogue: ``failures.py``)
+or an uncorrectable ECC error that the sampler saw (the profile's ``gpu_faults``). Exit status 0 on success, 1
+when the user code raised, 2 when the envelope itself is unusable (a command: its own status, 127 when it cannot
+start).
 
 Installer credentials never travel on a command line nor in a log: :func:`split_credentials` takes them out of
 the index URLs into netrc lines, which reach the installers as the file named by ``NETRC``; :func:`redact` hides
@@ -112,16 +113,6 @@ INFRASTRUCTURE = "infrastructure"  # an NCCL timeout or abort (the runtime's ``f
 # Kubernetes backend's ``failures.py``): the user's code, its resources (the OOM ladder), or the infrastructure.
 APPLICATION, RESOURCES = "application", "resources"
 FAILURE_CLASSES = (APPLICATION, RESOURCES, INFRASTRUCTURE)
-# NVML Xid errors that say the GPU or its link failed, not the task (NVIDIA's Xid catalog).
-XID_INFRASTRUCTURE = {
-    48: "double-bit ECC error",
-    63: "ECC page retirement or row remapping recorded",
-    64: "ECC page retirement or row remapping failed",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-}
 
 
 def failure_class(kind: str | None) -> str:

@@ -2,7 +2,8 @@
 
 Every backend reads the runtime's result (a file, a container's file, the pod's XCom, a log line) and hands it to
 :func:`task_result`, which turns it into the return value and profile, or a typed error: one wording for every
-backend.
+backend. :func:`failure_class_of` reads the class of the failed try back from that error (the retry policy, the
+metrics).
 """
 
 from __future__ import annotations
@@ -123,3 +124,20 @@ def task_result(result: Mapping[str, Any] | None, exit_code: int, *, where: str)
             profile=profile,
         )
     return TaskResult(result.get("return_value"), profile)
+
+
+def failure_class_of(error: BaseException) -> tuple[str, str] | None:
+    """The class of the try that ``error`` ended, and its evidence in words; ``None`` for an error of no GPU try.
+
+    The ``gpu_failure`` record an error carries says it (``GpuTaskError.failure``); otherwise the runtime's error
+    kind does (an OOM is the resources', any other error of the task's code the application's).
+    """
+    failure = getattr(error, "failure", None)
+    if isinstance(failure, Mapping) and failure.get("class") in protocol.FAILURE_CLASSES:
+        evidence = "; ".join(str(line) for line in failure.get("evidence") or []) or str(failure.get("reason") or "")
+        where = failure.get("node") or failure.get("host")
+        return str(failure["class"]), evidence + (f" (on {where})" if where else "")
+    if isinstance(error, RemoteTaskError):
+        first = (str(error).splitlines() or [""])[0].removesuffix(" The traceback is in the log above.")
+        return protocol.failure_class(error.kind), first
+    return None

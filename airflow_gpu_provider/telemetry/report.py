@@ -4,7 +4,7 @@ The runtime samples (``runtime/telemetry/sampler.py``) and returns the series an
 envelope; here the profile (read as :class:`~.profile.Profile`) gets the task's identity, what it asked for, the
 advice and the cost, then goes to XCom under :data:`XCOM_KEY` (the return value keeps ``return_value``), to the task
 instance's task state store under a key of its own try (:func:`try_key`: Airflow clears a task instance's XComs when
-its next try starts, the store keeps every try's), and to the end of the log.
+its next try starts, the store keeps every try's), to the end of the log, and to Airflow's metrics (``metrics.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.settings.accelerators import MODEL_VENDORS
 from airflow_gpu_provider.task.request import TaskRequest
-from airflow_gpu_provider.telemetry import TRY_KEY_PREFIX, XCOM_KEY
+from airflow_gpu_provider.task.result import failure_class_of
+from airflow_gpu_provider.telemetry import TRY_KEY_PREFIX, XCOM_KEY, metrics
 from airflow_gpu_provider.telemetry.advice import advice, cost, gib, parse_prices
 from airflow_gpu_provider.telemetry.profile import Profile
 
@@ -115,9 +116,19 @@ def summary_lines(profile: Profile) -> list[str]:
 
 
 def publish(
-    profile: Mapping[str, Any] | None, request: TaskRequest, backend: str, *, context: Any, log: Any, conf: GpuConfig
+    profile: Mapping[str, Any] | None,
+    request: TaskRequest,
+    backend: str,
+    *,
+    context: Any,
+    log: Any,
+    conf: GpuConfig,
+    failure: BaseException | None = None,
 ) -> dict[str, Any] | None:
-    """Complete the profile, store it (XCom, the try's key) and log it. Never raises: a task never fails for it."""
+    """Complete the profile, store it (XCom, the try's key), log it and send its metrics. Never raises.
+
+    :param failure: the error the try ended with (``None``: it succeeded), whose class tags the metrics
+    """
     if not profile:
         return None
     try:
@@ -133,6 +144,8 @@ def publish(
         state_store = context.get("task_state_store")  # None before Airflow 3.3: only the latest try's is kept
         if state_store is not None and completed["task"]["try_number"] > 0:
             state_store.set(try_key(completed["task"]["try_number"]), completed)
+        outcome = "success" if failure is None else (failure_class_of(failure) or ("failed", ""))[0]
+        metrics.emit(Profile.read(completed), outcome, log)  # type: ignore[arg-type]
     except Exception as err:  # noqa: BLE001 - the task's own outcome stands
         log.warning("[gpu] The task's profile could not be stored: %s: %s", type(err).__name__, err)
         return None

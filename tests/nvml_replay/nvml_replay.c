@@ -11,12 +11,16 @@
  * the cursor (row 0 before the first utilisation call). Energy is the recorded power integrated over the
  * recorded timestamps since the first row: trapezoids between rows of known power, across "[N/A]" rows.
  *
- * Two optional columns (a recording without them reads as a device without ECC and without Xid events):
+ * Three optional columns (a recording without them reads as a device without ECC, Xid events or recovery action):
  *   ecc.errors.uncorrected.volatile.total  nvidia-smi's own field: nvmlDeviceGetTotalEccErrors (uncorrected, volatile)
  *   xid                                    an Xid error at that tick (as the kernel log's "NVRM: Xid" line says);
  *                                          "[N/A]" for none. When the utilisation call moves a device's cursor onto
  *                                          such a row, an event nvmlEventTypeXidCriticalError is queued for every
  *                                          event set the device is registered with (nvmlEventSetWait_v2 reads it).
+ *   recovery_action                        the GPU's recovery action at that tick: the value of the field
+ *                                          NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (an nvmlDeviceGpuRecoveryAction_t:
+ *                                          0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset, ...),
+ *                                          read with nvmlDeviceGetFieldValues; "[N/A]": the driver does not give it.
  */
 #define _DEFAULT_SOURCE /* timegm */
 #include <math.h>
@@ -49,14 +53,20 @@ typedef enum { NVML_CLOCK_GRAPHICS, NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_CLOCK_VI
 
 /* The recording's columns, by their header names without units; each value in NVML's unit once loaded. */
 enum { TIMESTAMP, INDEX, UUID, NAME, UTIL_GPU, UTIL_MEMORY, MEMORY_USED, MEMORY_TOTAL, POWER, TEMPERATURE, CLOCK_SM,
-       REQUIRED, ECC_UNCORRECTED = REQUIRED, XID, COLUMNS }; /* the columns from REQUIRED on are optional */
+       REQUIRED, ECC_UNCORRECTED = REQUIRED, XID, RECOVERY_ACTION, COLUMNS }; /* from REQUIRED on: optional */
 static const char *const COLUMN_NAMES[COLUMNS] = {
     "timestamp", "index", "uuid", "name", "utilization.gpu", "utilization.memory", "memory.used", "memory.total",
-    "power.draw", "temperature.gpu", "clocks.sm", "ecc.errors.uncorrected.volatile.total", "xid"};
+    "power.draw", "temperature.gpu", "clocks.sm", "ecc.errors.uncorrected.volatile.total", "xid", "recovery_action"};
 static const double SCALE[COLUMNS] = {[MEMORY_USED] = 1048576, [MEMORY_TOTAL] = 1048576, [POWER] = 1000,
                                       [UTIL_GPU] = 1, [UTIL_MEMORY] = 1, [TEMPERATURE] = 1, [CLOCK_SM] = 1,
-                                      [ECC_UNCORRECTED] = 1, [XID] = 1};
+                                      [ECC_UNCORRECTED] = 1, [XID] = 1, [RECOVERY_ACTION] = 1};
 #define XID_CRITICAL_ERROR 0x8ULL /* nvmlEventTypeXidCriticalError */
+#define NVML_FI_DEV_GET_GPU_RECOVERY_ACTION 230
+typedef enum { NVML_VALUE_TYPE_DOUBLE = 0, NVML_VALUE_TYPE_UNSIGNED_INT = 1 } nvmlValueType_t;
+typedef union { double dVal; unsigned int uiVal; unsigned long ulVal; unsigned long long ullVal;
+                signed long long sllVal; signed int siVal; unsigned short usVal; } nvmlValue_t;
+typedef struct { unsigned int fieldId, scopeId; long long timestamp, latencyUsec; nvmlValueType_t valueType;
+                 nvmlReturn_t nvmlReturn; nvmlValue_t value; } nvmlFieldValue_t;
 
 typedef struct { double value[COLUMNS], energy_mj; } Row; /* value NAN: not supported; energy: a running total */
 
@@ -387,6 +397,24 @@ nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int errorType, int
     double value = current(device)->value[ECC_UNCORRECTED];
     if (errorType != 1 || counterType != 0 || isnan(value)) return leave(NVML_ERROR_NOT_SUPPORTED); /* recorded: */
     *count = (unsigned long long)value; /* the uncorrected volatile count alone */
+    return leave(NVML_SUCCESS);
+}
+
+/* Field values: only the recovery action is recorded; every other field is NOT_SUPPORTED, in its own nvmlReturn. */
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values) {
+    ENTER(device, values);
+    if (valuesCount < 0) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    double action = current(device)->value[RECOVERY_ACTION];
+    for (int i = 0; i < valuesCount; i++) {
+        nvmlFieldValue_t *field = &values[i];
+        field->timestamp = (long long)current(device)->value[TIMESTAMP] * 1000; /* microseconds */
+        field->latencyUsec = 0;
+        field->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+        field->value.ullVal = 0;
+        field->nvmlReturn = field->fieldId == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION && !isnan(action)
+                                ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+        if (field->nvmlReturn == NVML_SUCCESS) field->value.uiVal = (unsigned int)action;
+    }
     return leave(NVML_SUCCESS);
 }
 

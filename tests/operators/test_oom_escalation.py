@@ -12,6 +12,7 @@ from helpers import load_dag, run_dag, task_states, xcom
 
 from airflow_gpu_provider.escalation import store
 from airflow_gpu_provider.escalation import tries as escalation
+from airflow_gpu_provider.telemetry.report import try_key
 
 pytestmark = pytest.mark.usefixtures("airflow_home")
 DAG_FILE = REPO / "tests" / "dags" / "escalation_dags.py"
@@ -23,24 +24,29 @@ def two_models(monkeypatch: pytest.MonkeyPatch, state_dir) -> None:
     monkeypatch.setenv("AIRFLOW__GPU__DEVICES", "0=L4,1=A100-80GB")
 
 
-def _stored(dag_run, task_id: str) -> list[dict]:
+def _stored(dag_run, task_id: str, key: str = store.KEY) -> list[dict]:
     """The history kept in the task instance's task state store for its next try (empty when none is kept)."""
     import json
 
+    row = _row(dag_run, task_id, key)
+    return [] if row is None else json.loads(row.value)
+
+
+def _row(dag_run, task_id: str, key: str):
+    """The task state store's row of ``key`` (its value and ``expires_at``), or ``None``."""
     from airflow.models.task_state_store import TaskStateStoreModel
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
     with create_session() as session:
-        value = session.scalar(
-            select(TaskStateStoreModel.value).where(
+        return session.scalar(
+            select(TaskStateStoreModel).where(
                 TaskStateStoreModel.dag_id == dag_run.dag_id,
                 TaskStateStoreModel.run_id == dag_run.run_id,
                 TaskStateStoreModel.task_id == task_id,
-                TaskStateStoreModel.key == store.KEY,
+                TaskStateStoreModel.key == key,
             )
         )
-    return [] if value is None else json.loads(value)
 
 
 def test_a_gpu_oom_retries_on_the_next_accelerator_of_the_ladder(capfd):
@@ -106,6 +112,9 @@ def test_past_the_top_of_the_ladder_the_task_stops_retrying(capfd):
     assert log.count("the task ran out of GPU memory (OutOfMemoryError)") == 2  # L4, then A100-80GB; not a 3rd run
     assert "the on_oom ladder has no larger GPU step" in log
     assert [t["kind"] for t in _stored(dr, "top")] == ["gpu_oom", "gpu_oom"]  # kept: a cleared task goes on from there
+    # ...however late: the history never expires ([state_store] default_retention_days), what else is kept does
+    assert _row(dr, "top", store.KEY).expires_at is None
+    assert _row(dr, "top", try_key(1)).expires_at is not None  # the profile of try 1: Airflow's default retention
 
 
 def test_an_oom_in_one_rank_of_an_accelerate_launch_climbs_the_ladder(capfd):

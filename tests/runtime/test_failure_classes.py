@@ -19,6 +19,8 @@ from airflow_gpu_provider.exceptions import GpuInfrastructureError, GpuOutOfMemo
 from airflow_gpu_provider.task.result import task_result
 
 XID_RECORDING = RECORDINGS / "rtx4090_rtx4080_2gpu_xid79.csv"
+# Xid 94 on both GPUs; recovery action "none" on GPU 0, "GPU reset" on GPU 1 (NVML's field, through ctypes)
+XID94_RECORDING = RECORDINGS / "rtx4090_rtx4080_2gpu_xid94.csv"
 ECC_RECORDING = RECORDINGS / "rtx4090_1gpu_ecc.csv"
 GPU0 = "GPU-00000000-0000-0000-0000-000000000000"
 # ProcessGroupNCCL.cpp's watchdog line and NCCLUtils.cpp's abort, as torch 2.x words them (a real run's log)
@@ -49,12 +51,13 @@ def test_an_xid_79_seen_by_the_sampler_makes_the_failure_the_infrastructures(tmp
     assert failure["class"] == "infrastructure" and failure["reason"] == "GPU fault"
     assert failure["gpus"] == [{"index": "0", "uuid": GPU0}]
     assert failure["host"] == "worker-7"
-    assert failure["evidence"][0] == f"GPU 0 ({GPU0}): Xid 79 (GPU has fallen off the bus)"
+    assert failure["evidence"][0] == f"Xid 79 on GPU 0 ({GPU0}): GPU has fallen off the bus"
     assert "unspecified launch failure" in failure["evidence"][1]
     [fault] = result["profile"]["gpu_faults"]
     assert fault["xid"] == 79 and fault["index"] == "0" and fault["at"] > 0
-    assert f"[gpu] profile: GPU 0 ({GPU0}): Xid 79 (GPU has fallen off the bus)" in log
-    assert "[gpu] infrastructure failure (GPU fault): GPU 0" in log
+    assert "recovery_action" not in fault  # the recording's driver does not give it: NVIDIA's catalogue decides
+    assert f"[gpu] profile: Xid 79 on GPU 0 ({GPU0}): GPU has fallen off the bus" in log
+    assert "[gpu] infrastructure failure (GPU fault): Xid 79 on GPU 0" in log
     with pytest.raises(GpuInfrastructureError, match="because of the infrastructure, not its code") as raised:
         task_result(result, 1, where="the local task process")
     assert raised.value.failure == failure
@@ -72,12 +75,43 @@ def test_the_other_gpu_of_the_same_recording_saw_no_xid_the_failure_is_the_tasks
     assert type(raised.value) is RemoteTaskError
 
 
+@pytest.mark.parametrize(
+    ("device", "action", "klass"),
+    [("0", "none", "application"), ("1", "GPU reset", "infrastructure")],
+    ids=["recovery action none", "recovery action GPU reset"],
+)
+def test_the_gpus_recovery_action_decides_whether_an_xid_94_is_the_infrastructures(
+    tmp_path, replay_lib, device, action, klass
+):
+    """Xid 94 is a contained error (NVIDIA: restart the application); the driver's recovery action has the last word."""
+    env = {**replay_environment(XID94_RECORDING, replay_lib), "CUDA_VISIBLE_DEVICES": device}
+    result, log = run_task(tmp_path, CRASH, env)
+    [fault] = result["profile"]["gpu_faults"]
+    assert fault["xid"] == 94 and fault["recovery_action"] == action
+    assert result["failure"]["class"] == klass
+    assert f"Xid 94 on GPU {device} (GPU-00000000-0000-0000-0000-00000000000{device}): contained memory error" in log
+    assert f"(recovery action: {action})" in log
+    assert ("infrastructure failure" in log) is (klass == "infrastructure")
+
+
+def test_without_a_recovery_action_nvidias_catalogue_decides():
+    """Where the driver does not give it: a reset or more in the catalogue's immediate action is the infrastructure's."""
+    from airflow_gpu_provider.runtime.failures import is_infrastructure_fault
+
+    verdicts = {
+        xid: is_infrastructure_fault({"xid": xid}) for xid in (13, 43, 48, 63, 74, 79, 92, 94, 95, 119, 120, 154)
+    }
+    assert [xid for xid, infrastructure in verdicts.items() if infrastructure] == [48, 74, 79, 95, 119, 120, 154]
+    assert not is_infrastructure_fault({"xid": 79, "recovery_action": "none"})  # the driver's word comes first
+    assert is_infrastructure_fault({"xid": 63, "recovery_action": "node reboot"})
+
+
 def test_a_rise_of_the_uncorrectable_ecc_count_is_a_gpu_fault(tmp_path, replay_lib):
     result, _ = run_task(tmp_path, CRASH, replay_environment(ECC_RECORDING, replay_lib))
     assert result["failure"]["class"] == "infrastructure"
     [fault] = result["profile"]["gpu_faults"]
     assert fault["ecc_uncorrected"] == 2  # the recording's count went from 0 to 2
-    assert f"GPU 0 ({GPU0}): 2 uncorrectable ECC error(s)" in result["failure"]["evidence"][0]
+    assert f"2 uncorrectable ECC error(s) on GPU 0 ({GPU0})" in result["failure"]["evidence"][0]
 
 
 def test_a_task_that_succeeds_on_a_faulty_gpu_succeeds(tmp_path, replay_lib):

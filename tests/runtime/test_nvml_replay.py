@@ -167,6 +167,33 @@ def test_pynvml_reads_the_recorded_gpus(recording: Path, lib_dir: Path) -> None:
     ]
 
 
+def test_pynvml_reads_the_recovery_action_field_row_by_row(lib_dir: Path) -> None:
+    """NVIDIA's own binding (nvidia-ml-py) reads NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: the struct layout is nvml.h's."""
+    found = run(
+        """
+        import json, pynvml
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(1)
+        answers = []
+        for _ in range(4):
+            pynvml.nvmlDeviceGetUtilizationRates(handle)  # the next row
+            action, other = pynvml.nvmlDeviceGetFieldValues(
+                handle, [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, pynvml.NVML_FI_DEV_RESET_STATUS]
+            )
+            answers.append([action.fieldId, action.nvmlReturn, action.valueType, action.value.uiVal, other.nvmlReturn])
+        print(json.dumps(answers))
+        pynvml.nvmlShutdown()
+        """,
+        RECORDINGS / "rtx4090_rtx4080_2gpu_xid94.csv",
+        lib_dir,
+    )
+    import pynvml
+
+    none, reset = pynvml.NVML_GPU_RECOVERY_ACTION_NONE, pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET
+    expected = [[230, SUCCESS, 1, action, NOT_SUPPORTED] for action in (none, none, reset, reset)]
+    assert found == expected  # GPU 1's recording: none until its third tick, then GPU reset
+
+
 @pytest.mark.parametrize("recording", [ONE_GPU, TWO_GPUS], ids=lambda path: path.stem)
 def test_each_utilisation_call_reads_the_next_row_of_its_device(recording: Path, lib_dir: Path) -> None:
     devices = recorded(recording)

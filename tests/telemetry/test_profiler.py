@@ -212,3 +212,14 @@ def test_merging_two_samples_weights_by_time_and_keeps_peaks():
         [20.0, MIB, None, None, None],  # an unknown value takes the other's
     ]
     assert stats.combine(first, 0.0, second, 0.0)[0][0] == 100.0  # no time at all: the later reading
+
+
+def test_a_gpu_sample_lists_no_processes():
+    """A process listing walks every process of the GPU under the driver's lock the task's CUDA calls take
+    (docs/telemetry.md): the sampler never asks NVML for one (the NVML replay has none to give either)."""
+    import airflow_gpu_provider.runtime.telemetry as telemetry
+
+    source = "".join(path.read_text() for path in Path(telemetry.__file__).parent.glob("*.py"))
+    assert "nvmlDeviceGetUtilizationRates" in source  # the sampler's own source
+    for listing in ("RunningProcesses", "ProcessUtilization", "ProcessesUtilizationInfo", "AccountingPids"):
+        assert listing not in source

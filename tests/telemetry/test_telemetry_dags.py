@@ -28,7 +28,7 @@ TWO_GPUS = RECORDINGS / "rtx4090_rtx4080_2gpu.csv"
 
 @pytest.fixture(autouse=True)
 def fast_samples(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AIRFLOW__GPU__PROFILE_INTERVAL", "0.2")
+    monkeypatch.setenv("AIRFLOW__GPU__PROFILE_INTERVAL", "0.25")  # the floor
 
 
 def test_every_gpu_task_try_leaves_its_profile_in_xcom_and_the_log(capfd, monkeypatch):
@@ -141,7 +141,7 @@ def test_the_rendered_pod_carries_what_the_runtime_needs_to_sample():
     env = {v["name"]: v.get("value") for v in pod["spec"]["containers"][0]["env"]}
     assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
     profile = json.loads(base64.b64decode(env["AIRFLOW_GPU_ENVELOPE"]))["profile"]
-    assert profile == {"interval_s": 0.2, "host": get_hostname()}  # the worker that renders and submits the pod
+    assert profile == {"interval_s": 0.25, "host": get_hostname()}  # the worker that renders and submits the pod
     [cpu_pod] = task.render_manifests(params={"gpu_count": 0})
     cpu_env = {v["name"] for v in cpu_pod["spec"]["containers"][0]["env"]}
     assert "NVIDIA_DRIVER_CAPABILITIES" not in cpu_env
@@ -161,7 +161,7 @@ def test_the_gpus_page_reads_the_profiles_of_gpu_tasks_only():
     from airflow.utils.session import create_session
 
     from airflow_gpu_provider.telemetry.ui.format import TaskKey
-    from airflow_gpu_provider.telemetry.ui.store import recent_profiles, task_profile
+    from airflow_gpu_provider.telemetry.ui.store import profiled_dags, recent_profiles, task_profile
 
     dr = run_dag(load_dag(DAG_FILE, "forged_profile"))
     assert task_states(dr) == {"forger": "success", "real": "success"}
@@ -171,6 +171,9 @@ def test_the_gpus_page_reads_the_profiles_of_gpu_tasks_only():
         assert [row.key.task_id for row in rows] == ["real"]  # ...and the page does not read it
         assert task_profile(session, TaskKey("forged_profile", dr.run_id, "forger")) is None
         assert task_profile(session, TaskKey("forged_profile", dr.run_id, "real")) is not None
+        # the DAG filter's choices: a readable DAG with a GPU task's profile, never one the user may not read
+        assert profiled_dags(session, {"forged_profile", "no_such_dag"}) == ["forged_profile"]
+        assert profiled_dags(session, set()) == []
 
 
 def test_a_cpu_fallback_is_marked_in_the_profile_with_its_reason(capfd):

@@ -14,7 +14,7 @@ DAG_FILE = REPO / "tests" / "dags" / "telemetry_dags.py"
 
 
 def test_a_docker_profile_names_the_worker_and_the_container(monkeypatch, gpu_runtime_problem):
-    monkeypatch.setenv("AIRFLOW__GPU__PROFILE_INTERVAL", "0.2")
+    monkeypatch.setenv("AIRFLOW__GPU__PROFILE_INTERVAL", "0.25")  # the floor
     dag_run = run_dag(load_dag(DAG_FILE, "telemetry_docker"))
     assert task_states(dag_run) == {"plain": "success", "fallback": "success"}
     plain, fallback = xcom(dag_run, "plain", "gpu_profile"), xcom(dag_run, "fallback", "gpu_profile")

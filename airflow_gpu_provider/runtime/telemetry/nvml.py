@@ -1,7 +1,8 @@
 """The task's visible GPUs through NVML, called with ``ctypes``: no nvidia-ml-py needed in the image.
 
 Besides the metrics, :meth:`Nvml.faults` reports what says a GPU failed: Xid errors (NVML's critical Xid events,
-registered for each device) and a rise of its volatile uncorrectable ECC error count since the sampling started.
+registered for each device), each with the GPU's recovery action when the driver gives it, and a rise of its
+volatile uncorrectable ECC error count since the sampling started.
 """
 
 from __future__ import annotations
@@ -13,6 +14,14 @@ NVML_LIBRARY = "libnvidia-ml.so.1"  # mounted into GPU containers by the NVIDIA 
 NO_DEVICES = ("", "-1", "none", "void", "nodevfiles")  # CUDA_VISIBLE_DEVICES values that name no device
 XID_CRITICAL_ERROR = 0x8  # nvmlEventTypeXidCriticalError
 UNCORRECTED, VOLATILE = 1, 0  # nvmlMemoryErrorType_t NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvmlEccCounterType_t
+# nvml.h's NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (drivers from R570; nvidia-ml-py 13.615: pynvml.py), read with
+# nvmlDeviceGetFieldValues; its value is an nvmlDeviceGpuRecoveryAction_t (NVML_GPU_RECOVERY_ACTION_*)
+RECOVERY_ACTION_FIELD = 230
+RECOVERY_ACTIONS = (
+    "none", "GPU reset", "node reboot", "drain P2P", "drain and reset", "recover IMEX domain", "bus reset",
+    "system reboot",
+)  # fmt: skip
+UNSIGNED_INT, UNSIGNED_LONG, UNSIGNED_LONG_LONG, SIGNED_LONG_LONG, SIGNED_INT = 1, 2, 3, 4, 5  # nvmlValueType_t
 
 
 class Nvml:
@@ -40,7 +49,30 @@ class Nvml:
                 ("computeInstanceId", ctypes.c_uint),
             ]
 
+        class Value(ctypes.Union):  # nvmlValue_t
+            _fields_ = [
+                ("dVal", ctypes.c_double),
+                ("uiVal", ctypes.c_uint),
+                ("ulVal", ctypes.c_ulong),
+                ("ullVal", ctypes.c_ulonglong),
+                ("sllVal", ctypes.c_longlong),
+                ("siVal", ctypes.c_int),
+                ("usVal", ctypes.c_ushort),
+            ]
+
+        class FieldValue(ctypes.Structure):  # nvmlFieldValue_t
+            _fields_ = [
+                ("fieldId", ctypes.c_uint32),
+                ("scopeId", ctypes.c_uint32),
+                ("timestamp", ctypes.c_int64),
+                ("latencyUsec", ctypes.c_int64),
+                ("valueType", ctypes.c_uint),
+                ("nvmlReturn", ctypes.c_uint),
+                ("value", Value),
+            ]
+
         self.ctypes, self.utilization, self.memory, self.event_data = ctypes, Utilization, Memory, EventData
+        self.field_value = FieldValue
         self.lib = ctypes.CDLL(NVML_LIBRARY)
         self.lib.nvmlErrorString.restype = ctypes.c_char_p
         self._call("nvmlInit_v2")
@@ -135,16 +167,39 @@ class Nvml:
         status = self.lib.nvmlDeviceGetTotalEccErrors(handle, UNCORRECTED, VOLATILE, self.ctypes.byref(count))
         return int(count.value) if status == 0 else None
 
+    def recovery_action(self, handle: Any) -> str | None:
+        """What the driver says the GPU needs now (``"none"``, ``"GPU reset"``, ...); ``None`` where it does not say.
+
+        NVIDIA's Xid catalogue: the recovery action, where the driver gives it, is what decides (Xid 154 reports
+        its changes).
+        """
+        if not hasattr(self.lib, "nvmlDeviceGetFieldValues"):
+            return None
+        value = self.field_value(fieldId=RECOVERY_ACTION_FIELD)
+        if self.lib.nvmlDeviceGetFieldValues(handle, self.ctypes.c_int(1), self.ctypes.byref(value)) != 0:
+            return None
+        kinds = {UNSIGNED_INT: "uiVal", UNSIGNED_LONG: "ulVal", UNSIGNED_LONG_LONG: "ullVal"}
+        kinds.update({SIGNED_LONG_LONG: "sllVal", SIGNED_INT: "siVal"})
+        if value.nvmlReturn != 0 or value.valueType not in kinds:
+            return None
+        action = int(getattr(value.value, kinds[value.valueType]))
+        return RECOVERY_ACTIONS[action] if 0 <= action < len(RECOVERY_ACTIONS) else f"recovery action {action}"
+
     def faults(self) -> list[dict[str, Any]]:
-        """What says a GPU failed since the last call: its Xid events, a rise of its uncorrectable ECC count."""
+        """What says a GPU failed since the last call: its Xid events, a rise of its uncorrectable ECC count.
+
+        An Xid event carries the GPU's recovery action when the driver gives it (:meth:`recovery_action`).
+        """
         found: list[dict[str, Any]] = []
-        by_handle = {handle.value: info for info, handle in self.devices}
+        by_handle = {handle.value: (info, handle) for info, handle in self.devices}
         data = self.event_data()
         while (
             self.event_set is not None and self.lib.nvmlEventSetWait_v2(self.event_set, self.ctypes.byref(data), 0) == 0
         ):
-            info = by_handle.get(data.device) or {}
-            found.append({"index": info.get("index"), "uuid": info.get("uuid"), "xid": int(data.eventData)})
+            info, handle = by_handle.get(data.device) or ({}, None)
+            fault = {"index": info.get("index"), "uuid": info.get("uuid"), "xid": int(data.eventData)}
+            action = None if handle is None else self.recovery_action(handle)
+            found.append(fault if action is None else {**fault, "recovery_action": action})
         for position, (info, handle) in enumerate(self.devices):
             count, before = self._ecc(handle), self.ecc_seen[position]
             if count is not None and before is not None and count > before:

@@ -21,11 +21,12 @@ from starlette.exceptions import HTTPException
 from airflow_gpu_provider.telemetry.ui import store
 from airflow_gpu_provider.telemetry.ui.format import TaskKey
 from airflow_gpu_provider.telemetry.ui.html import SECURITY_HEADERS, e, layout
-from airflow_gpu_provider.telemetry.ui.overview_page import render_overview
+from airflow_gpu_provider.telemetry.ui.overview_page import Filters, render_overview
 from airflow_gpu_provider.telemetry.ui.task_page import render_no_profile, render_task_page
 from airflow_gpu_provider.telemetry.ui.timeline import render_timeline
 
 MAX_LIMIT = 500
+Chosen = Annotated[str | None, Query(max_length=250)]  # a filter of the GPUs page (empty: all)
 _INTEGER = re.compile(r"-?\d{1,9}")
 
 ReadXCom = Depends(requires_access_dag("GET", DagAccessEntity.XCOM))
@@ -61,12 +62,19 @@ def create_app() -> FastAPI:
         request: Request,
         user: GetUserDep,
         session: SessionDep,
+        *,
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = store.RECENT_LIMIT,
+        dag_id: Chosen = None,
+        host: Chosen = None,
+        model: Chosen = None,
     ) -> HTMLResponse:
-        """Recent GPU task tries across the DAGs the user may read."""
+        """Recent GPU task tries across the DAGs the user may read, filtered by DAG, host and model."""
         dag_ids = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
-        rows = store.recent_profiles(session, dag_ids, limit)
-        return html(render_overview(rows, base=_base(request), limit=limit))
+        filters = Filters(dag_id or None, host or None, model or None)
+        shown = dag_ids & {filters.dag_id} if filters.dag_id else dag_ids  # only a DAG the user may read
+        rows = store.recent_profiles(session, shown, limit)
+        dags = store.profiled_dags(session, dag_ids)
+        return html(render_overview(rows, base=_base(request), limit=limit, filters=filters, dags=dags))
 
     @app.get("/dags/{dag_id}/runs/{run_id}/tasks/{task_id}", response_class=HTMLResponse, dependencies=[ReadXCom])
     def task_page(

@@ -10,9 +10,10 @@ from urllib.parse import quote
 from airflow_gpu_provider.telemetry.ui.format import TaskKey
 
 # No script runs on these pages and nothing is loaded from elsewhere; the Airflow UI (same origin) may frame them.
+# The one form (the GPUs page's filters, a GET) submits to the page itself.
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; style-src 'unsafe-inline'; img-src data:; frame-ancestors 'self'; base-uri 'none'; "
-    "form-action 'none'"
+    "form-action 'self'"
 )
 SECURITY_HEADERS = {
     "Content-Security-Policy": CONTENT_SECURITY_POLICY,
@@ -37,7 +38,7 @@ table { border-collapse: collapse; margin: 4px 0 8px; } th, td { padding: 4px 10
 figure.chart { margin: 4px 0 14px; } figure.chart svg { max-width: 100%; height: auto; display: block; }
 figcaption { font-weight: 600; font-size: 13px; margin-bottom: 2px; } .nowrap { white-space: nowrap; }
 ul.advice { margin: 0; padding-left: 16px; } ul.advice li { margin: 0 0 2px; } a { color: inherit; }
-td.num, .facts td { white-space: nowrap; }
+td.num, .facts td { white-space: nowrap; } form.filters { margin: 8px 0; } form.filters label { margin-right: 10px; }
 """
 
 

@@ -1,14 +1,41 @@
-"""The GPUs page: recent GPU task tries across DAGs, and the hosts and models seen in their profiles."""
+"""The GPUs page: the hosts and models first, the advice once per task, then the recent tries; filters on top.
+
+Filters (``dag_id``, ``host``, ``model``, a GET form: no script runs here) narrow the newest tries of the DAGs the
+user may read: the DAG in the database query, the host and the model among the tries read.
+"""
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from airflow_gpu_provider.telemetry.profile import number
-from airflow_gpu_provider.telemetry.ui.format import ProfileRow, fixed, gib, money, pct, requested
+from airflow_gpu_provider.telemetry.ui.format import ProfileRow, TaskKey, fixed, gib, money, pct, requested
 from airflow_gpu_provider.telemetry.ui.html import e, layout, table, task_path, when
+
+CPU_MODEL = "CPU"  # the model filter's name for tries without a GPU
+TASK_COLUMNS = ("Finished", "DAG / task", "Run", "Host", "Requested", "Assigned", "Peak memory", "Mean util", "Cost")
+
+
+class Filters(NamedTuple):
+    """What the page shows: one DAG, host and model, or all (``None``)."""
+
+    dag_id: str | None = None
+    host: str | None = None
+    model: str | None = None
+
+    def keep(self, row: ProfileRow) -> bool:
+        """Whether ``row`` passes the host and model filters (the DAG's is the query's)."""
+        return (self.host is None or (row.profile.host or "") == self.host) and (
+            self.model is None or self.model in models_of(row)
+        )
+
+
+def models_of(row: ProfileRow) -> set[str]:
+    """The models a try ran on, as NVML names them; :data:`CPU_MODEL` for a CPU profile."""
+    return {CPU_MODEL} if row.profile.is_cpu else {d.name or "GPU" for d in row.profile.devices}
 
 
 @dataclass
@@ -35,14 +62,28 @@ def _peak(row: ProfileRow) -> str:
     return "–" if peak is None else f"{gib(peak)}" + (f" ({pct(share)})" if share is not None else "")
 
 
-def _task_row(row: ProfileRow, base: str) -> list[str]:
+def _task(key: TaskKey) -> TaskKey:
+    """The task a try belongs to, whatever its run."""
+    return TaskKey(key.dag_id, "", key.task_id, key.map_index)
+
+
+def _advice_groups(rows: Sequence[ProfileRow]) -> dict[TaskKey, tuple[ProfileRow, int]]:
+    """Per task with advice: its newest try with advice, and how many of the tries shown had advice."""
+    groups: dict[TaskKey, tuple[ProfileRow, int]] = {}
+    for row in rows:  # newest first
+        if row.profile.advice:
+            newest, count = groups.get(_task(row.key), (row, 0))
+            groups[_task(row.key)] = (newest, count + 1)
+    return groups
+
+
+def _task_row(row: ProfileRow, base: str, anchor: int | None) -> list[str]:
     profile = row.profile
-    link = task_path(base, row.key)
     kind = f' <span class="badge">{"CPU fallback" if profile.cpu_fallback else "CPU"}</span>' if profile.is_cpu else ""
-    advice = "".join(f"<li>{e(item)}</li>" for item in profile.advice[:3])
+    notes = len(profile.advice)
     return [
         f'<span class="nowrap">{e(when(profile.finished or row.stored))}</span>',
-        f'<a href="{e(link)}">{e(row.key.label)}</a>{kind}',
+        f'<a href="{e(task_path(base, row.key))}">{e(row.key.label)}</a>{kind}',
         e(row.key.run_id),
         e(profile.host or "–"),
         e(requested(profile.requested)),
@@ -50,7 +91,7 @@ def _task_row(row: ProfileRow, base: str) -> list[str]:
         e(_peak(row)),
         e(pct(profile.mean_util)),
         f'<span title="{e(money(profile.cost))}">{e(fixed(number((profile.cost or {}).get("amount")), "", 3))}</span>',
-        f'<ul class="advice">{advice}</ul>' if advice else "",
+        f'<a href="#advice-{anchor}">{notes} note{"s" if notes > 1 else ""}</a>' if notes and anchor else "",
     ]
 
 
@@ -69,41 +110,65 @@ def _hosts(rows: Sequence[ProfileRow]) -> dict[str, _Host]:
     return dict(sorted(hosts.items()))
 
 
-def render_overview(rows: Sequence[ProfileRow], *, base: str, limit: int) -> str:
-    """The whole GPUs page for ``rows`` (newest first); ``base`` is where the app is mounted."""
+def _select(name: str, label: str, choices: Sequence[str], chosen: str | None) -> str:
+    options = "".join(
+        f'<option value="{e(value)}"{" selected" if value == chosen else ""}>{e(value)}</option>'
+        for value in sorted({*choices, *([chosen] if chosen else [])})
+    )
+    return f'<label>{e(label)} <select name="{name}"><option value="">all</option>{options}</select></label> '
+
+
+def _filter_form(read: Sequence[ProfileRow], dags: Sequence[str], filters: Filters, base: str, limit: int) -> str:
+    hosts = [row.profile.host for row in read if row.profile.host]
+    models = [model for row in read for model in models_of(row)]
+    return (
+        f'<form class="filters" method="get" action="{e(base)}/">'
+        + _select("dag_id", "DAG", dags, filters.dag_id)
+        + _select("host", "Host", hosts, filters.host)
+        + _select("model", "Model", models, filters.model)
+        + f'<input type="hidden" name="limit" value="{limit}"><button type="submit">Show</button> '
+        + f'<a href="{e(base)}/">clear</a></form>'
+    )
+
+
+def render_overview(
+    read: Sequence[ProfileRow],
+    *,
+    base: str,
+    limit: int,
+    filters: Filters | None = None,
+    dags: Sequence[str] = (),
+) -> str:
+    """The whole GPUs page.
+
+    :param read: the newest tries of the DAG filter's DAG (else of every DAG the user may read), newest first
+    :param base: where the app is mounted; :param dags: the DAGs to choose from (with a profile, readable)
+    """
+    filters = filters or Filters()
+    rows = [row for row in read if filters.keep(row)]
     total_cost = sum(number((row.profile.cost or {}).get("amount")) or 0.0 for row in rows)
     gpu_hours = sum(row.profile.gpu_seconds or 0.0 for row in rows if not row.profile.is_cpu) / 3600
+    scope = ", ".join(f"{name} {value}" for name, value in zip(("DAG", "host", "model"), filters, strict=True) if value)
     summary = (
-        f"Task tries that stored a profile (XCom key <code>gpu_profile</code>) in the DAGs you may read, newest first, "
-        f"at most {limit}: {len(rows)} shown, {e(fixed(gpu_hours, 'GPU-hours', 2))}"
+        f"Task tries that stored a profile (XCom key <code>gpu_profile</code>) in the DAGs you may read, newest first: "
+        f"{len(rows)} of the {len(read)} newest (at most {limit})"
+        + (f" with {e(scope)}" if scope else "")
+        + f", {e(fixed(gpu_hours, 'GPU-hours', 2))}"
         + (f", cost {e(f'{total_cost:.2f}')}" if total_cost else "")
         + "."
     )
-    body = ["<h1>GPUs</h1>", f'<p class="meta">{summary}</p>']
+    body = ["<h1>GPUs</h1>", _filter_form(read, dags, filters, base, limit), f'<p class="meta">{summary}</p>']
     if not rows:
         body.append(
             '<p class="empty">No GPU task has reported a profile yet. GPU tasks of this provider push one when '
             "a try ends (unless <code>[gpu] profile = False</code>).</p>"
+            if not read
+            else '<p class="empty">No try matches these filters.</p>'
         )
         return layout("GPUs", "".join(body))
+    groups = _advice_groups(rows)
+    anchors = {task: number + 1 for number, task in enumerate(groups)}
     body += [
-        "<h2>Recent GPU tasks</h2>",
-        table(
-            [
-                "Finished",
-                "DAG / task",
-                "Run",
-                "Host",
-                "Requested",
-                "Assigned",
-                "Peak memory",
-                "Mean util",
-                "Cost",
-                "Advice",
-            ],
-            [_task_row(row, base) for row in rows],
-            numeric=frozenset({6, 7}),
-        ),
         "<h2>Hosts and models</h2>",
         table(
             ["Host", "Models", "Devices", "Tasks", "GPU-hours", "Last seen"],
@@ -119,6 +184,45 @@ def render_overview(rows: Sequence[ProfileRow], *, base: str, limit: int) -> str
                 for name, host in _hosts(rows).items()
             ],
             numeric=frozenset({2, 3, 4}),
+        ),
+    ]
+    if groups:
+        body += [
+            "<h2>Advice</h2>",
+            '<p class="note">Once per task: what its newest try with advice says, and how many of the tries below '
+            "had advice.</p>",
+            table(
+                ["Task", "Tries", "Advice (newest try)"],
+                [
+                    [
+                        f'<a id="advice-{anchors[task]}" href="{e(task_path(base, newest.key))}">{e(task.label)}</a>',
+                        e(count),
+                        '<ul class="advice">'
+                        + "".join(f"<li>{e(item)}</li>" for item in newest.profile.advice)
+                        + "</ul>",
+                    ]
+                    for task, (newest, count) in groups.items()
+                ],
+                numeric=frozenset({1}),
+            ),
+        ]
+    body += [
+        "<h2>Recent GPU tasks</h2>",
+        table(
+            [
+                "Finished",
+                "DAG / task",
+                "Run",
+                "Host",
+                "Requested",
+                "Assigned",
+                "Peak memory",
+                "Mean util",
+                "Cost",
+                "Advice",
+            ],
+            [_task_row(row, base, anchors.get(_task(row.key))) for row in rows],
+            numeric=frozenset({6, 7}),
         ),
     ]
     return layout("GPUs", "".join(body))

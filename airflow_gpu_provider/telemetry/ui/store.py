@@ -169,6 +169,19 @@ def task_state(session: Session, key: TaskKey) -> str | None:
     return None if row is None else str(row.state or "none")
 
 
+def profiled_dags(session: Session, dag_ids: Collection[str]) -> list[str]:
+    """Which of ``dag_ids`` have a GPU task whose latest try stored a profile (the GPUs page's DAG filter)."""
+    if not dag_ids:
+        return []
+    query = (
+        select(XComModel.dag_id)
+        .join(TaskInstance, _of_gpu_tasks())
+        .where(XComModel.key == XCOM_KEY, XComModel.dag_id.in_(sorted(dag_ids)))
+        .distinct()
+    )
+    return sorted(session.scalars(query))
+
+
 def recent_profiles(session: Session, dag_ids: Collection[str], limit: int = RECENT_LIMIT) -> list[ProfileRow]:
     """The newest ``limit`` profiles of the DAGs ``dag_ids``, newest first (rows that are no profile skipped)."""
     if not dag_ids:

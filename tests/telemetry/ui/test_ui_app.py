@@ -90,6 +90,7 @@ def client(auth: FakeAuthManager, monkeypatch: pytest.MonkeyPatch) -> TestClient
         store, "task_state", lambda session, key: "running" if key.run_id in ("r-run", "r-retried") else None
     )
     monkeypatch.setattr(store, "recent_profiles", recent)
+    monkeypatch.setattr(store, "profiled_dags", lambda session, dag_ids: sorted({k.dag_id for k in profiles} & dag_ids))
     app = ui_app.create_app()
     app.dependency_overrides[store_session()] = lambda: None
     parent = FastAPI()
@@ -156,6 +157,26 @@ def test_gpus_page_lists_only_readable_dags_with_links_under_the_mount(client, a
     assert 'href="/gpu/dags/gpu_training_demo/runs/r-cpu/tasks/train?map_index=2"' in response.text
     assert auth.asked[-1] == {"method": "GET", "entity": ui_app.DagAccessEntity.XCOM, "dag": None}
     assert client.get("/gpu/?limit=0", headers=GOOD).status_code == 422
+
+
+def test_gpus_page_filters_by_dag_host_and_model_from_its_own_form(client):
+    """The form (a GET to the page itself: no script) offers what was read; a DAG the user may not read is refused
+    by Airflow's own check, which reads the query's ``dag_id``."""
+    page = client.get("/gpu/", headers=GOOD).text
+    assert '<form class="filters" method="get" action="/gpu/">' in page
+    assert '<select name="dag_id"><option value="">all</option><option value="gpu_training_demo">' in page
+    assert "secret_dag" not in page  # not even as a choice
+    assert '<option value="worker-1">worker-1</option><option value="ci-runner-7">' not in page  # sorted
+    assert '<option value="ci-runner-7">ci-runner-7</option><option value="worker-1">worker-1</option>' in page
+    by_host = client.get("/gpu/?host=ci-runner-7", headers=GOOD).text
+    assert "r-cpu" in by_host and "manual__2026-11-23T13:00:00+00:00" not in by_host
+    assert '<option value="ci-runner-7" selected>' in by_host and "1 of the 2 newest" in by_host
+    by_model = client.get("/gpu/?model=NVIDIA+A100-SXM4-80GB&dag_id=gpu_training_demo", headers=GOOD).text
+    assert "manual__2026-11-23T13:00:00+00:00" in by_model and "r-cpu" not in by_model
+    assert "with DAG gpu_training_demo, model NVIDIA A100-SXM4-80GB" in by_model
+    assert client.get("/gpu/?dag_id=secret_dag", headers=GOOD).status_code == 403
+    assert "No try matches these filters." in client.get("/gpu/?host=elsewhere", headers=GOOD).text
+    assert client.get("/gpu/?host=" + "x" * 251, headers=GOOD).status_code == 422
 
 
 def test_plugin_entries_point_the_tab_and_the_nav_at_the_app():

@@ -11,7 +11,8 @@ from telemetry.ui.profiles import CPU_PROFILE, ESCALATION, FALLBACK_PROFILE, GIB
 from airflow_gpu_provider.telemetry.profile import MAX_POINTS, Profile
 from airflow_gpu_provider.telemetry.ui.chart import memory_chart, utilisation_chart
 from airflow_gpu_provider.telemetry.ui.format import ProfileRow, TaskKey, TaskTry, requested
-from airflow_gpu_provider.telemetry.ui.overview_page import render_overview
+from airflow_gpu_provider.telemetry.ui.html import e
+from airflow_gpu_provider.telemetry.ui.overview_page import Filters, render_overview
 from airflow_gpu_provider.telemetry.ui.task_page import (
     CPU_BADGE,
     FALLBACK_BADGE,
@@ -187,6 +188,41 @@ def test_overview_lists_tasks_newest_first_and_the_hosts_and_models():
     assert re.search(
         r"<td>worker-1</td><td>2× NVIDIA A100-SXM4-80GB</td><td class=num>2</td><td class=num>1</td>", hosts
     )
+
+
+def test_overview_scans_hosts_first_then_each_tasks_advice_once_then_the_tries():
+    """Ten runs of one task with the same advice: the advice is shown once, each row links to it."""
+    rows = [
+        ProfileRow(TaskKey("sweep", f"r{n}", "trial"), float(n), Profile.read(GPU_PROFILE))  # type: ignore[arg-type]
+        for n in range(10, 0, -1)
+    ] + [ProfileRow(TaskKey("gpu_training_demo", "r0", "train"), 0.0, Profile.read(CPU_PROFILE))]  # type: ignore[arg-type]
+    html = render_overview(rows, base="/gpu", limit=200)
+    headings = re.findall(r"<h2>([^<]*)</h2>", html)
+    assert headings == ["Hosts and models", "Advice", "Recent GPU tasks"]
+    for note in GPU_PROFILE["advice"]:
+        assert html.count(e(note)) == 1, note
+    advice = html[html.index("<h2>Advice</h2>") : html.index("<h2>Recent GPU tasks</h2>")]
+    assert re.search(r'<a id="advice-1" href="/gpu/dags/sweep/runs/r10/tasks/trial\?map_index=-1">sweep / trial</a>'
+                     r"</td><td class=num>10</td>", advice)  # fmt: skip
+    assert '<a id="advice-2" href="/gpu/dags/gpu_training_demo/runs/r0/tasks/train?map_index=-1">' in advice
+    tries = html[html.index("<h2>Recent GPU tasks</h2>") :]
+    assert tries.count(f'<a href="#advice-1">{len(GPU_PROFILE["advice"])} notes</a>') == 10
+    assert '<a href="#advice-2">1 note</a>' in tries
+
+
+def test_overview_filters_by_host_and_model_among_the_tries_read():
+    rows = [
+        ProfileRow(TaskKey("sweep", "r1", "trial"), 1.0, Profile.read(GPU_PROFILE)),  # type: ignore[arg-type]
+        ProfileRow(TaskKey("gpu_training_demo", "r0", "train"), 0.0, Profile.read(CPU_PROFILE)),  # type: ignore[arg-type]
+    ]
+    on_cpu = render_overview(rows, base="/gpu", limit=200, filters=Filters(model="CPU"))
+    assert "gpu_training_demo / train" in on_cpu and "sweep / trial" not in on_cpu
+    assert "1 of the 2 newest (at most 200) with model CPU" in on_cpu
+    assert '<option value="CPU" selected>CPU</option><option value="NVIDIA A100-SXM4-80GB">' in on_cpu
+    on_worker = render_overview(rows, base="/gpu", limit=200, filters=Filters(host="worker-1"))
+    assert "sweep / trial" in on_worker and "gpu_training_demo / train" not in on_worker
+    nothing = render_overview(rows, base="/gpu", limit=200, filters=Filters(host="elsewhere"))
+    assert "No try matches these filters." in nothing and '<option value="elsewhere" selected>' in nothing
 
 
 def test_overview_without_profiles_says_so():
