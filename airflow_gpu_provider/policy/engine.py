@@ -94,7 +94,7 @@ def check_create(body: Mapping[str, Any], policy: Policy) -> None:
     host = fields("HostConfig", top.get("hostconfig"))
     check_host_config(host, policy)
     user = str(top.get("user") or "")
-    if not user or not user_allowed(user, policy):  # rule D2
+    if reaches_host(host) and (not user or not user_allowed(user, policy)):  # rule D2
         raise _refuse("User", user or "the image's own", "rule D2: the worker's own uid:gid, or [gpu] allowed_users")
     if list(host.get("capdrop") or []) != ["ALL"]:  # rule D1
         raise _refuse("HostConfig.CapDrop", host.get("capdrop"), "rule D1: every capability is dropped (['ALL'])")
@@ -112,6 +112,17 @@ def check_create(body: Mapping[str, Any], policy: Policy) -> None:
         for key in ("links", "driveropts"):  # rule D3: no other container's namespace, no driver options
             if not empty(settings.get(key)):
                 raise _refuse(f"NetworkingConfig.EndpointsConfig.{name}.{key}", settings[key], "rule D3: never set")
+
+
+def reaches_host(host: Mapping[str, Any]) -> bool:
+    """Whether a container gets anything of the host: a host folder, a named volume, a device or a GPU.
+
+    Rule D2 binds the user of such a container only: without them (a derived image's install container, or a
+    build step) the container's user reaches nothing of the host that its permissions would guard.
+    """
+    mounts = [fields("HostConfig.Mounts", mount) for mount in host.get("mounts") or []]
+    kinds = {str(mount.get("type") or "bind") for mount in mounts}
+    return bool(kinds - {"tmpfs"} or host.get("devices") or host.get("devicerequests") or host.get("binds"))
 
 
 def check_host_config(host: Mapping[str, Any], policy: Policy) -> None:
@@ -237,4 +248,4 @@ def check_exec(body: Mapping[str, Any], policy: Policy) -> None:
     if user and not user_allowed(user, policy):  # rule D2 (empty: the container's own, judged when created)
         raise _refuse("exec User", user, "rule D2: the worker's own uid:gid, or [gpu] allowed_users")
     harmless = "attachstdin attachstdout attachstderr detachkeys tty consolesize env workingdir cmd user privileged"
-    _none_but("exec ", members, frozenset(harmless.split()))
+    _none_but("exec ", members, frozenset({"container", *harmless.split()}))  # container: the URL's, in docker-py

@@ -57,10 +57,8 @@ class TaskFiles:
         """The read-only bind mount, in the Docker API's form."""
         return {"Target": CONTAINER_DIR, "Source": str(self.path), "Type": "bind", "ReadOnly": True}
 
-    def copy_in(self, client: Any, container_id: str) -> None:
-        """Without the mount: unpack the files into the created container (:func:`upload`)."""
-        if self.mounted:
-            return
+    def archive(self) -> bytes:
+        """The files as a tar of ``/airflow-gpu``, the worker's own (what the container's user could write)."""
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             folder = tarfile.TarInfo(CONTAINER_DIR.strip("/"))
@@ -70,7 +68,12 @@ class TaskFiles:
                 info = tarfile.TarInfo(f"{folder.name}/{name}")
                 info.size, info.mode = len(data), 0o644
                 tar.addfile(_owned(info), io.BytesIO(data))
-        upload(client, container_id, "/", buffer.getvalue())
+        return buffer.getvalue()
+
+    def copy_in(self, client: Any, container_id: str) -> None:
+        """Without the mount: unpack the files into the created container (:func:`upload`)."""
+        if not self.mounted:
+            upload(client, container_id, "/", self.archive())
 
 
 def _owned(member: tarfile.TarInfo) -> tarfile.TarInfo:
