@@ -84,6 +84,12 @@ def _none_but(where: str, members: Mapping[str, Any], known: frozenset[str]) -> 
             raise _refuse(f"{where}{name}", value, why if name in NEVER else "a field no policy allows (default deny)")
 
 
+def _null_only(where: str, members: Mapping[str, Any]) -> None:
+    for name in NULL_ONLY & members.keys():
+        if members[name] is not None:  # an empty list unmasks /proc's files
+            raise _refuse(f"{where}{name}", members[name], "only the engine's defaults (null) are allowed")
+
+
 def check_create(body: Mapping[str, Any], policy: Policy) -> None:
     """Rules D1-D5 on a whole ``POST /containers/create`` body, as the engine will read it.
 
@@ -91,6 +97,7 @@ def check_create(body: Mapping[str, Any], policy: Policy) -> None:
     """
     top = fields("body", body)
     _none_but("", top, CONFIG | {"user", "hostconfig", "networkingconfig"})
+    _null_only("", top)
     host = fields("HostConfig", top.get("hostconfig"))
     check_host_config(host, policy)
     user = str(top.get("user") or "")
@@ -130,8 +137,7 @@ def check_host_config(host: Mapping[str, Any], policy: Policy) -> None:
     for name, value in host.items():
         if name in JUDGED:
             JUDGED[name](value, policy)
-        elif name in NULL_ONLY and value is not None:
-            raise _refuse(f"HostConfig.{name}", value, "only the engine's defaults (null) are allowed")
+    _null_only("HostConfig.", host)
     _none_but("HostConfig.", host, HARMLESS | JUDGED.keys() | NULL_ONLY | {"capdrop"})
 
 
