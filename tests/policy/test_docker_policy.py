@@ -10,10 +10,10 @@ import logging
 import os
 from pathlib import Path
 
-import docker
 import pytest
 from backends.docker.docker_fixtures import BASE_IMAGE
 
+import docker
 from airflow_gpu_provider import GpuStepOperator
 from airflow_gpu_provider.backends import BACKENDS
 from airflow_gpu_provider.backends.docker.files import TaskFiles
