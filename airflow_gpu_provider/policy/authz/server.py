@@ -31,10 +31,16 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_POST(self) -> None:
+        request: Any = {}
         try:
             length = int(self.headers.get("Content-Length") or 0)
-            request = json.loads(self.rfile.read(min(length, MAX_REQUEST)) or b"{}") if length <= MAX_REQUEST else {}
+            if length > MAX_REQUEST:
+                self.close_connection = True  # its body stays unread: a refusal, and no next request on it
+            else:
+                request = json.loads(self.rfile.read(length) or b"{}")
         except ValueError:
+            pass
+        if not isinstance(request, dict):
             request = {}
         if self.path == "/Plugin.Activate":
             self._answer({"Implements": ["authz"]})
