@@ -24,8 +24,14 @@ import pytest
 from gpu_support import REQUIRE_GPU, nvidia_gpus
 
 REPO = Path(__file__).resolve().parents[1]
-# Docker engine fixtures (skip, or fail in CI, without one); the failure matrix's report
-pytest_plugins = ("backends.docker.docker_fixtures", "backends.kubernetes.cluster_answers", "reliability.report")
+# Docker engine fixtures (skip, or fail in CI, without one), the second engine with the authorization plugin;
+# the failure matrix's report
+pytest_plugins = (
+    "backends.docker.docker_fixtures",
+    "backends.docker.authz_engine",
+    "backends.kubernetes.cluster_answers",
+    "reliability.report",
+)
 _HOME = Path(tempfile.mkdtemp(prefix="airflow-gpu-tests-"))
 # Worker files that derived-image builds may read ([gpu] allowed_build_paths): readable by every local user, as the
 # policy wants (pytest's tmp_path is private to its user), and the wheels of /opt/wheels.

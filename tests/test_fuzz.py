@@ -21,17 +21,21 @@ fuzzed with bad shapes and profile-breaking values, not with wrongly typed API f
 
 Cases (``max_examples``, derandomized, no example database, so CI runs the same cases every time):
 ResourceSettings 1200 + ImageSettings 800 + Kubernetes operator 1500 + Docker operator 1000 + any backend 600 +
-callable arguments 400 = 5500 generated cases, plus the ``@example`` regressions of the bugs this corpus found.
+callable arguments 400 + the Docker engine's authorization plugin 1500 (any create body a DAG file's own code may
+send the engine) = 7000 generated cases, plus the ``@example`` regressions of the bugs this corpus found.
 About 35 s on 2 cores.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 import posixpath
 import re
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterator, Mapping
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any
@@ -69,8 +73,16 @@ RESOURCE_FIELDS = frozenset(f.name for f in dataclasses.fields(ResourceSettings)
 IMAGE_FIELDS = frozenset(f.name for f in dataclasses.fields(ImageSettings))
 DOCKER_CONTAINER_DIR = "/airflow-gpu"
 NAN, INF = float("nan"), float("inf")
-# Generated cases of each property (max_examples): 5500 in all.
-CASES = {"resources": 1200, "image": 800, "kubernetes": 1500, "docker": 1000, "any_backend": 600, "arguments": 400}
+# Generated cases of each property (max_examples): 7000 in all.
+CASES = {
+    "resources": 1200,
+    "image": 800,
+    "kubernetes": 1500,
+    "docker": 1000,
+    "any_backend": 600,
+    "arguments": 400,
+    "authz": 1500,
+}
 
 
 # ---------------------------------------------------------------------------------------------- values
@@ -1228,3 +1240,215 @@ def test_without_a_backend_the_options_are_checked_for_the_default_backend(optio
 
 def test_the_corpus_has_at_least_5000_cases() -> None:
     assert sum(CASES.values()) >= 5000
+
+
+# ---------------------------------------------------------------------------- the engine's authorization plugin
+# What a DAG file's own code may send the engine (finding H1): any create body, spelled as Go reads it. Under one
+# admin policy, the plugin (policy/authz) answers for every body; whatever it allows must meet the policy as the
+# engine will read the body (names folded as Go folds them, a name given twice merged, HostConfig's fields taken at
+# the top level), by the independent rules below; and for a body the provider could send (a plain JSON object),
+# the plugin and the provider's final check (policy/engine.check_create) give the same verdict.
+ENGINE_HOST_FIELDS = {
+    "Privileged": [True, False], "CapAdd": [["SYS_ADMIN"], ["SYS_PTRACE"], ["sys_ptrace"], ["CAP_SYS_PTRACE"], ["ALL"]],
+    "CapDrop": [[], ["all"], ["ALL"], ["ALL", "CHOWN"]], "OomKillDisable": [True],
+    "SecurityOpt": [["seccomp=unconfined"], [], ["no-new-privileges"], ["no-new-privileges:false"]],
+    "PidMode": ["host", "", "container:x"], "IpcMode": ["host", "private", "container:x", "none"],
+    "NetworkMode": ["host", "default", "bridge", "ml-net", "container:x", "none"], "UTSMode": ["host"],
+    "UsernsMode": ["host"], "CgroupnsMode": ["host", "private"], "Cgroup": ["container:x"], "Binds": [["/:/h"]],
+    "VolumesFrom": [["x"]], "Links": [["x:y"]], "Sysctls": [{"kernel.core_pattern": "|/x"}, {}],
+    "Devices": [[{"PathOnHost": "/dev/sda", "PathInContainer": "/d"}], [{"PathOnHost": "/dev/kfd"}]],
+    "DeviceRequests": [[{"Capabilities": [["gpu"]], "Count": 1}], [{"Capabilities": [["gpu", "utility"]]}],
+                       [{"Driver": "x", "Capabilities": [["gpu"]]}], [{"Capabilities": [["gpu"]], "Options": {"a": "b"}}]],
+    "DeviceCgroupRules": [["a *:* rwm"]], "GroupAdd": [["0"], ["video"], ["ml"], ["docker"]],
+    "MaskedPaths": [[], None], "ReadonlyPaths": [[]], "CgroupParent": ["/", ""], "Runtime": ["runsc", ""],
+    "OomScoreAdj": [-1000, 0], "LogConfig": [{"Type": "syslog", "Config": {}}, {"Type": "", "Config": {}}],
+    "PortBindings": [{"80/tcp": [{"HostPort": "80"}]}], "Memory": [2**30], "ShmSize": [2**20], "Isolation": ["hyperv"],
+}  # fmt: skip
+ENGINE_USERS = ["", "0", "0:0", "root", "1000:1000", "worker"]
+WORKER_USER_FOR_FUZZ = f"{os.geteuid()}:{os.getegid()}"
+
+
+def _go_spellings(name: str) -> st.SearchStrategy[str]:
+    """A field's name as Go's reader still matches it: any case, ``ſ`` for ``s`` and ``K`` (Kelvin) for ``k``."""
+    folded = name.replace("s", "ſ").replace("k", "\u212a")
+    return st.sampled_from([name, name, name.lower(), name.upper(), folded])
+
+
+@st.composite
+def engine_bodies(draw: st.DrawFn, base: str) -> tuple[list, bool]:
+    """A create body as (name, value) pairs (a name may come twice), and whether it is a plain JSON object."""
+    sources = [f"{base}/ro", f"{base}/rw", f"{base}/ro/sub", f"{base}/rw/sub", f"{base}/ckpt/d/r/t", f"{base}/ckpt",
+               f"{base}/state/docker-tasks/task-1", f"{base}/link", "/", "/etc", "/var/run/docker.sock", "models"]  # fmt: skip
+    mount = st.fixed_dictionaries(
+        {"Type": st.sampled_from(["bind", "bind", "volume", "tmpfs", "npipe", "Bind"]),
+         "Source": st.sampled_from(sources), "Target": st.just("/m"), "ReadOnly": st.booleans()},
+        optional={"VolumeOptions": st.just({"DriverConfig": {"Name": "local", "Options": {"device": "/"}}}),
+                  "BindOptions": st.just({"Propagation": "rshared"})},
+    )  # fmt: skip
+    host: list = [("CapDrop", ["ALL"]), ("SecurityOpt", ["no-new-privileges:true"])]
+    top: list = [("Image", "img"), ("Cmd", ["true"])]
+    plain = True
+    for _ in range(draw(st.integers(0, 3))):
+        name = draw(st.sampled_from(sorted(ENGINE_HOST_FIELDS)))
+        value = draw(st.sampled_from(ENGINE_HOST_FIELDS[name]))
+        spelled = draw(_go_spellings(name))
+        where = draw(st.sampled_from(["host", "host", "top"]))
+        plain = plain and spelled == name and where == "host" and name not in {n for n, _ in host}
+        (host if where == "host" else top).append((spelled, value))
+    if draw(st.booleans()):
+        host.append(("Mounts", draw(st.lists(mount, min_size=1, max_size=2))))
+    user = draw(st.sampled_from(ENGINE_USERS))
+    top.append(("User", WORKER_USER_FOR_FUZZ if user == "worker" else user))
+    if draw(st.integers(0, 4)) == 0:
+        network = draw(st.sampled_from(["default", "host", "ml-net", "bridge"]))
+        links = draw(st.sampled_from([None, ["x"]]))
+        top.append(("NetworkingConfig", [("EndpointsConfig", [(network, [("Links", links)])])]))
+    if draw(st.integers(0, 5)) > 0:  # most bodies have a HostConfig; without it, the engine reads the top level
+        top.append((draw(_go_spellings("HostConfig")) if draw(st.booleans()) else "HostConfig", host))
+        plain = plain and top[-1][0] == "HostConfig"
+    else:
+        top.extend(host)
+        plain = False
+    return top, plain
+
+
+def _json(pairs: Any) -> str:
+    """JSON text of (name, value) pairs, a name possibly twice (``json.dumps`` cannot write that)."""
+    if isinstance(pairs, list) and all(isinstance(p, tuple) and len(p) == 2 for p in pairs) and pairs:
+        return "{" + ", ".join(f"{json.dumps(name)}: {_json(value)}" for name, value in pairs) + "}"
+    if isinstance(pairs, list):
+        return "[" + ", ".join(_json(item) for item in pairs) + "]"
+    return json.dumps(pairs)
+
+
+def _go_read(text: str) -> dict[str, Any]:
+    """The body as Go's ``encoding/json`` fills the engine's structs: names folded, a name twice merged."""
+
+    def merge(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        for name, value in pairs:
+            key = name.casefold()
+            if isinstance(merged.get(key), dict) and isinstance(value, dict):
+                merged[key] = {**merged[key], **value}
+            else:
+                merged[key] = value
+        return merged
+
+    return json.loads(text, object_pairs_hook=merge)
+
+
+def _engine_meets(body: dict[str, Any], policy: Any) -> None:
+    """The container the engine would make gives nothing beyond ``policy`` (rules D1-D5, written again)."""
+    from airflow_gpu_provider.policy.docker import DEVICE_GROUPS, DEVICE_PATHS, user_allowed
+
+    top_host = {k: v for k, v in body.items() if k.casefold() in {n.casefold() for n in ENGINE_HOST_FIELDS}}
+    host = {**top_host, **(body.get("hostconfig") or {})}  # the union: stricter than the engine's either-or
+    assert not host.get("privileged") and not host.get("oomkilldisable") and host.get("capdrop") == ["ALL"], host
+    assert set(host.get("securityopt") or []) <= {"no-new-privileges:true", "no-new-privileges"}
+    assert set(host.get("securityopt") or [])
+    for capability in host.get("capadd") or []:
+        assert capability.upper().removeprefix("CAP_") in policy.capabilities - {"ALL"}, capability
+    for key in (
+        "pidmode",
+        "utsmode",
+        "usernsmode",
+        "cgroupnsmode",
+        "cgroup",
+        "binds",
+        "volumesfrom",
+        "links",
+        "sysctls",
+        "devicecgrouprules",
+        "cgroupparent",
+        "runtime",
+        "oomscoreadj",
+        "portbindings",
+        "isolation",
+    ):
+        assert not host.get(key), (key, host[key])  # fmt: skip
+    assert host.get("maskedpaths") is None and host.get("readonlypaths") is None
+    assert not (host.get("logconfig") or {}).get("type")
+    assert host.get("networkmode") in (None, "", "default", *policy.network_modes)
+    assert host.get("ipcmode") in (None, "", "default", *policy.ipc_modes)
+    assert all(device.get("pathonhost") in DEVICE_PATHS for device in host.get("devices") or [])
+    assert all(r.get("capabilities") == [["gpu"]] and not r.get("options") for r in host.get("devicerequests") or [])
+    assert all(str(group) in policy.groups | DEVICE_GROUPS for group in host.get("groupadd") or [])
+    endpoints = (body.get("networkingconfig") or {}).get("endpointsconfig") or {}
+    assert all(name == "default" or name in policy.network_modes for name in endpoints), endpoints
+    assert not any((settings or {}).get("links") for settings in endpoints.values())
+    mounts = host.get("mounts") or []
+    if any(m.get("type") != "tmpfs" for m in mounts) or host.get("devices") or host.get("devicerequests"):
+        assert user_allowed(str(body.get("user") or ""), policy), body.get("user")
+    for mount in mounts:
+        assert not mount.get("volumeoptions", {}).get("driverconfig") and not mount.get("bindoptions")
+        kind, source = mount.get("type") or "bind", mount.get("source")
+        assert kind in ("bind", "volume", "tmpfs"), kind
+        if kind == "volume":
+            assert source in policy.volumes
+        elif kind == "bind":
+            assert os.path.realpath(source) == source, f"{source} is reached through a link"
+            made = source.startswith(f"{policy.state_dir}/docker-tasks/") and mount.get("readonly")
+            made = made or any(source.startswith(f"{r}/") for r in policy.checkpoint_roots)
+            roots = [r for r in policy.mount_roots if source == r.path or source.startswith(f"{r.path}/")]
+            assert made or any(r.path == source and (r.writable or mount.get("readonly")) for r in roots) or any(
+                not r.writable and mount.get("readonly") for r in roots), (source, roots)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def engine_policy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Host folders and one admin's ``[gpu]`` section for the plugin's cases."""
+    base = tmp_path_factory.mktemp("authz")
+    for folder in ("ro/sub", "rw/sub", "ckpt/d/r/t", "state/docker-tasks/task-1"):
+        (base / folder).mkdir(parents=True)
+    (base / "state").chmod(0o700)
+    (base / "link").symlink_to("/etc")
+    section = {
+        "ALLOWED_MOUNT_ROOTS": f"{base}/ro:ro,{base}/rw:rw", "ALLOWED_VOLUMES": "models",
+        "ALLOWED_CAPABILITIES": "SYS_PTRACE", "ALLOWED_GROUPS": "ml", "ALLOWED_NETWORK_MODES": "bridge,none,ml-net",
+        "ALLOWED_CHECKPOINT_ROOTS": f"{base}/ckpt", "STATE_DIR": f"{base}/state", "ALLOWED_USERS": "",
+    }  # fmt: skip
+    saved = {name: os.environ.get(f"AIRFLOW__GPU__{name}") for name in section}
+    os.environ.update({f"AIRFLOW__GPU__{name}": value for name, value in section.items()})
+    yield str(base)
+    for name, value in saved.items():
+        os.environ.pop(f"AIRFLOW__GPU__{name}") if value is None else os.environ.__setitem__(
+            f"AIRFLOW__GPU__{name}", value
+        )
+
+
+def test_what_the_engines_plugin_allows_meets_the_admins_policy(engine_policy: str) -> None:
+    import base64
+
+    from airflow_gpu_provider.policy import Policy
+    from airflow_gpu_provider.policy.authz.endpoints import decide
+    from airflow_gpu_provider.policy.engine import check_create
+    from airflow_gpu_provider.policy.paths import UnsafePathError
+
+    policy = Policy.current()
+    seen = Counter()
+
+    @settings(FUZZ, max_examples=CASES["authz"])
+    @given(drawn=engine_bodies(engine_policy))
+    def case(drawn: tuple[list, bool]) -> None:
+        pairs, plain = drawn
+        text = _json(pairs)
+        request = {"RequestMethod": "POST", "RequestUri": "/v1.41/containers/create",
+                   "RequestHeaders": {"Content-Type": "application/json"},
+                   "RequestBody": base64.b64encode(text.encode()).decode()}  # fmt: skip
+        allowed, why = decide(request, policy, lambda _: None)
+        seen["allowed" if allowed else "refused"] += 1
+        if allowed:
+            _engine_meets(_go_read(text), policy)
+        if plain:  # a body the provider could send: the provider's own check gives the same verdict
+            try:
+                check_create(json.loads(text), policy)
+                provider = ""
+            except UnsafePathError as err:
+                provider = str(err)
+            assert why.removeprefix("POST /v1.41/containers/create: ") == provider, (text, why, provider)
+            seen["plain"] += 1
+
+    case()
+    print(f"\nthe engine's authorization plugin, {CASES['authz']} create bodies: {dict(seen)}")
+    assert seen["allowed"] > CASES["authz"] // 20 and seen["refused"] > CASES["authz"] // 20, seen
+    assert seen["plain"] > CASES["authz"] // 10, seen

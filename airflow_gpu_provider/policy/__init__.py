@@ -8,6 +8,9 @@ of docs/security.md it enforces.
 
 - ``paths.py``: no path trusted by its name (resolved without links, every ancestor checked, deletions by marker)
 - ``docker.py``: the container a Docker task may get (mounts, capabilities, users, groups, namespaces, devices)
+- ``engine.py``: a container create call's whole body, as the engine reads it (the provider's final check, and the
+  engine's authorization plugin's)
+- ``authz/``: the Docker engine's authorization plugin: rules D1-D5 for every client of the engine
 - ``pods.py``: the pod a Kubernetes task may get (Pod Security Standards over the whole pod)
 - ``build.py``: what of the worker a derived image's build may read
 - ``checkpoints.py``: the roots a task may checkpoint to, and what may be deleted

@@ -6,16 +6,19 @@ devices of its GPUs only; it mounts host folders only beneath ``[gpu] allowed_mo
 root and the worker can redirect, never the runtime's sockets or the system's folders, never what tasks may write to
 (a folder beneath a read-write root, the state dir, a checkpoint root), and named volumes only of
 ``[gpu] allowed_volumes``.
+
+Here: the options at DAG parse (:func:`check_options`) and the rules both checks share. The final check, on the
+create call's whole body, for the provider and for the engine's authorization plugin alike: ``policy/engine.py``.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 from airflow_gpu_provider.policy import Policy, PolicyError
-from airflow_gpu_provider.policy.paths import UnsafePathError, beneath, canonical, stable
+from airflow_gpu_provider.policy.paths import UnsafePathError, beneath, canonical
 
 # Whoever reaches these controls the host: never mounted, even read-only, nor any folder that holds one.
 RUNTIME_CONTROL: tuple[str, ...] = (
@@ -133,74 +136,3 @@ def _listed(values: Iterable[str]) -> str:
 
 def _roots(policy: Policy) -> str:
     return ", ".join(f"{r.path}:{'rw' if r.writable else 'ro'}" for r in policy.mount_roots) or "none"
-
-
-def check_container(
-    create: Mapping[str, Any], host_config: Mapping[str, Any], policy: Policy, *, provider_sources: Sequence[str]
-) -> None:
-    """The final object: the whole ``create_container`` call meets ``policy``, or nothing is created (rule A2).
-
-    Run on the worker just before the container is created, with the worker's own ``[gpu]`` section, after every
-    merge (the image's user aside: the provider sets one). Bind sources are resolved again on this host, without
-    following links (:func:`~.paths.stable`).
-
-    :param provider_sources: the bind sources the provider made itself (the task's files, its checkpoint folder)
-    :raises UnsafePathError: naming what breaks which rule
-    """
-
-    def refuse(what: str, value: object) -> UnsafePathError:
-        return UnsafePathError(f"the task container's {what}={value!r}", "the deployment's [gpu] policy forbids it")
-
-    for key in ("privileged", "oom_kill_disable"):
-        if host_config.get(key):  # rule D1
-            raise refuse(key, host_config[key])
-    for key in ("pid_mode", "userns_mode", "uts_mode", "cgroupns", "volumes_from", "links", "sysctls", "binds"):
-        if host_config.get(key):  # rule D3 (binds: every mount goes through the checked mounts list, rule D5)
-            raise refuse(key, host_config[key])
-    if list(host_config.get("cap_drop") or []) != ["ALL"]:  # rule D1
-        raise refuse("cap_drop", host_config.get("cap_drop"))
-    for capability in host_config.get("cap_add") or []:
-        name = str(capability).upper().removeprefix("CAP_")
-        if name == "ALL" or name not in policy.capabilities:
-            raise refuse("cap_add", capability)
-    options = set(host_config.get("security_opt") or [])
-    if not options & SAFE_SECURITY_OPTIONS or options - SAFE_SECURITY_OPTIONS:
-        raise refuse("security_opt", sorted(options))
-    for mode_key, allowed in (("network_mode", policy.network_modes), ("ipc_mode", policy.ipc_modes)):
-        mode = host_config.get(mode_key)
-        if mode not in (None, "", "default") and mode not in allowed:
-            raise refuse(mode_key, mode)
-    for device in host_config.get("devices") or []:  # rule D4
-        if str(device).split(":")[0] not in DEVICE_PATHS:
-            raise refuse("devices", device)
-    for group in host_config.get("group_add") or []:
-        if str(group) not in policy.groups | DEVICE_GROUPS:
-            raise refuse("group_add", group)
-    for request in host_config.get("device_requests") or []:
-        if [list(c) for c in (request.get("capabilities") or [])] != [["gpu"]]:
-            raise refuse("device_requests", request)
-    user = str(create.get("user") or "")
-    if not user or not user_allowed(user, policy):  # rule D2
-        raise refuse("user", user or "the image's own")
-    for mount in host_config.get("mounts") or []:
-        _check_final_mount(mount, policy, provider_sources)
-
-
-def _check_final_mount(mount: Mapping[str, Any], policy: Policy, provider_sources: Sequence[str]) -> None:
-    """Rule D5 on one mount of the create call, and rule F1 on its source."""
-    kind, source = mount.get("Type", "bind"), str(mount.get("Source") or "")
-    if kind == "tmpfs":
-        return
-    if kind == "volume":
-        if source not in policy.volumes:
-            raise UnsafePathError(f"the volume {source!r}", "the deployment's [gpu] allowed_volumes lacks it")
-        return
-    if kind != "bind":
-        raise UnsafePathError(f"the mount {dict(mount)!r}", "only bind, volume and tmpfs mounts are known")
-    if source in provider_sources:
-        stable(source)  # made by the provider, private to the worker: still never through a link
-        return
-    found = _mount_problem(source, writable=not mount.get("ReadOnly"), policy=policy)
-    if found:
-        raise UnsafePathError(source, f"{found[0]} ([gpu] {found[1]})")
-    stable(source)  # rule F1: Docker resolves this name again when it starts

@@ -13,11 +13,15 @@ from pathlib import Path
 import pytest
 from backends.docker.docker_fixtures import BASE_IMAGE
 
+import docker
 from airflow_gpu_provider import GpuStepOperator
 from airflow_gpu_provider.backends import BACKENDS
+from airflow_gpu_provider.backends.docker.files import TaskFiles
+from airflow_gpu_provider.backends.docker.lifecycle import create_body
 from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.policy import Policy, PolicyError
-from airflow_gpu_provider.policy.docker import WORKER_USER, check_container
+from airflow_gpu_provider.policy.docker import WORKER_USER
+from airflow_gpu_provider.policy.engine import check_create
 from airflow_gpu_provider.policy.paths import UnsafePathError
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.task.envelope import Envelope
@@ -89,41 +93,53 @@ def test_the_state_dir_and_checkpoint_roots_are_never_mountable(monkeypatch, sta
 
 
 def _create_call(policy_env, monkeypatch, tmp_path, **options):
-    """The create call the Docker backend would make, as the backend builds it (plan, then the host config)."""
+    """The create call's body the Docker backend would send (the plan, then docker-py), and the worker's policy."""
     for name, value in policy_env.items():
         monkeypatch.setenv(f"AIRFLOW__GPU__{name.upper()}", value)
     backend = BACKENDS["docker"].create(options, logging.getLogger("t"))
     plan = backend.plan(TaskRequest(ResourceSettings(), ImageSettings(), Envelope.run(["true"])), GpuConfig.read())
-    kwargs = plan.create_kwargs("img")
-    return kwargs, kwargs.pop("host_config"), Policy.of(GpuConfig.read())
+    with TaskFiles({}, parent=tmp_path / "files") as files:
+        files.mounted = False  # the files' own mount is the provider's: these tests judge the task's
+        body = create_body(docker.APIClient(version="1.41"), plan.create_kwargs("img"), files, plan)
+    return body, plan.policy
 
 
 def test_the_final_create_call_meets_the_policy(monkeypatch, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
-    create, host, policy = _create_call({"allowed_mount_roots": f"{tmp_path}:ro"}, monkeypatch, tmp_path,
-                                        mounts=[{"source": str(data), "target": "/d", "read_only": True}])  # fmt: skip
-    check_container(create, host, policy, provider_sources=[])
-    assert create["user"] == WORKER_USER and host["cap_drop"] == ["ALL"]
+    body, policy = _create_call({"allowed_mount_roots": f"{tmp_path}:ro"}, monkeypatch, tmp_path,
+                                mounts=[{"source": str(data), "target": "/d", "read_only": True}])  # fmt: skip
+    check_create(body, policy)
+    assert body["User"] == WORKER_USER and body["HostConfig"]["CapDrop"] == ["ALL"]
     tampered = [
-        ("privileged", True), ("cap_add", ["SYS_ADMIN"]), ("cap_drop", []), ("pid_mode", "host"),
-        ("security_opt", ["seccomp=unconfined", "no-new-privileges:true"]), ("security_opt", []),
-        ("network_mode", "container:x"), ("devices", ["/dev/sda:/dev/sda:rwm"]), ("group_add", ["0"]),
-        ("binds", ["/:/host"]), ("sysctls", {"kernel.msgmax": "1"}), ("userns_mode", "host"),
+        ("Privileged", True), ("CapAdd", ["SYS_ADMIN"]), ("CapDrop", []), ("PidMode", "host"),
+        ("SecurityOpt", ["seccomp=unconfined", "no-new-privileges:true"]), ("SecurityOpt", []),
+        ("NetworkMode", "container:x"), ("Devices", [{"PathOnHost": "/dev/sda", "PathInContainer": "/dev/sda"}]),
+        ("GroupAdd", ["0"]), ("Binds", ["/:/host"]), ("Sysctls", {"kernel.msgmax": "1"}), ("UsernsMode", "host"),
+        ("MaskedPaths", []), ("CgroupParent", "/"), ("DeviceCgroupRules", ["b *:* rwm"]), ("Runtime", "runsc"),
+        ("LogConfig", {"Type": "syslog", "Config": {}}), ("PortBindings", {"80/tcp": [{"HostPort": "80"}]}),
+        ("OomScoreAdj", -1000), ("Cgroup", "container:x"), ("VolumeDriver", "x"), ("Unknown", "set"),
     ]  # fmt: skip
     for key, value in tampered:
-        with pytest.raises(UnsafePathError, match=key):
-            check_container(create, {**host, key: value}, policy, provider_sources=[])
-    with pytest.raises(UnsafePathError, match="user"):
-        check_container({**create, "user": "0:0"} if os.geteuid() else {**create, "user": "1:1"}, host, policy,
-                        provider_sources=[])  # fmt: skip
+        with pytest.raises(UnsafePathError, match=f"(?i){key}"):
+            check_create({**body, "HostConfig": {**body["HostConfig"], key: value}}, policy)
+    with pytest.raises(UnsafePathError, match="User"):
+        check_create({**body, "User": "0:0"} if os.geteuid() else {**body, "User": "1:1"}, policy)
+    for variant in ({"Privileged": True}, {"PidMode": "host"}):  # no HostConfig: the engine takes these at the top
+        with pytest.raises(UnsafePathError, match="(?i)privileged|pidmode"):
+            check_create({**body, **variant}, policy)
+    twice = {**body, "HostConfig": {**body["HostConfig"], "privileged": False, "PRIVILEGED": True}}
+    with pytest.raises(UnsafePathError, match="named twice"):  # the engine matches names whatever their case
+        check_create(twice, policy)
+    with pytest.raises(UnsafePathError, match="(?i)securityopt"):  # Go folds 'ſ' to 's' too
+        check_create({**body, "HostConfig": {**body["HostConfig"], "ſecurityOpt": ["seccomp=unconfined"]}}, policy)
 
 
 def test_h5_a_mount_source_swapped_for_a_link_is_refused_before_the_container_exists(monkeypatch, tmp_path):
     """H5: the guard checked the path, then Docker resolved the string again; a flipped component gave /etc rw."""
     share = tmp_path / "share"
     (share / "data").mkdir(parents=True)
-    create, host, policy = _create_call(
+    body, policy = _create_call(
         {"allowed_mount_roots": f"{share}:ro"},
         monkeypatch,
         tmp_path,
@@ -132,13 +148,13 @@ def test_h5_a_mount_source_swapped_for_a_link_is_refused_before_the_container_ex
     (share / "data").rmdir()
     (share / "data").symlink_to("/etc")  # the flip, after the plan and before the create call
     with pytest.raises(UnsafePathError, match="symbolic link"):
-        check_container(create, host, policy, provider_sources=[])
+        check_create(body, policy)
 
 
 def test_a_source_in_a_folder_another_user_owns_is_refused(monkeypatch, tmp_path):
     theirs = tmp_path / "theirs"
     (theirs / "data").mkdir(parents=True)
-    create, host, policy = _create_call(
+    body, policy = _create_call(
         {"allowed_mount_roots": f"{theirs}:ro"},
         monkeypatch,
         tmp_path,
@@ -146,7 +162,7 @@ def test_a_source_in_a_folder_another_user_owns_is_refused(monkeypatch, tmp_path
     )
     os.chown(theirs, 1000, 1000)
     with pytest.raises(UnsafePathError, match="belongs to uid 1000"):
-        check_container(create, host, policy, provider_sources=[])
+        check_create(body, policy)
 
 
 @pytest.mark.docker
@@ -179,6 +195,6 @@ def test_the_most_specific_mount_root_decides_and_no_path_is_listed_both_ways(mo
 
 def test_a_bind_source_reaches_the_engine_in_the_form_that_was_checked(monkeypatch, tmp_path):
     (tmp_path / "data").mkdir()
-    _, host, _ = _create_call({"allowed_mount_roots": f"{tmp_path}:ro"}, monkeypatch, tmp_path,
-                                   mounts=[{"source": f"/{tmp_path}/data/", "target": "/d", "read_only": True}])  # fmt: skip
-    assert [m["Source"] for m in host["mounts"]] == [f"{tmp_path}/data"]
+    body, _ = _create_call({"allowed_mount_roots": f"{tmp_path}:ro"}, monkeypatch, tmp_path,
+                           mounts=[{"source": f"/{tmp_path}/data/", "target": "/d", "read_only": True}])  # fmt: skip
+    assert [m["Source"] for m in body["HostConfig"]["Mounts"]] == [f"{tmp_path}/data"]

@@ -3,15 +3,19 @@
 Each case writes a ``[gpu]`` policy (allow-lists, as the admin would in airflow.cfg) and a Docker task (resources,
 ``backend_options``, a checkpoint root). Either the task is refused when the DAG is parsed, or every create call
 the worker would make for it (on its GPUs, and on the CPU fallback) is checked by the backend's own final check and
-meets the policy by the independent rules below, and docker-py accepts its host config. The case runs the real
-parse path (``GpuStepOperator``), the real plan and ``lifecycle.final_call``; only the engine call is left out.
+meets the policy by the independent rules below. The case runs the real parse path (``GpuStepOperator``), the real
+plan and ``lifecycle.create_body`` (docker-py builds the body the engine would get); only the engine call is left
+out. The same body also goes through the engine's authorization plugin (``policy/authz``, as the engine would send
+it): the plugin and the provider's final check give it the same verdict, with the same reason.
 
 Derandomized: the same 5000 cases on every run.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import os
 import posixpath
 from collections import Counter
@@ -23,14 +27,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import docker
 from airflow_gpu_provider import GpuStepOperator
 from airflow_gpu_provider.backends.docker.backend import DockerBackend
 from airflow_gpu_provider.backends.docker.files import TaskFiles, checkpoint_folder
-from airflow_gpu_provider.backends.docker.lifecycle import final_call
+from airflow_gpu_provider.backends.docker.lifecycle import create_body
 from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.policy import Policy
+from airflow_gpu_provider.policy.authz.endpoints import decide
 from airflow_gpu_provider.policy.docker import DEVICE_GROUPS, DEVICE_PATHS, RUNTIME_CONTROL, SYSTEM, worker_user
+from airflow_gpu_provider.policy.engine import check_create
 from airflow_gpu_provider.policy.paths import UnsafePathError
 from airflow_gpu_provider.render import stand_in
 from airflow_gpu_provider.settings import ResourceSettings
@@ -155,26 +162,27 @@ def _beneath(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def _meets(create: Mapping[str, Any], host: Mapping[str, Any], policy: Policy, provider_sources: list[str]) -> None:
-    """Assert the create call gives the task nothing beyond ``policy`` (docs/security.md, Docker rules)."""
-    assert not host.get("privileged") and host["cap_drop"] == ["ALL"]
-    assert set(host["security_opt"]) == {"no-new-privileges:true"}
-    for capability in host.get("cap_add") or []:
+def _meets(body: Mapping[str, Any], policy: Policy, provider_sources: list[str]) -> None:
+    """Assert the create body gives the task nothing beyond ``policy`` (docs/security.md, Docker rules)."""
+    host = body["HostConfig"]
+    assert not host.get("Privileged") and host["CapDrop"] == ["ALL"]
+    assert set(host["SecurityOpt"]) == {"no-new-privileges:true"}
+    for capability in host.get("CapAdd") or []:
         assert capability.upper().removeprefix("CAP_") in policy.capabilities - {"ALL"}, capability
-    for key in ("pid_mode", "userns_mode", "uts_mode", "binds", "sysctls", "volumes_from", "links", "cgroupns"):
+    for key in ("PidMode", "UsernsMode", "UTSMode", "Binds", "Sysctls", "VolumesFrom", "Links", "CgroupnsMode"):
         assert not host.get(key), key
-    assert host.get("network_mode") in (None, *policy.network_modes)
-    assert host.get("ipc_mode") in (None, *policy.ipc_modes)
-    for device in host.get("devices") or []:
-        assert device.split(":")[0] in DEVICE_PATHS
-    for group in host.get("group_add") or []:
+    assert host.get("NetworkMode") in (None, "default", *policy.network_modes)
+    assert host.get("IpcMode") in (None, *policy.ipc_modes)
+    for device in host.get("Devices") or []:
+        assert device["PathOnHost"] in DEVICE_PATHS
+    for group in host.get("GroupAdd") or []:
         assert str(group) in policy.groups | DEVICE_GROUPS
-    for request in host.get("device_requests") or []:
-        assert request["capabilities"] == [["gpu"]]
+    for request in host.get("DeviceRequests") or []:
+        assert request["Capabilities"] == [["gpu"]]
     own = worker_user()
-    user = str(create["user"])
+    user = str(body["User"])
     assert user in (own, own.partition(":")[0]) or user in policy.users or user.partition(":")[0] in policy.users
-    for mount in host["mounts"]:
+    for mount in host.get("Mounts") or []:
         source = mount["Source"]
         if mount["Type"] == "volume":
             assert source in policy.volumes
@@ -196,10 +204,29 @@ def _meets(create: Mapping[str, Any], host: Mapping[str, Any], policy: Policy, p
         assert not _beneath(source, policy.state_dir) and not _beneath(policy.state_dir, source)
 
 
+def _provider_verdict(body: Mapping[str, Any], policy: Policy) -> str:
+    """The provider's final check on a body: ``""`` when it passes, else the refusal."""
+    try:
+        check_create(body, policy)
+    except UnsafePathError as err:
+        return str(err)
+    return ""
+
+
+def _plugin_verdict(body: Mapping[str, Any], policy: Policy) -> str:
+    """The authorization plugin's answer to the engine showing it this create call: ``""`` when allowed."""
+    request = {
+        "RequestMethod": "POST",
+        "RequestUri": "/v1.41/containers/create",
+        "RequestHeaders": {"Content-Type": "application/json"},
+        "RequestBody": base64.b64encode(json.dumps(body).encode()).decode(),
+    }
+    allowed, why = decide(request, policy, lambda _: None)
+    return "" if allowed else why.removeprefix("POST /v1.41/containers/create: ")
+
+
 def test_every_docker_create_call_meets_the_admins_policy(tree):
     """Accepted at parse ⇒ the whole create call meets the policy; the rest is refused when the DAG is parsed."""
-    from docker.types import HostConfig
-
     outcomes = {"refused at parse": 0, "refused on the worker": 0, "checked and created": 0}
     base_user = worker_user()
     reasons: Counter[str] = Counter()
@@ -240,19 +267,20 @@ def test_every_docker_create_call_meets_the_admins_policy(tree):
             backend = DockerBackend(spec.options)
             plan = backend.plan(request, conf)
             checkpoint_folder(plan)
+            client = docker.APIClient(version="1.41")
             for cpu_fallback in (False, True):
                 with TaskFiles({"envelope.json": b"{}"}, parent=f"{tree}/state/docker-tasks") as files:
                     kwargs = plan.create_kwargs("img", cpu_fallback=cpu_fallback)
-                    try:
-                        create, host = final_call(kwargs, files, plan)
-                    except UnsafePathError as err:  # what no name shows: a link, a folder someone else owns
-                        assert "symbolic link" in err.problem or "belongs to" in err.problem, err
+                    body = create_body(client, kwargs, files, plan)
+                    refused = _provider_verdict(body, plan.policy)
+                    assert _plugin_verdict(body, policy) == refused  # one policy: the engine's answer is the same
+                    if refused:  # what no name shows: a link, a folder someone else owns
+                        assert "symbolic link" in refused or "belongs to" in refused, refused
                         outcomes["refused on the worker"] += 1
                         return
                     location = request.checkpoint
                     own = [str(files.path), *([] if location is None or location.is_uri else [location.path])]
-                    _meets(create, host, policy, own)
-                    HostConfig(version="1.44", **{**host, "mounts": host["mounts"] or None})
+                    _meets(body, policy, own)
             outcomes["checked and created"] += 1
 
     case()

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from docker.errors import APIError, NotFound
+from docker.utils import format_environment
 
 from airflow_gpu_provider.backends.docker.durable import DEPLOYMENT_LABEL, deployment
 from airflow_gpu_provider.backends.docker.files import TaskFiles, read_result
@@ -20,7 +21,7 @@ from airflow_gpu_provider.exceptions import OOM_REMEDY, GpuTaskError, HostOutOfM
 from airflow_gpu_provider.host.keeper import Keeper
 from airflow_gpu_provider.host.workers import worker_identity
 from airflow_gpu_provider.policy import Policy
-from airflow_gpu_provider.policy.docker import check_container
+from airflow_gpu_provider.policy.engine import check_create
 from airflow_gpu_provider.settings.units import format_bytes
 from airflow_gpu_provider.task.output import LineSplitter, TaskLog
 from airflow_gpu_provider.task.result import TaskResult, task_result
@@ -55,13 +56,10 @@ def log_lines(stream: Iterable[tuple[bytes | None, bytes | None]], log: logging.
         task_log.flush()
 
 
-def final_call(
-    kwargs: dict[str, Any], files: TaskFiles, plan: DockerPlan, *, durable: bool = False
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The whole create call, after every merge: ``(create_container arguments, host config arguments)``.
-
-    Checked against the worker's ``[gpu]`` policy (:func:`~airflow_gpu_provider.policy.docker.check_container`)
-    before it is returned: nothing reaches the engine that the policy refuses.
+def create_body(
+    client: Any, kwargs: dict[str, Any], files: TaskFiles, plan: DockerPlan, *, durable: bool = False
+) -> dict[str, Any]:
+    """The whole create call's body, after every merge, as the engine will get it (docker-py's own).
 
     :param durable: the container may outlive this worker process (deferred, or reattachable by a later try)
     """
@@ -71,11 +69,23 @@ def final_call(
     create = {**kwargs, "labels": {**kwargs["labels"], **labels}}
     host_config = create.pop("host_config")
     mounts = [*host_config.get("mounts", []), *([files.mount] if files.mounted else [])]
-    host_config = {**host_config, "mounts": mounts}
-    location = plan.request.checkpoint
-    own = [str(files.path), *([] if location is None or location.is_uri else [location.path])]
-    check_container(create, host_config, plan.policy or Policy.current(), provider_sources=own)
-    return create, host_config
+    environment = format_environment(create.pop("environment", None) or {})
+    create["environment"] = client._proxy_configs.inject_proxy_environment(environment) or None  # as docker-py does
+    host_config = client.create_host_config(**{**host_config, "mounts": mounts or None})
+    return dict(client.create_container_config(host_config=host_config, **create))
+
+
+def final_call(
+    client: Any, kwargs: dict[str, Any], files: TaskFiles, plan: DockerPlan, *, durable: bool = False
+) -> dict[str, Any]:
+    """:func:`create_body`, checked against the worker's ``[gpu]`` policy before it is returned (rule A2).
+
+    The check is :func:`~airflow_gpu_provider.policy.engine.check_create`, the very function the engine's
+    authorization plugin runs: nothing reaches the engine that the policy refuses, whoever sends it.
+    """
+    body = create_body(client, kwargs, files, plan, durable=durable)
+    check_create(body, plan.policy or Policy.current())
+    return body
 
 
 def create(
@@ -87,10 +97,9 @@ def create(
     """
     files.mounted = plan.options.mount_tmp_dir and not durable
     while True:
-        create_args, host_config = final_call(kwargs, files, plan, durable=durable)
+        body = final_call(client, kwargs, files, plan, durable=durable)
         try:
-            config_ = client.create_host_config(**{**host_config, "mounts": host_config["mounts"] or None})
-            return str(client.create_container(host_config=config_, **create_args)["Id"])
+            return str(client.create_container_from_config(body)["Id"])
         except APIError as err:
             if files.mounted and str(files.path) in str(err.explanation):
                 log.warning(

@@ -145,7 +145,8 @@ def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig
         poll_interval=conf.trigger_poll_interval,
         cuda_image=conf.default_parent_image,
         notes=notes,
-        policy=Policy.of(conf),
+        # the state dir of the task's files (a backend's own state_dir: M2 of issue 27 removes it)
+        policy=Policy.of(conf)._replace(state_dir=options.state_dir or conf.state_dir),
     )
 
 

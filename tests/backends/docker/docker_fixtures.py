@@ -240,8 +240,13 @@ def container_ids(client: Any) -> set[str]:
 
 
 @pytest.fixture
-def no_leaks(docker_client: Any) -> Iterator[None]:
-    """Fail the test if it leaves one of the provider's containers behind (task or build-step containers)."""
+def no_leaks(request: pytest.FixtureRequest, docker_client: Any) -> Iterator[None]:
+    """Fail the test if it leaves one of the provider's containers behind (task or build-step containers).
+
+    On the engine the test runs on: the host's, or the one ``docker_engine`` gives it (``authz_engine.py``).
+    """
+    if "docker_engine" in request.fixturenames:
+        docker_client = request.getfixturevalue("docker_engine")
     before = container_ids(docker_client)
     yield
     left = container_ids(docker_client) - before

@@ -21,7 +21,7 @@ def allowed_roots(tmp_path, monkeypatch):
     monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", str(tmp_path))
 
 
-def test_a_container_resumes_from_the_folder_its_first_try_wrote(tmp_path):
+def test_a_container_resumes_from_the_folder_its_first_try_wrote(tmp_path, docker_engine):
     dr = run_dag(load_dag(DAG_FILE, "docker_checkpoint"), conf={"root": str(tmp_path)})
     assert task_states(dr) == {"interrupted": "success", "uninterrupted": "success"}
     resumed, reference = xcom(dr, "interrupted"), xcom(dr, "uninterrupted")

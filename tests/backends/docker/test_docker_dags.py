@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[3]
 DAG_FILE = REPO / "tests" / "dags" / "docker_dags.py"
 
 
-def test_gpu_task_on_docker_pushes_its_return_value_to_xcom(airflow_home):
+def test_gpu_task_on_docker_pushes_its_return_value_to_xcom(airflow_home, docker_engine):
     dag_run = run_dag(load_dag(DAG_FILE, "docker_xcom"))
     assert task_states(dag_run) == {"square": "success"}
     value = xcom(dag_run, "square")

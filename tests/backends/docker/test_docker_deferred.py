@@ -28,7 +28,7 @@ def _run(dag_id: str) -> tuple[dict, str]:
 
 
 @pytest.mark.smoke  # before Airflow 3.3 too: the deferral needs no task state store
-def test_a_deferred_container_ends_with_its_result_its_output_in_the_log():
+def test_a_deferred_container_ends_with_its_result_its_output_in_the_log(docker_engine):
     result, log = _run("deferred_docker_success")
     assert result["states"] == {"task": "success"}, log[-3000:]
     assert result["xcom"]["task"]["answer"] == 42 and result["xcom"]["task"]["question"].startswith("manual__")

@@ -99,7 +99,10 @@ def test_concurrent_tasks_build_the_same_image_once(task_log, wheel_dir):
     assert task_log[1].count("built by another task") == 2
 
 
-def test_pip_installer_and_ca_bundle(task_log, wheel_dir, build_inputs):
+def test_pip_installer_and_ca_bundle(task_log, wheel_dir, build_inputs, docker_engine):
+    """On the host's engine, and on the one with the authorization plugin (a network-less namespace there: pip goes
+    on to the wheel folder when the index cannot be reached; uv would not).
+    """
     wheels, version = wheel_dir
     image = image_with(wheels, version, python_package_installer="pip")
     bundle = build_inputs / "ca.pem"  # beneath [gpu] allowed_build_paths, as a task's own bundle must be

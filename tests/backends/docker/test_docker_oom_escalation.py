@@ -11,7 +11,7 @@ from airflow_gpu_provider.escalation import tries as escalation
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("airflow_home", "no_leaks")]
 
 
-def test_an_oom_killed_container_retries_with_more_memory(capfd):
+def test_an_oom_killed_container_retries_with_more_memory(capfd, docker_engine):
     dr = run_dag(load_dag(REPO / "tests" / "dags" / "docker_dags.py", "docker_oom_escalation"))
     assert task_states(dr) == {"grow": "success"}
     value = xcom(dr, "grow")

@@ -1,0 +1,257 @@
+"""The container a create call asks for, judged on the body the engine gets: rules D1-D5, for every client.
+
+ONE function, :func:`check_create`, judges a ``POST /containers/create`` body. The Docker backend calls it on the
+body it is about to send (``backends/docker/lifecycle.py``); the engine's authorization plugin (``policy/authz/``)
+calls it on the body any client sent. The same body gets the same verdict, whoever sends it.
+
+The body is read as the engine reads it (Go's ``encoding/json``): a name matches its field whatever its case (and
+``ſ``, ``K`` fold to ``s``, ``k``), so two names of one object that fold together are refused (the engine would merge
+them); the engine also takes HostConfig fields at the top level when ``HostConfig`` is missing, so nothing is
+accepted there that is not a container Config field. Default deny: a field this module does not judge or know to be
+harmless must be empty (``null``, ``false``, ``0``, ``""``, an empty list or object); ``MaskedPaths`` and
+``ReadonlyPaths`` must be ``null`` (an empty list unmasks ``/proc``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from airflow_gpu_provider.policy import Policy
+from airflow_gpu_provider.policy.docker import (
+    DEVICE_GROUPS,
+    DEVICE_PATHS,
+    SAFE_SECURITY_OPTIONS,
+    _mount_problem,
+    user_allowed,
+)
+from airflow_gpu_provider.policy.paths import UnsafePathError, beneath, canonical, stable
+
+TASKS_FOLDER = "docker-tasks"  # the state dir's folder of the task files the provider mounts read-only
+#: Container Config fields that reach nothing of the host (the user is judged, rule D2).
+CONFIG = frozenset((
+    "hostname", "domainname", "attachstdin", "attachstdout", "attachstderr", "exposedports", "tty", "openstdin",
+    "stdinonce", "env", "cmd", "healthcheck", "argsescaped", "image", "volumes", "workingdir", "entrypoint",
+    "networkdisabled", "macaddress", "onbuild", "labels", "stopsignal", "stoptimeout", "shell",
+))  # fmt: skip
+#: HostConfig fields that reach nothing of the host beyond the container's own limits.
+HARMLESS = frozenset((
+    "containeridfile", "restartpolicy", "autoremove", "consolesize", "dns", "dnsoptions", "dnssearch", "extrahosts",
+    "readonlyrootfs", "shmsize", "init", "tmpfs", "cpushares", "memory", "nanocpus", "blkioweight",
+    "blkioweightdevice", "blkiodevicereadbps", "blkiodevicewritebps", "blkiodevicereadiops", "blkiodevicewriteiops",
+    "cpuperiod", "cpuquota", "cpusetcpus", "cpusetmems", "kernelmemory", "kernelmemorytcp", "memoryreservation",
+    "memoryswap", "memoryswappiness", "pidslimit", "ulimits", "cpucount", "cpupercent", "iomaximumiops",
+    "iomaximumbandwidth",
+))  # fmt: skip
+#: Never given a value (rule D3 and the rest of the host): a namespace, cgroup or runtime of the host's.
+NEVER = frozenset((
+    "pidmode", "usernsmode", "utsmode", "cgroupnsmode", "cgroup", "volumesfrom", "links", "sysctls", "binds",
+    "volumedriver", "runtime", "cgroupparent", "devicecgrouprules", "oomscoreadj", "portbindings", "publishallports",
+    "storageopt", "isolation", "cpurealtimeperiod", "cpurealtimeruntime",
+))  # fmt: skip
+NULL_ONLY = frozenset({"maskedpaths", "readonlypaths"})
+
+
+def _refuse(field: str, value: object, why: str) -> UnsafePathError:
+    return UnsafePathError(f"the container's {field}={value!r}", why)
+
+
+def fields(where: str, value: object) -> dict[str, Any]:
+    """A JSON object's members by their folded name (as Go matches them); two names that fold together are refused."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise _refuse(where, value, "not a JSON object")
+    found: dict[str, Any] = {}
+    for name, member in value.items():
+        key = str(name).casefold()
+        if key in found:
+            raise _refuse(where, name, "a field named twice (the engine would merge the two)")
+        found[key] = member
+    return found
+
+
+def empty(value: object) -> bool:
+    """Whether a value is JSON's zero value (``null``, ``false``, ``0``, ``""``, ``[]``, ``{}``): "not set"."""
+    return value is None or value is False or value in (0, "", [], {})
+
+
+def _none_but(where: str, members: Mapping[str, Any], known: frozenset[str]) -> None:
+    """Default deny: every member not in ``known`` is empty."""
+    for name, value in members.items():
+        if name not in known and not empty(value):
+            why = "rules D1-D5: the host's namespaces, cgroups, devices, ports and runtimes are never given"
+            raise _refuse(f"{where}{name}", value, why if name in NEVER else "a field no policy allows (default deny)")
+
+
+def _null_only(where: str, members: Mapping[str, Any]) -> None:
+    for name in NULL_ONLY & members.keys():
+        if members[name] is not None:  # an empty list unmasks /proc's files
+            raise _refuse(f"{where}{name}", members[name], "only the engine's defaults (null) are allowed")
+
+
+def check_create(body: Mapping[str, Any], policy: Policy) -> None:
+    """Rules D1-D5 on a whole ``POST /containers/create`` body, as the engine will read it.
+
+    :raises UnsafePathError: naming the field, its value and the rule or ``[gpu]`` option it breaks
+    """
+    top = fields("body", body)
+    _none_but("", top, CONFIG | {"user", "hostconfig", "networkingconfig"})
+    _null_only("", top)
+    host = fields("HostConfig", top.get("hostconfig"))
+    check_host_config(host, policy)
+    user = str(top.get("user") or "")
+    if reaches_host(host) and (not user or not user_allowed(user, policy)):  # rule D2
+        raise _refuse("User", user or "the image's own", "rule D2: the worker's own uid:gid, or [gpu] allowed_users")
+    if list(host.get("capdrop") or []) != ["ALL"]:  # rule D1
+        raise _refuse("HostConfig.CapDrop", host.get("capdrop"), "rule D1: every capability is dropped (['ALL'])")
+    if not set(host.get("securityopt") or []) & SAFE_SECURITY_OPTIONS:
+        raise _refuse("HostConfig.SecurityOpt", host.get("securityopt"), "rule D1: no-new-privileges is required")
+    network = fields("NetworkingConfig", top.get("networkingconfig"))
+    _none_but("NetworkingConfig.", network, frozenset({"endpointsconfig"}))
+    endpoints = network.get("endpointsconfig") or {}
+    if not isinstance(endpoints, Mapping):
+        raise _refuse("NetworkingConfig.EndpointsConfig", endpoints, "not a JSON object")
+    for name, endpoint in endpoints.items():  # network names are matched as written
+        if name != "default" and name not in policy.network_modes:  # rule D3
+            raise _refuse("NetworkingConfig.EndpointsConfig", name, "rule D3: [gpu] allowed_network_modes lacks it")
+        settings = fields(f"NetworkingConfig.EndpointsConfig.{name}", endpoint)
+        for key in ("links", "driveropts"):  # rule D3: no other container's namespace, no driver options
+            if not empty(settings.get(key)):
+                raise _refuse(f"NetworkingConfig.EndpointsConfig.{name}.{key}", settings[key], "rule D3: never set")
+
+
+def reaches_host(host: Mapping[str, Any]) -> bool:
+    """Whether a container gets anything of the host: a host folder, a named volume, a device or a GPU.
+
+    Rule D2 binds the user of such a container only: without them (a derived image's install container, or a
+    build step) the container's user reaches nothing of the host that its permissions would guard.
+    """
+    mounts = [fields("HostConfig.Mounts", mount) for mount in host.get("mounts") or []]
+    kinds = {str(mount.get("type") or "bind") for mount in mounts}
+    return bool(kinds - {"tmpfs"} or host.get("devices") or host.get("devicerequests") or host.get("binds"))
+
+
+def check_host_config(host: Mapping[str, Any], policy: Policy) -> None:
+    """Every field of a HostConfig (folded names, :func:`fields`), or of a container update's resources."""
+    for name, value in host.items():
+        if name in JUDGED:
+            JUDGED[name](value, policy)
+    _null_only("HostConfig.", host)
+    _none_but("HostConfig.", host, HARMLESS | JUDGED.keys() | NULL_ONLY | {"capdrop"})
+
+
+def _no_privilege(value: Any, policy: Policy) -> None:
+    if value:  # rule D1
+        raise _refuse("HostConfig.Privileged/OomKillDisable", value, "rule D1: nothing privileged")
+
+
+def _capabilities(value: Any, policy: Policy) -> None:
+    for capability in value or []:  # rule D1: ALL never, the rest only as listed
+        name = str(capability).upper().removeprefix("CAP_")
+        if name == "ALL" or name not in policy.capabilities:
+            raise _refuse("HostConfig.CapAdd", capability, "rule D1: [gpu] allowed_capabilities lacks it")
+
+
+def _security_options(value: Any, policy: Policy) -> None:
+    options = set(value or [])
+    if options - SAFE_SECURITY_OPTIONS:  # rule D1: the engine's default seccomp and AppArmor profiles
+        raise _refuse("HostConfig.SecurityOpt", sorted(options), "rule D1: only no-new-privileges")
+
+
+def _network_mode(value: Any, policy: Policy) -> None:
+    if value not in (None, "", "default") and value not in policy.network_modes:  # rule D3
+        raise _refuse("HostConfig.NetworkMode", value, "rule D3: [gpu] allowed_network_modes lacks it")
+
+
+def _ipc_mode(value: Any, policy: Policy) -> None:
+    if value not in (None, "", "default") and value not in policy.ipc_modes:  # rule D3
+        raise _refuse("HostConfig.IpcMode", value, "rule D3: [gpu] allowed_ipc_modes lacks it")
+
+
+def _devices(value: Any, policy: Policy) -> None:
+    for device in value or []:  # rule D4: /dev/kfd and /dev/dri, as the provider adds them for AMD and Intel
+        path = fields("HostConfig.Devices", device).get("pathonhost")
+        if path not in DEVICE_PATHS:
+            raise _refuse("HostConfig.Devices", device, "rule D4: only /dev/kfd and /dev/dri")
+
+
+def _device_requests(value: Any, policy: Policy) -> None:
+    for request in value or []:  # rule D4: GPUs, by count or id, from the GPU runtime
+        members = fields("HostConfig.DeviceRequests", request)
+        if members.get("capabilities") != [["gpu"]]:
+            raise _refuse("HostConfig.DeviceRequests", request, "rule D4: a GPU request only ([['gpu']])")
+        if members.get("driver") not in (None, "", "nvidia"):
+            raise _refuse("HostConfig.DeviceRequests", request, "rule D4: the GPU runtime's driver only")
+        _none_but("HostConfig.DeviceRequests.", members, frozenset({"capabilities", "driver", "count", "deviceids"}))
+
+
+def _log_config(value: Any, policy: Policy) -> None:
+    if not all(empty(member) for member in fields("HostConfig.LogConfig", value).values()):
+        raise _refuse("HostConfig.LogConfig", value, "the engine's own log driver only (a driver reaches the host)")
+
+
+def _groups(value: Any, policy: Policy) -> None:
+    for group in value or []:  # rules D2, D4
+        if str(group) not in policy.groups | DEVICE_GROUPS:
+            raise _refuse("HostConfig.GroupAdd", group, "rule D4: [gpu] allowed_groups lacks it")
+
+
+def _mounts(value: Any, policy: Policy) -> None:
+    for mount in value or []:
+        _check_mount(fields("HostConfig.Mounts", mount), policy)
+
+
+JUDGED: dict[str, Callable[[Any, Policy], None]] = {
+    "privileged": _no_privilege, "oomkilldisable": _no_privilege, "capadd": _capabilities,
+    "securityopt": _security_options, "networkmode": _network_mode, "ipcmode": _ipc_mode, "devices": _devices,
+    "devicerequests": _device_requests, "groupadd": _groups, "mounts": _mounts, "logconfig": _log_config,
+}  # fmt: skip
+
+
+def provider_made(source: str, *, writable: bool, policy: Policy) -> bool:
+    """Whether a bind source is one the provider makes: a try's files (read-only), or a checkpoint folder.
+
+    The task's files lie in a folder of the state dir's ``docker-tasks`` (private to the worker); a checkpoint folder
+    lies beneath a checkpoint root (rule F3). Both are the worker's own: a container running as the worker's user
+    gets nothing there that the worker lacks.
+    """
+    tasks = f"{policy.state_dir.rstrip('/')}/{TASKS_FOLDER}"
+    if not writable and beneath(source, tasks) and source != tasks:
+        return True
+    return any(beneath(source, root) and source != root for root in policy.checkpoint_roots if "://" not in root)
+
+
+def _check_mount(mount: Mapping[str, Any], policy: Policy) -> None:
+    """Rule D5 on one mount, and rule F1 on its source."""
+    kind, source = mount.get("type") or "bind", str(mount.get("source") or "")
+    _none_but("HostConfig.Mounts.", mount, frozenset({"type", "source", "target", "readonly", "consistency",
+                                                       "tmpfsoptions", "volumeoptions"}))  # fmt: skip
+    volume = fields("HostConfig.Mounts.VolumeOptions", mount.get("volumeoptions"))
+    _none_but("HostConfig.Mounts.VolumeOptions.", volume, frozenset({"nocopy", "labels"}))  # no driver options
+    if kind == "tmpfs":
+        return
+    if kind == "volume":
+        if source not in policy.volumes:
+            raise UnsafePathError(f"the volume {source!r}", "rule D5: the deployment's [gpu] allowed_volumes lacks it")
+        return
+    if kind != "bind":
+        raise UnsafePathError(f"the mount {dict(mount)!r}", "only bind, volume and tmpfs mounts are known")
+    writable = not mount.get("readonly")
+    if not provider_made(canonical(source), writable=writable, policy=policy):
+        found = _mount_problem(source, writable=writable, policy=policy)
+        if found:
+            raise UnsafePathError(source, f"{found[0]} ([gpu] {found[1]})")
+    stable(source)  # rule F1: the engine resolves this name again when it starts the container
+
+
+def check_exec(body: Mapping[str, Any], policy: Policy) -> None:
+    """A ``POST /containers/{id}/exec`` body: never privileged, never another user than a container may run as."""
+    members = fields("exec", body)
+    if members.get("privileged"):
+        raise _refuse("exec Privileged", members["privileged"], "rule D1: nothing privileged")
+    user = str(members.get("user") or "")
+    if user and not user_allowed(user, policy):  # rule D2 (empty: the container's own, judged when created)
+        raise _refuse("exec User", user, "rule D2: the worker's own uid:gid, or [gpu] allowed_users")
+    harmless = "attachstdin attachstdout attachstderr detachkeys tty consolesize env workingdir cmd user privileged"
+    _none_but("exec ", members, frozenset({"container", *harmless.split()}))  # container: the URL's, in docker-py

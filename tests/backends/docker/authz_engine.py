@@ -1,0 +1,151 @@
+"""A second Docker engine of the tests' own, with the provider's authorization plugin: the engine enforces the policy.
+
+``authz_engine`` (session-scoped, started when a test first asks for it) runs ``airflow-gpu-docker-authz`` with the
+session's ``[gpu]`` section (plus pytest's temporary root as an allowed checkpoint root, so that the checkpoint tests'
+``tmp_path`` roots are the plugin's too), then ``dockerd --authorization-plugin=airflow-gpu`` with a data root, exec
+root, pid file and socket of its own, in network and mount namespaces of its own (``unshare --net --mount``):
+
+- its own network namespace, with ``--bridge=none --iptables=false``: run in the host's namespace, ``--bridge=none``
+  deletes the host's ``docker0`` and every container of the first engine then fails to start;
+- its own mount namespace, with a tmpfs on ``/run``: the engine finds the plugin at ``/run/docker/plugins/
+  airflow-gpu.sock`` (bind-mounted from the session's folder) and no other engine's state, and nothing of it is
+  written to the host's ``/run``.
+
+The base image is loaded into it (``docker save | docker load``, through the plugin, which allows image loads).
+``docker_engine`` parametrises a test over the host's engine and this one (``DOCKER_HOST`` points at it). The engine
+and the plugin are stopped, and their folder removed, on every path. Like every Docker test, these skip without
+what they need (root, ``unshare``, ``dockerd``), and fail instead under ``AIRFLOW_GPU_REQUIRE_DOCKER=1`` (CI).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from backends.docker.docker_fixtures import BASE_IMAGE, _unavailable
+
+PLUGIN = "airflow-gpu"
+START_TIMEOUT = 60
+# The engine's namespace: /run is its own (the plugin's socket only); then the engine, on its own folders.
+ENGINE_SCRIPT = (
+    'mount -t tmpfs tmpfs /run && mkdir -p /run/docker/plugins && mount --bind "$1" /run/docker/plugins && '
+    'exec dockerd --config-file "$2/daemon.json" --data-root "$2/data" --exec-root "$2/exec" '
+    '--pidfile "$2/dockerd.pid" -H "unix://$2/docker.sock" --bridge=none --iptables=false --ip-masq=false '
+    "--userland-proxy=false --shutdown-timeout=2 --authorization-plugin=" + PLUGIN
+)
+
+
+@dataclasses.dataclass
+class AuthzEngine:
+    """The second engine: its URL, a docker-py client of it, its folder and the plugin's log."""
+
+    url: str
+    client: Any
+    root: Path
+    env: dict[str, str]  # the [gpu] options the plugin got beyond the session's
+
+    @property
+    def plugin_log(self) -> str:
+        return (self.root / "plugin.log").read_text(errors="replace")
+
+
+def _why_not() -> str | None:
+    needs = [tool for tool in ("unshare", "dockerd", "docker") if shutil.which(tool) is None]
+    if os.geteuid() != 0:
+        needs.append("root (a second dockerd runs as root)")
+    return f"a second Docker engine with the authorization plugin needs {', '.join(needs)}" if needs else None
+
+
+def _wait(check: Any, what: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    while not check():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start (exit {process.poll()}):\n{log.read_text()[-3000:]}")
+        time.sleep(0.1)
+
+
+def _stop(process: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM, then SIGKILL to its whole process group after a grace (a process this fixture started)."""
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def authz_engine(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthzEngine]:
+    """The second engine with the plugin, the base image loaded; stopped and removed at the end of the session."""
+    import docker
+
+    problem = _why_not()
+    if problem:
+        _unavailable(problem)
+    root = Path(tempfile.mkdtemp(prefix="agpu-authz-"))  # short: unix socket paths are at most 107 bytes
+    (root / "plugins").mkdir()
+    (root / "daemon.json").write_text("{}")  # not the host's /etc/docker/daemon.json
+    plugin = engine = None
+    try:
+        roots = ",".join(filter(None, (os.environ.get("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS"),
+                                       str(tmp_path_factory.getbasetemp()))))  # fmt: skip
+        env = {"AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS": roots}
+        with open(root / "plugin.log", "wb") as log:
+            plugin = subprocess.Popen(
+                [sys.executable, "-m", "airflow_gpu_provider.policy.authz", "--socket", f"{root}/plugins/{PLUGIN}.sock",
+                 "--user", f"{os.geteuid()}:{os.getegid()}", "--engine", f"{root}/docker.sock"],
+                env={**os.environ, **env},
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        _wait(
+            lambda: b"judging as uid" in (root / "plugin.log").read_bytes(), "the plugin", plugin, root / "plugin.log"
+        )
+        with open(root / "dockerd.log", "wb") as log:
+            engine = subprocess.Popen(
+                ["unshare", "--net", "--mount", "--propagation", "private", "--", "sh", "-c", ENGINE_SCRIPT, "sh",
+                 f"{root}/plugins", str(root)],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        url = f"unix://{root}/docker.sock"
+
+        def answers() -> bool:
+            with contextlib.suppress(Exception):
+                return bool(docker.APIClient(base_url=url, version="1.41", timeout=5).ping())
+            return False
+
+        _wait(answers, "the second engine", engine, root / "dockerd.log")
+        client = docker.APIClient(base_url=url, version="auto", timeout=120)
+        save = subprocess.Popen(["docker", "save", BASE_IMAGE], stdout=subprocess.PIPE)
+        loaded = subprocess.run(
+            ["docker", "-H", url, "load", "-q"], stdin=save.stdout, capture_output=True, timeout=300
+        )
+        assert save.wait(timeout=60) == 0 and loaded.returncode == 0, loaded.stderr.decode()[-2000:]
+        yield AuthzEngine(url, client, root, env)
+    finally:
+        _stop(engine)
+        _stop(plugin)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(params=["host", "authz"])
+def docker_engine(request: pytest.FixtureRequest, docker_client: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The engine a test runs on: the host's, or the second one with the plugin (``DOCKER_HOST`` points at it)."""
+    if request.param == "host":
+        return docker_client
+    engine: AuthzEngine = request.getfixturevalue("authz_engine")
+    monkeypatch.setenv("DOCKER_HOST", engine.url)
+    return engine.client
