@@ -25,7 +25,12 @@ from gpu_support import REQUIRE_GPU, nvidia_gpus
 
 REPO = Path(__file__).resolve().parents[1]
 # Docker engine fixtures (skip, or fail in CI, without one); the failure matrix's report
-pytest_plugins = ("backends.docker.docker_fixtures", "backends.kubernetes.cluster_answers", "reliability.report")
+pytest_plugins = (
+    "backends.docker.docker_fixtures",
+    "backends.kubernetes.api_calls",  # every Kubernetes API call, recorded for the RBAC check
+    "backends.kubernetes.cluster_answers",
+    "reliability.report",
+)
 _HOME = Path(tempfile.mkdtemp(prefix="airflow-gpu-tests-"))
 # Worker files that derived-image builds may read ([gpu] allowed_build_paths): readable by every local user, as the
 # policy wants (pytest's tmp_path is private to its user), and the wheels of /opt/wheels.
@@ -56,6 +61,10 @@ os.environ.update(
         "CUDA_VISIBLE_DEVICES": "",  # torch sees no GPU unless a test (marked gpu) or the provider says otherwise
         "AIRFLOW__GPU__WAIT_POLL_INTERVAL": "0.2",
         "AIRFLOW__GPU__ALLOWED_BUILD_PATHS": f"{BUILD_INPUTS},/opt/wheels",
+        # what the tests' pods name of the cluster (rule P3), as a deployment's admin lists it
+        "AIRFLOW__GPU__ALLOWED_KUBERNETES_OBJECTS": "namespace=ml, namespace=ml-training, service_account=trainer, "
+        "runtime_class=nvidia, priority_class=gpu-high, priority_class=batch, kueue_queue=team-a, "
+        "kueue_priority_class=gpu-high",
     }
 )
 
