@@ -14,13 +14,14 @@ from ``cleanup`` and ``on_kill``: every path that ends the pod. Each is named af
 even if the worker dies first. A multi-node launch's Indexed Job (:mod:`.multinode_run`) has one of each for all
 its pods, named after the Job, created before it, owned by it and deleted with it.
 
-One that exists already is taken only when it carries the provider's labels of that very try (and, for the Secret,
-the same envelope): anything else of that name is someone else's, and the task fails before its pod is created.
+A claim template that exists already is taken only when it carries the provider's labels of that very try; a Secret
+never is (its name is new for every pod, and it carries code: one that exists is someone else's, and is not even
+read, so the worker needs no right to read Secrets). Anything else of that name fails the task before its pod is
+created, and is left alone.
 """
 
 from __future__ import annotations
 
-import base64
 from typing import Any, ClassVar
 
 from kubernetes.client import ApiClient, CoreV1Api, ResourceV1Api
@@ -39,6 +40,7 @@ class Companion:
 
     kind: ClassVar[str]
     model: ClassVar[str]  # the client's class of the object
+    adopts: ClassVar[bool] = True  # whether one of its name made by this very try is taken (else: always refused)
 
     def __init__(self, api_client: ApiClient, log: Any) -> None:
         self.api_client, self.log = api_client, log
@@ -68,13 +70,15 @@ class Companion:
         except ApiException as err:
             if err.status != CONFLICT:
                 raise
-            found = self.api_client.sanitize_for_serialization(self._call("read", name, namespace))
+            found = (
+                self.api_client.sanitize_for_serialization(self._call("read", name, namespace)) if self.adopts else {}
+            )
             if not self.ours(found, wanted):
+                theirs = (found.get("metadata") or {}).get("labels")
                 raise GpuTaskError(
-                    f"A {self.kind} {namespace}/{name} exists already and is not this task try's own (its labels "
-                    f"{(found.get('metadata') or {}).get('labels') or {}} are not the provider's for "
-                    f"{_identity(labels)}): it is not used, and nothing was submitted. Delete it, or find out who "
-                    "made it."
+                    f"A {self.kind} {namespace}/{name} exists already and is not this task try's own"
+                    + (f" (its labels {theirs or {}} are not the provider's for {_identity(labels)})" if found else "")
+                    + ": it is not used, and nothing was submitted. Delete it, or find out who made it."
                 ) from None
             self.log.info("Taking %s %s/%s, made for this very try", self.kind, namespace, name)
             return
@@ -82,6 +86,8 @@ class Companion:
 
     def ours(self, found: dict[str, Any], wanted: dict[str, Any]) -> bool:
         """Whether an existing object is the one this try made: the provider's labels, and this try's identity."""
+        if not found:
+            return False
         theirs, mine = (obj.get("metadata", {}).get("labels") or {} for obj in (found, wanted))
         identity = [key for key in TRY_IDENTITY if key in mine]
         managed = all(theirs.get(key) == value for key, value in MANAGED_BY.items())
@@ -121,7 +127,7 @@ class TaskSecret(Companion):
     :param envelope: the envelope as the runtime reads it (base64 JSON; ``KubernetesPlan.envelope``)
     """
 
-    kind, model = "Secret", "V1Secret"
+    kind, model, adopts = "Secret", "V1Secret", False
 
     def __init__(self, envelope: str, api_client: ApiClient, log: Any) -> None:
         super().__init__(api_client, log)
@@ -133,10 +139,6 @@ class TaskSecret(Companion):
 
     def manifest(self, name: str, namespace: str, labels: dict[str, str]) -> dict[str, Any]:  # noqa: D102
         return container.secret_manifest(name, namespace, labels, self.envelope)
-
-    def ours(self, found: dict[str, Any], wanted: dict[str, Any]) -> bool:
-        """The try's labels and the very envelope: a Secret someone else wrote would run their code."""
-        return super().ours(found, wanted) and _decoded(found) == _decoded(wanted)
 
     def _call(self, verb: str, *args: Any) -> Any:
         return getattr(self.api, f"{verb}_namespaced_secret")(*args)
@@ -237,10 +239,6 @@ def delete_all(made: list[Companion], owner: str, namespace: str) -> None:
     """Delete the companions of ``owner`` (never raises)."""
     for companion in made:
         companion.delete(owner, namespace)
-
-
-def _decoded(secret: dict[str, Any]) -> dict[str, bytes]:
-    return {key: base64.b64decode(value) for key, value in (secret.get("data") or {}).items()}
 
 
 def _identity(labels: dict[str, str]) -> str:

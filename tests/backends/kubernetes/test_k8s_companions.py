@@ -115,7 +115,7 @@ def test_a_refused_pod_leaves_no_secret(kubeconfig, cluster):
     [
         ("Secret", {}, {"metadata": {"labels": {"app": "mine"}}, "data": {"envelope": "cHJpbnQoJ293bmVkJyk="}}),
         ("Secret", {}, {"metadata": {"labels": {**MANAGED, **LABELS}}, "data": {"envelope": "cHJpbnQoJ293bmVkJyk="}}),
-        ("Secret", {}, {"metadata": {"labels": {**MANAGED, **LABELS, "try_number": "2"}}, "data": "ours"}),
+        ("Secret", {}, {"metadata": {"labels": {**MANAGED, **LABELS}}, "data": "ours"}),  # never taken, nor read
         ("ResourceClaimTemplate", {"gpu_allocation": "dra"}, {"metadata": {"labels": {"app": "mine"}}, "spec": {}}),
         ("ResourceClaimTemplate", {"gpu_allocation": "dra"}, {"metadata": {"labels": {"dag_id": "d"}}, "spec": {}}),
     ],
@@ -123,7 +123,7 @@ def test_a_refused_pod_leaves_no_secret(kubeconfig, cluster):
 def test_one_of_that_name_that_is_not_this_trys_own_is_neither_used_nor_deleted(
     kubeconfig, cluster, kind, options, planted
 ):
-    """Someone else's object (its labels, or a Secret's data, are not this try's): the task fails, no pod is made."""
+    """Someone else's object (a Secret, or a claim template whose labels are not this try's): the task fails."""
     backend, plan = _deferred(kubeconfig, **options)
     if planted.get("data") == "ours":
         planted = {**planted, "data": {"envelope": base64.b64encode(plan.envelope.encode()).decode()}}
@@ -137,17 +137,16 @@ def test_one_of_that_name_that_is_not_this_trys_own_is_neither_used_nor_deleted(
     assert list(cluster.objects) == [(kind, name)]  # what the try made before it (its Secret) is deleted
 
 
-def test_one_this_very_try_made_is_taken(kubeconfig, cluster):
-    """Made by this try (its labels; for the Secret, its very envelope): taken, owned by the pod."""
+def test_a_claim_template_this_very_try_made_is_taken(kubeconfig, cluster):
+    """Made by this try (the provider's labels, the try's identity): taken, and owned by the pod."""
     backend, plan = _deferred(kubeconfig, gpu_allocation="dra")
     labels = {"metadata": {"labels": {**MANAGED, **{k: v for k, v in LABELS.items() if k != "map_index"}}}}
-    cluster.planted["Secret"] = {**labels, "data": {"envelope": base64.b64encode(plan.envelope.encode()).decode()}}
     cluster.planted["ResourceClaimTemplate"] = {**labels, "spec": {"spec": plan.claim}}
     backend.start(plan, context())
     [pod] = cluster.created
-    for kind in ("Secret", "ResourceClaimTemplate"):
-        [(_, name)] = [key for key in cluster.objects if key[0] == kind]
-        assert cluster.objects[(kind, name)]["metadata"]["ownerReferences"][0]["name"] == pod["metadata"]["name"]
+    [name] = [name for kind, name in cluster.objects if kind == "ResourceClaimTemplate"]
+    owner = cluster.objects[("ResourceClaimTemplate", name)]["metadata"]["ownerReferences"][0]
+    assert owner["name"] == pod["metadata"]["name"] and cluster.names("read_namespaced_secret") == []
 
 
 def test_the_indexed_job_has_one_secret_owned_by_the_job_and_deleted_with_it(kubeconfig, cluster, monkeypatch):
