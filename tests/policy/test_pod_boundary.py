@@ -230,15 +230,13 @@ def test_a_kubernetes_executor_worker_pods_sidecars_get_void_and_its_names_are_j
     for container in [*spec["initContainers"], *spec["containers"][1:]]:  # the template's and the task's own
         assert _visible(container)[-1:] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}], container["name"]
     assert _visible(main_container(pod)) == [] and "nvidia.com/gpu" in main_container(pod)["resources"]["limits"]
-    sa_error = r"spec\.serviceAccountName='cluster-admin-sa'.*allowed_kubernetes_objects"
-    with pytest.raises(InvalidSettingError, match=sa_error), DAG("boundary_executor_sa", schedule=None):
-        GpuStepOperator(
-            task_id="train", python_callable=work, backend="executor", gpu_count=1,
-            executor_config={"pod_override": {"spec": {"serviceAccountName": "cluster-admin-sa"}}},
-        )  # fmt: skip
-    ns_error = r"metadata\.namespace='kube-system'.*allowed_kubernetes_objects"
-    with pytest.raises(InvalidSettingError, match=ns_error), DAG("boundary_executor_ns", schedule=None):
-        GpuStepOperator(
-            task_id="train", python_callable=work, backend="executor", gpu_count=1,
-            executor_config={"pod_override": {"metadata": {"namespace": "kube-system"}}},
-        )  # fmt: skip
+    for override, path in (
+        ({"spec": {"serviceAccountName": "cluster-admin-sa"}}, r"spec\.serviceAccountName='cluster-admin-sa'"),
+        ({"metadata": {"namespace": "kube-system"}}, r"metadata\.namespace='kube-system'"),  # it would move the pod
+    ):
+        error = rf"executor_config\['pod_override'\].*{path}.*allowed_kubernetes_objects"
+        with pytest.raises(InvalidSettingError, match=error), DAG("boundary_executor_names", schedule=None):
+            GpuStepOperator(
+                task_id="train", python_callable=work, backend="executor", gpu_count=1,
+                executor_config={"pod_override": override},
+            )  # fmt: skip

@@ -186,8 +186,9 @@ class PodOptions(BackendOptions):
         from airflow_gpu_provider.policy import Policy
 
         named = {name: pod for name, pod in self.objects().items() if unlisted(pod, {})}
+        allowed = Policy.current().kubernetes if named else {}
         for name, pod in named.items():
-            found = unlisted(pod, Policy.current().kubernetes)
+            found = unlisted(pod, allowed)
             if found:
                 raise refused_names(owner, f"backend_options[{name!r}]", found)
         if self.pod_security == "restricted":

@@ -170,6 +170,7 @@ class Cluster:
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}  # the Secrets and claim templates, by (kind, name)
         self.planted: dict[str, dict[str, Any]] = {}  # by kind: what someone else made first under the name created
         self.refuse_pods = False  # the API server refuses the pod (403)
+        self.pending_reads = 0  # reads of the pod that find it Pending still, before ``status``
 
     def names(self, method: str) -> list[Any]:
         return [arg for name, arg in self.calls if name == method]
@@ -193,7 +194,8 @@ class Cluster:
         if body is None:
             raise ApiException(status=404, reason="Not Found")
         pod = to_model(body, "V1Pod")
-        pod.status = self.status
+        pod.status = k8s.V1PodStatus(phase="Pending") if self.pending_reads > 0 else self.status
+        self.pending_reads = max(0, self.pending_reads - 1)
         return pod
 
     def list_namespaced_pod(self, _api: Any, namespace: str, label_selector: str = "", **_: Any) -> k8s.V1PodList:
@@ -336,6 +338,7 @@ def fire(trigger: Any, cluster: Cluster, monkeypatch: Any) -> dict[str, Any]:
         )
 
     async def watch_pod_events(_hook: Any, name: str, namespace: str, **_: Any) -> Any:
+        cluster.calls.append(("watch_pod_events", name))
         generated = GENERATED[CoreV1Api]["list_namespaced_event"]
         api_calls.call(generated, api[CoreV1Api], namespace, field_selector=f"involvedObject.name={name}", watch=True)
         await asyncio.sleep(0.01)  # no events
@@ -359,6 +362,24 @@ def fire(trigger: Any, cluster: Cluster, monkeypatch: Any) -> dict[str, Any]:
     with api_calls.as_principal("triggerer"):  # the calls of the triggerer's process
         event = asyncio.run(first())
     return serde.deserialize(serde.serialize(event))
+
+
+def kill(trigger: Any, cluster: Cluster, monkeypatch: Any) -> None:
+    """The triggerer's ``on_kill`` of a trigger whose deferred task was stopped (Airflow 3.3+): its pod deletion."""
+
+    async def delete_pod(_hook: Any, name: str, namespace: str, **_: Any) -> None:
+        generated = GENERATED[CoreV1Api]["delete_namespaced_pod"]
+        api_calls.call(
+            generated,
+            CoreV1Api(ApiClient()),
+            name,
+            namespace,
+            answer=cluster.delete_namespaced_pod(None, name, namespace),
+        )
+
+    monkeypatch.setattr(AsyncKubernetesHook, "delete_pod", delete_pod)
+    with api_calls.as_principal("triggerer"):
+        asyncio.run(trigger.on_kill())
 
 
 @pytest.fixture
