@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 pytest_plugins = (
     "backends.docker.docker_fixtures",
     "backends.docker.authz_engine",
+    "backends.kubernetes.api_calls",  # every Kubernetes API call, recorded for the RBAC check
     "backends.kubernetes.cluster_answers",
     "reliability.report",
 )
@@ -62,6 +63,10 @@ os.environ.update(
         "CUDA_VISIBLE_DEVICES": "",  # torch sees no GPU unless a test (marked gpu) or the provider says otherwise
         "AIRFLOW__GPU__WAIT_POLL_INTERVAL": "0.2",
         "AIRFLOW__GPU__ALLOWED_BUILD_PATHS": f"{BUILD_INPUTS},/opt/wheels",
+        # what the tests' pods name of the cluster (rule P3), as a deployment's admin lists it
+        "AIRFLOW__GPU__ALLOWED_KUBERNETES_OBJECTS": "namespace=ml, namespace=ml-training, service_account=trainer, "
+        "runtime_class=nvidia, priority_class=gpu-high, priority_class=batch, kueue_queue=team-a, "
+        "kueue_priority_class=gpu-high",
     }
 )
 

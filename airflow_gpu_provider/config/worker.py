@@ -57,6 +57,7 @@ class GpuConfig:
     allowed_build_paths: str
     allowed_checkpoint_roots: str
     min_pod_security: str
+    allowed_kubernetes_objects: str
 
     @classmethod
     def read(cls, **overrides: object) -> GpuConfig:

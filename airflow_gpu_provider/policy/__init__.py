@@ -11,13 +11,15 @@ of docs/security.md it enforces.
 - ``engine.py``: a container create call's whole body, as the engine reads it (the provider's final check, and the
   engine's authorization plugin's)
 - ``authz/``: the Docker engine's authorization plugin: rules D1-D5 for every client of the engine
-- ``pods.py``: the pod a Kubernetes task may get (Pod Security Standards over the whole pod)
+- ``pods.py``: the pod a Kubernetes task may get (Pod Security Standards over the whole pod, the cluster objects it
+  may name, device isolation in every container)
 - ``build.py``: what of the worker a derived image's build may read
 - ``checkpoints.py``: the roots a task may checkpoint to, and what may be deleted
 """
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
@@ -26,6 +28,16 @@ if TYPE_CHECKING:
     from airflow_gpu_provider.config.worker import GpuConfig
 
 LEVELS = ("restricted", "baseline", "privileged")  # Pod Security Standards, strongest first
+#: The kinds of cluster object a pod names that ``[gpu] allowed_kubernetes_objects`` lists (``KIND=NAME``)
+KUBERNETES_KINDS = (
+    "namespace",
+    "service_account",
+    "runtime_class",
+    "priority_class",
+    "kueue_queue",
+    "kueue_priority_class",
+)
+_OBJECT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")  # a DNS subdomain, as the API server names
 
 
 class PolicyError(InvalidSettingError):
@@ -53,6 +65,22 @@ def _paths(option: str, text: str) -> tuple[str, ...]:
                 raise ValueError(f"[gpu] {option}: {part!r} is not an absolute path ({err.problem})") from None
         roots.append(root.rstrip("/") or "/")
     return tuple(roots)
+
+
+def _kubernetes_objects(text: str, kueue_queue: str) -> dict[str, frozenset[str]]:
+    """``KIND=NAME, ...`` by kind, with the deployment's own ``[gpu] kueue_queue`` added."""
+    listed: dict[str, set[str]] = {kind: set() for kind in KUBERNETES_KINDS}
+    for part in filter(None, (item.strip() for item in text.split(","))):
+        kind, _, name = (piece.strip() for piece in part.partition("="))
+        if kind not in listed or not name or (name != "*" and not _OBJECT_NAME.fullmatch(name)):
+            raise ValueError(
+                f"[gpu] allowed_kubernetes_objects: {part!r} is not KIND=NAME with KIND one of "
+                f"{', '.join(KUBERNETES_KINDS)} and NAME an object's name (or *)"
+            )
+        listed[kind].add(name)
+    if kueue_queue:
+        listed["kueue_queue"].add(kueue_queue)
+    return {kind: frozenset(names) for kind, names in listed.items()}
 
 
 class MountRoot(NamedTuple):
@@ -89,6 +117,7 @@ class Policy(NamedTuple):
     checkpoint_roots: tuple[str, ...]
     min_pod_security: str
     state_dir: str
+    kubernetes: dict[str, frozenset[str]]
 
     @classmethod
     def of(cls, conf: GpuConfig | Any) -> Policy:
@@ -109,6 +138,7 @@ class Policy(NamedTuple):
             ),
             min_pod_security=conf.min_pod_security,
             state_dir=conf.state_dir,
+            kubernetes=_kubernetes_objects(conf.allowed_kubernetes_objects, conf.kueue_queue),
         )
 
     @classmethod

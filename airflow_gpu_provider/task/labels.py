@@ -9,6 +9,8 @@ from typing import Any
 #: and annotations ``airflow-gpu-provider/<key>``, ``app.kubernetes.io/managed-by``.
 PROVIDER = "airflow-gpu-provider"
 MANAGED_BY = {"app.kubernetes.io/managed-by": PROVIDER}
+#: The labels that name one task try (also KubernetesPodOperator's labels of its pod)
+TRY_IDENTITY = ("dag_id", "task_id", "run_id", "try_number", "map_index")
 
 
 def docker_label(key: str) -> str:
@@ -23,8 +25,7 @@ def kubernetes_label(key: str) -> str:
 
 def task_labels(ti: Any) -> dict[str, str]:
     """The identity of a task try, from its task instance: ``TaskRequest.labels``."""
-    names = ("dag_id", "task_id", "run_id", "try_number")
-    return {**{name: str(getattr(ti, name)) for name in names}, "map_index": str(getattr(ti, "map_index", -1))}
+    return {name: str(getattr(ti, name, -1 if name == "map_index" else None)) for name in TRY_IDENTITY}
 
 
 def display_name(labels: Mapping[str, str]) -> str:

@@ -199,7 +199,7 @@ def test_a_pod_template_file_with_a_bypass_is_refused_when_the_pod_is_built(bypa
     file.write_text(yaml.safe_dump(template))
     task = kubernetes_task(backend_options={"pod_template_file": str(file), "pod_security": level})  # not read yet
     if bypass in POD_CONTEXT and level == "restricted":
-        [pod] = task.render_manifests()  # the provider's pod context replaced the template's: nothing to refuse
+        _, pod = task.render_manifests()  # the provider's pod context replaced the template's: nothing to refuse
         assert validate(pod)["spec"]["securityContext"].get("sysctls") is None
         return
     anywhere = re.escape(path).replace(r"\[0\]", r"\[\d+\]").replace(r"\[1\]", r"\[\d+\]")  # merged lists
@@ -229,5 +229,5 @@ def test_the_multi_node_job_meets_the_restricted_level():
         task_id="two_nodes", python_callable=train, backend="kubernetes", num_machines=2,
         resources=ResourceSettings(accelerator="A100:4"), requirements=["six"], backend_options={"namespace": "ml"},
     )  # fmt: skip
-    _, job = (validate(obj) for obj in task.render_manifests())
+    _, _, job = (validate(obj) for obj in task.render_manifests())  # the Secret, the Service, the Job
     assert job["kind"] == "Job" and violations(job, "restricted") == []

@@ -244,8 +244,7 @@ def _run_kubernetes(scenario: str) -> tuple[str, str]:
 
     with DAG(dag_id("kubernetes", scenario), schedule=None):
         task = GpuStepOperator(**operator_arguments("kubernetes", scenario))
-    [pod] = task.render_manifests()
-    run = run_pod(pod, labels={RUN_LABEL: RUN}, tmp=TMP)
+    run = run_pod(task.render_manifests(), labels={RUN_LABEL: RUN}, tmp=TMP)
     log = "\n".join(f"--- {name} (exit {run.exit_codes[name]})\n{text}" for name, text in run.logs.items())
     failed_init = [name for name, code in run.exit_codes.items() if code != 0 and name != "base"]
     if failed_init or "base" not in run.exit_codes:

@@ -59,11 +59,12 @@ def test_a_pod_gets_the_modules_in_a_variable_of_their_own_and_imports_them(airf
     sys.path.insert(0, str(REPO / "tests" / "backends" / "kubernetes"))
     from pod_in_docker import run_pod
 
-    [pod] = load_dag(DAG_FILE, "project_modules_kubernetes").get_task("shipped").render_manifests()
+    objects = load_dag(DAG_FILE, "project_modules_kubernetes").get_task("shipped").render_manifests()
+    secret, pod = objects  # the envelope is in the task's Secret
     variables = {v["name"]: v.get("value") for v in pod["spec"]["containers"][0]["env"]}
-    envelope = json.loads(base64.b64decode(variables["AIRFLOW_GPU_ENVELOPE"]))
+    envelope = json.loads(base64.b64decode(base64.b64decode(secret["data"]["envelope"])))
     assert envelope["modules"]["zip"] == "env:AIRFLOW_GPU_MODULES" and variables["AIRFLOW_GPU_MODULES"]
-    run = run_pod(pod)
+    run = run_pod(objects)
     assert run.exit_codes == {"base": 0}, run.logs
     assert run.result is not None and run.result["ok"], run.logs
     value = run.result["return_value"]

@@ -137,12 +137,12 @@ def test_the_rendered_pod_carries_what_the_runtime_needs_to_sample():
 
     bag = DagBag(dag_folder=str(REPO / "dags" / "gpu_training_demo.py"))
     task = bag.get_dag("gpu_training_demo").get_task("train")
-    [pod] = task.render_manifests(params={"gpu_count": 1})
+    secret, pod = task.render_manifests(params={"gpu_count": 1})  # the envelope is in the task's Secret
     env = {v["name"]: v.get("value") for v in pod["spec"]["containers"][0]["env"]}
     assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
-    profile = json.loads(base64.b64decode(env["AIRFLOW_GPU_ENVELOPE"]))["profile"]
+    profile = json.loads(base64.b64decode(base64.b64decode(secret["data"]["envelope"])))["profile"]
     assert profile == {"interval_s": 0.25, "host": get_hostname()}  # the worker that renders and submits the pod
-    [cpu_pod] = task.render_manifests(params={"gpu_count": 0})
+    _, cpu_pod = task.render_manifests(params={"gpu_count": 0})
     cpu_env = {v["name"] for v in cpu_pod["spec"]["containers"][0]["env"]}
     assert "NVIDIA_DRIVER_CAPABILITIES" not in cpu_env
 

@@ -67,7 +67,7 @@ def place(
         from airflow_gpu_provider.backends.executor import pod_override  # the kubernetes client
 
         if given.get(PLACED_KEY):  # placed by the decorator: judged again, as anyone can write the mark
-            pod_override.check_placed(owner, options.kubernetes or {}, given)
+            placed["executor_config"] = pod_override.check_placed(owner, options.kubernetes or {}, given)
         else:
             placed["executor_config"] = {
                 **pod_override.executor_config(owner, resources, options.kubernetes or {}, given),

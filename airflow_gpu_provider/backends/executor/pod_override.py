@@ -23,9 +23,10 @@ from airflow_gpu_provider.backends.executor.options import CLAIM_TEMPLATE_OPTION
 from airflow_gpu_provider.backends.pods import dra, resources, scheduling, security
 from airflow_gpu_provider.backends.pods.options import DNS_SUBDOMAIN, PodOptions
 from airflow_gpu_provider.backends.pods.security import overlay
+from airflow_gpu_provider.config import airflow_setting
 from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.policy import PolicyError
-from airflow_gpu_provider.policy.pods import refused, violations
+from airflow_gpu_provider.policy import Policy, PolicyError
+from airflow_gpu_provider.policy.pods import has_nvidia_device, isolated, refused, refused_names, unlisted, violations
 from airflow_gpu_provider.settings import ALL_GPUS, ResourceSettings
 from airflow_gpu_provider.task.labels import MANAGED_BY, kubernetes_label
 
@@ -50,17 +51,19 @@ def executor_config(
         options = dataclasses.replace(options, run_as_user=template_user)  # the worker image's user (airflow: 50000)
     claim = _claim_template(owner, wanted, pod_options, user, template)
     provider = provider_pod(wanted, options, template, user.get("spec") or {}, claim_template=claim)
-    merged = merge(provider, user, owner)
-    check_pod(owner, merged, given.get("pod_template_file"), template, options.pod_security)
+    merged = check_pod(
+        owner, merge(provider, user, owner), given.get("pod_template_file"), template, options.pod_security
+    )
     return {**given, "pod_override": to_pod(merged)}
 
 
-def check_placed(owner: str, pod_options: Mapping[str, Any], given: Mapping[str, Any]) -> None:
-    """A ``pod_override`` already marked as placed is judged again: the mark is in the task's hands (rule P1)."""
+def check_placed(owner: str, pod_options: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``pod_override`` marked as placed is judged again (the mark is in the task's hands): the final check."""
     options = _options(owner, pod_options)
     own = given.get("pod_template_file")
     merged = to_dict(given.get("pod_override")) or {}
-    check_pod(owner, merged, own, worker_template(owner, own), options.pod_security)
+    checked = check_pod(owner, merged, own, worker_template(owner, own), options.pod_security)
+    return {**given, "pod_override": to_pod(checked)}
 
 
 def _options(owner: str, pod_options: Mapping[str, Any]) -> PodOptions:
@@ -77,8 +80,15 @@ def _options(owner: str, pod_options: Mapping[str, Any]) -> PodOptions:
     return options
 
 
-def check_pod(owner: str, merged: dict[str, Any], own: str | None, template: Mapping[str, Any], level: str) -> None:
-    """Rule P1 at DAG parse: the ``pod_override`` as merged, and the task's own worker template, meet ``level``.
+def check_pod(
+    owner: str, merged: dict[str, Any], own: str | None, template: Mapping[str, Any], level: str
+) -> dict[str, Any]:
+    """The final check of a ``pod_override`` (``policy.pods.final``, at DAG parse): ``merged`` with device isolation.
+
+    Rule P1: the ``pod_override`` as merged, and the task's own worker template, meet ``level``. Rule P3: both name
+    only what ``[gpu] allowed_kubernetes_objects`` lists, or ``[kubernetes_executor] namespace``. Rule P4: every
+    container without an NVIDIA device gets ``NVIDIA_VISIBLE_DEVICES=void``: the ``pod_override``'s, and those of
+    the worker template (when readable here) through entries the executor merges into them (:func:`_reaching`).
 
     The executor merges the ``pod_override`` into the worker template in the scheduler; the provider never sees that
     pod. It judges what the task brings: the merged ``pod_override`` (every container, init and ephemeral container,
@@ -88,9 +98,16 @@ def check_pod(owner: str, merged: dict[str, Any], own: str | None, template: Map
     Security admission on the namespace is the platform team's).
     """
     choice = "backend_options={'kubernetes': {'pod_security': ...}}"
+    merged = isolated(merged)
     found = violations(merged, level)
     if found:
         raise refused(owner, FIELD, found, level, choice=choice)
+    allowed = _allowed()
+    names = unlisted(merged, allowed)
+    if names:
+        raise refused_names(owner, FIELD, names)
+    if own is not None and unlisted(template, allowed):
+        raise refused_names(owner, "executor_config['pod_template_file']", unlisted(template, allowed))
     if own is not None and level != "privileged":
         if not Path(own).is_file():
             raise PolicyError(
@@ -102,6 +119,32 @@ def check_pod(owner: str, merged: dict[str, Any], own: str | None, template: Map
         found = violations(overlay(template, merged), level)
         if found:
             raise refused(owner, "executor_config['pod_template_file']", found, level, choice=choice)
+    return isolated(_reaching(merged, template))
+
+
+def _reaching(merged: dict[str, Any], template: Mapping[str, Any]) -> dict[str, Any]:
+    """``merged`` with an entry for each container of the worker template it does not reach, for their isolation.
+
+    (The executor merges containers by position and init containers by name, appending ``env``.)
+    """
+    spec, theirs = dict(merged.get("spec") or {}), template.get("spec") or {}
+    containers, inits = list(spec.get("containers") or []), list(spec.get("initContainers") or [])
+    named = {item.get("name") for item in inits if isinstance(item, Mapping)}
+    for item in (theirs.get("containers") or [])[len(containers) :]:
+        if isinstance(item, Mapping):
+            containers.append({"name": item.get("name"), "resources": item.get("resources") or {}})
+    for item in theirs.get("initContainers") or []:
+        if isinstance(item, Mapping) and item.get("name") not in named and not has_nvidia_device(item):
+            inits.append({"name": item.get("name")})
+    spec.update(containers=containers, **({"initContainers": inits} if inits else {}))
+    return {**merged, "spec": spec}
+
+
+def _allowed() -> dict[str, frozenset[str]]:
+    """What a worker pod may name (rule P3): the allow-list, and the executor's own namespace."""
+    allowed = Policy.current().kubernetes
+    namespace = airflow_setting("kubernetes_executor", "namespace", fallback="default") or "default"
+    return {**allowed, "namespace": allowed["namespace"] | {namespace}}
 
 
 def _claim_template(
@@ -224,8 +267,6 @@ def _merge_lists(mine: list[Any], theirs: list[Any], owner: str, where: str) -> 
 
 def worker_template(owner: str, task_template: str | None) -> dict[str, Any]:
     """The executor's worker pod template as a dict, when readable here; ``{}`` otherwise."""
-    from airflow_gpu_provider.config import airflow_setting
-
     path = task_template or airflow_setting("kubernetes_executor", "pod_template_file")
     if not path or not Path(path).is_file():
         return {}

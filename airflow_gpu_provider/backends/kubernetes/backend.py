@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, cast
 
 from airflow_gpu_provider.backends.base import Backend, Deferral
+from airflow_gpu_provider.backends.kubernetes import container
 from airflow_gpu_provider.backends.kubernetes.deferral import DeferredPod
 from airflow_gpu_provider.backends.kubernetes.multinode_defer import DeferredJob
 from airflow_gpu_provider.backends.kubernetes.multinode_run import IndexedJobRun, multinode_manifests
@@ -77,7 +78,14 @@ class KubernetesBackend(Backend[KubernetesOptions, KubernetesPlan]):
         layout, service, job = multinode_manifests(plan, context=context)
         hook = cast("KubernetesHook", build_operator(plan).hook)
         run = IndexedJobRun(
-            hook, layout, service, job, log=self.log, pending_timeout=plan.pending_timeout, claim=plan.claim
+            hook,
+            layout,
+            service,
+            job,
+            log=self.log,
+            pending_timeout=plan.pending_timeout,
+            claim=plan.claim,
+            envelope=plan.envelope,
         )
         self._running = run
         try:
@@ -112,7 +120,11 @@ class KubernetesBackend(Backend[KubernetesOptions, KubernetesPlan]):
         return DeferredJob(plan, self.log) if plan.num_nodes > 1 else DeferredPod(plan, self.log)
 
     def render(self, request: TaskRequest, conf: GpuConfig, context: Context) -> list[dict[str, Any]]:
-        """The objects :meth:`run` would submit, as API dicts (built by KubernetesPodOperator, no cluster)."""
+        """The objects :meth:`run` would submit, as API dicts (built by KubernetesPodOperator, no cluster).
+
+        In the order they are created: the pod's (or Job's) companions first, the Secret with the envelope and the
+        DRA claim template.
+        """
         plan = self.plan(request, conf)
         if plan.num_nodes > 1:
             _, service, job = multinode_manifests(plan, context=context)
@@ -120,10 +132,11 @@ class KubernetesBackend(Backend[KubernetesOptions, KubernetesPlan]):
         else:
             pod = to_dict(build_operator(plan).build_pod_request_obj(context, dry_run=True))
             objects, owner = [pod], pod["metadata"]
-        if plan.claim is None:
-            return objects
-        name = dra.template_name(owner["name"])  # the claim template they name, created before them (pods/dra.py)
-        return [dra.claim_template(name, owner.get("namespace"), owner.get("labels") or {}, plan.claim), *objects]
+        name, namespace, labels = owner["name"], owner.get("namespace"), owner.get("labels") or {}
+        made = [container.secret_manifest(container.secret_name(name), namespace, labels, plan.envelope)]
+        if plan.claim is not None:  # the claim template they name (pods/dra.py)
+            made.append(dra.claim_template(dra.template_name(name), namespace, labels, plan.claim))
+        return [*made, *objects]
 
     def kill(self) -> None:
         """Delete the running pod (KubernetesPodOperator's ``on_kill``) or the Job and its Service, also in start()."""

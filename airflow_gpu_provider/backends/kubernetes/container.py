@@ -1,11 +1,13 @@
-"""The pod's containers: the stdlib runtime shipped in environment variables, their commands and environment.
+"""The pod's containers: the stdlib runtime and the task's envelope, their commands and environment.
 
 No ConfigMap and no image change: ``AIRFLOW_GPU_BOOTSTRAP`` holds the runtime's archive (``runtime.pyz``, zlib +
-base64), ``AIRFLOW_GPU_ENVELOPE`` the task envelope (base64 JSON, read by the runtime as
-``env:AIRFLOW_GPU_ENVELOPE``), and the main container runs ``python3 -c <launcher> env:AIRFLOW_GPU_ENVELOPE
-/airflow/xcom/return.json``: the launcher writes the archive to a file and runs it, and the runtime writes its
-result envelope where KubernetesPodOperator's XCom sidecar reads it. The init container that installs requirements
-runs the same launcher, as ``runtime.pyz install ...``.
+base64), ``AIRFLOW_GPU_ENVELOPE`` the task envelope (base64 JSON, read by the runtime as ``env:AIRFLOW_GPU_ENVELOPE``),
+taken from the key ``envelope`` of the task's Secret (:func:`secret_manifest`, created and deleted with the pod by
+:mod:`.companions`): the function's source and arguments, rendered from connections or params, are not in the pod
+spec. The main container runs ``python3 -c <launcher> env:AIRFLOW_GPU_ENVELOPE /airflow/xcom/return.json``: the
+launcher writes the archive to a file and runs it, and the runtime writes its result envelope where
+KubernetesPodOperator's XCom sidecar reads it. The init container that installs requirements runs the same
+launcher, as ``runtime.pyz install ...``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from airflow_gpu_provider.task.runtime_zip import archive
 
 BOOTSTRAP_ENV = "AIRFLOW_GPU_BOOTSTRAP"
 ENVELOPE_ENV = "AIRFLOW_GPU_ENVELOPE"
+SECRET_KEY = "envelope"  # noqa: S105 - the key of the task's Secret that holds the envelope, no password
 RESULT_PATH = "/airflow/xcom/return.json"  # KubernetesPodOperator's XCom sidecar reads this file
 # Writes the runtime's archive to a file, then runs it as __main__ (launched ranks run that file again), with the
 # container's arguments: a task's envelope and result, or ``install ...`` in the init container.
@@ -69,14 +72,32 @@ def launch_command(*, result_to_log: bool = False) -> tuple[list[str], list[str]
     return ["python3", "-c", LAUNCHER], [f"env:{ENVELOPE_ENV}", RESULT_TO_LOG if result_to_log else RESULT_PATH]
 
 
+def secret_name(owner: str) -> str:
+    """The name of the task's Secret: its pod's (or Job's), with ``-envelope`` (a DNS subdomain, like the pod's)."""
+    return f"{owner[:240]}-{SECRET_KEY}"
+
+
+def secret_manifest(name: str, namespace: str | None, labels: Mapping[str, str], envelope: str) -> dict[str, Any]:
+    """The task's Secret, as the API's dict: immutable, its one key the envelope (:func:`encode_envelope`)."""
+    metadata: dict[str, Any] = {"name": name, "labels": dict(labels)}
+    if namespace:
+        metadata["namespace"] = namespace
+    data = {SECRET_KEY: base64.b64encode(envelope.encode()).decode()}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "immutable": True, "data": data}
+
+
+def envelope_variable(owner: str) -> dict[str, Any]:
+    """The main container's ``AIRFLOW_GPU_ENVELOPE``: a reference to the key of the task's Secret, not its value."""
+    return {"name": ENVELOPE_ENV, "valueFrom": {"secretKeyRef": {"name": secret_name(owner), "key": SECRET_KEY}}}
+
+
 def task_environment(
     resources: ResourceSettings,
     environment: Mapping[str, str],
-    envelope: Mapping[str, Any],
     processes: int = 1,
     modules_zip: str | None = None,
 ) -> dict[str, str]:
-    """Environment of the main container: the task's over the provider's defaults.
+    """Environment of the main container: the task's over the provider's defaults (the envelope: its Secret's).
 
     Never over the provider's device isolation, nor over the runtime's variables.
 
@@ -91,7 +112,6 @@ def task_environment(
     return {
         **with_user_environment(provider, environment, resources.gpu_vendor),
         BOOTSTRAP_ENV: bootstrap_payload(),
-        ENVELOPE_ENV: encode_envelope(envelope),
         **shipped,
     }
 

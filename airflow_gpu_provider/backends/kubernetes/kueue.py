@@ -20,9 +20,8 @@ from typing import Any
 
 from airflow_gpu_provider.backends.options import BadOption
 from airflow_gpu_provider.backends.pods.options import DNS_SUBDOMAIN
+from airflow_gpu_provider.policy.pods import PRIORITY_LABEL, QUEUE_LABEL  # what the allow-list judges (rule P3)
 
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
 #: Kueue's own rule for both labels (``ValidateLabelAsCRDName``): an object name that is also a label value
 ACCEPTED = "a Kueue object name: lower-case letters, digits, '-' and '.', at most 63 characters, e.g. 'team-a'"

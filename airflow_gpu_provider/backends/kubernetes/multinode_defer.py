@@ -76,7 +76,9 @@ class DeferredJob:
             layout, service, job = multinode_manifests(self.plan, context=context)
             if deadline is not None:
                 job["spec"]["activeDeadlineSeconds"] = int(deadline.total_seconds())
-            self.run = IndexedJobRun(hook, layout, service, job, log=self.log, claim=self.plan.claim)
+            self.run = IndexedJobRun(
+                hook, layout, service, job, log=self.log, claim=self.plan.claim, envelope=self.plan.envelope
+            )
             try:
                 self.run.create()
                 if store is not None:

@@ -19,7 +19,8 @@ from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
 from kubernetes.client.exceptions import ApiException
 
-from airflow_gpu_provider.backends.kubernetes.claims import ClaimTemplate
+from airflow_gpu_provider.backends.kubernetes.companions import companions, delete_all
+from airflow_gpu_provider.backends.kubernetes.container import ENVELOPE_ENV, envelope_variable
 from airflow_gpu_provider.backends.kubernetes.failures import cluster_error
 from airflow_gpu_provider.backends.kubernetes.kueue import (
     queue_the_job_only,
@@ -35,7 +36,7 @@ from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan
 from airflow_gpu_provider.backends.kubernetes.pod_operator import build_operator, to_dict
 from airflow_gpu_provider.backends.pods import dra
 from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError
-from airflow_gpu_provider.policy.pods import require
+from airflow_gpu_provider.policy.pods import final
 from airflow_gpu_provider.runtime.protocol import RESULT_MARKER
 
 MAIN_CONTAINER = "base"
@@ -47,7 +48,8 @@ def multinode_manifests(
     """``(layout, service, job)`` for ``plan.num_nodes`` copies of the plan's pod (built by KubernetesPodOperator).
 
     The pod has no XCom sidecar: in a Job it would keep every pod running after the task ends. The pod is checked
-    as it is built (``GpuPodOperator``), and the Job's pod template again, as submitted (rule P1).
+    as it is built (``GpuPodOperator``), and the Job again, as submitted (``policy.pods.final``). Its pods read the
+    envelope from the Job's Secret and get their GPUs from the Job's claim template (:mod:`.companions`).
     """
     operator = build_operator(plan)
     operator.do_xcom_push = False
@@ -55,10 +57,13 @@ def multinode_manifests(
     name = pod["metadata"]["name"][: 60 - len(str(plan.num_nodes - 1))].rstrip("-.")
     layout = MultiNodeLayout(name, namespace or pod["metadata"]["namespace"], plan.num_nodes, plan.port)
     labels = dict(pod["metadata"].get("labels") or {})
+    main = pod["spec"]["containers"][0]
+    main["env"] = [*(v for v in main.get("env") or [] if v["name"] != ENVELOPE_ENV), envelope_variable(layout.name)]
     if plan.claim is not None:  # one claim template for the Job's pods, named after the Job (each gets its claim)
         pod["spec"]["resourceClaims"] = dra.pod_claims(dra.template_name(layout.name))
     job = queue_the_job_only(job_manifest(layout, pod, labels, suspend=bool(plan.kueue_queue)))  # Kueue admits it
-    require(job, operator.pod_security, f"Indexed Job {layout.name} of task {plan.task_id}")
+    what = f"Indexed Job {layout.name} of task {plan.task_id}"
+    job = final(job, operator.pod_security, what, operator.allowed_here())
     return layout, service_manifest(layout, labels), job
 
 
@@ -76,11 +81,17 @@ class IndexedJobRun:
         poll_interval: float = 5.0,
         pending_timeout: float = 300.0,
         claim: dict[str, Any] | None = None,
+        envelope: str = "",
     ) -> None:
-        """:param claim: the spec of the pods' DRA claim (``KubernetesPlan.claim``): its template goes with the Job"""
+        """One run; nothing is submitted before :meth:`create`.
+
+        :param claim: the spec of the pods' DRA claim (``KubernetesPlan.claim``): its template goes with the Job
+        :param envelope: the task's envelope (``KubernetesPlan.envelope``): its Secret goes with the Job
+        """
         self.hook, self.layout, self.service, self.job = hook, layout, dict(service), dict(job)
         self.log = log or logging.getLogger(__name__)
-        self.claim = None if claim is None else ClaimTemplate(claim, hook.api_client, self.log)
+        self.companions = companions(hook.api_client, self.log, envelope=envelope, claim=claim)
+        self._made: list[Any] = []  # the companions this run made (or an attached run's earlier try made): deleted
         self.poll_interval, self.pending_timeout = poll_interval, pending_timeout
         self._created = False
 
@@ -95,7 +106,7 @@ class IndexedJobRun:
     ) -> IndexedJobRun:
         """The run of a Job submitted earlier (by another worker's ``create``): to collect and clean up."""
         run = cls(hook, layout, {}, {}, log=log, claim=claim)
-        run._created = True
+        run._created, run._made = True, list(run.companions)
         return run
 
     @property
@@ -156,12 +167,13 @@ class IndexedJobRun:
         """Submit the Job, then its Service (owned by the Job, so that it goes with it)."""
         namespace = self.layout.namespace
         self._created = True  # from here on, cleanup has something to delete
-        template = dra.template_name(self.layout.name)
-        if self.claim is not None:
-            self.claim.create(template, namespace, self.service["metadata"].get("labels", {}))
+        labels = self.service["metadata"].get("labels", {})
+        for companion in self.companions:  # the Secret (and claim template) the Job's pods name
+            companion.create(self.layout.name, namespace, labels)
+            self._made.append(companion)
         created = self.hook.batch_v1_client.create_namespaced_job(namespace, self.job)
-        if self.claim is not None:
-            self.claim.own(template, namespace, created, kind="Job", api_version="batch/v1")
+        for companion in self._made:
+            companion.own(self.layout.name, namespace, created, kind="Job", api_version="batch/v1")
         owned = service_manifest(self.layout, self.service["metadata"].get("labels", {}), created.metadata.uid)
         self.hook.core_v1_client.create_namespaced_service(namespace, owned)
         self.log.info(
@@ -237,8 +249,8 @@ class IndexedJobRun:
                 namespace, label_selector=self.selector)),
             ("service", lambda: self.hook.core_v1_client.delete_namespaced_service(name, namespace)),
         )  # fmt: skip
-        if self.claim is not None:  # ClaimTemplate.delete logs what it could not delete itself
-            self.claim.delete(dra.template_name(name), namespace)
+        delete_all(self._made, name, namespace)  # each logs what it could not delete itself
+        self._made = []
         for what, delete in steps:
             try:
                 delete()

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from airflow_gpu_provider.backends.kubernetes.kueue import kueue_name, kueue_queue_name
+from airflow_gpu_provider.backends.kubernetes.kueue import PRIORITY_LABEL, QUEUE_LABEL, kueue_name, kueue_queue_name
 from airflow_gpu_provider.backends.options import BadOption, boolean, one_of, option, seconds
 from airflow_gpu_provider.backends.pods import dra
 from airflow_gpu_provider.backends.pods.node_labels import node_selector
@@ -128,6 +128,16 @@ class KubernetesOptions(PodOptions):
                 "needs backend_options['derived_image'], the image the Docker backend pushed to your registry",
                 "derived_image='registry.example.com/team/train:<tag>', or requirements_mode='init-container'",
             )
+
+    def objects(self) -> dict[str, dict[str, Any]]:
+        """The pod options' objects, and the namespace, the Kueue queue and priority class, the template's (rule P3)."""
+        return {
+            **super().objects(),
+            "namespace": {"metadata": {"namespace": self.namespace}},
+            "kueue_queue": {"metadata": {"labels": {QUEUE_LABEL: self.kueue_queue}}},
+            "kueue_priority_class": {"metadata": {"labels": {PRIORITY_LABEL: self.kueue_priority_class}}},
+            "pod_template_dict": dict(self.pod_template_dict or {}),
+        }
 
     def check(self, resources: ResourceSettings) -> None:
         """At DAG parse time: the accelerator's node labels exist in the label scheme and no selector contradicts them.

@@ -45,6 +45,9 @@ class KubernetesPlan:
     :param kueue_queue: the Kueue LocalQueue of the pod (or the Job), empty for none (:mod:`.kueue`)
     :param claim: with ``gpu_allocation="dra"``, the spec of the pod's GPU claim (:mod:`..pods.dra`): the operator
         creates its ResourceClaimTemplate with the pod, and the container has no extended-resource GPU limit
+    :param envelope: the task's envelope (base64 JSON), which goes into the task's Secret, not the pod spec
+        (:mod:`.companions`)
+    :param allowed: the cluster objects the pod may name (``Policy.kubernetes``; rule P3)
     """
 
     task_id: str
@@ -74,6 +77,8 @@ class KubernetesPlan:
     reattach: bool = True
     kueue_queue: str = ""
     claim: dict[str, Any] | None = None
+    envelope: str = ""
+    allowed: dict[str, frozenset[str]] = field(default_factory=dict)
 
 
 def load_pod_template(options: KubernetesOptions) -> dict[str, Any] | None:
@@ -107,17 +112,18 @@ def plan_pod(request: TaskRequest, options: KubernetesOptions, conf: GpuConfig) 
     The task's pod-security level must be one this worker's ``[gpu] min_pod_security`` allows (rule P2); the pod
     itself is checked against it when KubernetesPodOperator has built it (``pod_operator.py``, rule P1).
     """
-    problem = level_refused(options.pod_security, Policy.of(conf).min_pod_security)
+    policy = Policy.of(conf)
+    problem = level_refused(options.pod_security, policy.min_pod_security)
     if problem:
         raise GpuTaskError(
             f"{request.display_name}: backend_options['pod_security']={options.pod_security!r} is refused on this "
             f"worker: {problem}. Nothing was submitted."
         )
-    primary = _pod(request, options, conf, request.resources)
+    primary = _pod(request, options, conf, request.resources, policy.kubernetes)
     if request.num_nodes > 1:
         return primary  # every node must get its GPUs: no CPU fallback for a multi-node launch
     if request.missing_gpu.runs_on_cpu and request.resources.requests_gpus:
-        fallback = _pod(request, options, conf, request.resources.without_gpus(), cpu_fallback=True)
+        fallback = _pod(request, options, conf, request.resources.without_gpus(), policy.kubernetes, cpu_fallback=True)
         primary = dataclasses.replace(primary, cpu_fallback=fallback)
     return primary
 
@@ -127,6 +133,7 @@ def _pod(
     options: KubernetesOptions,
     conf: GpuConfig,
     wanted: ResourceSettings,
+    allowed: dict[str, frozenset[str]],
     *,
     cpu_fallback: bool = False,
 ) -> KubernetesPlan:
@@ -175,7 +182,6 @@ def _pod(
         environment=container.task_environment(
             wanted,
             {**request.image.environment, **deps.environment, **checkpoint_env},
-            envelope,
             request.processes_per_node,
             None if request.envelope.modules is None else request.envelope.modules["zip"],
         ),
@@ -205,6 +211,8 @@ def _pod(
         reattach=request.reattach,
         kueue_queue=queue,
         claim=claim,
+        envelope=container.encode_envelope(envelope),
+        allowed=allowed,
     )
 
 

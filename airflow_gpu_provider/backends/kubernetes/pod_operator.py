@@ -24,14 +24,15 @@ from kubernetes.client import ApiClient, Configuration
 from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
-from airflow_gpu_provider.backends.kubernetes.claims import ClaimTemplate, of_pod
+from airflow_gpu_provider.backends.kubernetes.companions import WithCompanions
+from airflow_gpu_provider.backends.kubernetes.container import ENVELOPE_ENV, envelope_variable
 from airflow_gpu_provider.backends.kubernetes.failures import cluster_error, unschedulable_failure
 from airflow_gpu_provider.backends.kubernetes.kueue import kueue_queue, waiting_line, waiting_queue
 from airflow_gpu_provider.backends.kubernetes.pending import Unschedulable, termination_error, unschedulable
 from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan
 from airflow_gpu_provider.backends.pods import dra
 from airflow_gpu_provider.exceptions import GpuUnavailableError, RemoteTaskError
-from airflow_gpu_provider.policy.pods import require
+from airflow_gpu_provider.policy.pods import final
 from airflow_gpu_provider.task.result import result_value
 
 _API = ApiClient(configuration=Configuration())
@@ -52,79 +53,59 @@ def to_model(data: Any, klass: str) -> Any:
     return _API._ApiClient__deserialize(data, klass)  # type: ignore[attr-defined]
 
 
-class GpuPodOperator(KubernetesPodOperator):
+class GpuPodOperator(WithCompanions, KubernetesPodOperator):
     """KubernetesPodOperator that checks its pod, keeps the result envelope, diagnoses pods that never started.
 
+    Its pod's companions (the Secret with the envelope, the DRA claim template) are created, owned and deleted with
+    the pod (:class:`~.companions.WithCompanions`).
+
     :param pod_security: the Pod Security Standards level every pod it builds must meet
-    :param claim: the spec of the pod's DRA claim (``KubernetesPlan.claim``): its template is created with the pod
-        and deleted after it (:mod:`.claims`)
+    :param claim: the spec of the pod's DRA claim (``KubernetesPlan.claim``)
+    :param envelope: the task's envelope (``KubernetesPlan.envelope``), in the task's Secret
+    :param allowed: the cluster objects the pod may name (``KubernetesPlan.allowed``); with the namespace the
+        connection gives
     """
 
-    def __init__(self, *, pod_security: str = "restricted", claim: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        pod_security: str = "restricted",
+        claim: dict[str, Any] | None = None,
+        envelope: str = "",
+        allowed: dict[str, frozenset[str]] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
-        self.pod_security = pod_security
-        self.claim = claim
+        self.pod_security, self.claim, self.envelope, self.allowed = pod_security, claim, envelope, allowed or {}
         self.result_envelope: dict[str, Any] | None = None
         self.unschedulable: Unschedulable | None = None
         self.last_read: dict[str, Any] | None = None  # the pod as diagnose_pending read it (an image pull failure)
         self.timed_out = False  # resumed from the trigger's timeout event: the pod may still run
 
     def build_pod_request_obj(self, context: Any = None, *, dry_run: bool = False) -> k8s.V1Pod:
-        """The pod as KubernetesPodOperator builds it, refused unless it meets ``pod_security`` (rule P1).
+        """The pod as KubernetesPodOperator builds it, through the final check (``policy.pods.final``).
 
         Checked after every merge: the template, the XCom sidecar, Airflow's ``pod_mutation_hook``; a pod that breaks
-        the level raises :class:`~airflow_gpu_provider.policy.pods.PodSecurityError`. Both ``execute`` and rendering
-        build the pod here: nothing is submitted or shown that was not checked.
+        its level or names what the allow-list does not hold raises
+        :class:`~airflow_gpu_provider.policy.pods.PodSecurityError`, and every container without a GPU gets its
+        device isolation. Both ``execute`` and rendering build the pod here: nothing is submitted or shown that was
+        not checked.
         """
-        pod = super().build_pod_request_obj(context, dry_run=dry_run)
+        pod = to_dict(super().build_pod_request_obj(context, dry_run=dry_run))
+        name, spec = pod["metadata"]["name"], pod["spec"]
+        base = next(c for c in spec["containers"] if c["name"] == self.base_container_name)
+        variables = [v for v in base.get("env") or [] if v.get("name") != ENVELOPE_ENV]
+        base["env"] = [*variables, envelope_variable(name)]  # the envelope: its Secret's (.companions)
         if self.claim is not None:  # the claim, made from the pod's own template; the task's container uses it
-            pod.spec.resource_claims = [
-                to_model(c, "V1PodResourceClaim") for c in dra.pod_claims(dra.template_name(pod.metadata.name))
-            ]
-            base = next(c for c in pod.spec.containers if c.name == self.base_container_name)
-            base.resources = base.resources or k8s.V1ResourceRequirements()
-            base.resources.claims = [to_model(c, "CoreV1ResourceClaim") for c in dra.container_claims()]
-        require(to_dict(pod), self.pod_security, f"pod {pod.metadata.name} of task {self.task_id}")
-        return pod
+            spec["resourceClaims"] = dra.pod_claims(dra.template_name(name))
+            base.setdefault("resources", {})["claims"] = dra.container_claims()
+        checked = final(pod, self.pod_security, f"pod {name} of task {self.task_id}", self.allowed_here())
+        return to_model(checked, "V1Pod")
 
-    def claim_template(self) -> ClaimTemplate | None:
-        """The pod's DRA claim template (``None`` without DRA), through the hook's client."""
-        return None if self.claim is None else ClaimTemplate(self.claim, self.client.api_client, self.log)
-
-    def get_or_create_pod(self, pod_request_obj: k8s.V1Pod, context: Any) -> k8s.V1Pod:
-        """KubernetesPodOperator's, with the claim template created first and owned by the pod that runs."""
-        template = self.claim_template()
-        if template is None:
-            return super().get_or_create_pod(pod_request_obj, context)
-        template.create(*of_pod(pod_request_obj), dict(pod_request_obj.metadata.labels or {}))
-        try:
-            pod = super().get_or_create_pod(pod_request_obj, context)
-        except BaseException:
-            template.delete(*of_pod(pod_request_obj))
-            raise
-        if pod.metadata.name != pod_request_obj.metadata.name:  # an earlier try's pod, with its own template
-            template.delete(*of_pod(pod_request_obj))
-        with contextlib.suppress(ApiException):
-            template.own(*of_pod(pod), self.pod_manager.read_pod(pod))
-        return pod
-
-    def cleanup(self, pod: k8s.V1Pod, remote_pod: k8s.V1Pod, *args: Any, **kwargs: Any) -> None:
-        """KubernetesPodOperator's cleanup, then the pod's claim template deleted (also when the cleanup fails)."""
-        try:
-            super().cleanup(pod, remote_pod, *args, **kwargs)
-        finally:
-            template = self.claim_template()
-            if template is not None and pod is not None:
-                template.delete(*of_pod(pod))
-
-    def on_kill(self) -> None:
-        """Delete the pod (KubernetesPodOperator's ``on_kill``), then its claim template."""
-        try:
-            super().on_kill()
-        finally:
-            template = self.claim_template()
-            if template is not None and self.pod is not None:
-                template.delete(*of_pod(self.pod))
+    def allowed_here(self) -> dict[str, frozenset[str]]:
+        """``allowed``, with the namespace a pod gets that names none: the connection's, the worker pod's, default."""
+        namespace = self.hook.get_namespace() or self._incluster_namespace or "default"
+        return {**self.allowed, "namespace": self.allowed.get("namespace", frozenset()) | {namespace}}
 
     @property
     def pod_label(self) -> str:
@@ -255,6 +236,8 @@ def _pod_operator(plan: KubernetesPlan, options: Any, security: Any, **mode: Any
         **reattach_arguments(plan.reattach),
         pod_security=options.pod_security,
         claim=plan.claim,
+        envelope=plan.envelope,
+        allowed=plan.allowed,
         task_id=plan.task_id,
         kubernetes_conn_id=options.kubernetes_conn_id,
         namespace=options.namespace,

@@ -1,8 +1,8 @@
 """``ResourceSettings`` -> a Dynamic Resource Allocation claim (``resource.k8s.io/v1``, GA in Kubernetes 1.34). Pure.
 
 With ``gpu_allocation="dra"`` a GPU pod asks for no extended resource (``nvidia.com/gpu``): it names one claim,
-made by the cluster from a ``ResourceClaimTemplate`` that the backend creates with the pod (:mod:`..kubernetes.claims`).
-The template's one device request:
+made by the cluster from a ``ResourceClaimTemplate`` that the backend creates with the pod
+(:mod:`..kubernetes.companions`). The template's one device request:
 
 - the driver's device class (:data:`DRIVERS`: NVIDIA ``gpu.nvidia.com``, a MIG slice ``mig.nvidia.com``; AMD
   ``gpu.amd.com``; Intel ``gpu.intel.com``); other vendors have no published class here and are refused;

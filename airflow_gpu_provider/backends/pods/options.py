@@ -18,7 +18,7 @@ from airflow_gpu_provider.backends.options import BackendOptions, BadOption, boo
 from airflow_gpu_provider.backends.pods.node_labels import LABEL_SCHEMES, node_selector
 from airflow_gpu_provider.backends.pods.security import skeleton
 from airflow_gpu_provider.policy import LEVELS, PolicyError
-from airflow_gpu_provider.policy.pods import level_refused, refused, violations
+from airflow_gpu_provider.policy.pods import level_refused, refused, refused_names, unlisted, violations
 from airflow_gpu_provider.settings import ResourceSettings
 
 TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
@@ -168,12 +168,31 @@ class PodOptions(BackendOptions):
             if found:
                 raise refused(f"backend {self.backend!r}", f"backend_options[{name!r}]", found, self.pod_security)
 
+    def objects(self) -> dict[str, dict[str, Any]]:
+        """The cluster objects these options name, as pieces of a pod by option (rule P3 judges them)."""
+        return {
+            "service_account_name": {"spec": {"serviceAccountName": self.service_account_name}},
+            "priority_class_name": {"spec": {"priorityClassName": self.priority_class_name}},
+            "runtime_class_name": {"spec": {"runtimeClassName": self.runtime_class_name}},
+            "labels": {"metadata": {"labels": dict(self.labels or {})}},  # Kueue's labels
+        }
+
     def permitted(self, owner: str) -> None:
-        """At DAG parse: a level weaker than restricted only where ``[gpu] min_pod_security`` allows it (rule P2)."""
-        if self.pod_security == "restricted":
-            return  # always allowed: the policy is read only for tasks that ask for less
+        """At DAG parse: a level weaker than restricted only where ``[gpu] min_pod_security`` allows it (rule P2).
+
+        And the cluster objects the options name only as ``[gpu] allowed_kubernetes_objects`` lists (rule P3). The
+        policy is read only for tasks that name any, or ask for less than restricted.
+        """
         from airflow_gpu_provider.policy import Policy
 
+        named = {name: pod for name, pod in self.objects().items() if unlisted(pod, {})}
+        allowed = Policy.current().kubernetes if named else {}
+        for name, pod in named.items():
+            found = unlisted(pod, allowed)
+            if found:
+                raise refused_names(owner, f"backend_options[{name!r}]", found)
+        if self.pod_security == "restricted":
+            return
         minimum = Policy.current().min_pod_security
         problem = level_refused(self.pod_security, minimum)
         if problem:

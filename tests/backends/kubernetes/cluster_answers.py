@@ -1,8 +1,10 @@
-"""What the API server answers, for the deferrable tests: canned objects, patched onto the kubernetes client's
-methods (``CoreV1Api``, ``BatchV1Api``), PodManager's exec calls into the XCom sidecar and its log copy, and, for
-the triggers, AsyncKubernetesHook's reads of a pod, its events and a Job: the only cluster calls. Every call is
-recorded. Everything else is the real code: KubernetesPodOperator, PodManager, the hooks (with a kubeconfig
-pointing at a closed port), the triggers (run to their first event by :func:`fire`), and the provider's backend.
+"""What the API server answers, for the deferrable tests: canned objects, given as the answers of the kubernetes
+client's methods (``CoreV1Api``, ``BatchV1Api``, ``ResourceV1Api``), PodManager's exec calls into the XCom sidecar
+and its log copy, and, for the triggers, AsyncKubernetesHook's reads of a pod, its events and a Job: the only cluster
+calls. Every call is recorded. Everything else is the real code: KubernetesPodOperator, PodManager, the hooks (with a
+kubeconfig pointing at a closed port), the triggers (run to their first event by :func:`fire`), the provider's
+backend, and the client's generated methods themselves, whose calls ``api_calls.py`` records for the RBAC check
+(where cncf code is replaced, its stand-in makes the same client call: the exec, the log read, the trigger's reads).
 
 No cluster exists here: this shows what the provider does with each answer, not that a cluster gives it.
 """
@@ -11,13 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import json
 from typing import Any
 
 import pytest
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
 from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
-from kubernetes.client import BatchV1Api, CoreV1Api
+from backends.kubernetes import api_calls
+from kubernetes.client import ApiClient, BatchV1Api, CoreV1Api, ResourceV1Api
 from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
@@ -28,7 +32,7 @@ except ImportError:  # before Airflow 3.2 (the smoke run on the oldest supported
 
 from airflow_gpu_provider.backends import BACKENDS
 from airflow_gpu_provider.backends.kubernetes.multinode import JOB_LABEL
-from airflow_gpu_provider.backends.kubernetes.pod_operator import to_model
+from airflow_gpu_provider.backends.kubernetes.pod_operator import to_dict, to_model
 from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.task.envelope import Envelope
@@ -49,6 +53,10 @@ contexts:
 current-context: nowhere
 """
 EMPTY_XCOM = "__airflow_xcom_result_empty__"
+#: The client's methods as generated (before any test gives answers): what the stand-ins of cncf code call
+GENERATED = {api: dict(vars(api)) for api in (CoreV1Api, BatchV1Api, ResourceV1Api)}
+#: The objects a pod's companions are, by the client's method names (``create_namespaced_secret``, ...)
+COMPANIONS = {"secret": ("Secret", "V1Secret"), "resource_claim_template": ("ResourceClaimTemplate", None)}
 CONNECTION_EXTRA = {"xcom_sidecar_container_image": "registry.example.com/alpine:3.20"}
 
 
@@ -159,6 +167,10 @@ class Cluster:
         self.job_pods: list[k8s.V1Pod] = []
         self.kueue_webhook = False  # Kueue's pod webhook: a pod with a queue label is created gated, and labelled
         self.admitted = True  # Kueue has admitted the Job (unsuspended it); False: it is read as created
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}  # the Secrets and claim templates, by (kind, name)
+        self.planted: dict[str, dict[str, Any]] = {}  # by kind: what someone else made first under the name created
+        self.refuse_pods = False  # the API server refuses the pod (403)
+        self.pending_reads = 0  # reads of the pod that find it Pending still, before ``status``
 
     def names(self, method: str) -> list[Any]:
         return [arg for name, arg in self.calls if name == method]
@@ -166,6 +178,9 @@ class Cluster:
     # ------------------------------------------------------------------ CoreV1Api
     def create_namespaced_pod(self, _api: Any, namespace: str, body: dict[str, Any], **_: Any) -> k8s.V1Pod:
         self.calls.append(("create_namespaced_pod", body["metadata"]["name"]))
+        if self.refuse_pods:
+            raise ApiException(status=403, reason="Forbidden")
+        body = {**body, "metadata": {**body["metadata"], "uid": f"uid-of-{body['metadata']['name']}"}}  # the server's
         labels = body["metadata"].get("labels") or {}
         if self.kueue_webhook and "kueue.x-k8s.io/queue-name" in labels:  # what Kueue's mutating webhook adds
             body = {**body, "metadata": {**body["metadata"], "labels": {**labels, "kueue.x-k8s.io/managed": "true"}}}
@@ -179,7 +194,8 @@ class Cluster:
         if body is None:
             raise ApiException(status=404, reason="Not Found")
         pod = to_model(body, "V1Pod")
-        pod.status = self.status
+        pod.status = k8s.V1PodStatus(phase="Pending") if self.pending_reads > 0 else self.status
+        self.pending_reads = max(0, self.pending_reads - 1)
         return pod
 
     def list_namespaced_pod(self, _api: Any, namespace: str, label_selector: str = "", **_: Any) -> k8s.V1PodList:
@@ -240,15 +256,42 @@ class Cluster:
         self.calls.append(("delete_namespaced_job", name))
 
     # ------------------------------------------------------------------ PodManager: exec into the XCom sidecar
-    def extract_xcom_json(self, _manager: Any, pod: k8s.V1Pod) -> str:
+    def extract_xcom_json(self, manager: Any, pod: k8s.V1Pod) -> str:
         self.calls.append(("extract_xcom_json", pod.metadata.name))
+        _exec(manager, pod, ["/bin/sh", "-c", "cat /airflow/xcom/return.json"])
         return self.xcom
 
-    def extract_xcom_kill(self, _manager: Any, pod: k8s.V1Pod) -> None:
+    def extract_xcom_kill(self, manager: Any, pod: k8s.V1Pod) -> None:
         self.calls.append(("extract_xcom_kill", pod.metadata.name))
+        _exec(manager, pod, ["/bin/sh"])
 
-    def fetch_container_logs(self, _manager: Any, pod: k8s.V1Pod, container_name: str, **kwargs: Any) -> None:
+    def fetch_container_logs(self, manager: Any, pod: k8s.V1Pod, container_name: str, **kwargs: Any) -> None:
         self.calls.append(("fetch_container_logs", (pod.metadata.name, container_name, kwargs.get("follow"))))
+        generated = GENERATED[CoreV1Api]["read_namespaced_pod_log"]  # what PodManager.read_pod_logs calls
+        api_calls.call(generated, manager._client, pod.metadata.name, pod.metadata.namespace, container=container_name,
+                       follow=bool(kwargs.get("follow")), _preload_content=False, answer=[])  # fmt: skip
+
+    # ------------------------------------------------------------------ a pod's companions: Secrets, claim templates
+    def _companion(self, method: str, *args: Any, **_: Any) -> Any:
+        verb, _, plural = method.partition("_namespaced_")
+        kind, model = COMPANIONS[plural]
+        name = args[0] if verb != "create" else to_dict(args[1])["metadata"]["name"]
+        self.calls.append((method, name))
+        if verb == "create" and kind in self.planted:  # made by someone else under that name, first
+            planted = json.loads(json.dumps(self.planted.pop(kind)))
+            self.objects[(kind, name)] = {**planted, "metadata": {**planted.get("metadata", {}), "name": name}}
+        found = self.objects.get((kind, name))
+        if verb == "create":
+            if found is not None:
+                raise ApiException(status=409, reason="AlreadyExists")
+            self.objects[(kind, name)] = found = to_dict(args[1])
+        elif found is None:
+            raise ApiException(status=404, reason="Not Found")
+        elif verb == "patch":
+            found["metadata"].update(args[2]["metadata"])
+        elif verb == "delete":
+            del self.objects[(kind, name)]
+        return to_model(found, model) if model else found
 
     def install(self, monkeypatch: Any) -> Cluster:
         """Patch the client's methods (the class's: every hook's client gets them)."""
@@ -258,27 +301,54 @@ class Cluster:
             (CoreV1Api, ("delete_namespaced_pod", "create_namespaced_service", "delete_namespaced_service")),
             (CoreV1Api, ("delete_collection_namespaced_pod",)),
             (BatchV1Api, ("create_namespaced_job", "read_namespaced_job_status", "delete_namespaced_job")),
-            (PodManager, ("extract_xcom_json", "extract_xcom_kill", "fetch_container_logs")),
         ):
-            for name in names:
-                answer = getattr(self, name)
-                monkeypatch.setattr(api, name, lambda api_self, *a, _answer=answer, **k: _answer(api_self, *a, **k))
+            for name in names:  # the client's own method runs, and is answered (api_calls.py records the call)
+                monkeypatch.setattr(api, name, api_calls.answering(GENERATED[api][name], getattr(self, name)))
+        for api, plural in ((CoreV1Api, "secret"), (ResourceV1Api, "resource_claim_template")):
+            for verb in ("create", "read", "patch", "delete"):
+                method = f"{verb}_namespaced_{plural}"
+                answer = functools.partial(self._companion, method)
+                monkeypatch.setattr(
+                    api,
+                    method,
+                    api_calls.answering(GENERATED[api][method], lambda _api, *a, _answer=answer, **k: _answer(*a, **k)),
+                )
+        for name in ("extract_xcom_json", "extract_xcom_kill", "fetch_container_logs"):  # cncf code, replaced
+            answer = getattr(self, name)
+            monkeypatch.setattr(PodManager, name, lambda manager, *a, _answer=answer, **k: _answer(manager, *a, **k))
         return self
+
+
+def _exec(manager: Any, pod: k8s.V1Pod, command: list[str]) -> None:
+    """The exec into the XCom sidecar that PodManager makes (through ``kubernetes.stream``): the same client call."""
+    generated = GENERATED[CoreV1Api]["connect_get_namespaced_pod_exec"]
+    api_calls.call(generated, manager._client, pod.metadata.name, pod.metadata.namespace,
+                   container="airflow-xcom-sidecar", command=command, stderr=True, stdin=False, stdout=True, tty=False)  # fmt: skip
 
 
 def fire(trigger: Any, cluster: Cluster, monkeypatch: Any) -> dict[str, Any]:
     """Run a cncf trigger as the triggerer runs it, to its first event: the payload as the worker gets it."""
 
+    api = {kind: kind(ApiClient()) for kind in (CoreV1Api, BatchV1Api)}  # the same calls as the triggerer's client
+
     async def get_pod(_hook: Any, name: str, namespace: str) -> k8s.V1Pod:
-        return cluster.read_namespaced_pod(None, name, namespace)
+        answer = cluster.read_namespaced_pod(None, name, namespace)
+        return api_calls.call(
+            GENERATED[CoreV1Api]["read_namespaced_pod"], api[CoreV1Api], name, namespace, answer=answer
+        )
 
     async def watch_pod_events(_hook: Any, name: str, namespace: str, **_: Any) -> Any:
+        cluster.calls.append(("watch_pod_events", name))
+        generated = GENERATED[CoreV1Api]["list_namespaced_event"]
+        api_calls.call(generated, api[CoreV1Api], namespace, field_selector=f"involvedObject.name={name}", watch=True)
         await asyncio.sleep(0.01)  # no events
         for message in ():
             yield message
 
     async def get_job_status(_hook: Any, name: str, namespace: str) -> k8s.V1Job:
-        return cluster.read_namespaced_job_status(None, name, namespace)
+        answer = cluster.read_namespaced_job_status(None, name, namespace)
+        generated = GENERATED[BatchV1Api]["read_namespaced_job_status"]
+        return api_calls.call(generated, api[BatchV1Api], name, namespace, answer=answer)
 
     monkeypatch.setattr(AsyncKubernetesHook, "get_pod", get_pod)
     monkeypatch.setattr(AsyncKubernetesHook, "watch_pod_events", watch_pod_events)
@@ -289,7 +359,27 @@ def fire(trigger: Any, cluster: Cluster, monkeypatch: Any) -> dict[str, Any]:
             return event.payload
         raise AssertionError("the trigger ended without an event")
 
-    return serde.deserialize(serde.serialize(asyncio.run(first())))
+    with api_calls.as_principal("triggerer"):  # the calls of the triggerer's process
+        event = asyncio.run(first())
+    return serde.deserialize(serde.serialize(event))
+
+
+def kill(trigger: Any, cluster: Cluster, monkeypatch: Any) -> None:
+    """The triggerer's ``on_kill`` of a trigger whose deferred task was stopped (Airflow 3.3+): its pod deletion."""
+
+    async def delete_pod(_hook: Any, name: str, namespace: str, **_: Any) -> None:
+        generated = GENERATED[CoreV1Api]["delete_namespaced_pod"]
+        api_calls.call(
+            generated,
+            CoreV1Api(ApiClient()),
+            name,
+            namespace,
+            answer=cluster.delete_namespaced_pod(None, name, namespace),
+        )
+
+    monkeypatch.setattr(AsyncKubernetesHook, "delete_pod", delete_pod)
+    with api_calls.as_principal("triggerer"):
+        asyncio.run(trigger.on_kill())
 
 
 @pytest.fixture

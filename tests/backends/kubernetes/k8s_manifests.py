@@ -3,6 +3,8 @@ that a JSON schema cannot express (names, quantities, GPU requests equal to limi
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 from typing import Any
 
@@ -122,6 +124,37 @@ def validate(
     return obj
 
 
+def with_secret(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``(secret, the other objects)`` of a render: the task's Secret comes first, and what the pods read of it is
+    a reference (the envelope is in no pod spec)."""
+    secret, *rest = objects
+    assert secret["kind"] == "Secret" and secret.get("immutable") is True, secret["kind"]
+    assert set(secret["data"]) == {"envelope"}, secret["data"].keys()
+    owner = next(o for o in rest if o["kind"] in ("Pod", "Service"))["metadata"]  # a Job's Service: the Job's name
+    assert secret["metadata"]["name"] == f"{owner['name']}-envelope"
+    assert secret["metadata"].get("namespace") == owner.get("namespace")
+    for obj in rest:
+        spec = (obj.get("spec") or {}).get("template", {}).get("spec") or obj.get("spec") or {}
+        for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+            for variable in container.get("env") or []:
+                assert "value" not in variable or variable["name"] != "AIRFLOW_GPU_ENVELOPE", variable
+        if obj["kind"] in ("Pod", "Job"):
+            reference = env(main_container({"spec": spec}))["AIRFLOW_GPU_ENVELOPE"]
+            assert reference == {"secretKeyRef": {"name": secret["metadata"]["name"], "key": "envelope"}}
+    return secret, rest
+
+
+def secret_value(secret: dict[str, Any]) -> str:
+    """``AIRFLOW_GPU_ENVELOPE`` as the kubelet sets it from the task's Secret (base64 JSON)."""
+    return base64.b64decode(secret["data"]["envelope"]).decode()
+
+
+def envelope_of(secret_or_plan: Any) -> dict[str, Any]:
+    """The task's envelope, from its Secret (an API dict) or from a plan (``KubernetesPlan.envelope``)."""
+    value = secret_value(secret_or_plan) if isinstance(secret_or_plan, dict) else secret_or_plan.envelope
+    return json.loads(base64.b64decode(value))
+
+
 def main_container(pod: dict[str, Any]) -> dict[str, Any]:
     """The task's container (KubernetesPodOperator names it 'base')."""
     return next(c for c in pod["spec"]["containers"] if c["name"] == "base")
@@ -143,6 +176,9 @@ def plan_and_render(
 ) -> tuple[Any, list[dict[str, Any]]]:
     """Plan a request on the Kubernetes backend and render it with KubernetesPodOperator (no cluster).
 
+    The objects are validated and returned without the task's Secret, which :func:`with_secret` checks (the envelope
+    it holds: :func:`envelope_of` the plan).
+
     :param request_fields: more fields of the request (``avoid_nodes=...``)
     """
     from airflow_gpu_provider.backends import BACKENDS
@@ -161,6 +197,5 @@ def plan_and_render(
     options = {"namespace": "ml", **(options or {})}
     backend = BACKENDS["kubernetes"].create(options)
     restricted = options.get("pod_security", "restricted") == "restricted"
-    return backend.plan(request, GpuConfig.read()), [
-        validate(obj, restricted=restricted) for obj in backend.render(request, GpuConfig.read(), None)
-    ]
+    objects = [validate(obj, restricted=restricted) for obj in backend.render(request, GpuConfig.read(), None)]
+    return backend.plan(request, GpuConfig.read()), with_secret(objects)[1]

@@ -7,6 +7,7 @@ device plugin, no XCom sidecar: the ``xcom`` emptyDir is read from the host afte
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
@@ -46,6 +47,7 @@ def _docker_argv(
     *,
     name: str,
     labels: dict[str, str],
+    secrets: dict[str, dict[str, str]],
 ) -> list[str]:
     argv = ["docker", "run", "--rm", "--name", name, "--label", LABEL, "--security-opt", "no-new-privileges"]
     for key, value in labels.items():
@@ -70,13 +72,15 @@ def _docker_argv(
             continue
         argv += ["-v", f"{volumes[mount['name']]}:{mount['mountPath']}" + (":ro" if mount.get("readOnly") else "")]
     for variable in container.get("env") or []:
-        argv += ["-e", f"{variable['name']}={variable['value']}"]
+        reference = (variable.get("valueFrom") or {}).get("secretKeyRef")  # as the kubelet reads a Secret's key
+        value = secrets[reference["name"]][reference["key"]] if reference else variable["value"]
+        argv += ["-e", f"{variable['name']}={value}"]
     command = container["command"]
     return [*argv, "--entrypoint", command[0], container["image"], *command[1:], *(container.get("args") or [])]
 
 
 def run_pod(
-    pod: dict[str, Any],
+    objects: list[dict[str, Any]],
     timeout: float = 300,
     secrets: dict[str, dict[str, str]] | None = None,
     *,
@@ -87,10 +91,16 @@ def run_pod(
 
     Only this pod's containers are removed at the end: other runs may use the same engine.
 
-    :param secrets: the Secrets the pod mounts, by name: key -> content
+    :param objects: what ``render_manifests()`` gives: the pod, and the task's Secret it reads its envelope from
+    :param secrets: more Secrets the pod mounts, by name: key -> content
     :param labels: more labels for its containers (a run's own, to count what it left)
     :param tmp: where its volumes' folder goes (default: the system's temp folder)
     """
+    [pod] = [obj for obj in objects if obj["kind"] == "Pod"]
+    secrets = {**(secrets or {})}
+    for secret in (obj for obj in objects if obj["kind"] == "Secret"):
+        data = secret.get("data") or {}
+        secrets[secret["metadata"]["name"]] = {key: base64.b64decode(value).decode() for key, value in data.items()}
     spec = pod["spec"]
     workdir = Path(tempfile.mkdtemp(prefix="pod-in-docker-", dir=tmp))
     names: list[str] = []
@@ -101,7 +111,7 @@ def run_pod(
             path.chmod(0o777)  # an emptyDir is writable by the pod's user, whoever that is
         for volume in spec.get("volumes") or []:
             if "secret" in volume:  # as the kubelet projects a Secret: one read-only file per item
-                data = (secrets or {})[volume["secret"]["secretName"]]
+                data = secrets[volume["secret"]["secretName"]]
                 for item in volume["secret"]["items"]:
                     (volumes[volume["name"]] / item["path"]).write_text(data[item["key"]])
                     (volumes[volume["name"]] / item["path"]).chmod(0o444)
@@ -111,7 +121,13 @@ def run_pod(
         for container in [*(spec.get("initContainers") or []), main]:
             names.append(f"pod-in-docker-{uuid.uuid4().hex[:10]}")
             argv = _docker_argv(
-                container, volumes, shm, spec.get("securityContext") or {}, name=names[-1], labels=labels or {}
+                container,
+                volumes,
+                shm,
+                spec.get("securityContext") or {},
+                name=names[-1],
+                labels=labels or {},
+                secrets=secrets,
             )
             done = subprocess.run(
                 argv,

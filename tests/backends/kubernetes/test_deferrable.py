@@ -24,6 +24,7 @@ from cluster_answers import (
     container,
     context,
     fire,
+    kill,
     planned,
 )
 from kubernetes.client import models as k8s
@@ -256,3 +257,21 @@ def test_reattach_false_reaches_kubernetes_pod_operator_and_starts_afresh(kubeco
     [created] = cluster.created
     assert deferral.state["pod"]["name"] == created["metadata"]["name"] != "train-earlier"
     assert store.values == {"pod_identifier": {"name": "train-earlier", "namespace": "ml"}}  # not overwritten
+
+
+# ------------------------------------------------------------------ (d) what the triggerer does with the pod
+def test_the_trigger_logs_a_pending_pods_events_and_deletes_the_pod_when_the_task_is_stopped(
+    kubeconfig, cluster, monkeypatch
+):
+    backend, plan = planned(kubeconfig)
+    deferral, _ = started(backend, plan, cluster)
+    name = deferral.state["pod"]["name"]
+    cluster.pending_reads = 2  # pending for a moment: meanwhile the trigger watches the pod's events (for its log)
+    finished(cluster, {"terminated": {"exit_code": 0, "reason": "Completed"}})
+    _, kwargs = deferral.trigger.serialize()
+    assert "log_events_on_startup" not in kwargs  # its default: the trigger logs the events of a pending pod
+    watching = KubernetesPodTrigger(**{**kwargs, "startup_check_interval": 0.01})
+    assert fire(watching, cluster, monkeypatch)["status"] == "success"
+    assert name in cluster.names("watch_pod_events")
+    kill(KubernetesPodTrigger(**kwargs), cluster, monkeypatch)  # the task was stopped while it waited (Airflow 3.3)
+    assert cluster.names("delete_namespaced_pod") == [name]  # its Secret goes with it: the pod owns it

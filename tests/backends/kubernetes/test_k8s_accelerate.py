@@ -16,7 +16,7 @@ import uuid
 import pytest
 from conftest import REPO
 from helpers import load_dag
-from k8s_manifests import env, validate
+from k8s_manifests import env, secret_value, validate, with_secret
 from shipped_runtime import shipped
 
 from airflow_gpu_provider.backends.kubernetes.container import ENVELOPE_ENV
@@ -29,13 +29,10 @@ pytestmark = pytest.mark.usefixtures("airflow_home")
 
 def render(task_id: str) -> tuple[dict, dict]:
     manifests = load_dag(DAG_FILE, "accelerate_kubernetes").get_task(task_id).render_manifests()
-    service, job = (validate(obj) for obj in manifests)
+    secret, [service, job] = with_secret([validate(obj) for obj in manifests])  # one Secret for all the Job's pods
     assert (service["kind"], job["kind"]) == ("Service", "Job")
+    job["envelope"] = secret_value(secret)  # what the kubelet sets AIRFLOW_GPU_ENVELOPE to
     return service, job
-
-
-def envelope_of(job: dict) -> dict:
-    return json.loads(base64.b64decode(env(job["spec"]["template"]["spec"]["containers"][0])[ENVELOPE_ENV]))
 
 
 def test_two_nodes_times_four_gpus_bf16_job_service_and_command_lines():
@@ -58,7 +55,7 @@ def test_two_nodes_times_four_gpus_bf16_job_service_and_command_lines():
     # 16 CPUs a pod, 4 ranks on each of the 2 nodes: 4 threads a rank
     assert variables["OMP_NUM_THREADS"] == variables["MKL_NUM_THREADS"] == "4"
 
-    envelope = envelope_of(job)
+    envelope = json.loads(base64.b64decode(job["envelope"]))
     pod_env = {"NODE_RANK": "", "MASTER_ADDR": main_address, "MASTER_PORT": "29500"}
     for rank in (0, 1):
         argv = shipped("launch").launch_command(
@@ -97,7 +94,7 @@ def test_the_jobs_container_runs_as_two_nodes(monkeypatch, torch_image):
 
     _, job = render("two_cpu_nodes")
     main = job["spec"]["template"]["spec"]["containers"][0]
-    variables = env(main)
+    variables = {**env(main), ENVELOPE_ENV: job["envelope"]}  # from the Job's Secret, as the kubelet sets it
     network = f"airflow-gpu-test-{uuid.uuid4().hex[:8]}"
     names = [f"{network}-node{rank}" for rank in (0, 1)]
     subprocess.run(["docker", "network", "create", network], check=True, capture_output=True)

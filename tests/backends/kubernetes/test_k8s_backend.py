@@ -4,11 +4,10 @@ the checks at DAG parse time."""
 from __future__ import annotations
 
 import base64
-import json
 import zlib
 
 import pytest
-from k8s_manifests import env, main_container, plan_and_render
+from k8s_manifests import env, envelope_of, main_container, plan_and_render
 
 from airflow_gpu_provider.backends.kubernetes.container import LAUNCHER
 from airflow_gpu_provider.backends.kubernetes.requirements import DEPS_DIR, INIT_CONTAINER
@@ -19,13 +18,13 @@ from airflow_gpu_provider.task.runtime_zip import archive
 
 
 def test_main_container_runs_the_shipped_runtime_and_writes_to_the_xcom_sidecar():
-    _, [pod] = plan_and_render(ResourceSettings(gpu_count=1), envelope=Envelope.run(["nvidia-smi"]))
+    plan, [pod] = plan_and_render(ResourceSettings(gpu_count=1), envelope=Envelope.run(["nvidia-smi"]))
     base = main_container(pod)
     assert base["command"] == ["python3", "-c", LAUNCHER]
     assert base["args"] == ["env:AIRFLOW_GPU_ENVELOPE", "/airflow/xcom/return.json"]
     variables = env(base)
     assert zlib.decompress(base64.b64decode(variables["AIRFLOW_GPU_BOOTSTRAP"])) == archive()  # the runtime.pyz
-    envelope = json.loads(base64.b64decode(variables["AIRFLOW_GPU_ENVELOPE"]))
+    envelope = envelope_of(plan)  # in the task's Secret: the variable is a reference (k8s_manifests.with_secret)
     assert envelope["command"] == ["nvidia-smi"]
     assert envelope["summary"] == {
         "backend": "kubernetes",
@@ -113,7 +112,7 @@ def test_cpu_policy_plans_a_cpu_only_fallback_pod():
     assert plan.cpu_fallback.tolerations == []
     assert plan.cpu_fallback.affinity == {}
     assert plan.cpu_fallback.environment["NVIDIA_VISIBLE_DEVICES"] == "void"
-    envelope = json.loads(base64.b64decode(plan.cpu_fallback.environment["AIRFLOW_GPU_ENVELOPE"]))
+    envelope = envelope_of(plan.cpu_fallback)
     assert envelope["summary"]["resources"] == "2x nvidia A100, 4 CPUs -> CPU fallback"
     assert envelope["summary"]["gpus"] == []  # no need to ask the driver: the fallback pod has no GPU
     assert plan_and_render(ResourceSettings(gpu_count=1), policy="fail")[0].cpu_fallback is None

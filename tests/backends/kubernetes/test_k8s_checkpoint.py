@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import base64
-import json
-
 import pytest
 from airflow.sdk import DAG
-from k8s_manifests import env, main_container, validate
+from k8s_manifests import env, envelope_of, main_container, validate, with_secret
 
 from airflow_gpu_provider import AccelerateOperator, GpuStepOperator
 from airflow_gpu_provider.checkpoint.location import CHECKPOINT_MOUNT
@@ -27,8 +24,9 @@ def work() -> None:
 
 
 def _pod(task) -> dict:
-    [pod] = task.render_manifests()
-    return validate(pod)
+    secret, [pod] = with_secret([validate(obj) for obj in task.render_manifests()])
+    pod["envelope"] = envelope_of(secret)  # the task's Secret holds it
+    return pod
 
 
 def test_a_path_root_is_the_claims_subpath_per_task_and_run():
@@ -49,7 +47,7 @@ def test_a_path_root_is_the_claims_subpath_per_task_and_run():
     assert mount == {"name": "checkpoint", "mountPath": CHECKPOINT_MOUNT, "subPath": "ckpt_k8s/render/fit"}
     assert env(base)["AIRFLOW_GPU_CHECKPOINT_DIR"] == CHECKPOINT_MOUNT
     assert pod["spec"]["terminationGracePeriodSeconds"] == 120
-    assert json.loads(base64.b64decode(env(base)["AIRFLOW_GPU_ENVELOPE"]))["resume"] is True
+    assert pod["envelope"]["resume"] is True
 
 
 def test_a_uri_root_reaches_the_pod_as_the_uri_and_the_grace_defaults_to_the_config(monkeypatch):

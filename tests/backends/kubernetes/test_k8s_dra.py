@@ -11,7 +11,7 @@ import pytest
 import yaml
 from conftest import REPO
 from helpers import dag_bag
-from k8s_manifests import DRA_VERSIONS, main_container, plan_and_render, validate
+from k8s_manifests import DRA_VERSIONS, main_container, plan_and_render, validate, with_secret
 
 from airflow_gpu_provider import GpuStepOperator
 from airflow_gpu_provider.exceptions import InvalidSettingError
@@ -82,7 +82,7 @@ def test_a_try_after_a_gpu_oom_asks_for_more_memory_than_the_card_that_ran_out()
         min_gpu_memory=24 * 2**30,
     )  # fmt: skip
     backend = BACKENDS["kubernetes"].create({"namespace": "ml", **DRA})
-    template, _ = (validate(o) for o in backend.render(request, GpuConfig.read(), None))
+    _, [template, _] = with_secret([validate(o) for o in backend.render(request, GpuConfig.read(), None)])
     assert _expressions(_claim_request(template)["exactly"]) == [
         'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("24Gi")) > 0'
     ]
@@ -133,7 +133,7 @@ def test_a_bad_allocation_name_is_refused_at_parse():
 def test_the_worker_default_comes_from_gpu_kubernetes_gpu_allocation(monkeypatch):
     monkeypatch.setenv("AIRFLOW__GPU__KUBERNETES_GPU_ALLOCATION", "dra")
     _, objects = plan_and_render(ResourceSettings(gpu_count=1))
-    assert [o["kind"] for o in objects] == ["ResourceClaimTemplate", "Pod"]
+    assert [o["kind"] for o in objects] == ["ResourceClaimTemplate", "Pod"]  # and the task's Secret before them
     _, objects = plan_and_render(ResourceSettings(gpu_count=1), options={"gpu_allocation": "device-plugin"})
     assert [o["kind"] for o in objects] == ["Pod"]
     _, objects = plan_and_render(ResourceSettings())  # a CPU task: no claim
@@ -153,7 +153,7 @@ def test_a_multi_node_job_has_one_claim_template_and_each_pod_its_claim():
         "fail", {"dag_id": "d", "task_id": "train", "run_id": "r", "try_number": "1", "map_index": "-1"}, num_nodes=2,
     )  # fmt: skip
     backend = BACKENDS["kubernetes"].create({"namespace": "ml", **DRA})
-    template, service, job = (validate(o) for o in backend.render(request, GpuConfig.read(), None))
+    _, [template, service, job] = with_secret([validate(o) for o in backend.render(request, GpuConfig.read(), None)])
     assert [template["kind"], service["kind"], job["kind"]] == ["ResourceClaimTemplate", "Service", "Job"]
     assert template["metadata"]["name"] == job["metadata"]["name"] + "-gpu"
     spec = job["spec"]["template"]["spec"]
@@ -167,15 +167,15 @@ def test_the_claim_template_the_operator_creates_is_the_rendered_one():
     """The create call's body, built with the kubernetes client's own models (no cluster: nothing is sent)."""
     from kubernetes.client import ApiClient, V1Job, V1ObjectMeta
 
-    from airflow_gpu_provider.backends.kubernetes.claims import ClaimTemplate, of_pod
+    from airflow_gpu_provider.backends.kubernetes.companions import ClaimTemplate
     from airflow_gpu_provider.backends.kubernetes.pod_operator import build_operator, to_dict
 
     plan, [rendered, _] = plan_and_render(ResourceSettings(accelerator=["H100", "A100-80GB"]), options=DRA)
     operator = build_operator(plan)
     pod = operator.build_pod_request_obj(None, dry_run=True)
     claims = ClaimTemplate(plan.claim, ApiClient(), operator.log)
-    name, namespace = of_pod(pod)
-    body = claims.body(name, namespace, dict(pod.metadata.labels))
+    name = claims.name(pod.metadata.name)
+    body = claims.body(name, pod.metadata.namespace, dict(pod.metadata.labels))
     assert type(body).__name__ == "V1ResourceClaimTemplate"
     assert to_dict(body) == {**rendered, "metadata": {**rendered["metadata"], "name": f"{pod.metadata.name}-gpu"}}
     pod.metadata.uid = "0b7e2c64-1f7a-4b8e-9a55-8d3c3c1c2a10"
@@ -204,10 +204,12 @@ def golden_text(task_id: str, after: tuple[str, ...]) -> str:
     assert bag.import_errors == {}
     [dag] = bag.dags.values()
     objects = [validate(o) for o in dag.get_task(task_id).render_manifests(after=after)]
+    with_secret(objects)
+    objects[0]["data"]["envelope"] = "<the task's envelope: base64 of AIRFLOW_GPU_ENVELOPE>"
     pod = objects[-1]
     for container in pod["spec"]["containers"]:
         for variable in container.get("env") or []:
-            if variable["name"] in ("AIRFLOW_GPU_BOOTSTRAP", "AIRFLOW_GPU_ENVELOPE"):
+            if variable["name"] == "AIRFLOW_GPU_BOOTSTRAP":
                 variable["value"] = f"<{variable['name']}>"
     for obj in objects:
         obj["metadata"]["labels"]["airflow_version"] = "<airflow version>"
@@ -223,7 +225,7 @@ def test_one_resource_settings_rendered_both_ways_matches_the_golden_files(airfl
         path.write_text(text)
     assert text == path.read_text(), f"{golden} changed; review and rerun with UPDATE_GOLDEN=1"
     kinds = [doc["kind"] for doc in yaml.safe_load_all(text)]
-    assert kinds == (["ResourceClaimTemplate", "Pod"] if "train_dra" in golden else ["Pod"])
+    assert kinds == (["Secret", "ResourceClaimTemplate", "Pod"] if "train_dra" in golden else ["Secret", "Pod"])
 
 
 def test_the_worked_example_in_the_docs_is_the_golden_rendering():
@@ -231,7 +233,7 @@ def test_the_worked_example_in_the_docs_is_the_golden_rendering():
     text = (REPO / "docs" / "kubernetes.md").read_text()
     blocks = re.findall(r"```yaml\n(.*?)```", text, flags=re.S)
     shown = next(list(yaml.safe_load_all(b)) for b in blocks if b.startswith("apiVersion: resource.k8s.io/v1"))
-    golden = list(yaml.safe_load_all((GOLDEN / "dra_render.train_dra.yaml").read_text()))
+    golden = list(yaml.safe_load_all((GOLDEN / "dra_render.train_dra.yaml").read_text()))[1:]  # the Secret: not shown
     assert shown[0] == golden[0]
     assert shown[1]["spec"]["resourceClaims"] == golden[1]["spec"]["resourceClaims"]
     assert shown[1]["spec"]["containers"][0]["resources"] == golden[1]["spec"]["containers"][0]["resources"]

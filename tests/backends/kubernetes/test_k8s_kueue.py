@@ -21,7 +21,7 @@ from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHo
 from cluster_answers import context, fire, planned
 from conftest import REPO
 from helpers import load_dag
-from k8s_manifests import KUBERNETES_VERSIONS, validate
+from k8s_manifests import KUBERNETES_VERSIONS, validate, with_secret
 from kubernetes.client import models as k8s
 
 from airflow_gpu_provider import GpuStepOperator
@@ -84,8 +84,8 @@ def contains(whole: object, part: object, path: str = "") -> None:
 @pytest.fixture(scope="module")
 def rendered(airflow_home):
     dag = load_dag(DAG_FILE, "kueue_example")
-    [pod] = dag.get_task("fine_tune").render_manifests()
-    service, job = dag.get_task("pretrain").render_manifests()
+    _, [pod] = with_secret(dag.get_task("fine_tune").render_manifests())
+    _, [service, job] = with_secret(dag.get_task("pretrain").render_manifests())
     return pod, service, job
 
 

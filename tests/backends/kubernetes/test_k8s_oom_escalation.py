@@ -6,13 +6,11 @@ provider code, and validated strictly; tests/operators/test_oom_escalation.py ru
 
 from __future__ import annotations
 
-import base64
 import datetime
-import json
 
 import pytest
 from airflow.sdk import DAG
-from k8s_manifests import env, main_container, validate
+from k8s_manifests import envelope_of, main_container, validate, with_secret
 
 from airflow_gpu_provider import GpuStepOperator, OomEscalation
 from airflow_gpu_provider.exceptions import InvalidSettingError
@@ -33,10 +31,9 @@ def _task(**resources) -> GpuStepOperator:
 
 
 def _pod(task: GpuStepOperator, after: list[str]) -> tuple[dict, dict]:
-    [pod] = task.render_manifests(after=after)
-    validate(pod)
-    container = main_container(pod)
-    return pod, container
+    secret, [pod] = with_secret([validate(obj) for obj in task.render_manifests(after=after)])
+    pod["envelope"] = envelope_of(secret)
+    return pod, main_container(pod)
 
 
 def test_each_gpu_oom_renders_the_next_mig_slice_then_the_next_card():
@@ -55,7 +52,7 @@ def test_each_gpu_oom_renders_the_next_mig_slice_then_the_next_card():
     assert products["key"] == "nvidia.com/gpu.product"
     assert "NVIDIA-H100-80GB-HBM3" in products["values"]
     assert not any("A100" in value for value in products["values"])
-    envelope = json.loads(base64.b64decode(env(third)["AIRFLOW_GPU_ENVELOPE"]))
+    envelope = pod["envelope"]
     assert envelope["summary"]["effective"]["accelerator"] == "H100"  # the pod's AIRFLOW_GPU_RESOURCES
 
 

@@ -47,8 +47,7 @@ def _render(function, requirements=(), image=BASE_IMAGE):
             memory="1Gi",
             shm_size="256Mi",
         )
-    [pod] = task.render_manifests()
-    return pod
+    return task.render_manifests()  # the task's Secret and the pod
 
 
 def test_init_container_installs_requirements_and_main_container_returns_the_value():
@@ -129,10 +128,10 @@ def test_index_credentials_come_from_a_secret_and_never_appear_in_the_pod(tmp_pa
                 image=image,
                 backend_options={"index_secret": "pypi-credentials"},
             )
-        [pod] = task.render_manifests()
-        assert index.password not in json.dumps(pod)
+        objects = task.render_manifests()
+        assert index.password not in json.dumps(objects)
         netrc = f"machine {gateway} login {index.user} password {index.password}\n"
-        run = run_pod(pod, secrets={"pypi-credentials": {"netrc": netrc}})
+        run = run_pod(objects, secrets={"pypi-credentials": {"netrc": netrc}})
         assert index.authorized, run.logs
     assert run.exit_codes == {"install-requirements": 0, "base": 0}, run.logs
     assert index.password not in run.logs["install-requirements"]

@@ -3,7 +3,7 @@
 A ``pod_template_file`` is read when the task runs, so the DAG parses; the pod KubernetesPodOperator builds from it,
 and the multi-node Job's pod template, are checked before the first API call. The kubeconfig points at a real HTTP
 server on this host that records every request: none may reach it. (Without the check, the first request is the
-search for an earlier try's pod, then the POST of this one: tests/backends/kubernetes/test_k8s_run_no_cluster.py.)
+creation of the task's Secret, then the search for an earlier try's pod and the POST of this one.)
 """
 
 from __future__ import annotations
@@ -124,4 +124,4 @@ def test_the_same_run_reaches_the_api_server_without_the_bypass(api_server, tmp_
     plan = dataclasses.replace(backend.plan(_request(), GpuConfig.read()), pending_timeout=1)
     with pytest.raises(Exception):  # noqa: B017 - the recorder answers 403: any failure after the first call
         backend.run(plan, CONTEXT)
-    assert requests and requests[0].startswith("GET /api/v1/namespaces/ml/pods?labelSelector=")
+    assert requests == ["POST /api/v1/namespaces/ml/secrets"]  # the task's Secret first; refused: nothing after

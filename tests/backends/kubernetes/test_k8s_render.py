@@ -1,13 +1,12 @@
 """render_manifests(), the render CLI and golden manifests for the example DAGs.
 
-Golden files hold the rendered pods with the parts that change on every call or machine replaced: the random pod
-name suffix, the Airflow version label, the shipped runtime (base64) and the task envelope (decoded, with the
-function's source and file path shortened, and the worker's host name replaced). Regenerate them with ``UPDATE_GOLDEN=1 pytest tests/backends/kubernetes``.
+Golden files hold the rendered Secret and pod with the parts that change on every call or machine replaced: the pod's
+name (random), the Airflow version label, the shipped runtime (base64) and the task envelope in the Secret (decoded,
+with the function's source and file path shortened, and the worker's host name replaced). Regenerate them with ``UPDATE_GOLDEN=1 pytest tests/backends/kubernetes``.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import subprocess
@@ -17,7 +16,7 @@ import pytest
 import yaml
 from conftest import REPO
 from helpers import dag_bag
-from k8s_manifests import env, main_container, validate
+from k8s_manifests import envelope_of, main_container, validate, with_secret
 
 from airflow_gpu_provider.render import to_yaml
 
@@ -38,32 +37,31 @@ def _task(dag_file: str, task_id: str):
     return dag.get_task(task_id)
 
 
-def normalize(pod: dict) -> dict:
-    pod = json.loads(json.dumps(pod))
-    pod["metadata"]["name"] = pod["metadata"]["name"].rsplit("-", 1)[0] + "-<random>"
-    pod["metadata"]["labels"]["airflow_version"] = "<airflow version>"
+def normalize(obj: dict) -> dict:
+    obj = json.loads(json.dumps(obj).replace(obj["metadata"]["name"].removesuffix("-envelope"), "<pod>"))
+    obj["metadata"]["labels"]["airflow_version"] = "<airflow version>"
+    if obj["kind"] == "Secret":  # the task's envelope
+        envelope = envelope_of(obj)
+        envelope["source"] = f"<source of {envelope['function']}()>"
+        envelope["filename"] = os.path.relpath(envelope["filename"], REPO)
+        envelope["first_line"] = "<line>"
+        if (envelope.get("profile") or {}).get("host"):
+            envelope["profile"]["host"] = "<the worker's host name>"
+        obj["data"]["envelope"] = "<base64 of base64 of> " + json.dumps(envelope, sort_keys=True)
+        return obj
     for variable in (
-        v for c in [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]] for v in c.get("env") or []
+        v for c in [*obj["spec"].get("initContainers", []), *obj["spec"]["containers"]] for v in c.get("env") or []
     ):
         if variable["name"] == "AIRFLOW_GPU_BOOTSTRAP":
             variable["value"] = "<runtime.pyz (airflow_gpu_provider/runtime/), zlib + base64>"
-        if variable["name"] == "AIRFLOW_GPU_ENVELOPE":
-            envelope = json.loads(base64.b64decode(variable["value"]))
-            envelope["source"] = f"<source of {envelope['function']}()>"
-            envelope["filename"] = os.path.relpath(envelope["filename"], REPO)
-            envelope["first_line"] = "<line>"
-            if (envelope.get("profile") or {}).get("host"):
-                envelope["profile"]["host"] = "<the worker's host name>"
-            variable["value"] = "<base64 of> " + json.dumps(envelope, sort_keys=True)
-    return pod
+    return obj
 
 
 @pytest.mark.parametrize("golden", sorted(CASES))
 def test_rendered_pods_match_the_golden_manifests(airflow_home, golden):
     dag_file, task_id, params = CASES[golden]
     objects = _task(dag_file, task_id).render_manifests(params=params)
-    for obj in objects:
-        validate(obj)
+    with_secret([validate(obj) for obj in objects])
     text = to_yaml([normalize(obj) for obj in objects])
     path = GOLDEN / golden
     if os.environ.get("UPDATE_GOLDEN") == "1":
@@ -72,10 +70,12 @@ def test_rendered_pods_match_the_golden_manifests(airflow_home, golden):
 
 
 def test_golden_demo_params_reach_the_pod(airflow_home):
-    [pod] = _task("gpu_training_demo.py", "train").render_manifests(params={"gpu_count": 2, "epochs": 5})
+    secret, [pod] = with_secret(
+        _task("gpu_training_demo.py", "train").render_manifests(params={"gpu_count": 2, "epochs": 5})
+    )
     base = main_container(pod)
     assert base["resources"]["limits"]["nvidia.com/gpu"] == "2"
-    envelope = json.loads(base64.b64decode(env(base)["AIRFLOW_GPU_ENVELOPE"]))
+    envelope = envelope_of(secret)
     assert envelope["args"] == ["<XCom from make_dataset>"]
     assert envelope["kwargs"]["params"]["epochs"] == 5
     assert pod["metadata"]["labels"]["run_id"] == "render"
@@ -96,8 +96,7 @@ def _cli(dag_file: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_render_cli_prints_yaml_documents_only(airflow_home):
     done = _cli("example_kubernetes_gpu.py", "fine_tune", "--params", '{"epochs": 9}')
     assert done.returncode == 0, done.stderr
-    [pod] = list(yaml.safe_load_all(done.stdout))
-    validate(pod)
+    _, [pod] = with_secret([validate(obj) for obj in yaml.safe_load_all(done.stdout)])
     assert pod["metadata"]["namespace"] == "ml"
     assert main_container(pod)["resources"]["limits"]["nvidia.com/gpu"] == "1"
 
@@ -123,6 +122,6 @@ def test_render_inside_a_dag_definition(airflow_home):
 
     with DAG("render_in_block", schedule=None, start_date=datetime.datetime(2024, 1, 1)) as dag:
         task = GpuStepOperator(task_id="t", python_callable=multiply, op_args=[2], gpu_count=1, backend="kubernetes")
-        [pod] = task.render_manifests()
+        _, [pod] = with_secret(task.render_manifests())
     assert pod["kind"] == "Pod"
     assert list(dag.task_dict) == ["t"]

@@ -1,6 +1,7 @@
 """run() as far as it can go without a cluster: a real dag.test() of the Kubernetes example DAG whose kubeconfig
-points at a closed port (through the kubernetes_default connection's kube_config_path). The task gets as far as KubernetesPodOperator's first API call (the pod search before
-creating one) in the configured namespace, then fails. This shows the wiring (task context, connection and
+points at a closed port (through the kubernetes_default connection's kube_config_path). The task gets as far as its
+first API call (the creation of the task's Secret, before KubernetesPodOperator's pod search) in the configured
+namespace, then fails. This shows the wiring (task context, connection and
 kubeconfig handling, namespace, labels); it does not show a pod running, which needs a cluster."""
 
 from __future__ import annotations
@@ -31,5 +32,5 @@ def test_task_reaches_the_api_server_of_the_kubeconfig_and_fails_cleanly(
     log = output.out + output.err + caplog.text  # where Airflow's logging goes depends on earlier tests
     assert "host='127.0.0.1', port=9" in log
     assert "Connection refused" in log
-    assert "/api/v1/namespaces/ml/pods?labelSelector=" in log  # KubernetesPodOperator's search for this try's pod
-    assert "dag_id%3Dexample_kubernetes_gpu" in log
+    assert "/api/v1/namespaces/ml/secrets" in log  # the task's Secret, named after its pod
+    assert "/api/v1/namespaces/ml/pods" not in log  # no pod without its Secret
