@@ -18,7 +18,8 @@ multi-node Kubernetes run). It is a command-line argument, not part of the envel
 read its envelope still reports why. The envelope::
 
     {"version": 2, "mode": "callable", "function": "train", "source": "def train(...): ...",
-     "filename": "/dags/demo.py", "first_line": 12, "args": [...], "kwargs": {...}, "clear_cache": true,
+     "filename": "/dags/demo.py", "first_line": 12, "annotations_future": true, "args": [...], "kwargs": {...},
+     "clear_cache": true,
      "summary": {"backend": "local", "image": "...", "requirements_hash": "...", "resources": "...",
                  "gpus": [{"index": "0", "name": "...", "memory_total": 85899345920}] | null},
      "die_with_parent": false, "profile": {"interval_s": 1.0, "host": "worker-1"} | null, "resume": true,
@@ -28,6 +29,8 @@ read its envelope still reports why. The envelope::
 
     {"version": 2, "mode": "command", "command": ["python", "train.py"], "summary": {...}}
 
+The function is defined in a module of its own (``__gpu_task__``, in ``sys.modules``), compiled with the DAG file's
+own ``from __future__ import annotations`` when ``annotations_future`` (:func:`function_tree`).
 ``summary`` (added by the backend) starts the log; ``gpus: null`` asks the driver; its ``effective`` resources
 are exported to the task as ``AIRFLOW_GPU_RESOURCES`` (JSON; ``cpu_fallback`` is true there after a CPU fallback,
 whose reason is the summary's ``cpu_fallback_reason``). ``launch`` (optional) runs the
@@ -129,6 +132,33 @@ def failure_class(kind: str | None) -> str:
     if kind in (GPU_OOM, HOST_OOM):
         return RESOURCES
     return INFRASTRUCTURE if kind == INFRASTRUCTURE else APPLICATION
+
+
+def function_tree(source: str, function: str, *, annotations_future: bool, filename: str = "<gpu task>") -> Any:
+    """The shipped source's syntax tree, compiled as if it were in its DAG file (``ast.Module``).
+
+    As in a module, the source is compiled with the DAG file's own ``from __future__ import annotations``
+    (``annotations_future``) or without it, so a dataclass, an enum or a typed helper defined in the function
+    behaves as it would there. Only the annotations of the shipped function's own signature are never evaluated
+    (strings, as the future makes them): they name what the DAG file imports at module level, which does not
+    travel. The worker checks the names the source reads in this same tree (``task/callable.py``).
+    """
+    import ast
+
+    tree = ast.parse(source, filename)
+    if annotations_future:
+        return tree
+
+    def text(node: ast.expr) -> ast.expr:
+        return ast.copy_location(ast.Constant(ast.unparse(node)), node)
+
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            a = node.args
+            for argument in filter(None, [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]):
+                argument.annotation = argument.annotation and text(argument.annotation)
+            node.returns = node.returns and text(node.returns)
+    return tree
 
 
 def load_envelope(source: str) -> dict[str, Any]:
