@@ -10,10 +10,10 @@ result (``failure``); the worker reads it (``task/result.py``).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import Any
 
+from .output import say
 from .protocol import INFRASTRUCTURE, PREFIX, XID_INFRASTRUCTURE, failure_class
 
 # What ProcessGroupNCCL (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, NCCLUtils.cpp) and NCCL itself say when a
@@ -88,5 +88,5 @@ def settle(result: dict[str, Any], profile: Mapping[str, Any] | None) -> dict[st
         "gpus": [{"index": index, "uuid": uuid} for index, uuid in gpus.items()],
     }
     if klass == INFRASTRUCTURE:
-        print(f"{PREFIX} infrastructure failure ({reason}): {'; '.join(evidence)}", file=sys.stderr, flush=True)
+        say(f"{PREFIX} infrastructure failure ({reason}): {'; '.join(evidence)}", stderr=True)
     return result

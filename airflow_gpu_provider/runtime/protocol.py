@@ -181,9 +181,11 @@ def load_envelope(source: str) -> dict[str, Any]:
 def write_result(result_to: str, result: dict[str, Any]) -> None:
     """Report the result envelope: to a file (atomically), or as the last log line (``-``)."""
     import json
+    import sys
 
     if result_to == RESULT_TO_LOG:
-        print(RESULT_MARKER + json.dumps(result), flush=True)
+        sys.stdout.write(f"{RESULT_MARKER}{json.dumps(result)}\n")  # one call: the line whole (output.py)
+        sys.stdout.flush()
         return
     directory = os.path.dirname(os.path.abspath(result_to))
     os.makedirs(directory, exist_ok=True)

@@ -6,7 +6,10 @@ The task process marks itself (:data:`~.protocol.TASK_PID_ENV`) before the user'
 one. A copy whose rank (``RANK``, else ``LOCAL_RANK``) is above 0 is a **secondary rank**: it prints no summary,
 starts no sampler, and never writes the result, which is rank 0's return value; its own failure goes to the log.
 Ranks still running once rank 0's function has returned are waited for a little, then ended, each named in the log
-(pid, rank, how it was ended).
+(pid, rank, how it was ended). While the function runs, the first copy to fail (killed by a signal, or a non-zero
+exit status) is named the moment it ends (:class:`CopyWatch`), in the log and in the result: the framework then
+ends the task process itself (Lightning's observer SIGKILLs it), which could not say why.
+A copy's output goes through a splitter, its rank before every line (``output.py``).
 """
 
 from __future__ import annotations
@@ -14,8 +17,13 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
+from .launcher import describe, rank_failure
+from .output import say
 from .protocol import PREFIX, TASK_PID_ENV
 
 RANK_WAIT_S = 30.0  # how long ranks may go on after rank 0 returned, before SIGTERM (a ddp rank takes seconds)
@@ -46,10 +54,9 @@ def announce_secondary() -> None:
     """The one line a secondary rank prints instead of the summary."""
     given = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
     names = " ".join(f"{name}={os.environ[name]}" for name in given if name in os.environ)
-    print(
+    say(
         f"{PREFIX} rank {framework_rank()} (pid {os.getpid()}): a copy of the task process started by the task's "
-        f"code ({names}); rank 0 reports the result",
-        flush=True,
+        f"code ({names}); rank 0 reports the result"
     )
 
 
@@ -157,8 +164,71 @@ def end_leftover_ranks(wait_s: float = RANK_WAIT_S, grace_s: float = TERM_GRACE_
             except ProcessLookupError:
                 continue
             lines.append(f"{PREFIX} rank {rank} (pid {pid}) {why}: killed with {signal.Signals(sig).name}")
-            print(lines[-1], file=sys.stderr, flush=True)
+            say(lines[-1], stderr=True)
         copies = _wait(copies, grace)
     for _, pidfd in copies.values():
         os.close(pidfd)
     return lines
+
+
+def _children() -> list[int]:
+    """The children of this process (every thread's), without a look at the whole process table where Linux can."""
+    found: list[int] = []
+    for thread in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{thread}/children", encoding="ascii") as handle:
+                found.extend(map(int, handle.read().split()))
+        except FileNotFoundError:
+            return _descendants(os.getpid())  # a kernel without the children files
+        except OSError:
+            continue  # the thread ended meanwhile
+    return found
+
+
+class CopyWatch(threading.Thread):
+    """Names the first copy of the task process to fail, the moment it ends, while the function runs.
+
+    A copy is looked at without reaping it (``WNOWAIT``): its launcher (Lightning's observer) still sees it end.
+    A copy ended by SIGTERM or SIGINT was stopped with the task, not its cause.
+
+    :param failed: called with the failure (``launcher.rank_failure``) before the log line
+    """
+
+    def __init__(self, failed: Callable[[dict[str, Any]], None], interval_s: float = 0.2) -> None:
+        super().__init__(name="airflow-gpu-copy-watch", daemon=True)
+        self.failed, self.interval_s = failed, interval_s
+        self.failure: dict[str, Any] | None = None
+        self.lock = threading.Lock()  # held while the failure is reported; stop() waits for it
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        """Look for new copies and at the known ones every ``interval_s``, until one fails or :meth:`stop`."""
+        mark, argv, copies = str(os.getpid()), sys.argv[1:], dict[int, int]()
+        while not self._stopped.wait(self.interval_s):
+            for child in _children():
+                found = None if child in copies else _copy_rank(child, mark, argv)
+                if found is not None and found.isdigit():
+                    copies[child] = int(found)  # a child still being started is looked at again next time
+            for pid, rank in list(copies.items()):
+                try:
+                    ended = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                except ChildProcessError:
+                    del copies[pid]  # reaped by its launcher already: not this watch's to tell
+                    continue
+                if ended is None:
+                    continue
+                del copies[pid]
+                status = ended.si_status if ended.si_code == os.CLD_EXITED else -ended.si_status
+                if status != 0 and -status not in (signal.SIGTERM, signal.SIGINT):
+                    with self.lock:
+                        if not self._stopped.is_set():
+                            self.failure = rank_failure(rank, pid, status)
+                            self.failed(self.failure)
+                            say(f"{PREFIX} {describe(self.failure)}, the first rank to fail", stderr=True)
+                    return
+
+    def stop(self) -> dict[str, Any] | None:
+        """Stop watching (the function has returned); the failure named meanwhile, if any."""
+        with self.lock:
+            self._stopped.set()
+        return self.failure
