@@ -125,7 +125,7 @@ def run(envelope: dict[str, Any], source: str, result_to: str | None, *, rank: b
             result = call_function(envelope)
         except Terminated:
             return end_by_sigterm(_clean_up)
-        failure = watch.stop() if watch is not None else None
+        failure = watch.stop(wait_s=0 if result["ok"] else 1.0) if watch is not None else None
         if failure is not None and not result["ok"]:  # the copy that failed first is the likelier cause
             from .launch import merge_ranks
 

@@ -56,6 +56,8 @@ def launch_command(envelope: dict[str, Any], source: str, rank_results: str, env
     port_flag = launch.get("free_port_argument")
     if port_flag and port_flag not in argv:
         argv += [port_flag, str(_free_port())]
+    if launch.get("log_dir_argument"):  # where the ranks' output is written before the launcher reads it
+        argv += [launch["log_dir_argument"], os.path.join(rank_results, "output")]
     if envelope["mode"] == "callable":
         return [*argv, runtime_script(), source, RANK_RESULTS, rank_results]
     return [*argv, *[str(part) for part in envelope["command"]]]

@@ -6,7 +6,8 @@ line can come between them, and two lines glue together. So the runtime writes e
 (:func:`say`, also where it runs in the task's own processes: ``resume(accelerator)`` in a script), a runtime
 process's streams write a line when it ends (:func:`whole_lines`), and a copy's output goes through a splitter that
 writes every line whole, with its rank in front (:func:`split_output`). A launch's ranks get the same from their
-launcher (``launch.py``: torch elastic's ``--tee``, each rank's output read line by line, with :data:`RANK_PREFIX`).
+launcher (torch elastic's ``--tee``: each rank's output read line by line, with :data:`~.protocol.RANK_PREFIX`;
+``launchers/accelerate.py`` asks for it, ``launch.py`` gives it a folder).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 
-RANK_PREFIX = "[rank {rank}] "  # before each line of a rank's output, when several ranks share the log
+from .protocol import RANK_PREFIX
 
 # Run as ``python -I -S -c SPLITTER PREFIX``: stdin is the rank's output, written to stdout line by line, prefixed
 # (a ``\r`` ends a progress bar's update as ``\n`` ends a line); what is left at the end, as one more line.

@@ -36,7 +36,8 @@ are exported to the task as ``AIRFLOW_GPU_RESOURCES`` (JSON; ``cpu_fallback`` is
 whose reason is the summary's ``cpu_fallback_reason``). ``launch`` (optional) runs the
 payload once per rank under a launcher: ``environment`` is added to the ranks' environment, ``cpu_environment``
 too when the task has no GPU, ``rank_arguments`` take their values from the environment (a pod's node rank), and
-``free_port_argument`` gets a free local port unless given; ``processes`` (the ranks on each machine) is for the
+``free_port_argument`` gets a free local port unless given, ``log_dir_argument`` a folder for the ranks' output
+(removed with the launch); ``processes`` (the ranks on each machine) is for the
 backend, which gives each rank its share of the CPUs' threads. Each rank writes ``DIR/rank<RANK>.json``; the result is
 rank 0's value, or the earliest error of any rank. A process that another launcher started as a rank other than 0
 (``RANK``) reports nothing: rank 0 reports for the group. A copy of the task process that the task's own code
@@ -102,6 +103,7 @@ RESUME_STEP_ENV = "AIRFLOW_GPU_RESUME_STEP"  # and the number in its folder's na
 CHECKPOINT_URI_ENV = "AIRFLOW_GPU_CHECKPOINT_URI"  # with "resume" and a URI folder: the URI, staged locally
 MODULES_DIR_ENV = "AIRFLOW_GPU_MODULES_DIR"  # the folder the task process unpacked its project modules into
 MODULES_ENV = "AIRFLOW_GPU_MODULES"  # a pod's project modules archive (base64), named by the envelope's modules.zip
+RANK_PREFIX = "[rank {rank}] "  # before each line of a rank's output where several ranks share the log (output.py)
 TASK_PID_ENV = "AIRFLOW_GPU_TASK_PID"  # set by the task process for what it starts: a copy of it knows it is one
 
 # The error kinds of a failed result (``error.kind``); a container or pod OOM-killed is HOST_OOM too, told by its

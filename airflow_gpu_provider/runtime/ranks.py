@@ -188,8 +188,10 @@ def _children() -> list[int]:
 class CopyWatch(threading.Thread):
     """Names the first copy of the task process to fail, the moment it ends, while the function runs.
 
-    A copy is looked at without reaping it (``WNOWAIT``): its launcher (Lightning's observer) still sees it end.
-    A copy ended by SIGTERM or SIGINT was stopped with the task, not its cause.
+    Each copy is watched through a pidfd (readable once it has ended) and looked at without reaping it
+    (``WNOWAIT``): its launcher (Lightning's observer) still sees it end. A copy ended by SIGTERM or SIGINT was
+    stopped with the task, not its cause. :meth:`stop` looks at every copy once more: a function that failed
+    because a copy ended names it, though this thread had no time to.
 
     :param failed: called with the failure (``launcher.rank_failure``) before the log line
     """
@@ -198,37 +200,65 @@ class CopyWatch(threading.Thread):
         super().__init__(name="airflow-gpu-copy-watch", daemon=True)
         self.failed, self.interval_s = failed, interval_s
         self.failure: dict[str, Any] | None = None
-        self.lock = threading.Lock()  # held while the failure is reported; stop() waits for it
+        self.lock = threading.Lock()  # the copies, the failure; stop() takes it too
+        self._copies: dict[int, tuple[int, int]] = {}  # pidfd -> (pid, rank)
         self._stopped = threading.Event()
 
     def run(self) -> None:
-        """Look for new copies and at the known ones every ``interval_s``, until one fails or :meth:`stop`."""
-        mark, argv, copies = str(os.getpid()), sys.argv[1:], dict[int, int]()
-        while not self._stopped.wait(self.interval_s):
-            for child in _children():
-                found = None if child in copies else _copy_rank(child, mark, argv)
-                if found is not None and found.isdigit():
-                    copies[child] = int(found)  # a child still being started is looked at again next time
-            for pid, rank in list(copies.items()):
-                try:
-                    ended = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-                except ChildProcessError:
-                    del copies[pid]  # reaped by its launcher already: not this watch's to tell
-                    continue
-                if ended is None:
-                    continue
-                del copies[pid]
-                status = ended.si_status if ended.si_code == os.CLD_EXITED else -ended.si_status
-                if status != 0 and -status not in (signal.SIGTERM, signal.SIGINT):
-                    with self.lock:
-                        if not self._stopped.is_set():
-                            self.failure = rank_failure(rank, pid, status)
-                            self.failed(self.failure)
-                            say(f"{PREFIX} {describe(self.failure)}, the first rank to fail", stderr=True)
-                    return
+        """Look for new copies every ``interval_s``; wake the moment one ends, until :meth:`stop`."""
+        import select
 
-    def stop(self) -> dict[str, Any] | None:
-        """Stop watching (the function has returned); the failure named meanwhile, if any."""
+        mark, argv, poller = str(os.getpid()), sys.argv[1:], select.poll()
+        while not self._stopped.is_set():
+            with self.lock:
+                known = {pid for pid, _ in self._copies.values()}
+                for child in _children():
+                    found = None if child in known else _copy_rank(child, mark, argv)
+                    if found is not None and found.isdigit():  # a child being started is looked at again later
+                        pidfd = os.pidfd_open(child)
+                        self._copies[pidfd] = (child, int(found))
+                        poller.register(pidfd, select.POLLIN)  # readable once the process has ended
+            ready = poller.poll(self.interval_s * 1000)
+            with self.lock:
+                for pidfd, _ in ready:
+                    poller.unregister(pidfd)
+                    self._look(pidfd)
+        with self.lock:
+            for pidfd in self._copies:
+                os.close(pidfd)
+            self._copies.clear()
+
+    def _look(self, pidfd: int) -> None:
+        """Name the copy of ``pidfd`` when it ended and failed, and it is the first (the lock is held)."""
+        pid, rank = self._copies.pop(pidfd, (0, 0))
+        if not pid:
+            return  # stop() looked at it already
+        os.close(pidfd)
+        try:  # not reaped: its launcher still sees it end
+            ended = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return  # its launcher reaped it first
+        status = None if ended is None else ended.si_status if ended.si_code == os.CLD_EXITED else -ended.si_status
+        if self.failure is None and status and -status not in (signal.SIGTERM, signal.SIGINT):
+            self.failure = rank_failure(rank, pid, status)
+            self.failed(self.failure)
+            say(f"{PREFIX} {describe(self.failure)}, the first rank to fail", stderr=True)
+
+    def stop(self, wait_s: float = 0.0) -> dict[str, Any] | None:
+        """Stop watching (the function has returned); the failure named, if any.
+
+        :param wait_s: how long a copy may take to end: a function fails the moment a killed copy's connections
+            close, before the copy has ended
+        """
+        import select
+
         with self.lock:
             self._stopped.set()
+            if wait_s > 0 and self._copies:
+                poller = select.poll()
+                for pidfd in self._copies:
+                    poller.register(pidfd, select.POLLIN)
+                poller.poll(wait_s * 1000)  # one has ended, or none within wait_s
+            for pidfd in list(self._copies):
+                self._look(pidfd)
         return self.failure
