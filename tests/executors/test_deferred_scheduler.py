@@ -4,8 +4,9 @@ the host's tasks on its queue, and a triggerer started for that queue (``airflow
 
 The host lists one GPU (``[gpu] devices = 0``). Two tasks that each need it: one runs, the other is seen ``deferred``
 (no worker slot, no GPU) until the first ends, then runs on the same GPU. A wait that reaches its ``wait_timeout``
-fails naming it. A Docker container runs while its task is ``deferred`` and the triggerer watches it; a worker
-resumes the task, logs the container's output and pushes its result; the orphan reaper in that task leaves alone a
+fails naming it. A Docker container runs while its task is ``deferred`` and the triggerer watches it and logs its
+output as it comes (the task log the API server returns has each line once, at its own time); a worker resumes the
+task and pushes its result; the orphan reaper in that task leaves alone a
 durable container of another Airflow on the same engine. States are polled in the metadata DB; the
 leftovers (the provider's containers, keeper processes, held GPU locks, task folders, temp dirs) are counted after
 each run.
