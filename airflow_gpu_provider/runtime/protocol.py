@@ -52,8 +52,9 @@ first on ``sys.path`` and ``PYTHONPATH`` (``modules.py``).
 The task's checkpoint folder comes in the environment (``AIRFLOW_GPU_CHECKPOINT_DIR``, set by the backend: a path
 here, or a URI), not in the envelope; it is made when missing and named in the log. ``resume`` (optional) looks
 for the newest checkpoint there (an ``accelerator.save_state`` folder, a Trainer's ``checkpoint-N``, a Lightning
-``*.ckpt`` or ``torch.save`` file, ``checkpoint.py``), exports it as ``AIRFLOW_GPU_RESUME_FROM`` / ``AIRFLOW_GPU_RESUME_STEP``, and has each process
-that runs the function call ``resume(accelerator)`` right after its first ``Accelerator.prepare`` (``resuming.py``).
+``*.ckpt`` or ``torch.save`` file, ``checkpoint.py``), exports it as ``AIRFLOW_GPU_RESUME_FROM`` /
+``AIRFLOW_GPU_RESUME_STEP``, and has each process that runs the function call ``resume(accelerator)`` right after
+its first ``Accelerator.prepare`` (``resuming.py``).
 A command or launcher the runtime starts finds the archive first on its ``PYTHONPATH`` (``from airflow_gpu_runtime
 import resume`` in a script).
 

@@ -214,10 +214,14 @@ class CopyWatch(threading.Thread):
                 known = {pid for pid, _ in self._copies.values()}
                 for child in _children():
                     found = None if child in known else _copy_rank(child, mark, argv)
-                    if found is not None and found.isdigit():  # a child being started is looked at again later
-                        pidfd = os.pidfd_open(child)
-                        self._copies[pidfd] = (child, int(found))
-                        poller.register(pidfd, select.POLLIN)  # readable once the process has ended
+                    if found is None or not found.isdigit():
+                        continue  # not a copy, or one still being started: looked at again next time
+                    try:
+                        pidfd = os.pidfd_open(child)  # a child's pid is not reused before it is reaped
+                    except OSError:
+                        continue  # it ended and was reaped meanwhile
+                    self._copies[pidfd] = (child, int(found))
+                    poller.register(pidfd, select.POLLIN)  # readable once the process has ended
             ready = poller.poll(self.interval_s * 1000)
             with self.lock:
                 for pidfd, _ in ready:
