@@ -26,6 +26,7 @@ from typing import Any
 
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
 from airflow_gpu_provider.host.state import UntrustedStateError, open_private, private_dir
+from airflow_gpu_provider.runtime import protocol
 from airflow_gpu_provider.settings import ResourceSettings
 
 SNAPSHOT = Path(__file__).with_name("accelerate_launch_options.json")
@@ -44,6 +45,8 @@ CPU_ENVIRONMENT = {"ACCELERATE_USE_CPU": "1"}
 DISTRIBUTED_MODES = ("use_deepspeed", "use_fsdp", "use_megatron_lm", "tpu")
 # Without a config file accelerate warns, on every launch, about each of these it fills in: they are given.
 STATED_DEFAULTS = {"mixed_precision": "no", "dynamo_backend": "no"}
+# Several ranks on a machine: torch elastic reads each one's output line by line and writes it whole, its rank first.
+RANK_LINES = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": protocol.RANK_PREFIX.format(rank="${rank}")}
 
 
 def _str_to_bool(value: str) -> bool:
@@ -268,14 +271,17 @@ def launch_section(
     if options.get("config_file") is None:  # the defaults a task's own config file would give are its to give
         options = {"num_machines": num_machines, **STATED_DEFAULTS, **options}
     args = launch_arguments(options, owner=owner)  # checks num_processes: an int from here on
+    per_machine = max(1, int(options["num_processes"]) // num_machines)
+    tee = per_machine > 1 and options.get("tee") is None  # the task's own choice otherwise
     return {
         "module": LAUNCH_MODULE,
-        "args": args,
-        "processes": max(1, int(options["num_processes"]) // num_machines),  # ranks per machine: their threads
-        "environment": environment,
+        "args": [*args, "--tee", "3"] if tee else args,
+        "processes": per_machine,  # ranks per machine: their threads
+        "environment": {**environment, **(RANK_LINES if per_machine > 1 else {})},
         "cpu_environment": dict(CPU_ENVIRONMENT),
         "rank_arguments": dict(RANK_ARGUMENTS) if multi_node else {},
         "free_port_argument": None if multi_node or chosen_port else "--main_process_port",
+        "log_dir_argument": "--log_dir" if tee and options.get("log_dir") is None else None,
     }
 
 

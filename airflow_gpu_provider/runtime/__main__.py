@@ -28,6 +28,7 @@ from .escalation import error_record
 from .failures import settle
 from .function import call_function
 from .modules import describe_modules, remove_modules, unpack_modules
+from .output import say, split_output, whole_lines
 from .protocol import (
     EXIT_BAD_ENVELOPE,
     EXIT_USER_ERROR,
@@ -40,7 +41,7 @@ from .protocol import (
     rank_result_path,
     write_result,
 )
-from .ranks import announce_secondary, end_leftover_ranks, framework_rank, is_secondary, mark_task_process
+from .ranks import CopyWatch, announce_secondary, end_leftover_ranks, framework_rank, is_secondary, mark_task_process
 from .resuming import resume_after_prepare
 from .signals import Terminated, die_with_parent, end_by_sigterm, exit_on_sigterm
 from .summary import describe_cache, print_summary
@@ -67,6 +68,19 @@ def _clean_up() -> None:
     """What a task process stopped by SIGTERM removes: staged checkpoint folders, unpacked modules."""
     drop_stages()
     remove_modules()
+
+
+def _watch_copies(result_to: str | None, gpus: list[dict[str, Any]]) -> CopyWatch:
+    """Name the first copy of the task process to fail, in the result too: the framework may then kill this one."""
+    from .launcher import ranks_failed
+
+    def report(failure: dict[str, Any]) -> None:
+        if result_to is not None:
+            write_result(result_to, settle({**ranks_failed([failure]), "gpus": gpus}, None))
+
+    watch = CopyWatch(report)
+    watch.start()
+    return watch
 
 
 def run(envelope: dict[str, Any], source: str, result_to: str | None, *, rank: bool = False) -> int:
@@ -104,12 +118,18 @@ def run(envelope: dict[str, Any], source: str, result_to: str | None, *, rank: b
     else:
         if not rank:
             exit_on_sigterm()
+        watch = None if rank else _watch_copies(result_to if reports else None, gpus)
         if envelope.get("resume"):
             resume_after_prepare()
         try:
             result = call_function(envelope)
         except Terminated:
             return end_by_sigterm(_clean_up)
+        failure = watch.stop(wait_s=0 if result["ok"] else 1.0) if watch is not None else None
+        if failure is not None and not result["ok"]:  # the copy that failed first is the likelier cause
+            from .launch import merge_ranks
+
+            result = merge_ranks({0: result}, EXIT_USER_ERROR, "", [failure])[0]
         status = 0 if result["ok"] else EXIT_USER_ERROR
     after = clear_cuda_cache() if clear else before
     result["cache"] = [before, after]
@@ -120,10 +140,9 @@ def run(envelope: dict[str, Any], source: str, result_to: str | None, *, rank: b
         settle(result, result.get("profile"))  # its class: the user's code, its resources, the infrastructure
     if result["ok"] and envelope["mode"] == "callable":
         who = f"rank {framework_rank() or 0}: " if rank else ""
-        print(
+        say(
             f"{PREFIX} {who}{envelope['function']}() finished in {result['duration_s']:.2f}s; CUDA cache after task: "
-            f"{describe_cache(after)}",
-            flush=True,
+            f"{describe_cache(after)}"
         )
     if reports:  # every run reports: a missing result is never a success (task/result.py)
         write_result(str(result_to), result)
@@ -136,6 +155,7 @@ def run(envelope: dict[str, Any], source: str, result_to: str | None, *, rank: b
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point: ``ENVELOPE RESULT``, ``ENVELOPE --rank-results DIR`` or ``install ...``."""
     argv = sys.argv[1:] if argv is None else argv
+    whole_lines()
     if argv[:1] == [INSTALL]:
         from .install import install_main
 
@@ -151,12 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     secondary = not rank and is_secondary()  # a copy of the task process, started again by the task's code
     result_to = None if secondary else rank_result_path(argv[2]) if rank else argv[1]
     if secondary:
+        split_output(framework_rank() or 0)
         announce_secondary()
     try:
         envelope = load_envelope(argv[0])
         unpack_modules(envelope)
     except (OSError, KeyError, ValueError) as exc:
-        print(f"{PREFIX} unusable task envelope {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
+        say(f"{PREFIX} unusable task envelope {argv[0]!r}: {exc}", stderr=True)
         if result_to is not None:
             write_result(result_to, {"ok": False, "error": error_record(exc)})
         return EXIT_BAD_ENVELOPE

@@ -1,36 +1,61 @@
 """The runtime half of checkpoints: the task's folder, what a resume finds, a URI folder staged locally.
 
 The worker decides the folder (``AIRFLOW_GPU_CHECKPOINT_DIR``, a path or a URI) and whether to resume; here the
-newest complete checkpoint is found (an ``accelerator.save_state`` folder or a Hugging Face Trainer's
-``checkpoint-N``) and exported; a function's ``save_state`` checkpoint is loaded after its first
-``Accelerator.prepare`` (``resuming.py``), and, for a URI, downloaded first and each later save uploaded.
+newest complete checkpoint is found (an ``accelerator.save_state`` folder, a Hugging Face Trainer's
+``checkpoint-N``, a Lightning ``*.ckpt`` or a ``torch.save`` file) and exported; a function's ``save_state``
+checkpoint is loaded after its first ``Accelerator.prepare`` (``resuming.py``), and, for a URI, downloaded first and
+each later save uploaded.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
+from .output import say
 from .protocol import CHECKPOINT_ENV, CHECKPOINT_URI_ENV, PREFIX, RESUME_FROM_ENV, RESUME_STEP_ENV, redact
 
 CHECKPOINT_MARKER = "random_states_0.pkl"  # the last file accelerator.save_state writes (process 0's RNG states)
 TRAINER_MARKER = "trainer_state.json"  # the last file a Hugging Face Trainer writes into its checkpoint-N folder
 TRAINER_NAME = re.compile(r"checkpoint-([0-9]+)")  # Trainer's folder names: checkpoint-<global step>
-ACCELERATE, TRAINER = "accelerate", "trainer"  # the kinds of checkpoint a resume finds
+ACCELERATE, TRAINER, LIGHTNING, TORCH = "accelerate", "trainer", "lightning", "torch"  # what a resume finds
+FILE_KINDS = {".ckpt": LIGHTNING, ".pt": TORCH, ".pth": TORCH}  # checkpoints in one file, by their suffix
+WHAT = {
+    ACCELERATE: "an accelerator.save_state checkpoint",
+    TRAINER: "a Trainer checkpoint",
+    LIGHTNING: "a Lightning checkpoint",
+    TORCH: "a torch.save file",
+}
 LOAD_WITH = {
     TRAINER: "pass it on: trainer.train(resume_from_checkpoint=os.environ.get('AIRFLOW_GPU_RESUME_FROM'))",
+    LIGHTNING: "pass it on: trainer.fit(model, ckpt_path=os.environ.get('AIRFLOW_GPU_RESUME_FROM'))",
+    TORCH: "the task loads it: torch.load(os.environ['AIRFLOW_GPU_RESUME_FROM'])",
     "script": "the script loads it: airflow_gpu_runtime.resume(accelerator) after its accelerator.prepare(...)",
     "callable": "loaded after the function's first accelerator.prepare()",
 }
 
 
 class Checkpoint(NamedTuple):
-    """A complete checkpoint: its folder, the number in its name (``checkpoint_2``: 2) and its kind."""
+    """A complete checkpoint: its folder or file, the number in its name (``checkpoint_2``: 2) and its kind."""
 
     path: str
     number: int | None
     kind: str
+
+    @property
+    def counted(self) -> str:
+        """What the number in its name counts, in words: ``epoch 1`` (``epoch_1``), ``step 60`` (``step_60``).
+
+        The word before the number, where it says what it counts; a save's number otherwise (``checkpoint_2``,
+        ``checkpoint-500``: a step, as Accelerate and Trainer name them).
+        """
+        if self.number is None:
+            return ""
+        word = re.match(r"[A-Za-z]*", os.path.basename(self.path)).group().lower()  # type: ignore[union-attr]
+        return f"{word if word in ('epoch', 'step', 'iter', 'iteration') else 'step'} {self.number}"
 
 
 def checkpoint_kind(name: str, has: Any) -> str | None:
@@ -45,19 +70,53 @@ def checkpoint_kind(name: str, has: Any) -> str | None:
     return None
 
 
+def file_kind(name: str, opens: Callable[[], Any]) -> str | None:
+    """The kind of the file ``name`` (Lightning's ``*.ckpt``, ``torch.save``'s ``*.pt``), ``None`` for none.
+
+    ``torch.save`` writes a zip archive whose directory comes last: a file without it was cut off while being saved.
+
+    :param opens: opens the file to read its bytes, on a disk or in a store
+    """
+    import zipfile
+
+    kind = FILE_KINDS.get(os.path.splitext(name)[1])
+    try:
+        with opens() as handle:
+            return kind if kind is not None and zipfile.is_zipfile(handle) else None
+    except OSError:
+        return None
+
+
 def checkpoint_number(name: str) -> int | None:
     """The first number in a checkpoint folder's name, as Accelerate's ``load_state`` reads it."""
     numbers = re.findall(r"[0-9]+", name)
     return int(numbers[0]) if numbers else None
 
 
-def newest_checkpoint(folder: str) -> Checkpoint | None:
-    """The newest complete checkpoint in ``folder`` or its ``checkpoints/``.
+def newest(found: Iterable[tuple[str, str, float]]) -> Checkpoint | None:
+    """The newest of complete checkpoints, given as ``(path, kind, when it was written)``.
 
-    Newest as Accelerate's own ``load_state`` and Trainer's ``get_last_checkpoint`` pick it: the highest first
-    number in the folder's name (``checkpoint_12``, ``epoch_3``, ``checkpoint-500``), then the latest written. A
-    folder without its kind's last file (:data:`CHECKPOINT_MARKER`, :data:`TRAINER_MARKER`) was cut off while being
-    saved and is skipped.
+    Names that differ only in their numbers count the same thing (``checkpoint_2``, ``checkpoint_12``;
+    ``epoch=1-step=16.ckpt``): of those, the highest number is the newest, as Accelerate's own ``load_state`` and
+    Trainer's ``get_last_checkpoint`` pick it (a copy gives every folder the same time). Names that count different
+    things (``step_60``, ``epoch_1``; ``last.ckpt``) are ordered by when they were written: the last one written is
+    the newest.
+    """
+    best: dict[str, tuple[tuple[int, float], float, Checkpoint]] = {}
+    for path, kind, written in found:
+        name = os.path.basename(path)
+        number = checkpoint_number(name)
+        rank, counter = (-1 if number is None else number, written), re.sub(r"[0-9]+", "#", name)
+        if counter not in best or rank > best[counter][0]:
+            best[counter] = (rank, written, Checkpoint(path, number, kind))
+    return max(best.values(), key=lambda candidate: candidate[1])[2] if best else None
+
+
+def newest_checkpoint(folder: str) -> Checkpoint | None:
+    """The newest complete checkpoint in ``folder`` or its ``checkpoints/`` (:func:`newest`).
+
+    A folder without its kind's last file (:data:`CHECKPOINT_MARKER`, :data:`TRAINER_MARKER`), a file without its
+    zip directory, was cut off while being saved and is skipped; the last file written dates a folder.
     """
     found = []
     for parent in (folder, os.path.join(folder, "checkpoints")):
@@ -67,14 +126,14 @@ def newest_checkpoint(folder: str) -> Checkpoint | None:
             continue
         for name in names:
             path = os.path.join(parent, name)
-            kind = checkpoint_kind(name, lambda file, path=path: os.path.isfile(os.path.join(path, file)))
+            if os.path.isdir(path):
+                kind = checkpoint_kind(name, lambda file, path=path: os.path.isfile(os.path.join(path, file)))
+                last = os.path.join(path, CHECKPOINT_MARKER if kind == ACCELERATE else TRAINER_MARKER)
+            else:
+                kind, last = file_kind(name, functools.partial(open, path, "rb")), path
             if kind is not None:
-                number = checkpoint_number(name)
-                found.append((-1 if number is None else number, os.path.getmtime(path), path, kind))
-    if not found:
-        return None
-    number, _, path, kind = max(found)
-    return Checkpoint(path, None if number < 0 else number, kind)
+                found.append((path, kind, os.path.getmtime(last)))
+    return newest(found)
 
 
 def prepare_checkpoint(envelope: dict[str, Any]) -> None:
@@ -88,11 +147,11 @@ def prepare_checkpoint(envelope: dict[str, Any]) -> None:
     folder = os.environ.get(CHECKPOINT_ENV)
     if not folder:
         if envelope.get("resume"):
-            print(f"{PREFIX} resume: the task has no checkpoint folder, so it starts afresh", flush=True)
+            say(f"{PREFIX} resume: the task has no checkpoint folder, so it starts afresh")
         return
     if "://" not in folder:
         os.makedirs(folder, exist_ok=True)
-    print(f"{PREFIX} checkpoint folder ({CHECKPOINT_ENV}): {redact(folder)}", flush=True)
+    say(f"{PREFIX} checkpoint folder ({CHECKPOINT_ENV}): {redact(folder)}")
     if not envelope.get("resume"):
         return
     if "://" in folder:
@@ -100,20 +159,19 @@ def prepare_checkpoint(envelope: dict[str, Any]) -> None:
             folder = stage_from_uri(folder)
         except Exception as exc:  # noqa: BLE001 - no fsspec, no credentials: the task starts afresh, and says why
             why = redact(f"{folder} ({type(exc).__name__}: {exc})")  # an error may repeat the URI's keys
-            print(f"{PREFIX} resume: cannot read {why}; fsspec and the store's credentials must be in the task's "
-                  "environment. Starting afresh", flush=True)  # fmt: skip
+            say(f"{PREFIX} resume: cannot read {why}; fsspec and the store's credentials must be in the task's "
+                "environment. Starting afresh")  # fmt: skip
             return
     found = newest_checkpoint(folder)
     if found is None:
-        print(f"{PREFIX} resume: no checkpoint in {redact(folder)} yet, so the task starts afresh", flush=True)
+        say(f"{PREFIX} resume: no checkpoint in {redact(folder)} yet, so the task starts afresh")
         return
-    path, number, kind = found
-    os.environ[RESUME_FROM_ENV] = path
-    if number is not None:
-        os.environ[RESUME_STEP_ENV] = str(number)
-    how = LOAD_WITH[TRAINER if kind == TRAINER else "callable" if envelope["mode"] == "callable" else "script"]
-    what = "a Trainer checkpoint" if kind == TRAINER else "an accelerator.save_state checkpoint"
-    print(f"{PREFIX} resume: from {path} (step {number}; {what}, in {RESUME_FROM_ENV}): {how}", flush=True)
+    os.environ[RESUME_FROM_ENV] = found.path
+    if found.number is not None:
+        os.environ[RESUME_STEP_ENV] = str(found.number)
+    how = LOAD_WITH[found.kind if found.kind != ACCELERATE else envelope["mode"].replace("command", "script")]
+    what = "; ".join(filter(None, (found.counted, f"{WHAT[found.kind]}, in {RESUME_FROM_ENV}")))
+    say(f"{PREFIX} resume: from {found.path} ({what}): {how}")
 
 
 STAGES: list[str] = []  # local copies of URI checkpoint folders, removed when this process ends
@@ -144,7 +202,7 @@ def stage_from_uri(uri: str) -> str:
     if not STAGES:
         atexit.register(drop_stages)
     STAGES.append(stage)
-    found = []
+    found, subfolders = [], {}
     for sub in ("", "checkpoints"):
         try:
             entries = fs.ls(f"{root.rstrip('/')}/{sub}".rstrip("/"), detail=True)
@@ -153,16 +211,44 @@ def stage_from_uri(uri: str) -> str:
         for entry in entries:
             remote = entry["name"].rstrip("/")
             name = remote.rsplit("/", 1)[-1]
-            if entry["type"] == "directory" and checkpoint_kind(name, lambda file, r=remote: fs.exists(f"{r}/{file}")):
-                number = checkpoint_number(name)
-                found.append((-1 if number is None else number, name, sub, remote))
-    if found:
-        _, name, sub, remote = max(found)
-        fs.get(f"{remote}/", f"{os.path.join(stage, sub, name)}/", recursive=True)
-        print(f"{PREFIX} resume: downloaded {redact(uri.rstrip('/'))}/{os.path.join(sub, name)}", flush=True)
+            if entry["type"] == "directory":
+                kind = checkpoint_kind(name, lambda file, r=remote: fs.exists(f"{r}/{file}"))
+                last = f"{remote}/{CHECKPOINT_MARKER if kind == ACCELERATE else TRAINER_MARKER}"
+            else:
+                kind, last = file_kind(name, functools.partial(fs.open, remote, "rb")), remote
+            if kind is not None:
+                found.append((remote, kind, _written(fs.info(last))))
+                subfolders[remote] = sub
+    chosen = newest(found)
+    if chosen is not None:
+        local = os.path.join(stage, subfolders[chosen.path], os.path.basename(chosen.path))
+        if chosen.kind in FILE_KINDS.values():
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            fs.get(chosen.path, local)
+        else:
+            fs.get(f"{chosen.path}/", f"{local}/", recursive=True)
+        say(f"{PREFIX} resume: downloaded {redact(uri.rstrip('/'))}/{os.path.relpath(local, stage)}")
     os.environ[CHECKPOINT_ENV], os.environ[CHECKPOINT_URI_ENV] = stage, uri
-    print(f"{PREFIX} checkpoint folder staged locally ({CHECKPOINT_ENV}): {stage}", flush=True)
+    say(f"{PREFIX} checkpoint folder staged locally ({CHECKPOINT_ENV}): {stage}")
     return stage
+
+
+def _written(info: dict[str, Any]) -> float:
+    """When a store's object was written, as fsspec's file systems report it (0 where none says)."""
+    import datetime
+
+    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
+        value = info.get(key)
+        if isinstance(value, str):
+            try:
+                value = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                continue
+        if isinstance(value, datetime.datetime):
+            return value.timestamp()
+        if isinstance(value, (int, float)):
+            return float(value)
+    return 0.0
 
 
 def upload_saves() -> None:
@@ -175,14 +261,12 @@ def upload_saves() -> None:
     uri, stage = os.environ.get(CHECKPOINT_URI_ENV), os.environ.get(CHECKPOINT_ENV)
     if not uri or not stage:
         return
-    import functools
-
     try:
         import fsspec
         from accelerate import Accelerator
     except Exception as exc:  # noqa: BLE001 - the function reports its own import errors
         why = redact(f"{uri}: {type(exc).__name__}: {exc}")
-        print(f"{PREFIX} checkpoints stay in {stage}, not uploaded to {why}", flush=True)
+        say(f"{PREFIX} checkpoints stay in {stage}, not uploaded to {why}")
         return
     original = Accelerator.save_state
     if getattr(original, "uploads", False):
@@ -196,7 +280,7 @@ def upload_saves() -> None:
         if self.is_local_main_process and not relative.startswith(".."):
             fs, root = fsspec.core.url_to_fs(uri)
             fs.put(f"{saved}/", f"{root.rstrip('/')}/{relative}/", recursive=True)
-            print(f"{PREFIX} uploaded {relative} to {redact(uri)}", flush=True)
+            say(f"{PREFIX} uploaded {relative} to {redact(uri)}")
         self.wait_for_everyone()
         return saved
 

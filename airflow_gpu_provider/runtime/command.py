@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from .escalation import error_record
+from .output import say
 from .protocol import EXIT_CANNOT_START, PREFIX
 from .signals import run_child
 
@@ -43,7 +44,7 @@ def run_command(envelope: dict[str, Any], *, sampled: bool) -> tuple[dict[str, A
             os.execvpe(command[0], command, environ)  # noqa: S606 - an argument list, no shell; does not return
         status = run_child(command, environ)
     except OSError as exc:
-        print(f"{PREFIX} cannot run {command[0]!r}: {exc}", file=sys.stderr, flush=True)
+        say(f"{PREFIX} cannot run {command[0]!r}: {exc}", stderr=True)
         return {"ok": False, "error": error_record(exc)}, EXIT_CANNOT_START
     return command_result(status), status
 

@@ -7,11 +7,11 @@ worker raises the matching exception and picks the next try's resources from it.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Any
 
 from .failures import collective_evidence
+from .output import say
 from .protocol import ERROR, GPU_OOM, HOST_OOM, INFRASTRUCTURE, PREFIX
 
 # What accelerator libraries raise when the device's memory runs out: torch's OutOfMemoryError (torch.cuda's too),
@@ -79,9 +79,8 @@ def failed(exc: BaseException) -> dict[str, Any]:
     error = error_record(exc)
     rank = f"rank {os.environ['RANK']}: " if "RANK" in os.environ else ""
     first_line = (error["message"].splitlines() or [""])[0][:500]
-    print(f"{PREFIX} {rank}the task raised {error['type']}: {first_line}", file=sys.stderr)
+    say(f"{PREFIX} {rank}the task raised {error['type']}: {first_line}", stderr=True)
     if error["kind"] in (GPU_OOM, HOST_OOM):
         what = "GPU" if error["kind"] == GPU_OOM else "host"
-        print(f"{PREFIX} {rank}the task ran out of {what} memory ({error['type']})", file=sys.stderr)
-    sys.stderr.flush()
+        say(f"{PREFIX} {rank}the task ran out of {what} memory ({error['type']})", stderr=True)
     return {"ok": False, "error": error}

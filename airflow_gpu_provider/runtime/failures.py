@@ -11,10 +11,10 @@ result (``failure``); the worker reads it (``task/result.py``).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import Any
 
+from .output import say
 from .protocol import INFRASTRUCTURE, PREFIX, failure_class
 
 # NVIDIA's Xid catalogue (https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, "Resolution Bucket
@@ -138,5 +138,5 @@ def settle(result: dict[str, Any], profile: Mapping[str, Any] | None) -> dict[st
         "gpus": [{"index": index, "uuid": uuid} for index, uuid in gpus.items()],
     }
     if klass == INFRASTRUCTURE:
-        print(f"{PREFIX} infrastructure failure ({reason}): {'; '.join(evidence)}", file=sys.stderr, flush=True)
+        say(f"{PREFIX} infrastructure failure ({reason}): {'; '.join(evidence)}", stderr=True)
     return result

@@ -5,22 +5,38 @@ import __future__
 
 import json
 import linecache
+import sys
 import time
+import types
 from typing import Any
 
 from .escalation import failed
+from .protocol import function_tree
 from .signals import Terminated
+
+MODULE = "__gpu_task__"  # the module the shipped function is defined in, importable as any module is
 
 
 def load_function(envelope: dict[str, Any]) -> Any:
-    """Compile the shipped source so that tracebacks show the DAG file's own line numbers."""
+    """Define the shipped function in a module of its own, so that tracebacks show the DAG file's line numbers.
+
+    The module is in ``sys.modules``, as a module is: a dataclass, an enum, a pydantic or attrs model defined in
+    the function find it (``typing.get_type_hints``, ``dataclasses``, ``pickle`` look their module up there). The
+    source is compiled with the DAG file's own ``from __future__ import annotations``, or without it
+    (``annotations_future``; :func:`~.protocol.function_tree`).
+    """
     filename = envelope.get("filename") or "<gpu task>"
     padded = "\n" * (int(envelope.get("first_line", 1)) - 1) + envelope["source"]
     linecache.cache[filename] = (len(padded), None, padded.splitlines(True), filename)
-    code = compile(padded, filename, "exec", flags=__future__.annotations.compiler_flag, dont_inherit=True)
-    namespace: dict[str, Any] = {"__name__": "__gpu_task__", "__file__": filename}
-    exec(code, namespace)  # noqa: S102 - running the task's own function is the point
-    return namespace[envelope["function"]]
+    future = bool(envelope.get("annotations_future"))
+    tree = function_tree(padded, envelope["function"], annotations_future=future, filename=filename)
+    flags = __future__.annotations.compiler_flag if future else 0
+    code = compile(tree, filename, "exec", flags=flags, dont_inherit=True)
+    module = types.ModuleType(MODULE)
+    module.__file__ = filename
+    sys.modules[MODULE] = module
+    exec(code, module.__dict__)  # noqa: S102 - running the task's own function is the point
+    return getattr(module, envelope["function"])
 
 
 def call_function(envelope: dict[str, Any]) -> dict[str, Any]:

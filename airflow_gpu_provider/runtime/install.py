@@ -9,6 +9,7 @@ import os
 import sys
 from collections.abc import Callable
 
+from .output import say
 from .protocol import PREFIX, InstallError, redact, split_credentials, uv_ca_variable
 
 
@@ -126,9 +127,9 @@ def install_main(argv: list[str]) -> int:
     try:
         install_requirements(
             requirements, index_args, installer=installer, target=None if target == "-" else target,
-            emit=lambda line: print(f"{PREFIX} {line}", flush=True), **settings,
+            emit=lambda line: say(f"{PREFIX} {line}"), **settings,
         )  # fmt: skip
     except InstallError as exc:
-        print(f"{PREFIX} {exc}", file=sys.stderr, flush=True)
+        say(f"{PREFIX} {exc}", stderr=True)
         return 1
     return 0

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 from .command import command_result, importable_runtime, runtime_archive
 from .cuda import list_gpus
 from .failures import settle
-from .launcher import describe, read_failures
+from .launcher import describe, ranks_failed, read_failures
+from .output import say
 from .protocol import EXIT_USER_ERROR, GPU_OOM, HOST_OOM, LAUNCHER, PREFIX, RANK_RESULTS, write_result
 from .signals import run_child
 
@@ -55,6 +56,8 @@ def launch_command(envelope: dict[str, Any], source: str, rank_results: str, env
     port_flag = launch.get("free_port_argument")
     if port_flag and port_flag not in argv:
         argv += [port_flag, str(_free_port())]
+    if launch.get("log_dir_argument"):  # where the ranks' output is written before the launcher reads it
+        argv += [launch["log_dir_argument"], os.path.join(rank_results, "output")]
     if envelope["mode"] == "callable":
         return [*argv, runtime_script(), source, RANK_RESULTS, rank_results]
     return [*argv, *[str(part) for part in envelope["command"]]]
@@ -80,12 +83,12 @@ def run_launcher(
     with tempfile.TemporaryDirectory(prefix="airflow-gpu-ranks-") as rank_results:
         argv = launch_command(envelope, source, rank_results, environ)
         cpu_note = f" (CPU: {' '.join(f'{k}={v}' for k, v in no_gpu.items())})" if on_cpu else ""
-        print(f"{PREFIX} launching{cpu_note}: {' '.join(argv)}", flush=True)
+        say(f"{PREFIX} launching{cpu_note}: {' '.join(argv)}")
         status = run_child(argv, environ)
         profile = None if profiler is None else profiler.stop()
         failures = read_failures(os.path.join(rank_results, FAILURES))
         if envelope["mode"] != "callable":
-            result = _ranks_failed(failures) if failures and status != 0 else command_result(status)
+            result = ranks_failed(failures) if failures and status != 0 else command_result(status)
             if profile is not None or "error" in result:
                 result = {**result, **({"profile": profile} if profile is not None else {})}
                 write_result(result_to, settle(result, profile))
@@ -130,7 +133,7 @@ def merge_ranks(
     if status == 0:  # rank 0's value; on the other machines of a multi-node run, rank 0 is elsewhere
         return {**results.get(0, {"ok": True, "return_value": None}), "ranks": len(results)}, 0
     if failures:
-        return _ranks_failed(failures), status
+        return ranks_failed(failures), status
     message = (
         f"{launcher} exited with status {status} and no rank reported an exception "
         "(a rank was killed, or the launcher itself failed): see the log above"
@@ -139,9 +142,3 @@ def merge_ranks(
 
 
 FAILURES = "failures.json"  # in the rank results folder: the failed ranks, as the launcher saw them
-
-
-def _ranks_failed(failures: list[dict[str, Any]]) -> dict[str, Any]:
-    """The launch's result when ranks failed without an exception of theirs: each named, the cause first."""
-    message = "; ".join(describe(failure) for failure in failures)
-    return {"ok": False, "error": {"type": "RankFailed", "message": message, "traceback": ""}}

@@ -14,6 +14,7 @@ import signal
 import sys
 from typing import Any
 
+from .output import say
 from .protocol import EXIT_USER_ERROR, PREFIX
 
 
@@ -30,7 +31,7 @@ def launcher_main(argv: list[str]) -> int:
         if failures is None:
             raise  # the launcher's own error: its traceback is the reason
         for failure in failures:
-            print(f"{PREFIX} {describe(failure)}", file=sys.stderr, flush=True)
+            say(f"{PREFIX} {describe(failure)}", stderr=True)
         with open(failures_to, "w", encoding="utf-8") as handle:
             json.dump(failures, handle)
         return EXIT_USER_ERROR
@@ -46,16 +47,16 @@ def rank_failures(exc: BaseException) -> list[dict[str, Any]] | None:
     import subprocess
 
     if isinstance(exc, subprocess.CalledProcessError):
-        return [_failure(0, None, exc.returncode)]
+        return [rank_failure(0, None, exc.returncode)]
     failures = getattr(exc, "failures", None)
     if type(exc).__name__ != "ChildFailedError" or not isinstance(failures, dict):
         return None
-    found = [_failure(rank, getattr(f, "pid", None), int(getattr(f, "exitcode", 1))) for rank, f in failures.items()]
+    found = [rank_failure(r, getattr(f, "pid", None), int(getattr(f, "exitcode", 1))) for r, f in failures.items()]
     # the launcher stops the other ranks with SIGTERM once one has failed: those are not the cause
     return sorted(found, key=lambda failure: (failure["signal"] == "SIGTERM", failure["rank"]))
 
 
-def _failure(rank: int, pid: int | None, exitcode: int) -> dict[str, Any]:
+def rank_failure(rank: int, pid: int | None, exitcode: int) -> dict[str, Any]:
     """One rank's end: its exit status, or the signal that ended it (a negative exit code, as ``subprocess`` says)."""
     name = None
     if exitcode < 0:
@@ -77,6 +78,12 @@ def describe(failure: dict[str, Any]) -> str:
     if failure.get("signal"):
         return f"{who} was killed by {failure['signal']}"
     return f"{who} exited with status {failure['exit_status']}"
+
+
+def ranks_failed(failures: list[dict[str, Any]]) -> dict[str, Any]:
+    """The result of a task whose ranks failed without an exception of theirs: each named, the cause first."""
+    message = "; ".join(describe(failure) for failure in failures)
+    return {"ok": False, "error": {"type": "RankFailed", "message": message, "traceback": ""}}
 
 
 def read_failures(path: str) -> list[dict[str, Any]]:

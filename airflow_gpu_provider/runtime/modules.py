@@ -19,6 +19,7 @@ import tempfile
 import zipfile
 from typing import Any
 
+from .output import say
 from .protocol import MODULES_DIR_ENV, PREFIX
 
 _MADE: list[str] = []  # the folders this process unpacked
@@ -75,7 +76,7 @@ def describe_modules(envelope: dict[str, Any]) -> None:
     if section:
         where = os.environ.get(MODULES_DIR_ENV, "?")
         names, digest = ", ".join(section["names"]), section["sha256"][:12]
-        print(f"{PREFIX} project modules {names} (sha256 {digest}) first on the path: {where}", flush=True)
+        say(f"{PREFIX} project modules {names} (sha256 {digest}) first on the path: {where}")
 
 
 def remove_modules() -> None:

@@ -18,7 +18,8 @@ multi-node Kubernetes run). It is a command-line argument, not part of the envel
 read its envelope still reports why. The envelope::
 
     {"version": 2, "mode": "callable", "function": "train", "source": "def train(...): ...",
-     "filename": "/dags/demo.py", "first_line": 12, "args": [...], "kwargs": {...}, "clear_cache": true,
+     "filename": "/dags/demo.py", "first_line": 12, "annotations_future": true, "args": [...], "kwargs": {...},
+     "clear_cache": true,
      "summary": {"backend": "local", "image": "...", "requirements_hash": "...", "resources": "...",
                  "gpus": [{"index": "0", "name": "...", "memory_total": 85899345920}] | null},
      "die_with_parent": false, "profile": {"interval_s": 1.0, "host": "worker-1"} | null, "resume": true,
@@ -28,12 +29,15 @@ read its envelope still reports why. The envelope::
 
     {"version": 2, "mode": "command", "command": ["python", "train.py"], "summary": {...}}
 
+The function is defined in a module of its own (``__gpu_task__``, in ``sys.modules``), compiled with the DAG file's
+own ``from __future__ import annotations`` when ``annotations_future`` (:func:`function_tree`).
 ``summary`` (added by the backend) starts the log; ``gpus: null`` asks the driver; its ``effective`` resources
 are exported to the task as ``AIRFLOW_GPU_RESOURCES`` (JSON; ``cpu_fallback`` is true there after a CPU fallback,
 whose reason is the summary's ``cpu_fallback_reason``). ``launch`` (optional) runs the
 payload once per rank under a launcher: ``environment`` is added to the ranks' environment, ``cpu_environment``
 too when the task has no GPU, ``rank_arguments`` take their values from the environment (a pod's node rank), and
-``free_port_argument`` gets a free local port unless given; ``processes`` (the ranks on each machine) is for the
+``free_port_argument`` gets a free local port unless given, ``log_dir_argument`` a folder for the ranks' output
+(removed with the launch); ``processes`` (the ranks on each machine) is for the
 backend, which gives each rank its share of the CPUs' threads. Each rank writes ``DIR/rank<RANK>.json``; the result is
 rank 0's value, or the earliest error of any rank. A process that another launcher started as a rank other than 0
 (``RANK``) reports nothing: rank 0 reports for the group. A copy of the task process that the task's own code
@@ -47,9 +51,10 @@ first on ``sys.path`` and ``PYTHONPATH`` (``modules.py``).
 
 The task's checkpoint folder comes in the environment (``AIRFLOW_GPU_CHECKPOINT_DIR``, set by the backend: a path
 here, or a URI), not in the envelope; it is made when missing and named in the log. ``resume`` (optional) looks
-for the newest checkpoint there (an ``accelerator.save_state`` folder or a Trainer's ``checkpoint-N``,
-``checkpoint.py``), exports it as ``AIRFLOW_GPU_RESUME_FROM`` / ``AIRFLOW_GPU_RESUME_STEP``, and has each process
-that runs the function call ``resume(accelerator)`` right after its first ``Accelerator.prepare`` (``resuming.py``).
+for the newest checkpoint there (an ``accelerator.save_state`` folder, a Trainer's ``checkpoint-N``, a Lightning
+``*.ckpt`` or ``torch.save`` file, ``checkpoint.py``), exports it as ``AIRFLOW_GPU_RESUME_FROM`` /
+``AIRFLOW_GPU_RESUME_STEP``, and has each process that runs the function call ``resume(accelerator)`` right after
+its first ``Accelerator.prepare`` (``resuming.py``).
 A command or launcher the runtime starts finds the archive first on its ``PYTHONPATH`` (``from airflow_gpu_runtime
 import resume`` in a script).
 
@@ -100,6 +105,7 @@ RESUME_STEP_ENV = "AIRFLOW_GPU_RESUME_STEP"  # and the number in its folder's na
 CHECKPOINT_URI_ENV = "AIRFLOW_GPU_CHECKPOINT_URI"  # with "resume" and a URI folder: the URI, staged locally
 MODULES_DIR_ENV = "AIRFLOW_GPU_MODULES_DIR"  # the folder the task process unpacked its project modules into
 MODULES_ENV = "AIRFLOW_GPU_MODULES"  # a pod's project modules archive (base64), named by the envelope's modules.zip
+RANK_PREFIX = "[rank {rank}] "  # before each line of a rank's output where several ranks share the log (output.py)
 TASK_PID_ENV = "AIRFLOW_GPU_TASK_PID"  # set by the task process for what it starts: a copy of it knows it is one
 
 # The error kinds of a failed result (``error.kind``); a container or pod OOM-killed is HOST_OOM too, told by its
@@ -122,6 +128,33 @@ def failure_class(kind: str | None) -> str:
     return INFRASTRUCTURE if kind == INFRASTRUCTURE else APPLICATION
 
 
+def function_tree(source: str, function: str, *, annotations_future: bool, filename: str = "<gpu task>") -> Any:
+    """The shipped source's syntax tree, compiled as if it were in its DAG file (``ast.Module``).
+
+    As in a module, the source is compiled with the DAG file's own ``from __future__ import annotations``
+    (``annotations_future``) or without it, so a dataclass, an enum or a typed helper defined in the function
+    behaves as it would there. Only the annotations of the shipped function's own signature are never evaluated
+    (strings, as the future makes them): they name what the DAG file imports at module level, which does not
+    travel. The worker checks the names the source reads in this same tree (``task/callable.py``).
+    """
+    import ast
+
+    tree = ast.parse(source, filename)
+    if annotations_future:
+        return tree
+
+    def text(node: ast.expr) -> ast.expr:
+        return ast.copy_location(ast.Constant(ast.unparse(node)), node)
+
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            a = node.args
+            for argument in filter(None, [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]):
+                argument.annotation = argument.annotation and text(argument.annotation)
+            node.returns = node.returns and text(node.returns)
+    return tree
+
+
 def load_envelope(source: str) -> dict[str, Any]:
     """Read an envelope from a file or from ``env:NAME``; raise for one this runtime cannot read."""
     import json
@@ -142,9 +175,11 @@ def load_envelope(source: str) -> dict[str, Any]:
 def write_result(result_to: str, result: dict[str, Any]) -> None:
     """Report the result envelope: to a file (atomically), or as the last log line (``-``)."""
     import json
+    import sys
 
     if result_to == RESULT_TO_LOG:
-        print(RESULT_MARKER + json.dumps(result), flush=True)
+        sys.stdout.write(f"{RESULT_MARKER}{json.dumps(result)}\n")  # one call: the line whole (output.py)
+        sys.stdout.flush()
         return
     directory = os.path.dirname(os.path.abspath(result_to))
     os.makedirs(directory, exist_ok=True)

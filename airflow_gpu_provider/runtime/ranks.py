@@ -6,7 +6,10 @@ The task process marks itself (:data:`~.protocol.TASK_PID_ENV`) before the user'
 one. A copy whose rank (``RANK``, else ``LOCAL_RANK``) is above 0 is a **secondary rank**: it prints no summary,
 starts no sampler, and never writes the result, which is rank 0's return value; its own failure goes to the log.
 Ranks still running once rank 0's function has returned are waited for a little, then ended, each named in the log
-(pid, rank, how it was ended).
+(pid, rank, how it was ended). While the function runs, the first copy to fail (killed by a signal, or a non-zero
+exit status) is named the moment it ends (:class:`CopyWatch`), in the log and in the result: the framework then
+ends the task process itself (Lightning's observer SIGKILLs it), which could not say why.
+A copy's output goes through a splitter, its rank before every line (``output.py``).
 """
 
 from __future__ import annotations
@@ -14,8 +17,13 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
+from .launcher import describe, rank_failure
+from .output import say
 from .protocol import PREFIX, TASK_PID_ENV
 
 RANK_WAIT_S = 30.0  # how long ranks may go on after rank 0 returned, before SIGTERM (a ddp rank takes seconds)
@@ -46,10 +54,9 @@ def announce_secondary() -> None:
     """The one line a secondary rank prints instead of the summary."""
     given = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
     names = " ".join(f"{name}={os.environ[name]}" for name in given if name in os.environ)
-    print(
+    say(
         f"{PREFIX} rank {framework_rank()} (pid {os.getpid()}): a copy of the task process started by the task's "
-        f"code ({names}); rank 0 reports the result",
-        flush=True,
+        f"code ({names}); rank 0 reports the result"
     )
 
 
@@ -157,8 +164,105 @@ def end_leftover_ranks(wait_s: float = RANK_WAIT_S, grace_s: float = TERM_GRACE_
             except ProcessLookupError:
                 continue
             lines.append(f"{PREFIX} rank {rank} (pid {pid}) {why}: killed with {signal.Signals(sig).name}")
-            print(lines[-1], file=sys.stderr, flush=True)
+            say(lines[-1], stderr=True)
         copies = _wait(copies, grace)
     for _, pidfd in copies.values():
         os.close(pidfd)
     return lines
+
+
+def _children() -> list[int]:
+    """The children of this process (every thread's), without a look at the whole process table where Linux can."""
+    found: list[int] = []
+    for thread in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{thread}/children", encoding="ascii") as handle:
+                found.extend(map(int, handle.read().split()))
+        except FileNotFoundError:
+            return _descendants(os.getpid())  # a kernel without the children files
+        except OSError:
+            continue  # the thread ended meanwhile
+    return found
+
+
+class CopyWatch(threading.Thread):
+    """Names the first copy of the task process to fail, the moment it ends, while the function runs.
+
+    Each copy is watched through a pidfd (readable once it has ended) and looked at without reaping it
+    (``WNOWAIT``): its launcher (Lightning's observer) still sees it end. A copy ended by SIGTERM or SIGINT was
+    stopped with the task, not its cause. :meth:`stop` looks at every copy once more: a function that failed
+    because a copy ended names it, though this thread had no time to.
+
+    :param failed: called with the failure (``launcher.rank_failure``) before the log line
+    """
+
+    def __init__(self, failed: Callable[[dict[str, Any]], None], interval_s: float = 0.2) -> None:
+        super().__init__(name="airflow-gpu-copy-watch", daemon=True)
+        self.failed, self.interval_s = failed, interval_s
+        self.failure: dict[str, Any] | None = None
+        self.lock = threading.Lock()  # the copies, the failure; stop() takes it too
+        self._copies: dict[int, tuple[int, int]] = {}  # pidfd -> (pid, rank)
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        """Look for new copies every ``interval_s``; wake the moment one ends, until :meth:`stop`."""
+        import select
+
+        mark, argv, poller = str(os.getpid()), sys.argv[1:], select.poll()
+        while not self._stopped.is_set():
+            with self.lock:
+                known = {pid for pid, _ in self._copies.values()}
+                for child in _children():
+                    found = None if child in known else _copy_rank(child, mark, argv)
+                    if found is None or not found.isdigit():
+                        continue  # not a copy, or one still being started: looked at again next time
+                    try:
+                        pidfd = os.pidfd_open(child)  # a child's pid is not reused before it is reaped
+                    except OSError:
+                        continue  # it ended and was reaped meanwhile
+                    self._copies[pidfd] = (child, int(found))
+                    poller.register(pidfd, select.POLLIN)  # readable once the process has ended
+            ready = poller.poll(self.interval_s * 1000)
+            with self.lock:
+                for pidfd, _ in ready:
+                    poller.unregister(pidfd)
+                    self._look(pidfd)
+        with self.lock:
+            for pidfd in self._copies:
+                os.close(pidfd)
+            self._copies.clear()
+
+    def _look(self, pidfd: int) -> None:
+        """Name the copy of ``pidfd`` when it ended and failed, and it is the first (the lock is held)."""
+        pid, rank = self._copies.pop(pidfd, (0, 0))
+        if not pid:
+            return  # stop() looked at it already
+        os.close(pidfd)
+        try:  # not reaped: its launcher still sees it end
+            ended = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return  # its launcher reaped it first
+        status = None if ended is None else ended.si_status if ended.si_code == os.CLD_EXITED else -ended.si_status
+        if self.failure is None and status and -status not in (signal.SIGTERM, signal.SIGINT):
+            self.failure = rank_failure(rank, pid, status)
+            self.failed(self.failure)
+            say(f"{PREFIX} {describe(self.failure)}, the first rank to fail", stderr=True)
+
+    def stop(self, wait_s: float = 0.0) -> dict[str, Any] | None:
+        """Stop watching (the function has returned); the failure named, if any.
+
+        :param wait_s: how long a copy may take to end: a function fails the moment a killed copy's connections
+            close, before the copy has ended
+        """
+        import select
+
+        with self.lock:
+            self._stopped.set()
+            if wait_s > 0 and self._copies:
+                poller = select.poll()
+                for pidfd in self._copies:
+                    poller.register(pidfd, select.POLLIN)
+                poller.poll(wait_s * 1000)  # one has ended, or none within wait_s
+            for pidfd in list(self._copies):
+                self._look(pidfd)
+        return self.failure

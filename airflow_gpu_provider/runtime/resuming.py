@@ -26,6 +26,7 @@ import os
 from typing import Any, NamedTuple
 
 from .checkpoint import CHECKPOINT_MARKER, checkpoint_kind, newest_checkpoint, upload_saves
+from .output import say
 from .protocol import CHECKPOINT_ENV, PREFIX, RESUME_FROM_ENV, RESUME_STEP_ENV
 
 DATALOADERS_FILE = "airflow_gpu_dataloaders_{}.json"  # one per process, in each save_state folder
@@ -70,7 +71,7 @@ def resume(accelerator: Any) -> Resumed:
         config.iteration = number + 1
         _drop_cut_off_saves(accelerator, number)
     naming = f"; the next save is checkpoint_{config.iteration}" if config.automatic_checkpoint_naming else ""
-    print(f"{PREFIX} rank {accelerator.process_index}: resumed from {path} ({restored}{naming})", flush=True)
+    say(f"{PREFIX} rank {accelerator.process_index}: resumed from {path} ({restored}{naming})")
     return Resumed(path, number)
 
 
@@ -79,10 +80,9 @@ def _note_unused_checkpoint(path: str | None) -> None:
     folder = os.environ.get(CHECKPOINT_ENV, "")
     found = newest_checkpoint(folder) if path is None and folder and "://" not in folder else None
     if found is not None:
-        print(
+        say(
             f"{PREFIX} resume: {found.path} is there, but the task was not started with resume=True, so nothing "
-            "is loaded and the training starts afresh",
-            flush=True,
+            "is loaded and the training starts afresh"
         )
 
 
@@ -175,7 +175,7 @@ def _drop_cut_off_saves(accelerator: Any, number: int) -> None:
             cut_off = checkpoint_kind(name, lambda file, path=path: os.path.isfile(os.path.join(path, file))) is None
             if match and int(match.group(1)) > number and cut_off:
                 shutil.rmtree(path, ignore_errors=True)
-                print(f"{PREFIX} resume: removed {path}, cut off while it was being saved", flush=True)
+                say(f"{PREFIX} resume: removed {path}, cut off while it was being saved")
     accelerator.wait_for_everyone()
 
 
@@ -191,7 +191,7 @@ def resume_after_prepare() -> None:
     except Exception:  # noqa: BLE001 - no accelerate in the task's environment: nothing of it to resume
         path = os.environ.get(RESUME_FROM_ENV)
         if path:
-            print(f"{PREFIX} resume: accelerate cannot be imported here; {path} is left to the function", flush=True)
+            say(f"{PREFIX} resume: accelerate cannot be imported here; {path} is left to the function")
         return
     import functools
 

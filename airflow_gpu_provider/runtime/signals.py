@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .output import say
 from .protocol import PREFIX
 
 
@@ -39,7 +40,7 @@ def end_by_sigterm(cleanup: Callable[[], None]) -> int:
     """
     import signal
 
-    print(f"{PREFIX} stopped by SIGTERM", file=sys.stderr, flush=True)
+    say(f"{PREFIX} stopped by SIGTERM", stderr=True)
     sys.stdout.flush()
     cleanup()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)

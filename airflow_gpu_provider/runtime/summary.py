@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .cuda import list_gpus
+from .output import say
 from .protocol import PREFIX, format_bytes
 
 
@@ -32,5 +33,5 @@ def print_summary(summary: dict[str, Any], cache: dict[str, Any]) -> list[dict[s
         f"CUDA cache before task: {describe_cache(cache)}",
     ]
     for line in lines:
-        print(f"{PREFIX} {line}", flush=True)
+        say(f"{PREFIX} {line}")
     return list(gpus or [])

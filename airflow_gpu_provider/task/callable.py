@@ -7,6 +7,7 @@ of those (tuples arrive as lists).
 """
 
 from __future__ import annotations
+import __future__
 
 import ast
 import builtins
@@ -23,6 +24,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.runtime.protocol import function_tree
 
 
 def _iso(value: Any) -> str | None:
@@ -54,6 +56,7 @@ class ShippedCallable(NamedTuple):
     first_line: int
     context_params: tuple[str, ...]
     signature: inspect.Signature
+    annotations_future: bool = False  # the DAG file has ``from __future__ import annotations``: the runtime too
 
 
 def _known_context_keys() -> frozenset[str]:
@@ -62,14 +65,19 @@ def _known_context_keys() -> frozenset[str]:
     return frozenset(Context.__annotations__)  # KNOWN_CONTEXT_KEYS from Airflow 3.1, the same keys
 
 
-def _global_reads(source: str, name: str) -> set[str]:
+def _global_reads(source: str, name: str, annotations_future: bool) -> set[str]:
     """Names the function reads from module (or builtin) scope: what no scope of its own binds.
 
     Scope-aware (``symtable``): a nested function's parameter or a comprehension variable binds the name there only.
-    Defaults are evaluated where the function is defined, so their names count; annotations are not evaluated
-    (the runtime compiles with ``from __future__ import annotations``).
+    Defaults are evaluated where the function is defined, so their names count; the annotations of its own
+    signature are not evaluated, those in its body are unless the DAG file defers them, as the runtime compiles it
+    (:func:`~airflow_gpu_provider.runtime.protocol.function_tree`).
     """
-    module = symtable.symtable("from __future__ import annotations\n" + source, "<gpu task>", "exec")
+    if annotations_future:
+        source = "from __future__ import annotations\n" + source
+    else:
+        source = ast.unparse(function_tree(source, name, annotations_future=False))
+    module = symtable.symtable(source, "<gpu task>", "exec")
     reads = {s.get_name() for s in module.get_symbols() if s.is_referenced()}  # defaults
     pending = [t for t in module.get_children() if t.get_name() == name]
     while pending:
@@ -144,7 +152,8 @@ def shipped_callable(function: Callable[..., Any], *, owner: str) -> ShippedCall
         raise InvalidSettingError(owner, "python_callable", name, "async functions are not supported", accepted)
     node, source, first_line = _function_source(function, owner)
 
-    free = _global_reads(source, node.name) - set(dir(builtins))
+    future = bool(function.__code__.co_flags & __future__.annotations.compiler_flag)
+    free = _global_reads(source, node.name, future) - set(dir(builtins))
     outside = sorted(n for n in free if n in function.__globals__ or n in function.__code__.co_freevars)
     if outside:
         raise InvalidSettingError(
@@ -170,7 +179,7 @@ def shipped_callable(function: Callable[..., Any], *, owner: str) -> ShippedCall
             f"context values that travel as JSON: {', '.join(sorted(CONTEXT_VALUES))}",
         )
     filename = inspect.getsourcefile(function) or "<gpu task>"
-    return ShippedCallable(name, source, filename, first_line, context_params, signature)
+    return ShippedCallable(name, source, filename, first_line, context_params, signature, future)
 
 
 JSON_ACCEPTED = "None, bool, int, float (finite), str, and lists/dicts of those (or an upstream task's XCom)"

@@ -33,6 +33,7 @@ class Envelope:
     source: str | None = None
     filename: str | None = None
     first_line: int = 1
+    annotations_future: bool = False
     args: Sequence[Any] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     command: Sequence[str] = ()
@@ -50,6 +51,7 @@ class Envelope:
             source=shipped.source,
             filename=shipped.filename,
             first_line=shipped.first_line,
+            annotations_future=shipped.annotations_future,
             args=list(args),
             kwargs=dict(kwargs),
         )
@@ -94,6 +96,7 @@ class Envelope:
                 "source": self.source,
                 "filename": self.filename,
                 "first_line": self.first_line,
+                "annotations_future": self.annotations_future,
                 "args": list(self.args),
                 "kwargs": dict(self.kwargs),
                 "clear_cache": self.clear_cache,

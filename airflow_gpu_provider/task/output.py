@@ -4,21 +4,24 @@ Output arrives in pieces that do not end at line ends. Lines end at ``\n``; a li
 is logged in pieces (one huge line never sits whole in the worker's memory); a ``\r``-only update (a tqdm progress
 bar) is logged too, at most once a ``progress_interval``, and the last one before a real line end always is. The
 credentials of every URL in a line are redacted (rule S1 of docs/security.md). A Python traceback in the output
-(a script's, a command's) is logged as one record at ERROR (:class:`TaskLog`), the rest at INFO.
+(a script's, a command's) is logged as one record at ERROR (:class:`TaskLog`), the rest at INFO; the ranks of a
+launch write whole lines, each with its rank first (``runtime/output.py``), so each rank's traceback is one record.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator
 
-from airflow_gpu_provider.runtime.protocol import redact
+from airflow_gpu_provider.runtime.protocol import RANK_PREFIX, redact
 
 MAX_LINE = 8192
 PROGRESS_INTERVAL = 1.0
 TRACEBACK = "Traceback (most recent call last):"
 MAX_TRACEBACK_LINES = 400  # a longer one is logged in parts
+RANK = re.compile(re.escape(RANK_PREFIX).replace(re.escape("{rank}"), "[0-9]+"))  # a rank's line starts so
 
 
 class LineSplitter:
@@ -90,31 +93,35 @@ class TaskLog:
     """Where a task's output lines go: a Python traceback as one ERROR record, the rest at INFO.
 
     The UI's error filter then shows the traceback. It ends at its first unindented line after the frames
-    (``ValueError: boom``).
+    (``ValueError: boom``). The ranks of a launch write theirs at once, each line with its rank first: a traceback
+    is one rank's lines.
     """
 
     def __init__(self, log: logging.Logger) -> None:
         self.log = log
-        self._traceback: list[str] | None = None
+        self._tracebacks: dict[str, list[str]] = {}  # by the rank that writes it ("" for the task process)
 
     def __call__(self, line: str) -> None:
-        """Log one line, or hold it while a traceback goes on."""
-        if self._traceback is None:
-            if line.lstrip().startswith(TRACEBACK):
-                self._traceback = [line]
+        """Log one line, or hold it while its rank's traceback goes on."""
+        rank = RANK.match(line)
+        who, text = (rank.group(), line[rank.end() :]) if rank else ("", line)
+        held = self._tracebacks.get(who)
+        if held is None:
+            if text.lstrip().startswith(TRACEBACK):
+                self._tracebacks[who] = [line]
             else:
                 self.log.info("%s", line)
             return
-        self._traceback.append(line)
-        ended = line[:1] not in (" ", "\t", "")  # the exception's own line, after the indented frames
-        if ended or len(self._traceback) >= MAX_TRACEBACK_LINES:
-            self.flush()
+        held.append(line)
+        ended = text[:1] not in (" ", "\t", "")  # the exception's own line, after the indented frames
+        if ended or len(held) >= MAX_TRACEBACK_LINES:
+            self.log.error("%s", "\n".join(self._tracebacks.pop(who)))
 
     def flush(self) -> None:
-        """Log a traceback that the output ended in."""
-        if self._traceback:
-            self.log.error("%s", "\n".join(self._traceback))
-        self._traceback = None
+        """Log the tracebacks that the output ended in."""
+        for held in self._tracebacks.values():
+            self.log.error("%s", "\n".join(held))
+        self._tracebacks.clear()
 
 
 def log_output(read: Callable[[], bytes], log: logging.Logger) -> None:

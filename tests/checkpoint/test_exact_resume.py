@@ -8,6 +8,7 @@ same bytes as those of the same training run uninterrupted with the same seed.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from conftest import REPO
@@ -76,6 +77,24 @@ def test_an_accelerate_script_resumes_exactly_with_the_helper_and_saves_on(tmp_p
     assert "rank 1: resumed from " in out and "the next save is checkpoint_2" in out
 
 
+def test_a_script_saving_steps_and_epochs_resumes_exactly_from_the_one_written_last(tmp_path, capfd):
+    """accelerate's complete_cv_example checkpointing both ways; killed right after epoch_1, with step_6 beside it."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    dr = run_dag(load_dag(DAG_FILE, "resume_steps_and_epochs"), conf={"root": str(tmp_path), "out": str(out_dir)})
+    assert task_states(dr) == {"interrupted": "success", "uninterrupted": "success"}
+    assert _tries(dr) == {"interrupted": 2, "uninterrupted": 1}
+    resumed = json.loads((out_dir / "interrupted.json").read_text())
+    reference = json.loads((out_dir / "uninterrupted.json").read_text())
+    assert (resumed["resumed_from"], resumed["started_at"]) == ("epoch_1", 2)
+    assert resumed["checkpoints"] == reference["checkpoints"]
+    assert {"step_6", "epoch_1", "step_12", "epoch_2"} <= set(reference["checkpoints"])
+    assert resumed["sha256"] == reference["sha256"]
+    out = capfd.readouterr().out
+    assert "killed after saving epoch_1" in out
+    assert "/epoch_1 (epoch 1; an accelerator.save_state checkpoint, in AIRFLOW_GPU_RESUME_FROM)" in out
+
+
 def test_a_trainer_resumes_from_its_newest_checkpoint_n_exactly(capfd):
     """The example DAG: a tiny random GPT-2, transformers installed from ImageSettings, killed after step 10."""
     dag = load_dag(REPO / "dags" / "trainer_resume.py", "trainer_resume")
@@ -95,3 +114,30 @@ def test_a_trainer_resumes_from_its_newest_checkpoint_n_exactly(capfd):
     resumed_log = out.split("killed on purpose", 1)[1]
     assert "starts afresh" not in resumed_log  # ...and a retry with a checkpoint never does
     assert "/checkpoint-10 (step 10; a Trainer checkpoint, in AIRFLOW_GPU_RESUME_FROM): pass it on" in resumed_log
+
+
+@pytest.mark.slow
+def test_a_lightning_ddp_training_whose_rank_was_killed_resumes_from_last_ckpt(tmp_path, capfd):
+    """Rank 1 of Lightning's ``ddp`` is SIGKILLed at epoch 2 of try 1; Lightning then kills rank 0 (the task process).
+    The try's failure names rank 1; try 2 resumes from ``last.ckpt`` and ends with the uninterrupted run's weights."""
+    dag = load_dag(REPO / "tests" / "dags" / "lightning_dags.py", "lightning_resume")
+    dr = run_dag(dag, conf={"root": str(tmp_path)})
+    out = "".join(capfd.readouterr())
+    assert task_states(dr) == {"interrupted": "success", "uninterrupted": "success"}, out[-5000:]
+    assert _tries(dr) == {"interrupted": 2, "uninterrupted": 1}
+    resumed, reference = xcom(dr, "interrupted"), xcom(dr, "uninterrupted")
+    assert (resumed["resumed_from"], reference["resumed_from"]) == ("last.ckpt", None)
+    assert resumed["sha256"] == reference["sha256"]
+    assert "[rank 1] rank 1 killed at epoch 2" in out
+    killed = re.search(r"\[gpu\] rank 1 \(pid (\d+)\) was killed by SIGKILL, the first rank to fail", out)
+    assert killed, "\n".join(line for line in out.splitlines() if "SIGKILL" in line or "exited with" in line)
+    # the try's error names it first, whether Lightning killed rank 0 or rank 0 failed on the broken connection
+    failed = (
+        rf"The task (failed|raised \w+) in the local task process: rank 1 \(pid {killed[1]}\) was killed by SIGKILL"
+    )
+    assert re.search(failed, out), "\n".join(line for line in out.splitlines() if "The task" in line)
+    assert re.search(
+        r"resume: from \S+/last\.ckpt \(a Lightning checkpoint, in AIRFLOW_GPU_RESUME_FROM\): pass it "
+        r"on: trainer\.fit\(model, ckpt_path=os\.environ\.get\('AIRFLOW_GPU_RESUME_FROM'\)\)",
+        out,
+    )

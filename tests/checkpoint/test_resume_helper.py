@@ -37,6 +37,71 @@ def test_the_lookup_tells_save_state_folders_from_trainer_checkpoints_and_skips_
     assert checkpoint.newest_checkpoint(str(tmp_path / "empty")) is None
 
 
+def _written(path, files: tuple[str, ...] = ("model.safetensors", "random_states_0.pkl"), *, at: float) -> None:
+    """A save_state folder (or, for a name with a suffix, a torch.save file: a zip archive), written at ``at``."""
+    import zipfile
+
+    if path.suffix:
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("archive/data.pkl", b"weights")
+        os.utime(path, (at, at))
+        return
+    _folder(path, *files)
+    for name in files:
+        os.utime(path / name, (at, at))
+
+
+def test_the_newest_is_the_last_written_when_names_count_different_things(tmp_path):
+    """accelerate's complete_cv_example saving both: ``step_{n}`` every 3 steps and ``epoch_{n}`` after each epoch;
+    Lightning's ``epoch=E-step=S.ckpt`` and ``last.ckpt``; a plain ``torch.save`` file."""
+    checkpoint = shipped("checkpoint")
+    two_counters = tmp_path / "two_counters"
+    for at, name in enumerate(("step_3", "epoch_0", "step_6", "epoch_1"), start=1_000):  # in the order written
+        _written(two_counters / name, at=at)
+    found = checkpoint.newest_checkpoint(str(two_counters))
+    assert (found, found.counted) == ((str(two_counters / "epoch_1"), 1, "accelerate"), "epoch 1")
+    _written(two_counters / "step_9", at=2_000)
+    assert checkpoint.newest_checkpoint(str(two_counters)).counted == "step 9"
+
+    one_counter = tmp_path / "one_counter"  # copied: the times say nothing, the numbers do
+    for name in ("checkpoint_2", "checkpoint_10", "checkpoint_9"):
+        _written(one_counter / "checkpoints" / name, at=1_000)
+    assert checkpoint.newest_checkpoint(str(one_counter)).path == str(one_counter / "checkpoints" / "checkpoint_10")
+
+    lightning = tmp_path / "lightning"
+    lightning.mkdir()
+    _written(lightning / "epoch=0-step=8.ckpt", at=1_000)
+    _written(lightning / "epoch=1-step=16.ckpt", at=1_001)
+    assert checkpoint.newest_checkpoint(str(lightning)) == (str(lightning / "epoch=1-step=16.ckpt"), 1, "lightning")
+    _written(lightning / "last.ckpt", at=1_002)  # saved after the top-k checkpoint of the same epoch
+    (lightning / "epoch=2-step=24.ckpt").write_bytes(b"PK\x03\x04 cut off")  # no zip directory: cut off
+    assert checkpoint.newest_checkpoint(str(lightning)) == (str(lightning / "last.ckpt"), None, "lightning")
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    _written(plain / "weights.pt", at=1_000)
+    (plain / "notes.txt").write_text("not a checkpoint")
+    assert checkpoint.newest_checkpoint(str(plain)) == (str(plain / "weights.pt"), None, "torch")
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("last.ckpt", "(a Lightning checkpoint, in AIRFLOW_GPU_RESUME_FROM): pass it on: "
+         "trainer.fit(model, ckpt_path=os.environ.get('AIRFLOW_GPU_RESUME_FROM'))"),
+        ("model.pt", "(a torch.save file, in AIRFLOW_GPU_RESUME_FROM): the task loads it: torch.load("),
+        ("epoch_4", "(epoch 4; an accelerator.save_state checkpoint, in AIRFLOW_GPU_RESUME_FROM): loaded after"),
+    ],
+)  # fmt: skip
+def test_lightning_and_torch_files_and_epoch_folders_are_exported_and_named(tmp_path, monkeypatch, capsys, name, says):
+    checkpoint = shipped("checkpoint")
+    _written(tmp_path / name, at=1_000)
+    monkeypatch.setenv("AIRFLOW_GPU_CHECKPOINT_DIR", str(tmp_path))
+    checkpoint.prepare_checkpoint({"mode": "callable", "resume": True})
+    assert f"resume: from {tmp_path / name} {says}" in capsys.readouterr().out
+    assert os.environ["AIRFLOW_GPU_RESUME_FROM"] == str(tmp_path / name)
+
+
 @pytest.mark.parametrize(
     ("mode", "kind", "says"),
     [

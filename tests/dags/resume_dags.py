@@ -16,7 +16,7 @@ from airflow_gpu_provider import AccelerateOperator, gpu_task
 
 START = datetime.datetime(2024, 1, 1)
 RETRY = {"retries": 1, "retry_delay": datetime.timedelta(0)}
-SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "cv_resume_script.py")
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 PARAMS = {"root": Param("/tmp", type="string"), "out": Param("/tmp", type="string")}
 
 
@@ -88,11 +88,14 @@ with DAG("resume_function", schedule=None, start_date=START, params=PARAMS):
     shuffled(train_text_classifier).override(task_id="uninterrupted")(4, -1)
 
 
-def script_task(task_id: str, kill_at: int, **kwargs: object) -> AccelerateOperator:
+def script_task(
+    task_id: str, kill_at: int, script: str = "cv_resume_script.py", epochs: int = 5, *args: str, **kwargs: object
+) -> AccelerateOperator:
+    out = f"{{{{ params.out }}}}/{task_id}.json"
     return AccelerateOperator(
         task_id=task_id,
-        script=SCRIPT,
-        script_args=["--epochs", "5", "--kill-at", str(kill_at), "--out", f"{{{{ params.out }}}}/{task_id}.json"],
+        script=str(SCRIPTS / script),
+        script_args=["--epochs", str(epochs), "--kill-at", str(kill_at), "--out", out, *args],
         num_processes=2,
         cpu=True,
         resume=True,
@@ -104,3 +107,11 @@ def script_task(task_id: str, kill_at: int, **kwargs: object) -> AccelerateOpera
 with DAG("resume_script", schedule=None, start_date=START, params=PARAMS):
     script_task("interrupted", 2, **RETRY)
     script_task("uninterrupted", -1)
+
+
+# accelerate's complete_cv_example saving both step_{n} and epoch_{n}: killed right after saving epoch_1 (step 8),
+# when step_6 has the higher number but epoch_1 was written last
+STEPS_AND_EPOCHS = ("cv_steps_and_epochs_script.py", 3, "--checkpointing-steps", "3")
+with DAG("resume_steps_and_epochs", schedule=None, start_date=START, params=PARAMS):
+    script_task("interrupted", 1, *STEPS_AND_EPOCHS, **RETRY)
+    script_task("uninterrupted", -1, *STEPS_AND_EPOCHS)

@@ -4,8 +4,9 @@ the host's tasks on its queue, and a triggerer started for that queue (``airflow
 
 The host lists one GPU (``[gpu] devices = 0``). Two tasks that each need it: one runs, the other is seen ``deferred``
 (no worker slot, no GPU) until the first ends, then runs on the same GPU. A wait that reaches its ``wait_timeout``
-fails naming it. A Docker container runs while its task is ``deferred`` and the triggerer watches it; a worker
-resumes the task, logs the container's output and pushes its result; the orphan reaper in that task leaves alone a
+fails naming it. A Docker container runs while its task is ``deferred`` and the triggerer watches it and logs its
+output as it comes (the task log the API server returns has each line once, at its own time); a worker resumes the
+task and pushes its result; the orphan reaper in that task leaves alone a
 durable container of another Airflow on the same engine. States are polled in the metadata DB; the
 leftovers (the provider's containers, keeper processes, held GPU locks, task folders, temp dirs) are counted after
 each run.
@@ -18,6 +19,7 @@ code on both backends (the host allocator raises ``MustWait``, ``GpuFreeTrigger`
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import re
 import shutil
@@ -261,11 +263,15 @@ def foreign_container(docker_client: Any) -> Iterator[str]:
 def test_a_deferred_docker_task_is_watched_by_the_triggerer_and_resumed(cluster, docker_client, foreign_container):
     run_id = "docker_run"
 
+    folder = cluster.home / "logs" / "dag_id=sched_docker_deferred" / f"run_id={run_id}" / "task_id=task"
+
     def probe() -> dict[str, Any]:
+        trigger_logs = "".join(p.read_text(errors="replace") for p in folder.glob("attempt=1.log.trigger.*.log"))
         return {
             "containers": containers(docker_client, run_id),
             "gpu_held": gpu_held(cluster),
             "keepers": keepers(cluster),
+            "output_logged": f"thinking about {run_id}" in trigger_logs,
         }
 
     state, seen = watch(cluster, "sched_docker_deferred", run_id, probe)
@@ -283,10 +289,16 @@ def test_a_deferred_docker_task_is_watched_by_the_triggerer_and_resumed(cluster,
     log = task_log(cluster, "sched_docker_deferred", run_id, "task")
     assert "GPUs ['0'] from the host allocator" in log and "running on CPU instead" in log, log[-3000:]
     assert "Deferred: the triggerer watches container" in log, log[-3000:]
-    # the container's output is in the task log, written by the resumed worker after the deferral
-    marks = ("Deferred: the triggerer watches container", f"thinking about {run_id}", "the answer is ready")
-    positions = [log.find(mark) for mark in marks]
-    assert -1 not in positions and positions == sorted(positions), (positions, log[-3000:])
+    # the container's output reached the task log while the task was deferred: the triggerer wrote it
+    assert any(look["output_logged"] for look in deferred), deferred
+    # as the UI shows the task log (the worker's and the triggerer's merged): each line once, at its own time
+    records = cluster.task_log_records("sched_docker_deferred", run_id, "task")
+    marks = ("Deferred: the triggerer watches container", f"thinking about {run_id}", "the answer is ready",
+             "output was logged while the task was deferred")  # fmt: skip
+    found = [[r for r in records if mark in str(r.get("event"))] for mark in marks]
+    assert [len(f) for f in found] == [1, 1, 1, 1], [str(r.get("event"))[:100] for r in records]
+    times = [datetime.datetime.fromisoformat(f[0]["timestamp"]).timestamp() for f in found]
+    assert times == sorted(times) and times[2] - times[1] >= 8, times  # the function sleeps 10 s between them
     assert_no_leftovers(cluster, docker_client, run_id)
     # the orphan reaper ran in the task (a real supervisor answered it) and left another Airflow's container alone
     # the orphan reaper ran in the task and left another deployment's durable container alone

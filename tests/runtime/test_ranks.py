@@ -6,10 +6,13 @@ copy still running when rank 0 returns is ended and named. Real processes, the s
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from shipped_runtime import callable_envelope, runtime_path
 
 from airflow_gpu_provider.task.callable import shipped_callable
@@ -51,13 +54,42 @@ def copy_fails():
     return {"copy_status": done.returncode}
 
 
+def prints_with_a_copy(lines, killed):
+    """Rank 0 and a copy print at once, unbuffered. With ``killed``, the copy is SIGKILLed (the kernel's OOM killer);
+    then, as Lightning's observer does, rank 0's launcher kills rank 0 too."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    rank = os.environ.get("LOCAL_RANK", "0")
+    if rank == "0":
+        command = [sys.executable, os.path.abspath(sys.argv[0]), *sys.argv[1:]]
+        copy = subprocess.Popen(command, env={**os.environ, "LOCAL_RANK": "1", "WORLD_SIZE": "2"})
+        while not os.path.exists("copy-started"):
+            time.sleep(0.01)
+    else:
+        open("copy-started", "w").close()
+    for line in range(lines):
+        print(f"rank {rank} line {line}", "x" * 200)
+        time.sleep(0.0005)
+    if rank != "0" and killed:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank == "0" and killed:
+        time.sleep(3)  # Lightning's observer looks every 5 s
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank == "0":
+        copy.wait()
+
+
 def _run(tmp_path: Path, function, *args) -> tuple[subprocess.CompletedProcess[str], dict]:
     envelope = {**callable_envelope(shipped_callable(function, owner="test"), list(args), {}), "summary": SUMMARY}
     (tmp_path / "envelope.json").write_text(json.dumps(envelope))
     done = subprocess.run(
         [sys.executable, str(runtime_path()), "envelope.json", "result.json"],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
-    )  # fmt: skip
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip  # unbuffered, as every backend runs the task
     return done, json.loads((tmp_path / "result.json").read_text())
 
 
@@ -91,3 +123,29 @@ def test_a_failing_copy_reports_in_the_log_and_writes_no_result(tmp_path):
     assert done.returncode == 0, done.stderr
     assert result["return_value"] == {"copy_status": 1}  # rank 0's value: the copy's result file is never written
     assert "ValueError: rank 1 broke" in done.stderr
+
+
+def test_a_copy_killed_first_is_named_though_its_launcher_then_kills_rank_0(tmp_path):
+    """Rank 0 is killed by its own launcher, which leaves no room to say why: the watch named the cause at once."""
+    from airflow_gpu_provider.exceptions import RemoteTaskError
+    from airflow_gpu_provider.task.result import task_result
+
+    done, result = _run(tmp_path, prints_with_a_copy, 1, True)
+    assert done.returncode == -9
+    killed = re.search(
+        r"^\[gpu\] rank 1 \(pid (\d+)\) was killed by SIGKILL, the first rank to fail$", done.stderr, re.M
+    )
+    assert killed, done.stderr
+    with pytest.raises(RemoteTaskError) as failed:
+        task_result(result, done.returncode, where="the test")
+    assert str(failed.value) == f"The task failed in the test: rank 1 (pid {killed[1]}) was killed by SIGKILL."
+    assert result["failure"]["class"] == "application"
+
+
+def test_every_line_of_rank_0_and_of_a_copy_is_whole_and_the_copys_names_its_rank(tmp_path):
+    done, result = _run(tmp_path, prints_with_a_copy, 400, False)
+    assert result["ok"], done.stderr
+    lines = done.stdout.splitlines()
+    assert [n for n in lines if "rank 0 line" in n] == [f"rank 0 line {i} " + "x" * 200 for i in range(400)]
+    assert [n for n in lines if "rank 1 line" in n] == [f"[rank 1] rank 1 line {i} " + "x" * 200 for i in range(400)]
+    assert "[rank 1] [gpu] rank 1: prints_with_a_copy() finished in " in done.stdout

@@ -40,6 +40,23 @@ def exits(code):
     sys.exit(code)
 
 
+def classes_under_the_future_import(rate):
+    """This file has ``from __future__ import annotations``: the function's body is compiled with it too."""
+    import dataclasses
+    import typing
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        rate: float
+        layers: int = 2
+
+    return {
+        "config": dataclasses.asdict(Config(rate)),
+        "field_types": [field.type for field in dataclasses.fields(Config)],  # strings, as in this file
+        "hints": {name: hint.__name__ for name, hint in typing.get_type_hints(Config).items()},  # its module's
+    }
+
+
 def run_envelope(
     tmp_path: Path, envelope: dict, env: dict | None = None
 ) -> tuple[subprocess.CompletedProcess, dict | None]:
@@ -68,6 +85,16 @@ def test_callable_result_and_summary_first(tmp_path):
     assert lines[3] == "[gpu] CUDA cache before task: skipped (torch is not loaded)"
     assert "add() finished in" in lines[4]
     assert result["cache"][0]["status"] == "skipped"
+
+
+def test_a_dataclass_in_the_function_under_the_dag_files_future_import(tmp_path):
+    proc, result = run_envelope(tmp_path, envelope_for(classes_under_the_future_import, 0.5))
+    assert result is not None and result["ok"], proc.stderr
+    assert result["return_value"] == {
+        "config": {"rate": 0.5, "layers": 2},
+        "field_types": ["float", "int"],
+        "hints": {"rate": "float", "layers": "int"},
+    }
 
 
 def test_exception_traceback_points_at_the_dag_file_line(tmp_path):

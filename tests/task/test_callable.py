@@ -141,3 +141,45 @@ def test_call_arguments_fill_context_values_and_check_json():
         call_arguments(shipped, signature, [], {"epochs": {1}}, {}, owner="t")
     with pytest.raises(TypeError, match="argument 'epochs' is a float that cannot travel as JSON"):
         call_arguments(shipped, signature, [], {"epochs": float("nan")}, {}, owner="t")
+
+
+def test_classes_enums_and_typed_helpers_defined_in_the_function_work_as_in_a_module(airflow_home):
+    """A dataclass, an enum, attrs and pydantic models and a typed helper inside a @task.gpu function, in a DAG
+    file without ``from __future__ import annotations``: the body's annotations are evaluated, as in that file."""
+    from conftest import REPO
+    from helpers import load_dag, run_dag, task_states, xcom
+
+    dag_run = run_dag(load_dag(REPO / "tests" / "dags" / "function_scope_dags.py", "function_scope"))
+    assert task_states(dag_run) == {"typed_code": "success"}
+    assert xcom(dag_run, "typed_code") == {
+        "config": {"rate": 0.5, "layers": 2},
+        "field_types": ["float", "int"],
+        "hints": {"config": "Config", "stage": "Stage", "return": "float"},
+        "scaled": 0.05,
+        "metrics": {"config": {"rate": 0.5, "layers": 2}, "stage": "train", "loss": 0.5},
+        "counter": {"steps": 3},
+        "module": "__gpu_task__",
+    }
+
+
+@pytest.mark.parametrize("future", [True, False])
+def test_annotations_in_the_body_are_read_unless_the_dag_file_defers_them(tmp_path, monkeypatch, future):
+    """As the runtime compiles the body: with the DAG file's own future import or without it."""
+    import importlib
+
+    source = (
+        "from __future__ import annotations\n" * future + "import pathlib\n\n\n"
+        "def train(folder: pathlib.Path) -> None:\n"
+        "    import dataclasses\n\n"
+        "    @dataclasses.dataclass\n"
+        "    class Batch:\n"
+        "        where: pathlib.Path\n"
+    )
+    (tmp_path / f"scope_{future}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    train = importlib.import_module(f"scope_{future}").train
+    if future:  # deferred: 'pathlib' is read by no one
+        assert shipped_callable(train, owner="t").annotations_future is True
+    else:  # evaluated in the body (not in the signature, which is never evaluated)
+        with pytest.raises(InvalidSettingError, match="it uses 'pathlib' from outside the function"):
+            shipped_callable(train, owner="t")

@@ -71,6 +71,8 @@ def test_a_launch_logs_the_rank_traceback_once_names_killed_ranks_and_adds_no_no
     # the function's rank: its traceback once, at ERROR; the message names the rank
     frame = f'File "{DAG_FILE}", line {line_of(DAG_FILE, "# RANK_RAISE_LINE")}, in one_rank_raises'
     assert [level for level, text in logged if frame in text] == ["error"], log[-8000:]
+    said = "[rank 1] [gpu] rank 1: the task raised RuntimeError: rank 1 cannot go on"  # whole, with its rank
+    assert [level for level, text in logged if text.startswith(said)] == ["info"], log[-8000:]
     assert "The task raised RuntimeError in the local task process: rank 1: rank 1 cannot go on" in log
     # the script whose rank 1 was killed: named with its pid and signal, in the task's failure
     pids = {int((tmp_path / f"rank{rank}").read_text()) for rank in (0, 1)}

@@ -91,7 +91,8 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         if status == "timeout":
             self.log.warning("The task timed out while deferred: stopping container %s", container_id[:12])
             client.stop(container_id, timeout=round(plan.stop_timeout))
-        return self._follow(client, plan, container_id, state.get("mem_limit"), timed_out=status == "timeout")
+        rest = lifecycle.rest_of_output(client, container_id, (event or {}).get("output") or {}, self.log)
+        return self._follow(client, plan, container_id, state.get("mem_limit"), rest, timed_out=status == "timeout")
 
     def _go(self, plan: DockerPlan, context: Context, *, defer: bool) -> TaskResult | Deferral:
         checkpoint_folder(plan)
@@ -248,13 +249,13 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         return durable.owns(self._store, container_id, plan.try_number, self.log)
 
     def _follow(
-        self, client: Any, plan: DockerPlan, container_id: str, mem_limit: int | None, *, timed_out: bool = False
+        self, client: Any, plan: DockerPlan, container_id: str, mem_limit: int | None, rest: Any = None, **how: bool
     ) -> TaskResult:
-        """Log a container's output to its end, read its result, remove it (a container this try did not start)."""
+        """Log a container's output (the ``rest`` of it, else all), read its result, remove it (not this try's)."""
         self._container_id, self._killed, self._stop_timeout = container_id, False, plan.stop_timeout
         succeeded = False
         try:
-            outcome = self._collect(client, container_id, mem_limit, None, timed_out=timed_out)
+            outcome = self._collect(client, container_id, mem_limit, rest, **how)
             succeeded = True
             return outcome
         finally:

@@ -139,10 +139,24 @@ def keep_locks(client: Any, container_id: str, locks: list[int], log: logging.Lo
         return None
 
 
-def output(client: Any, container_id: str) -> Iterable[tuple[bytes | None, bytes | None]]:
-    """The container's whole output so far and until it ends, for a container this try did not attach to."""
-    for chunk in client.logs(container_id, stdout=True, stderr=True, stream=True, follow=True):
+def output(client: Any, container_id: str, since: float | None = None) -> Iterable[tuple[bytes | None, bytes | None]]:
+    """The container's output until it ends, for a container this try did not attach to.
+
+    :param since: from this time (seconds since the epoch; a second earlier, so that nothing is missed), else all
+    """
+    after = {} if since is None else {"since": max(float(since) - 1, 0.001)}
+    for chunk in client.logs(container_id, stdout=True, stderr=True, stream=True, follow=True, **after):
         yield chunk, None
+
+
+def rest_of_output(
+    client: Any, container_id: str, logged: dict[str, Any], log: logging.Logger
+) -> Iterable[tuple[bytes | None, bytes | None]]:
+    """What of a deferred container's output its trigger did not log (``logged``: its event's ``output``)."""
+    if logged.get("logged"):
+        log.info("The container's output was logged while the task was deferred (above)")
+        return ()
+    return output(client, container_id, since=logged.get("until"))
 
 
 def collect(client: Any, container_id: str, mem_limit: int | None) -> TaskResult:

@@ -1,11 +1,14 @@
-"""The trigger a deferred Docker task waits on: it fires when the task's container has ended.
+"""The trigger a deferred Docker task waits on: it logs the container's output, and fires when the container ended.
 
 It reaches the engine the way the task did: the engine's URL is resolved on the worker (``docker_url``,
 ``$DOCKER_HOST`` or the local socket) and handed over, with the connection id and TLS files; so the triggerer must
 reach that engine too: the local socket of the same host (``[triggerer] queues_enabled = True`` and a triggerer per
 GPU host, started for its queue), or a ``docker_url`` both can reach (docs/deferrable.md). docker-py is synchronous:
 each look at the container runs in a thread (``asyncio.to_thread``), and so does the first import of docker-py (a
-few tenths of a second), so the triggerer's event loop never blocks.
+few tenths of a second), so the triggerer's event loop never blocks. The output is read by a thread of its own (a
+blocking stream that may stay silent for hours must not hold one of the loop's workers), in the trigger's logging
+context: the triggerer writes its lines into the task's log (Airflow 3 shows a trigger's log in its task's), each
+at the time it was read. The event says whether all of it was logged, or until when: the resume logs only the rest.
 
 A user who ends the deferred task (mark failed or success, clear) ends its container too: Airflow 3.3's triggerer
 calls :meth:`DockerContainerTrigger.on_kill` for such an action (not on a triggerer restart, which only moves the
@@ -16,6 +19,9 @@ instance has ended (docs/deferrable.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,6 +29,12 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 _ENDED = ("exited", "dead")
+DRAIN_S = 10.0  # how long the output may take to be read to its end once the container has ended
+
+
+def _settle(future: asyncio.Future[bool], value: bool) -> None:
+    if not future.done():
+        future.set_result(value)
 
 
 class DockerContainerTrigger(BaseTrigger):
@@ -55,6 +67,7 @@ class DockerContainerTrigger(BaseTrigger):
         self.deadline = deadline
         self.state = dict(state or {})
         self.stop_timeout = stop_timeout
+        self._stream: Any = None  # the container's output, while a thread reads it
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """The classpath and the arguments the triggerer rebuilds the trigger from."""
@@ -74,9 +87,40 @@ class DockerContainerTrigger(BaseTrigger):
 
         return connect(DockerOptions.parse(self.engine))
 
-    def _event(self, status: str, **details: Any) -> TriggerEvent:
-        payload = {"status": status, "container_id": self.container_id, **details}
+    def _event(self, status: str, output: dict[str, Any], **details: Any) -> TriggerEvent:
+        payload = {"status": status, "container_id": self.container_id, "output": output, **details}
         return TriggerEvent({**payload, "state": {"phase": "run", "backend": self.state}})
+
+    def _log_output(self, loop: asyncio.AbstractEventLoop, done: asyncio.Future[bool]) -> None:
+        """Log the container's output, all of it from its start, as it comes (a thread's); ``done``: read to its end.
+
+        With a client of its own: the stream holds its connection until the container ends.
+        """
+        from airflow_gpu_provider.backends.docker.lifecycle import log_lines
+
+        whole, client = False, None
+        try:
+            client = self._client()
+            self._stream = client.logs(self.container_id, stdout=True, stderr=True, stream=True, follow=True)
+            chunks = ((chunk, None) for chunk in self._stream)  # as lifecycle.output reads them
+            log_lines(chunks, self.log)  # type: ignore[arg-type]  # Airflow's logger takes what logging's does
+            whole = True
+        except Exception as exc:  # noqa: BLE001 - the resume logs what was not logged here
+            self.log.warning("Stopped reading the output of container %s: %s", self.container_id[:12], exc)
+        finally:
+            if client is not None:
+                client.close()
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits for it
+                loop.call_soon_threadsafe(_settle, done, whole)
+
+    async def _output(self, followed: asyncio.Future[bool], *, ended: bool) -> dict[str, Any]:
+        """What the event says of the output: all of it ``logged``, logged ``until`` a time, or nothing known."""
+        if ended:  # the rest is still being read
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(followed), DRAIN_S)
+        if followed.done():
+            return {"logged": True} if followed.result() else {}
+        return {"until": time.time()}
 
     def _state(self, client: Any) -> dict[str, Any] | None:
         """The container's ``State``, or ``None`` when it is gone (in a thread: docker-py and its import block)."""
@@ -88,28 +132,41 @@ class DockerContainerTrigger(BaseTrigger):
             return None
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Look at the container every ``poll_interval`` seconds, in a thread, until it ends."""
+        """Log the container's output as it comes; look at the container every ``poll_interval`` s until it ends."""
         client = await asyncio.to_thread(self._client)
-        self.log.info("Watching container %s every %ss until it ends", self.container_id[:12], self.poll_interval)
+        self.log.info(
+            "Watching container %s every %ss until it ends; its output follows as it is written",
+            self.container_id[:12],
+            self.poll_interval,
+        )
+        loop = asyncio.get_running_loop()
+        followed: asyncio.Future[bool] = loop.create_future()
+        reader = contextvars.copy_context()  # the trigger's: the triggerer routes its log lines to the task's log
+        threading.Thread(
+            target=reader.run, args=(self._log_output, loop, followed), name="docker-output", daemon=True
+        ).start()
         try:
             while True:
                 state = await asyncio.to_thread(self._state, client)
                 if state is None:
-                    yield self._event("missing")
+                    yield self._event("missing", await self._output(followed, ended=False))
                     return
                 if state.get("Status") in _ENDED:
+                    output = await self._output(followed, ended=True)
                     yield self._event(
-                        "exited", exit_code=state.get("ExitCode"), oom_killed=bool(state.get("OOMKilled"))
+                        "exited", output, exit_code=state.get("ExitCode"), oom_killed=bool(state.get("OOMKilled"))
                     )
                     return
                 if self.deadline is not None and time.time() >= self.deadline:
-                    yield self._event("timeout")
+                    yield self._event("timeout", await self._output(followed, ended=False))
                     return
                 delay = self.poll_interval
                 if self.deadline is not None:
                     delay = min(delay, max(self.deadline - time.time(), 0.01))
                 await asyncio.sleep(delay)
         finally:
+            if self._stream is not None:
+                await asyncio.to_thread(self._stream.close)  # the reading thread ends (a trigger moved elsewhere)
             client.close()
 
     def _stop(self) -> None:

@@ -36,6 +36,8 @@ from airflow_gpu_provider.policy.pods import final
 from airflow_gpu_provider.task.result import result_value
 
 _API = ApiClient(configuration=Configuration())
+#: While a deferred pod runs, KubernetesPodTrigger writes its new log lines into the task's log this often.
+LOGGING_INTERVAL_S = 5
 #: KubernetesPodOperator's switch for taking over the pod of an earlier try: ``durable`` on Airflow 3.3+ (the pod's
 #: identity kept in the task state store, then a label search), ``reattach_on_restart`` before (the label search).
 _DURABLE = "durable" in inspect.signature(KubernetesPodOperator.__init__).parameters and getattr(
@@ -233,6 +235,7 @@ def reattach_arguments(reattach: bool) -> dict[str, bool]:
 def _pod_operator(plan: KubernetesPlan, options: Any, security: Any, **mode: Any) -> GpuPodOperator:
     return GpuPodOperator(
         **mode,
+        logging_interval=LOGGING_INTERVAL_S if mode.get("deferrable") else None,
         **reattach_arguments(plan.reattach),
         pod_security=options.pod_security,
         claim=plan.claim,

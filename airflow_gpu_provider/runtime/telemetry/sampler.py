@@ -8,6 +8,7 @@ import time
 from typing import Any, NamedTuple
 
 from ..failures import describe_fault
+from ..output import say
 from ..protocol import PREFIX, PROFILE_VERSION
 from .nvml import Nvml
 from .pressure import HostPressure
@@ -54,7 +55,7 @@ class Profiler:
             if self.source is not None:
                 self.source.close()
             self.source = ProcessTree()
-            print(f"{PREFIX} profile: CPU profile of the task's processes (no GPU telemetry: {reason})", flush=True)
+            say(f"{PREFIX} profile: CPU profile of the task's processes (no GPU telemetry: {reason})")
         self.kind = "cpu" if isinstance(self.source, ProcessTree) else "gpu"
         self.stats = [Stats() for _ in self.source.devices]
         self.points: list[list[float | None]] = []
@@ -81,7 +82,7 @@ class Profiler:
                     return
         except Exception as exc:  # noqa: BLE001 - the task goes on without its profile
             self.error = f"{type(exc).__name__}: {exc}"
-            print(f"{PREFIX} profile: sampling stopped ({self.error})", flush=True)
+            say(f"{PREFIX} profile: sampling stopped ({self.error})")
 
     def _sample(self, *, final: bool = False) -> None:
         with self.lock:  # the thread's samples, and stop()'s last one
@@ -98,7 +99,7 @@ class Profiler:
         for fault in self.source.faults() if self.kind == "gpu" else []:
             fault["at"] = round(time.monotonic() - self.clock, 3)
             self.faults.append(fault)
-            print(f"{PREFIX} profile: {describe_fault(fault)}", flush=True)
+            say(f"{PREFIX} profile: {describe_fault(fault)}")
         now = time.monotonic()
         seconds, self.last = now - self.last, now
         held = self.held
@@ -183,5 +184,5 @@ def start_profiler(envelope: dict[str, Any]) -> Profiler | None:
             cpu_fallback=str(summary.get("cpu_fallback_reason") or "no reason given") if fell_back else None,
         )
     except Exception as exc:  # noqa: BLE001 - the task runs without its profile
-        print(f"{PREFIX} profile: not sampled ({type(exc).__name__}: {exc})", flush=True)
+        say(f"{PREFIX} profile: not sampled ({type(exc).__name__}: {exc})")
         return None

@@ -27,6 +27,14 @@ def _run(dag_id: str) -> tuple[dict, str]:
     return worker_result(log), log
 
 
+def _logged_at(log: str, text: str) -> float:
+    """When the log record holding ``text`` was written (seconds since the epoch)."""
+    import datetime
+
+    line = next(line for line in log.splitlines() if text in line)
+    return datetime.datetime.fromisoformat(line.split()[0].replace("Z", "+00:00")).timestamp()
+
+
 @pytest.mark.smoke  # before Airflow 3.3 too: the deferral needs no task state store
 def test_a_deferred_container_ends_with_its_result_its_output_in_the_log(docker_engine):
     result, log = _run("deferred_docker_success")
@@ -35,6 +43,11 @@ def test_a_deferred_container_ends_with_its_result_its_output_in_the_log(docker_
     assert "Deferred: the triggerer watches container" in log
     assert "Pausing task as DEFERRED" in log and "running trigger in line" in log  # dag.test() ran its trigger
     assert log.index("Deferred: the triggerer") < log.index("thinking about") < log.index("the answer is ready")
+    # logged by the trigger as the container wrote it, with its own times (the function sleeps 3 s between), once
+    times = {mark: _logged_at(log, mark) for mark in ("thinking about", "the answer is ready")}
+    assert times["the answer is ready"] - times["thinking about"] >= 2.5, times
+    assert log.index("the answer is ready") < log.index("output was logged while the task was deferred")
+    assert log.count("the answer is ready") == 1, log[-3000:]
 
 
 def test_a_deferred_failure_ends_as_a_failure_in_the_worker():
@@ -55,6 +68,7 @@ def test_a_deferred_timeout_stops_the_container_and_fails_the_task():
     assert result["states"] == {"task": "failed"}, log[-3000:]
     assert time.monotonic() - started < 90  # not the 300 s sleep
     assert "timed out while deferred" in log and "AirflowTaskTimeout" in log
+    assert log.count("] sleeping") == 1, log[-3000:]  # by the trigger; the resume logged only what came after
 
 
 def test_the_trigger_serialises_what_the_triggerer_needs():

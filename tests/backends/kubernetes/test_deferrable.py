@@ -89,7 +89,7 @@ def test_start_creates_the_pod_and_defers_to_the_cncf_pod_trigger(kubeconfig, cl
     assert kwargs["startup_timeout"] == 900
     assert kwargs["base_container_name"] == "base"
     assert kwargs["on_finish_action"] == "delete_pod"
-    assert kwargs["get_logs"] is True and kwargs["logging_interval"] is None
+    assert kwargs["get_logs"] is True and kwargs["logging_interval"] == 5  # the running pod's log: next test
     assert kwargs["trigger_kwargs"] == {}  # no execution_timeout: no deadline
     assert deferral.timeout is None
     # the state: KubernetesPodOperator's re-entry, as JSON
@@ -131,9 +131,40 @@ def test_resume_after_success_returns_the_value_and_deletes_the_pod(kubeconfig, 
     result = backend.resume(plan, deferral.state, fired, ctx)
     assert result == TaskResult({"loss": 0.25}, {"samples": 3})
     [log_read] = cluster.names("read_namespaced_pod_log")
-    assert log_read["name"] == name and log_read["container"] == "base" and log_read["follow"] is True
+    assert log_read["name"] == name and log_read["container"] == "base" and log_read["follow"] is False
     assert cluster.names("extract_xcom_json") == [name]
     assert cluster.names("delete_namespaced_pod") == [name]
+
+
+def test_the_trigger_logs_a_running_pods_output_and_the_resume_only_the_rest(kubeconfig, cluster, monkeypatch, capfd):
+    """KubernetesPodTrigger's own logging (``logging_interval``): while the pod runs, the trigger reads its log and
+    writes its lines (the triggerer's lines are the task log's); the resume reads only what came since."""
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
+
+    backend, plan = planned(kubeconfig)
+    deferral, ctx = started(backend, plan, cluster)
+    _, kwargs = deferral.trigger.serialize()
+    trigger = KubernetesPodTrigger(**{**kwargs, "logging_interval": 1, "poll_interval": 0.1})  # sooner, for the test
+    cluster.status = k8s.V1PodStatus(
+        phase="Running", container_statuses=[container("base", running={}), container(SIDECAR, running={})]
+    )
+    reads = []
+
+    async def read_logs(_hook, name, namespace, container_name, since_seconds=None, **_):
+        reads.append((name, container_name, since_seconds))
+        envelope = json.dumps({"ok": True, "return_value": 1})
+        finished(cluster, {"terminated": {"exit_code": 0, "reason": "Completed"}}, xcom=envelope)  # it ends after
+        return ["2026-01-01T10:00:00.000000Z [gpu] 1x nvidia GPU\n", "2026-01-01T10:00:05.000000Z epoch 1 loss 0.25\n"]
+
+    monkeypatch.setattr(AsyncKubernetesHook, "read_logs", read_logs)
+    fired = fire(trigger, cluster, monkeypatch)
+    assert reads == [(deferral.state["pod"]["name"], "base", None)]  # the whole log so far, while the pod ran
+    logged = [line for line in capfd.readouterr().out.splitlines() if "[base] epoch 1 loss 0.25" in line]
+    assert len(logged) == 1 and "AsyncPodManager" in logged[0], logged  # by the trigger
+    assert fired["status"] == "success" and fired["last_log_time"] is not None
+    assert backend.resume(plan, deferral.state, fired, ctx) == TaskResult(1)
+    [log_read] = cluster.names("read_namespaced_pod_log")
+    assert log_read["follow"] is False and log_read["since_seconds"] >= 1  # only what came after the trigger's read
 
 
 def test_resume_after_the_users_exception_raises_it_with_the_pods_traceback(kubeconfig, cluster, monkeypatch):
