@@ -25,7 +25,12 @@ from gpu_support import REQUIRE_GPU, nvidia_gpus
 
 REPO = Path(__file__).resolve().parents[1]
 # Docker engine fixtures (skip, or fail in CI, without one); the failure matrix's report
-pytest_plugins = ("backends.docker.docker_fixtures", "backends.kubernetes.cluster_answers", "reliability.report")
+pytest_plugins = (
+    "backends.docker.docker_fixtures",
+    "backends.kubernetes.cluster_answers",
+    "backends.ray.ray_cluster",
+    "reliability.report",
+)
 _HOME = Path(tempfile.mkdtemp(prefix="airflow-gpu-tests-"))
 # Worker files that derived-image builds may read ([gpu] allowed_build_paths): readable by every local user, as the
 # policy wants (pytest's tmp_path is private to its user), and the wheels of /opt/wheels.

@@ -2,8 +2,10 @@
 
 Each node declares two logical GPUs (``--num-gpus 2``; Ray sets ``CUDA_VISIBLE_DEVICES`` for what it assigns) and a
 label the tests select on (``gpu-model``: ``A100`` on the head, ``H100`` on the second node). Every port is a free
-one picked here and each node has a temp dir of its own: other test runs share this machine, and nothing here
-touches their clusters. ``ray start --block`` keeps each node under its own process (a session of its own): a
+one picked here and the cluster has a temp dir of its own (one for both nodes: a node's dashboard agent reads a
+job's log from the cluster's session folder): other test runs share this machine, and nothing here touches their
+clusters. The second node has an address of its own (127.0.0.2; Ray replaces 127.0.0.1 with the
+host's address): Ray tells nodes apart by address where it fetches a job's log from the node that ran it. ``ray start --block`` keeps each node under its own process (a session of its own): a
 node is stopped by signalling that process group, never by a global ``ray stop``, which would end every cluster
 of this user.
 """
@@ -11,6 +13,7 @@ of this user.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -22,6 +25,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 RAY = str(Path(sys.executable).with_name("ray"))
 MODELS = ("A100", "H100")  # the gpu-model label of the head and of the second node
@@ -47,13 +53,14 @@ class RayCluster:
     folders: list[Path] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
 
-    def _node(self, name: str, model: str, *, head: bool) -> None:
-        folder = Path(tempfile.mkdtemp(prefix=f"rt-{name}-", dir="/tmp"))  # short: Ray's socket paths must fit
-        self.folders.append(folder)
+    def _node(self, name: str, model: str, ip: str, *, head: bool) -> None:
+        if head:  # one temp dir for the cluster, its own: short, as Ray's socket paths must fit
+            self.folders.append(Path(tempfile.mkdtemp(prefix="rt-", dir="/tmp")))
+        folder = self.folders[0]
         ports = free_ports(9)
         argv = [
             RAY, "start", "--block", "--disable-usage-stats", "--num-cpus", "2", "--num-gpus", "2",
-            "--labels", f"gpu-model={model}", "--temp-dir", str(folder), "--node-ip-address", "127.0.0.1",
+            "--labels", f"gpu-model={model}", "--temp-dir", str(folder), "--node-ip-address", ip,
             "--node-manager-port", str(ports[0]), "--object-manager-port", str(ports[1]),
             "--runtime-env-agent-port", str(ports[2]), "--dashboard-agent-grpc-port", str(ports[3]),
             "--dashboard-agent-listen-port", str(ports[4]), "--metrics-export-port", str(ports[5]),
@@ -65,7 +72,7 @@ class RayCluster:
             self.gcs, self.address = f"127.0.0.1:{ports[6]}", f"http://127.0.0.1:{ports[7]}"
         else:
             argv += ["--address", self.gcs]
-        log = folder.with_suffix(".log")
+        log = folder.with_name(f"{folder.name}-{name}.log")
         self.logs.append(log)
         # the test process's CUDA_VISIBLE_DEVICES="" (conftest) would leave Ray no device for its logical GPUs
         environment = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
@@ -77,9 +84,9 @@ class RayCluster:
 
     def start(self) -> RayCluster:
         """Start the head, then the second node; return once the Jobs API sees both nodes' GPUs."""
-        self._node("head", MODELS[0], head=True)
+        self._node("head", MODELS[0], "127.0.0.1", head=True)
         self._wait_for(nodes=1)
-        self._node("node2", MODELS[1], head=False)
+        self._node("node2", MODELS[1], "127.0.0.2", head=False)
         self._wait_for(nodes=2)
         return self
 
@@ -114,9 +121,8 @@ class RayCluster:
         for process in self.processes:  # what the node left in its group (raylet, workers) goes with it
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-        for folder in self.folders:
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.with_suffix(".log").unlink(missing_ok=True)
+        for path in [*self.folders, *self.logs]:
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -127,3 +133,40 @@ def ray_cluster() -> Iterator[RayCluster]:
         yield cluster.start()
     finally:
         cluster.stop()
+
+
+# ---------------------------------------------------------------------------------------------- fixtures
+IN_CI = os.environ.get("CI") == "true"
+
+
+@pytest.fixture(scope="session")
+def ray_cluster_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The Jobs API address of a two-node cluster that this session starts (once) and stops.
+
+    Without ``ray`` (the provider's ``ray`` extra) the Ray tests skip, saying so; in CI they fail. A cluster that
+    cannot start is an error everywhere.
+    """
+    if importlib.util.find_spec("ray") is None:
+        reason = "ray is not installed (pip install 'airflow-gpu-provider[ray]'; make venv installs it)"
+        if IN_CI:
+            pytest.fail(f"CI=true but {reason}", pytrace=False)
+        pytest.skip(reason)
+    from backends.docker.docker_fixtures import make_wheel
+
+    wheels = tmp_path_factory.mktemp("ray-wheels")
+    make_wheel(wheels, "airflow_gpu_private", "1.0", "SECRET_PACKAGE = True\n")
+    with ray_cluster() as cluster:
+        variables = {"AIRFLOW_GPU_TEST_RAY_ADDRESS": cluster.address, "AIRFLOW_GPU_TEST_WHEELS": str(wheels)}
+        os.environ.update(variables)
+        try:
+            yield cluster.address
+        finally:
+            for name in variables:
+                os.environ.pop(name, None)
+
+
+def jobs(address: str) -> list[Any]:
+    """The provider's jobs the cluster still knows (each task deletes its own once it has ended)."""
+    from ray.job_submission import JobSubmissionClient
+
+    return [j for j in JobSubmissionClient(address).list_jobs() if (j.metadata or {}).get("airflow_gpu_provider")]
