@@ -90,12 +90,15 @@ def grows(megabytes: int) -> dict:
 
 
 with DAG("ray_basics", schedule=None, start_date=START):
-    GpuStepOperator(task_id="one_gpu", python_callable=uses_project_code, gpu_count=1, modules=["plmod", "plpkg"], **RAY)
+    GpuStepOperator(
+        task_id="one_gpu", python_callable=uses_project_code, gpu_count=1, modules=["plmod", "plpkg"], **RAY
+    )
     GpuStepOperator(
         task_id="requirement",
         python_callable=uses_the_requirement,
         image=ImageSettings(
-            requirements=["airflow-gpu-private==1.0"], find_links=[os.environ.get("AIRFLOW_GPU_TEST_WHEELS", "/nowhere")]
+            requirements=["airflow-gpu-private==1.0"],
+            find_links=[os.environ.get("AIRFLOW_GPU_TEST_WHEELS", "/nowhere")],
         ),
         **RAY,
     )

@@ -52,7 +52,7 @@ from reliability_dags import (  # noqa: E402
 )
 
 #: ``docker-deferred``: the Docker backend with ``deferrable=True`` (``dag.test()`` runs its trigger in line)
-BACKENDS = ("local", "docker", "docker-deferred", "kubernetes")
+BACKENDS = ("local", "docker", "docker-deferred", "kubernetes", "ray")
 WORKER_TIMEOUT = 240
 BUILD_KILLED = "worker SIGKILL in image build"
 
@@ -62,18 +62,36 @@ EXPECTED: dict[str, tuple[str, str | dict[str, str]]] = {
     "exception": ("failed", r"ValueError.*the scenario's own error"),
     "non-zero exit": ("failed", r"exited with status 3"),
     "os._exit": ("failed", r"status 7"),
-    "out of memory": ("failed", {"local": r"MemoryError", "docker": r"out of memory", "kubernetes": r"status 137"}),
+    "out of memory": (
+        "failed",
+        {
+            "local": r"MemoryError",
+            "docker": r"out of memory",
+            "kubernetes": r"status 137",
+            "ray": r"out of host memory",
+        },
+    ),
     "execution_timeout": ("failed", r"AirflowTaskTimeout|Timeout"),
-    "on_kill": ("failed", {"local": r"status -15", "docker": r"status 1?43|Killing|stopp"}),
+    "on_kill": ("failed", {"local": r"status -15", "docker": r"status 1?43|Killing|stopp", "ray": r"Stopping Ray job"}),
     # local: the killed worker's supervisor stopped its task and freed its GPU: the re-run gets GPU 0 again
     "worker SIGKILL": (
         "success",
-        {"local": r"--- re-run ---(.|\n)*Starting task process on GPUs \['0'\]", "docker": r"left running by a worker"},
+        {
+            "local": r"--- re-run ---(.|\n)*Starting task process on GPUs \['0'\]",
+            "docker": r"left running by a worker",
+            "ray": r"Stopped Ray job \S+, left running by a worker that died",
+        },
     ),
     "background child": ("success", ""),
     "setsid grandchild": ("success", ""),
     "huge output": ("success", ""),
-    "missing GPU": ("failed", r"Requested 3x nvidia GPU but this host has 2 GPU"),
+    "missing GPU": (
+        "failed",
+        {
+            **dict.fromkeys(("local", "docker"), r"Requested 3x nvidia GPU but this host has 2 GPU"),
+            "ray": r"Requested 3x nvidia GPU but the Ray cluster has 0 node",
+        },
+    ),
     "failed install": ("failed", r"airflow-gpu-provider-no-such-package"),
     "escaped child": ("success", {"local": r"stopping processes \[\d+\] that the task left running"}),
     BUILD_KILLED: ("success", r"left by a build whose worker died"),
@@ -93,6 +111,8 @@ NOT_RUN = {
     ("kubernetes", BUILD_KILLED): "no image is built: an init container installs the requirements in the pod",
     ("docker-deferred", "on_kill"): "a deferred task has no worker to signal: a user's kill reaches the trigger's "
     "on_kill (test_local_airflow.py: test_a_user_ending_a_deferred_docker_task_stops_its_container)",
+    ("ray", BUILD_KILLED): "no image is built: the cluster installs the requirements (runtime_env), and an index URL "
+    "with credentials is refused at parse",
     ("docker-deferred", "worker SIGKILL"): "the killed dag.test() leaves its task instance deferred, so its durable "
     "container is spared by design (a triggerer would go on watching it); a killed worker's next try reattaching: "
     "tests/executors/test_reattach.py",
@@ -152,8 +172,15 @@ def _environment(state_dir: Path, extra: dict[str, str]) -> dict[str, str]:
 
 
 def _started(backend: str, worker_pid: int) -> bool:
-    """Whether the worker's task runs: its task process (local) or its container (Docker)."""
+    """Whether the worker's task runs: its task process (local), its container (Docker) or its job (Ray)."""
     identity = f"{socket.gethostname()}:{worker_pid}:"
+    if backend == "ray":
+        from ray.job_submission import JobSubmissionClient
+
+        jobs = JobSubmissionClient(os.environ["AIRFLOW_GPU_TEST_RAY_ADDRESS"]).list_jobs()
+        return any(
+            str(j.status) == "RUNNING" and (j.metadata or {}).get("worker", "").startswith(identity) for j in jobs
+        )
     if backend == "local":
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():

@@ -20,6 +20,7 @@ from airflow_gpu_provider.backends.ray import durable, job
 from airflow_gpu_provider.backends.ray.capacity import infeasible
 from airflow_gpu_provider.backends.ray.connection import options_client
 from airflow_gpu_provider.backends.ray.options import RayOptions
+from airflow_gpu_provider.backends.ray.orphans import reap_orphans
 from airflow_gpu_provider.backends.ray.plan import RayPlan, plan_job
 from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError
 from airflow_gpu_provider.task.request import TaskRequest
@@ -74,6 +75,7 @@ class RayBackend(Backend[RayOptions, RayPlan]):
 
     def _go(self, plan: RayPlan, context: Context, *, defer: bool) -> TaskResult | Deferral:
         client = self._connect(context)
+        reap_orphans(client, self.log)  # before this job asks for GPUs: a dead worker's job may still hold them
         earlier = self._earlier_job(client, plan)
         if earlier is not None:
             return self._reattach(client, plan, earlier, defer=defer)
@@ -112,7 +114,8 @@ class RayBackend(Backend[RayOptions, RayPlan]):
         durable.record(self._store, submission_id, durable.cluster_of(self.options), plan.try_number)
         self._job, self._killed, handed_over = submission_id, False, False
         try:
-            job.submit(client, plan, envelope, submission_id, self.log)
+            durable_job = defer or (plan.request.reattach and self._store is not None)  # may outlive this worker
+            job.submit(client, plan, envelope, submission_id, self.log, durable=durable_job)
             if defer:
                 handed_over = True
                 return self._deferral(plan, submission_id)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from airflow_gpu_provider.backends.ray.plan import DRIVER, ENVELOPE, NODES, RayPlan
+from airflow_gpu_provider.backends.ray.plan import DRIVER, ENVELOPE, NODES, REAPER, RayPlan
 from airflow_gpu_provider.exceptions import GpuTaskError, RemoteTaskError
 from airflow_gpu_provider.runtime.protocol import RESULT_MARKER
 from airflow_gpu_provider.task.output import LineSplitter, TaskLog
@@ -28,15 +28,21 @@ from airflow_gpu_provider.task.runtime_zip import FILE_NAME, archive
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
-def submit(client: Any, plan: RayPlan, envelope: dict[str, Any], submission_id: str, log: logging.Logger) -> None:
-    """Submit the job with its ``working_dir``: the runtime, the envelope and, on several machines, the node driver.
+def submit(
+    client: Any, plan: RayPlan, envelope: dict[str, Any], submission_id: str, log: logging.Logger, *, durable: bool
+) -> None:
+    """Submit the job with its ``working_dir``: the runtime, the envelope, the reaper and the node driver (nodes).
 
     Ray uploads the folder when the job is submitted (once per content hash); the worker's copy is removed then.
+    The job's metadata names its task instance, its worker and whether a later try may take it over (``durable``).
     """
+    from airflow_gpu_provider.host.workers import worker_identity
+
     folder = Path(tempfile.mkdtemp(prefix="airflow-gpu-ray-"))
     try:
         (folder / FILE_NAME).write_bytes(archive())
         (folder / ENVELOPE).write_text(json.dumps(envelope))
+        shutil.copyfile(Path(__file__).with_name("reaper.py"), folder / REAPER)
         if plan.nodes is not None:
             spec = {**plan.nodes, "pending_timeout": plan.pending_timeout}
             (folder / NODES).write_text(json.dumps(spec))
@@ -46,7 +52,7 @@ def submit(client: Any, plan: RayPlan, envelope: dict[str, Any], submission_id: 
             entrypoint=plan.entrypoint,
             runtime_env=runtime_env,
             submission_id=submission_id,
-            metadata=plan.metadata,
+            metadata={**plan.metadata, "worker": worker_identity(), "durable": str(durable).lower()},
             **plan.submit,
         )
     finally:

@@ -25,7 +25,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 MARKER = "[gpu] result: "  # runtime/protocol.py RESULT_MARKER
-#: a rank's runtime gets SIGTERM (and stops its launcher's ranks) when the Ray worker that started it dies
+#: a rank's reaper (and so its runtime) gets SIGTERM when the Ray worker that started it dies
 _DIE_WITH_WORKER = (
     "import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
     "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
@@ -58,7 +58,7 @@ def _rank(rank: int, spec: dict[str, Any], address: str, port: int) -> dict[str,
     }
     with tempfile.TemporaryDirectory(prefix="airflow-gpu-node-") as folder:
         result_file = os.path.join(folder, "result.json")
-        argv = [sys.executable, "-c", _DIE_WITH_WORKER, spec["runtime"], spec["envelope"], result_file]
+        argv = [sys.executable, "-c", _DIE_WITH_WORKER, spec["reaper"], spec["runtime"], spec["envelope"], result_file]
         status = subprocess.run(argv, env=environment, check=False).returncode
         result = None
         if os.path.exists(result_file):

@@ -69,7 +69,8 @@ class RayOptions(BackendOptions):
     :param accelerator_label: the node label that names a node's GPU model, which ``accelerator`` selects on
         (default Ray's own ``ray.io/accelerator-type``; a KubeRay cluster may set its own)
     :param pending_timeout: seconds a job may wait for the cluster's GPUs before ``on_missing_gpu`` applies (default:
-        the policy's, 300 s for ``fail`` and ``cpu``, 24 h for ``wait``)
+        the policy's, 300 s for ``fail`` and ``cpu``, ``[gpu] wait_timeout`` for ``wait``)
+    :param kill_grace: seconds between SIGTERM and SIGKILL when the job is stopped (default ``[gpu] kill_grace``)
     """
 
     backend: ClassVar[str] = "ray"
@@ -79,6 +80,7 @@ class RayOptions(BackendOptions):
     label_selector: dict[str, str] | None = option(check=_label_selector)
     accelerator_label: str = option(ACCELERATOR_LABEL, check=_label_key)
     pending_timeout: float | None = option(check=seconds)
+    kill_grace: float | None = option(check=seconds)
 
     def __post_init__(self) -> None:
         if self.ray_conn_id is not None and self.address is not None:

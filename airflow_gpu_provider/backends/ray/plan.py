@@ -5,12 +5,14 @@ travel in the job's ``runtime_env`` ``working_dir`` (Ray uploads a folder once p
 task ships with ``modules=``, inside the envelope, are hashed with it). The resources become the entrypoint's
 (``entrypoint_num_gpus`` & co., fractions of a GPU included), the accelerator a node label selector, the
 requirements the ``runtime_env``'s ``uv`` or ``pip`` field. On several machines the entrypoint is the node driver
-(``nodes.py``): a ``STRICT_SPREAD`` placement group of one bundle per node, and a rank on each.
+(``nodes.py``): a ``STRICT_SPREAD`` placement group of one bundle per node, and a rank on each. The runtime always
+runs beneath ``reaper.py``, which stops whatever the task left running on its node.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
 ENVELOPE = "envelope.json"
 NODES = "nodes.json"  # the node driver's instructions (several machines)
 DRIVER = "airflow_gpu_ray_nodes.py"  # nodes.py, as the working_dir holds it
+REAPER = "airflow_gpu_ray_reaper.py"  # reaper.py: the subreaper of the runtime and all it starts
 RESULT_TO_LOG = "-"  # the runtime prints its result as the last log line: nothing else travels back from a job
 #: the metadata keys a job carries: the task instance it belongs to (a reattach checks them)
 IDENTITY = ("dag_id", "task_id", "run_id", "map_index")
@@ -109,10 +112,15 @@ def _installer(request: TaskRequest) -> dict[str, Any]:
     return {"pip": {"packages": list(image.requirements), "pip_install_options": index}}
 
 
-def environment(request: TaskRequest, resources: ResourceSettings) -> dict[str, str]:
-    """The job's variables: threads, the checkpoint folder, no GPU for a task without one, the user's own."""
+def environment(request: TaskRequest, resources: ResourceSettings, grace: float) -> dict[str, str]:
+    """The job's variables: threads, the checkpoint folder, no GPU for a task without one, the grace, the user's own.
+
+    The grace is the reaper's (``reaper.py``), and Ray's before it SIGKILLs a stopped job (a little longer).
+    """
     location = request.checkpoint
     provider = {
+        "AIRFLOW_GPU_KILL_GRACE": f"{grace:g}",
+        "RAY_JOB_STOP_WAIT_TIME_S": str(math.ceil(grace) + 3),
         **thread_environment(resources, request.processes_per_node),
         **checkpoint_environment(None if location is None else location.path),
         **({} if resources.requests_gpus else {"CUDA_VISIBLE_DEVICES": ""}),  # Ray leaves them all visible
@@ -125,7 +133,8 @@ def plan_job(request: TaskRequest, options: RayOptions, conf: GpuConfig, *, on_c
     """The job of one try (pure: no client, no cluster, no configuration read)."""
     resources = request.resources.without_gpus() if on_cpu else request.resources
     wanted, selector = resource_request(resources), label_selector(resources, options)
-    runtime_env: dict[str, Any] = {"env_vars": environment(request, resources), **_installer(request)}
+    grace = conf.grace(options.kill_grace)
+    runtime_env: dict[str, Any] = {"env_vars": environment(request, resources, grace), **_installer(request)}
     metadata = {key: str(request.labels.get(key, "")) for key in (*IDENTITY, "try_number")}
     metadata["airflow_gpu_provider"] = "true"
     if request.num_nodes > 1:
@@ -136,11 +145,12 @@ def plan_job(request: TaskRequest, options: RayOptions, conf: GpuConfig, *, on_c
             "port": request.rendezvous_port,
             "runtime": FILE_NAME,
             "envelope": ENVELOPE,
+            "reaper": REAPER,
         }
         entrypoint, submit = f"python {DRIVER} {NODES}", dict[str, Any](entrypoint_num_cpus=0)
     else:
         nodes, submit = None, dict[str, Any](_entrypoint_arguments(wanted))
-        entrypoint = f"python {FILE_NAME} {ENVELOPE} {RESULT_TO_LOG}"
+        entrypoint = f"python {REAPER} {FILE_NAME} {ENVELOPE} {RESULT_TO_LOG}"
         if selector:
             submit["entrypoint_label_selector"] = selector
     policy = request.missing_gpu

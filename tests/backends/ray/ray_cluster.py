@@ -30,6 +30,10 @@ from typing import Any
 import pytest
 
 RAY = str(Path(sys.executable).with_name("ray"))
+#: a node ends (``ray start --block`` stops its processes on SIGTERM) when the test process that started it dies
+_DIE_WITH_TESTS = (
+    "import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); os.execv(sys.argv[1], sys.argv[1:])"
+)
 MODELS = ("A100", "H100")  # the gpu-model label of the head and of the second node
 START_TIMEOUT = 180.0
 
@@ -59,6 +63,7 @@ class RayCluster:
         folder = self.folders[0]
         ports = free_ports(9)
         argv = [
+            sys.executable, "-c", _DIE_WITH_TESTS,
             RAY, "start", "--block", "--disable-usage-stats", "--num-cpus", "2", "--num-gpus", "2",
             "--labels", f"gpu-model={model}", "--temp-dir", str(folder), "--node-ip-address", ip,
             "--node-manager-port", str(ports[0]), "--object-manager-port", str(ports[1]),
@@ -82,12 +87,13 @@ class RayCluster:
                 subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=environment, start_new_session=True)
             )
 
-    def start(self) -> RayCluster:
-        """Start the head, then the second node; return once the Jobs API sees both nodes' GPUs."""
+    def start(self, nodes: int = 2) -> RayCluster:
+        """Start the head, then the second node; return once the Jobs API sees the nodes."""
         self._node("head", MODELS[0], "127.0.0.1", head=True)
         self._wait_for(nodes=1)
-        self._node("node2", MODELS[1], "127.0.0.2", head=False)
-        self._wait_for(nodes=2)
+        if nodes > 1:
+            self._node("node2", MODELS[1], "127.0.0.2", head=False)
+            self._wait_for(nodes=2)
         return self
 
     def _wait_for(self, nodes: int) -> None:
@@ -126,11 +132,11 @@ class RayCluster:
 
 
 @contextlib.contextmanager
-def ray_cluster() -> Iterator[RayCluster]:
-    """A started cluster, stopped on every path."""
+def ray_cluster(nodes: int = 2) -> Iterator[RayCluster]:
+    """A started cluster (the head, and a second node unless ``nodes=1``), stopped on every path."""
     cluster = RayCluster()
     try:
-        yield cluster.start()
+        yield cluster.start(nodes)
     finally:
         cluster.stop()
 

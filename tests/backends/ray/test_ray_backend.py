@@ -14,9 +14,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import start_worker, worker_result
-
 from backends.ray.ray_cluster import jobs
+from helpers import start_worker, worker_result
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("airflow_home", "ray_cluster_address")]
 DAG_FILE = Path(__file__).resolve().parents[2] / "dags" / "ray_dags.py"
@@ -75,9 +74,10 @@ def test_two_half_gpu_tasks_share_one_gpu(ray_cluster_address):
 
 def test_on_kill_and_a_timeout_stop_the_job(ray_cluster_address):
     worker = start_worker(DAG_FILE, "ray_sleeps")
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     while not any(str(j.status) == "RUNNING" for j in jobs(ray_cluster_address)) and time.monotonic() < deadline:
         time.sleep(0.5)
+    assert jobs(ray_cluster_address), "the task's job never started"
     time.sleep(2)
     worker.send_signal(signal.SIGTERM)  # as Airflow ends a task: on_kill
     log, _ = worker.communicate(timeout=120)
@@ -105,7 +105,7 @@ def test_a_killed_workers_job_is_taken_over_by_the_next_try(ray_cluster_address,
     date = "2024-03-01T00:00:00+00:00"
     env = {"AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS": str(root)}
     first = start_worker(DAG_FILE, "ray_durable", conf={"root": str(root)}, logical_date=date, env=env)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     while not list(root.glob("**/runs.txt")) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert list(root.glob("**/runs.txt")), "the first try's job never started"
