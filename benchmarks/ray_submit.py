@@ -48,7 +48,8 @@ def context() -> dict:
 def by_operator(address: str) -> tuple[float, float]:
     from airflow_gpu_provider import GpuStepOperator
 
-    operator = GpuStepOperator(task_id="ray", python_callable=stamp, backend="ray", backend_options={"address": address})
+    options = {"address": address}
+    operator = GpuStepOperator(task_id="ray", python_callable=stamp, backend="ray", backend_options=options)
     started = time.time()
     function_start = operator.execute(context())
     return function_start - started, time.time() - started
