@@ -4,12 +4,14 @@ Local and Docker cells run a real Airflow worker (``worker.py``: ``dag.test()``,
 ``tests/dags/reliability_dags.py``, in a fresh state dir with two configured GPUs. The matrix signals that worker
 as Airflow would (SIGTERM: on_kill) or as the kernel would (SIGKILL, then a re-run of the task on the same host).
 Kubernetes cells render the task's pod with the real provider code and run its containers in Docker
-(``pod_in_docker``); the cells that need a Kubernetes API server are reported as not run, with the reason.
+(``pod_in_docker``); the cells that need a Kubernetes API server are reported as not run, with the reason. Ray
+cells run a real worker whose task is a job on the tests' two-node Ray cluster (tests/backends/ray/ray_cluster.py).
 
 After each cell the leftovers are counted against a snapshot taken before it: processes, containers, held GPU
-locks, task folders and temp dirs, and images (a failed or killed build's steps). Every count must be 0. Only this
-run's own are counted (``leftovers.py``: a token of the run, its workers' identities, its labels and folders), so
-the matrix holds while other provider tasks run on the same host and engine.
+locks, task folders and temp dirs, images (a failed or killed build's steps), and the Ray cluster's jobs, actors and
+placement groups. Every count must be 0. Only this run's own are counted (``leftovers.py``: a token of the run, its
+workers' identities, its labels and folders), so the matrix holds while other provider tasks run on the same host
+and engine.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -218,6 +221,9 @@ def run_worker(
         env=_environment(state_dir, environment or {}),
     )
     add_worker(worker.pid)
+    output: list[bytes] = []  # read meanwhile: a worker whose pipe is full would stop before its task starts
+    reader = threading.Thread(target=lambda: output.append(worker.communicate()[0]), daemon=True)
+    reader.start()
     try:
         if interrupt is not None:
             ready = started or (lambda pid: _started(backend, pid))
@@ -226,11 +232,13 @@ def run_worker(
                 time.sleep(0.1)
             time.sleep(2)  # into the scenario's function
             worker.send_signal(interrupt)
-        out, _ = worker.communicate(timeout=WORKER_TIMEOUT)
+        worker.wait(timeout=WORKER_TIMEOUT)
     finally:
         if worker.poll() is None:
             worker.kill()
-            worker.communicate()
+            worker.wait()
+        reader.join(timeout=60)
+    out = b"".join(output)
     log = out.decode(errors="replace")
     found = re.findall(r"^MATRIX-STATE (\S+)$", log, flags=re.MULTILINE)
     return (found[-1] if found else f"worker exit {worker.returncode}"), log

@@ -82,6 +82,8 @@ class RayCluster:
         # the test process's CUDA_VISIBLE_DEVICES="" (conftest) would leave Ray no device for its logical GPUs
         environment = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
         environment["RAY_USAGE_STATS_ENABLED"] = "0"
+        # a job's `python` is the nodes' Python, as on a cluster whose image or venv has Ray: this one's
+        environment["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
         with log.open("wb") as out:
             self.processes.append(
                 subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=environment, start_new_session=True)

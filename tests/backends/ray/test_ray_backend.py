@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -26,10 +28,25 @@ def _run(dag_id: str, **kwargs) -> tuple[dict, str]:
     return worker_result(log), log
 
 
+def _in_background(dag_id: str, **kwargs) -> tuple[subprocess.Popen, list[str]]:
+    """A worker whose output is read meanwhile (a full pipe would stop it), and where its log will be."""
+    worker, log = start_worker(DAG_FILE, dag_id, **kwargs), []
+    threading.Thread(target=lambda: log.append(worker.communicate()[0]), daemon=True).start()
+    return worker, log
+
+
+def _ended(worker: subprocess.Popen, log: list[str]) -> str:
+    worker.wait(timeout=300)
+    deadline = time.monotonic() + 30
+    while not log and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return log[0]
+
+
 def _at_once(dag_id: str) -> list[tuple[dict, str]]:
     """Two runs of the DAG in two workers at the same time."""
-    workers = [start_worker(DAG_FILE, dag_id, logical_date=f"2024-02-0{day}T00:00:00+00:00") for day in (1, 2)]
-    return [(worker_result(log), log) for log, _ in (w.communicate(timeout=400) for w in workers)]
+    workers = [_in_background(dag_id, logical_date=f"2024-02-0{day}T00:00:00+00:00") for day in (1, 2)]
+    return [(worker_result(log), log) for log in (_ended(*worker) for worker in workers)]
 
 
 def _no_job_left(address: str) -> None:
@@ -73,14 +90,14 @@ def test_two_half_gpu_tasks_share_one_gpu(ray_cluster_address):
 
 
 def test_on_kill_and_a_timeout_stop_the_job(ray_cluster_address):
-    worker = start_worker(DAG_FILE, "ray_sleeps")
+    worker, output = _in_background("ray_sleeps")
     deadline = time.monotonic() + 300
     while not any(str(j.status) == "RUNNING" for j in jobs(ray_cluster_address)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert jobs(ray_cluster_address), "the task's job never started"
     time.sleep(2)
     worker.send_signal(signal.SIGTERM)  # as Airflow ends a task: on_kill
-    log, _ = worker.communicate(timeout=120)
+    log = _ended(worker, output)
     assert "Stopping Ray job" in log, log[-4000:]
     _no_job_left(ray_cluster_address)
 
@@ -104,14 +121,14 @@ def test_a_killed_workers_job_is_taken_over_by_the_next_try(ray_cluster_address,
     root.mkdir()
     date = "2024-03-01T00:00:00+00:00"
     env = {"AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS": str(root)}
-    first = start_worker(DAG_FILE, "ray_durable", conf={"root": str(root)}, logical_date=date, env=env)
+    first, _ = _in_background("ray_durable", conf={"root": str(root)}, logical_date=date, env=env)
     deadline = time.monotonic() + 300
     while not list(root.glob("**/runs.txt")) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert list(root.glob("**/runs.txt")), "the first try's job never started"
     for process in [*psutil.Process(first.pid).children(recursive=True), psutil.Process(first.pid)]:
         process.kill()  # the worker dies as an OOM kill would end it, with its task process
-    first.communicate()
+    first.wait()
     assert [str(j.status) for j in jobs(ray_cluster_address)] == ["RUNNING"]  # the job outlives its worker
 
     result, log = _run("ray_durable", conf={"root": str(root)}, logical_date=date, env=env)
