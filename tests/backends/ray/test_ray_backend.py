@@ -7,9 +7,11 @@ checks what the job saw, what came back, and that no job of the provider is left
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -47,6 +49,30 @@ def _at_once(dag_id: str) -> list[tuple[dict, str]]:
     """Two runs of the DAG in two workers at the same time."""
     workers = [_in_background(dag_id, logical_date=f"2024-02-0{day}T00:00:00+00:00") for day in (1, 2)]
     return [(worker_result(log), log) for log in (_ended(*worker) for worker in workers)]
+
+
+#: a worker that runs the DAG run of ``date`` again (the same run id: the task instance's next try)
+_RETRY = """
+import datetime, json, sys
+sys.path.insert(0, {tests!r})
+from helpers import load_dag, task_states, xcom
+date = datetime.datetime.fromisoformat({date!r})
+run = load_dag({dag_file!r}, {dag_id!r}).test(run_conf={conf!r}, logical_date=date, run_after=date)
+states = task_states(run)
+print("WORKER-RESULT", json.dumps({{"states": states, "xcom": {{t: xcom(run, t) for t in states}}}}), flush=True)
+"""
+
+
+def _try_of(dag_id: str, date: str, conf: dict, env: dict) -> subprocess.Popen:
+    tests = str(Path(__file__).resolve().parents[2])
+    code = _RETRY.format(tests=tests, date=date, dag_file=str(DAG_FILE), dag_id=dag_id, conf=conf)
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _no_job_left(address: str) -> None:
@@ -121,7 +147,8 @@ def test_a_killed_workers_job_is_taken_over_by_the_next_try(ray_cluster_address,
     root.mkdir()
     date = "2024-03-01T00:00:00+00:00"
     env = {"AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS": str(root)}
-    first, _ = _in_background("ray_durable", conf={"root": str(root)}, logical_date=date, env=env)
+    first = _try_of("ray_durable", date, {"root": str(root)}, env)
+    threading.Thread(target=first.communicate, daemon=True).start()  # its output, read meanwhile
     deadline = time.monotonic() + 300
     while not list(root.glob("**/runs.txt")) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -131,7 +158,8 @@ def test_a_killed_workers_job_is_taken_over_by_the_next_try(ray_cluster_address,
     first.wait()
     assert [str(j.status) for j in jobs(ray_cluster_address)] == ["RUNNING"]  # the job outlives its worker
 
-    result, log = _run("ray_durable", conf={"root": str(root)}, logical_date=date, env=env)
+    log, _ = _try_of("ray_durable", date, {"root": str(root)}, env).communicate(timeout=400)
+    result = worker_result(log)
     assert result["states"] == {"task": "success"}, log[-4000:]
     assert "Reattached to Ray job" in log and "left running by an earlier try" in log
     assert "done after 1 run(s)" in log and result["xcom"]["task"] == {"runs": 1}  # one process ran it
@@ -146,12 +174,15 @@ def test_an_out_of_memory_try_climbs_the_ladder(ray_cluster_address):
     _no_job_left(ray_cluster_address)
 
 
-def test_accelerate_on_two_nodes_runs_its_own_test_script_with_world_size_4(ray_cluster_address):
+def test_accelerate_on_two_nodes_runs_its_own_test_script_and_a_world_of_4(ray_cluster_address, tmp_path):
     spec = importlib.util.find_spec("accelerate")
     assert spec is not None and spec.origin is not None
     script = os.path.join(os.path.dirname(spec.origin), "test_utils", "scripts", "test_script.py")
-    result, log = _run("ray_accelerate", conf={"script": script})
-    assert result["states"] == {"task": "success"}, log[-6000:]
-    assert "2 nodes reserved (STRICT_SPREAD)" in log
-    assert "Num processes: 4" in log and "Backend: gloo" in log
+    result, log = _run("ray_accelerate", conf={"script": script, "out": str(tmp_path)})
+    assert result["states"] == {"test_script": "success", "world_size_4": "success"}, log[-6000:]
+    assert log.count("2 nodes reserved (STRICT_SPREAD)") == 2
+    assert "**Training integration test**" in log and "Num processes: 2" in log  # accelerate's script, to its end
+    ranks = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("rank*.json"))]
+    assert sorted(r["rank"] for r in ranks) == [0, 1, 2, 3] and {r["world_size"] for r in ranks} == {4}
+    assert {r["backend"] for r in ranks} == {"gloo"}
     _no_job_left(ray_cluster_address)
