@@ -166,11 +166,11 @@ class RayBackend(Backend[RayOptions, RayPlan]):
         if status == "missing":
             durable.forget(self._store)
             raise GpuTaskError(f"Ray job {submission_id} was deleted while the task was deferred: its result is lost.")
+        if status == "pending":
+            why = f"Ray job {submission_id} waited {plan.pending_timeout:.0f}s for the cluster's resources"
+            self._clean_up(client, plan, submission_id)
+            return self._submit(client, self._missing_gpus(plan, why, waited=True), defer=True)
         try:
-            if status == "pending":
-                why = f"Ray job {submission_id} waited {plan.pending_timeout:.0f}s for the cluster's resources"
-                job.stop(client, submission_id)
-                return self._submit(client, self._missing_gpus(plan, why, waited=True), defer=True)
             if status == "timeout":
                 self.log.warning("The task timed out while deferred: stopping Ray job %s", submission_id)
                 job.stop(client, submission_id)

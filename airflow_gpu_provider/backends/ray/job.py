@@ -169,7 +169,7 @@ def stop(client: Any, submission_id: str, timeout: float = 60.0) -> None:
             time.sleep(0.2)
 
 
-def delete(client: Any, submission_id: str, log: logging.Logger) -> None:
+def delete(client: Any, submission_id: str, log: Any) -> None:
     """Delete an ended job (its record and log) from the cluster; never raises."""
     try:
         client.delete_job(submission_id)

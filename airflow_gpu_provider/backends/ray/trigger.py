@@ -3,7 +3,7 @@
 It reaches the cluster as the task did (the connection's id or the address: a connection's headers and cookies
 are read again in the triggerer, never put in the trigger's arguments). The Jobs API client is synchronous: each
 look runs in a thread (``asyncio.to_thread``), and so does the first import of ``ray``. A user who ends the deferred
-task (Airflow 3.3's triggerer calls :meth:`RayJobTrigger.on_kill`) stops its job.
+task (Airflow 3.3's triggerer calls :meth:`RayJobTrigger.on_kill`) stops its job and deletes it.
 """
 
 from __future__ import annotations
@@ -91,11 +91,13 @@ class RayJobTrigger(BaseTrigger):
             await asyncio.sleep(self.poll_interval)
 
     def _stop(self) -> None:
-        from airflow_gpu_provider.backends.ray.job import stop
+        from airflow_gpu_provider.backends.ray.job import delete, stop
 
-        stop(self._client(), self.submission_id)
+        client = self._client()
+        stop(client, self.submission_id)
+        delete(client, self.submission_id, self.log)
 
     async def on_kill(self) -> None:
-        """A user ended the deferred task: stop its job."""
+        """A user ended the deferred task: stop its job and delete it."""
         self.log.warning("The task was ended by a user: stopping Ray job %s", self.submission_id)
         await asyncio.to_thread(self._stop)
