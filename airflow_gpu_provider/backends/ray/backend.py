@@ -79,7 +79,9 @@ class RayBackend(Backend[RayOptions, RayPlan]):
         earlier = self._earlier_job(client, plan)
         if earlier is not None:
             return self._reattach(client, plan, earlier, defer=defer)
-        why = infeasible(self._address, plan) if plan.request.resources.requests_gpus else None
+        # ``wait`` leaves an infeasible job to Ray (an autoscaler may add the node it needs)
+        checked = plan.request.resources.requests_gpus and not plan.request.missing_gpu.waits
+        why = infeasible(self._address, plan) if checked else None
         if why is not None:
             plan = self._missing_gpus(plan, why, waited=False)
         try:
@@ -89,12 +91,11 @@ class RayBackend(Backend[RayOptions, RayPlan]):
 
     def _missing_gpus(self, plan: RayPlan, why: str, *, waited: bool) -> RayPlan:
         """``on_missing_gpu``: the CPU-only plan (``cpu``), or a :class:`GpuUnavailableError`."""
-        policy = plan.request.missing_gpu
         if plan.cpu_fallback is not None:
             self.log.warning("%s. on_missing_gpu='cpu': running on CPU instead.", why)
             self._fallback_reason = why
             return plan.cpu_fallback
-        hint = "" if waited else " Waiting cannot help." if policy.waits else ""
+        hint = "" if waited else " on_missing_gpu='wait' leaves it to the cluster (an autoscaler may add nodes)."
         raise GpuUnavailableError(f"{why}.{hint} Set on_missing_gpu='cpu' to run on CPU instead.")
 
     def _submit(self, client: Any, plan: RayPlan, *, defer: bool) -> TaskResult | Deferral:
