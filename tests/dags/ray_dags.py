@@ -22,7 +22,11 @@ ON_HEAD = {**RAY, "backend_options": {"address": ADDRESS, "label_selector": {"gp
 
 
 def where() -> dict:
-    """What the job sees: its GPUs, its node (the address of the raylet it runs beneath), when it ran."""
+    """What the job sees: its GPUs, its node (the address of the raylet it runs beneath), when it ran.
+
+    With ``BARRIER`` (a folder), it first waits until another job has started too: two jobs that Ray can run at once
+    then run at once, however late their workers start.
+    """
     import json
     import os
     import time
@@ -35,6 +39,13 @@ def where() -> dict:
             node = next((a.split("=", 1)[1] for a in argv if a.startswith("--node_ip_address=")), "?")
         with open(f"/proc/{pid}/stat") as handle:
             pid = int(handle.read().rsplit(")", 1)[1].split()[1])
+    barrier = os.environ.get("BARRIER")
+    if barrier:  # a run of two: each waits (3 min at most) for the other to have started too
+        open(os.path.join(barrier, str(os.getpid())), "w").close()
+        deadline = time.time() + 180
+        while len(os.listdir(barrier)) < 2 and time.time() < deadline:
+            time.sleep(0.2)
+        started = time.time()
     time.sleep(float(os.environ.get("SLEEP", "0")))
     found = {"gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "node": node, "start": started, "end": time.time()}
     return {**found, "resources": json.loads(os.environ["AIRFLOW_GPU_RESOURCES"])}
@@ -112,7 +123,7 @@ for _name, _count, _arguments in (("ray_two_gpus", 2, RAY), ("ray_half_gpu", 0.5
             task_id="task",
             python_callable=where,
             gpu_count=_count,
-            image=ImageSettings(environment={"SLEEP": "8"}),
+            image=ImageSettings(environment={"SLEEP": "3", "BARRIER": os.environ.get("AIRFLOW_GPU_TEST_BARRIER", "")}),
             **_arguments,
         )
 

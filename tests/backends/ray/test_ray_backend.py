@@ -45,9 +45,10 @@ def _ended(worker: subprocess.Popen, log: list[str]) -> str:
     return log[0]
 
 
-def _at_once(dag_id: str) -> list[tuple[dict, str]]:
-    """Two runs of the DAG in two workers at the same time."""
-    workers = [_in_background(dag_id, logical_date=f"2024-02-0{day}T00:00:00+00:00") for day in (1, 2)]
+def _at_once(dag_id: str, barrier: Path) -> list[tuple[dict, str]]:
+    """Two runs of the DAG in two workers at the same time (their functions wait for each other: ``barrier``)."""
+    env = {"AIRFLOW_GPU_TEST_BARRIER": str(barrier)}
+    workers = [_in_background(dag_id, logical_date=f"2024-02-0{day}T00:00:00+00:00", env=env) for day in (1, 2)]
     return [(worker_result(log), log) for log in (_ended(*worker) for worker in workers)]
 
 
@@ -96,8 +97,8 @@ def test_gpus_project_code_a_requirement_and_models(ray_cluster_address):
     _no_job_left(ray_cluster_address)
 
 
-def test_two_tasks_of_two_gpus_run_at_once_on_the_two_nodes(ray_cluster_address):
-    (first, log1), (second, log2) = _at_once("ray_two_gpus")
+def test_two_tasks_of_two_gpus_run_at_once_on_the_two_nodes(ray_cluster_address, tmp_path):
+    (first, log1), (second, log2) = _at_once("ray_two_gpus", tmp_path)
     assert first["states"] == second["states"] == {"task": "success"}, (log1 + log2)[-4000:]
     one, two = first["xcom"]["task"], second["xcom"]["task"]
     assert sorted(one["gpus"].split(",")) == sorted(two["gpus"].split(",")) == ["0", "1"]
@@ -105,8 +106,8 @@ def test_two_tasks_of_two_gpus_run_at_once_on_the_two_nodes(ray_cluster_address)
     assert max(one["start"], two["start"]) < min(one["end"], two["end"])  # at once
 
 
-def test_two_half_gpu_tasks_share_one_gpu(ray_cluster_address):
-    (first, log1), (second, log2) = _at_once("ray_half_gpu")
+def test_two_half_gpu_tasks_share_one_gpu(ray_cluster_address, tmp_path):
+    (first, log1), (second, log2) = _at_once("ray_half_gpu", tmp_path)
     assert first["states"] == second["states"] == {"task": "success"}, (log1 + log2)[-4000:]
     one, two = first["xcom"]["task"], second["xcom"]["task"]
     assert one["gpus"] == two["gpus"] and one["gpus"] in ("0", "1")  # the same GPU
