@@ -73,22 +73,6 @@ def sleeps() -> None:
     time.sleep(300)
 
 
-def counts_its_runs() -> dict:
-    """Append a line to the checkpoint folder for every process that runs this; return how many did."""
-    import os
-    import time
-
-    folder = os.environ["AIRFLOW_GPU_CHECKPOINT_DIR"]
-    with open(os.path.join(folder, "runs.txt"), "a") as handle:
-        handle.write(f"{os.getpid()}\n")
-    print("counted; working", flush=True)
-    time.sleep(15)
-    with open(os.path.join(folder, "runs.txt")) as handle:
-        runs = len(handle.read().split())
-    print("done after", runs, "run(s)", flush=True)
-    return {"runs": runs}
-
-
 def grows(megabytes: int) -> dict:
     """Hold ``megabytes`` within the memory the job reserved (Ray reserves, it does not limit: the task does)."""
     import json
@@ -137,9 +121,6 @@ with DAG("ray_timeout", schedule=None, start_date=START):
 
 with DAG("ray_deferred", schedule=None, start_date=START):
     GpuStepOperator(task_id="task", python_callable=where, gpu_count=1, deferrable=True, **RAY)
-
-with DAG("ray_durable", schedule=None, start_date=START, params={"root": "/tmp"}):
-    GpuStepOperator(task_id="task", python_callable=counts_its_runs, checkpoint="{{ params.root }}", **RAY)
 
 with DAG(
     "ray_oom_escalation", schedule=None, start_date=START, default_args={"retries": 1, "retry_delay": datetime.timedelta(0)}

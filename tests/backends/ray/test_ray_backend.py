@@ -11,12 +11,10 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 from backends.ray.ray_cluster import jobs
 from helpers import start_worker, worker_result
@@ -50,30 +48,6 @@ def _at_once(dag_id: str, barrier: Path) -> list[tuple[dict, str]]:
     env = {"AIRFLOW_GPU_TEST_BARRIER": str(barrier)}
     workers = [_in_background(dag_id, logical_date=f"2024-02-0{day}T00:00:00+00:00", env=env) for day in (1, 2)]
     return [(worker_result(log), log) for log in (_ended(*worker) for worker in workers)]
-
-
-#: a worker that runs the DAG run of ``date`` again (the same run id: the task instance's next try)
-_RETRY = """
-import datetime, json, sys
-sys.path.insert(0, {tests!r})
-from helpers import load_dag, task_states, xcom
-date = datetime.datetime.fromisoformat({date!r})
-run = load_dag({dag_file!r}, {dag_id!r}).test(run_conf={conf!r}, logical_date=date, run_after=date)
-states = task_states(run)
-print("WORKER-RESULT", json.dumps({{"states": states, "xcom": {{t: xcom(run, t) for t in states}}}}), flush=True)
-"""
-
-
-def _try_of(dag_id: str, date: str, conf: dict, env: dict) -> subprocess.Popen:
-    tests = str(Path(__file__).resolve().parents[2])
-    code = _RETRY.format(tests=tests, date=date, dag_file=str(DAG_FILE), dag_id=dag_id, conf=conf)
-    return subprocess.Popen(
-        [sys.executable, "-c", code],
-        env={**os.environ, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
 
 
 def _no_job_left(address: str) -> None:
@@ -140,30 +114,6 @@ def test_a_deferred_task_ends_with_its_result(ray_cluster_address):
     assert result["states"] == {"task": "success"}, log[-4000:]
     assert result["xcom"]["task"]["gpus"] in ("0", "1")
     assert "Deferred: the triggerer watches Ray job" in log and "running trigger in line" in log
-    _no_job_left(ray_cluster_address)
-
-
-def test_a_killed_workers_job_is_taken_over_by_the_next_try(ray_cluster_address, tmp_path):
-    root = tmp_path / "checkpoints"
-    root.mkdir()
-    date = "2024-03-01T00:00:00+00:00"
-    env = {"AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS": str(root)}
-    first = _try_of("ray_durable", date, {"root": str(root)}, env)
-    threading.Thread(target=first.communicate, daemon=True).start()  # its output, read meanwhile
-    deadline = time.monotonic() + 300
-    while not list(root.glob("**/runs.txt")) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert list(root.glob("**/runs.txt")), "the first try's job never started"
-    for process in [*psutil.Process(first.pid).children(recursive=True), psutil.Process(first.pid)]:
-        process.kill()  # the worker dies as an OOM kill would end it, with its task process
-    first.wait()
-    assert [str(j.status) for j in jobs(ray_cluster_address)] == ["RUNNING"]  # the job outlives its worker
-
-    log, _ = _try_of("ray_durable", date, {"root": str(root)}, env).communicate(timeout=400)
-    result = worker_result(log)
-    assert result["states"] == {"task": "success"}, log[-4000:]
-    assert "Reattached to Ray job" in log and "left running by an earlier try" in log
-    assert "done after 1 run(s)" in log and result["xcom"]["task"] == {"runs": 1}  # one process ran it
     _no_job_left(ray_cluster_address)
 
 
