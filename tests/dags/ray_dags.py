@@ -137,7 +137,9 @@ with DAG(
 with DAG("ray_accelerate", schedule=None, start_date=START, params={"script": "", "out": ""}):
     # accelerate's own test script, one process on each node (at world size 4 on CPU its split_between_processes
     # check fails by itself: it splits 2 rows between 4 processes and counts only GPUs as another node's)
-    AccelerateOperator(task_id="test_script", script="{{ params.script }}", num_machines=2, cpu=True, **RAY)
+    AccelerateOperator(
+        task_id="test_script", script="{{ params.script }}", num_machines=2, num_processes=2, cpu=True, **RAY
+    )
     AccelerateOperator(
         task_id="world_size_4",
         script=str(Path(__file__).resolve().parents[1] / "scripts" / "accelerate_script.py"),

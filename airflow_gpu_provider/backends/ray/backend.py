@@ -11,6 +11,7 @@ instead of submitted again (:mod:`.durable`). On several machines the job's entr
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -74,6 +75,9 @@ class RayBackend(Backend[RayOptions, RayPlan]):
         return self._go(plan, context, defer=True)
 
     def _go(self, plan: RayPlan, context: Context, *, defer: bool) -> TaskResult | Deferral:
+        location = plan.request.checkpoint
+        if location is not None and not location.is_uri and os.path.isdir(location.root):
+            location.make(plan.request.labels)  # a shared file system: made and marked here, the run's cleanup's
         client = self._connect(context)
         reap_orphans(client, self.log)  # before this job asks for GPUs: a dead worker's job may still hold them
         earlier = self._earlier_job(client, plan)
