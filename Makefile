@@ -24,7 +24,7 @@ UV := $(VENV)/bin/uv
 # The CPU build of torch lies in /opt/wheels on these machines; elsewhere, pip's own configuration applies.
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 TORCH ?= torch==2.13.0
-EXTRAS ?= docker,kubernetes,accelerate,nvml,dev
+EXTRAS ?= docker,kubernetes,accelerate,nvml,ray,dev
 
 export AIRFLOW_HOME ?= $(CURDIR)/.airflow-home
 export AIRFLOW__CORE__LOAD_EXAMPLES := False

@@ -31,6 +31,7 @@ pytest_plugins = (
     "backends.docker.authz_engine",
     "backends.kubernetes.api_calls",  # every Kubernetes API call, recorded for the RBAC check
     "backends.kubernetes.cluster_answers",
+    "backends.ray.ray_cluster",
     "reliability.report",
 )
 _HOME = Path(tempfile.mkdtemp(prefix="airflow-gpu-tests-"))

@@ -27,7 +27,7 @@ def test_every_example_dag_has_tags_docs_and_described_params(airflow_home):
         dag = bag.get_dag(dag_id)
         assert "gpu" in dag.tags, dag_id
         assert dag.doc_md and dag.doc_md.strip().startswith("###"), dag_id
-        pinned = {"backend"} if "kubernetes" in dag.tags else set()  # its tasks pin backend="kubernetes"
+        pinned = {"backend"} if {"kubernetes", "ray"} & set(dag.tags) else set()  # its tasks pin their backend
         assert set(dag.params) >= GPU_PARAMS - pinned, (dag_id, set(dag.params))
         for name in dag.params:
             param = dag.params.get_param(name)
@@ -35,7 +35,7 @@ def test_every_example_dag_has_tags_docs_and_described_params(airflow_home):
             assert param.value is not None, (dag_id, name)
         assert dag.params.get_param("on_missing_gpu").schema["enum"] == ["fail", "wait", "cpu"]
         if not pinned:
-            assert dag.params.get_param("backend").schema["enum"] == ["local", "docker", "kubernetes"]
+            assert dag.params.get_param("backend").schema["enum"] == ["local", "docker", "kubernetes", "ray"]
 
 
 def test_gpu_tasks_join_the_gpu_pool(airflow_home, monkeypatch):

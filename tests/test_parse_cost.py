@@ -1,4 +1,4 @@
-"""Parsing a DAG that uses the provider must not import torch, accelerate, docker, kubernetes or the runtime."""
+"""Parsing a DAG that uses the provider must not import torch, accelerate, docker, kubernetes, ray or the runtime."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import REPO
 
-HEAVY = ("torch", "accelerate", "docker", "kubernetes", "pynvml")
+HEAVY = ("torch", "accelerate", "docker", "kubernetes", "pynvml", "ray")
 
 
 @pytest.mark.parametrize("dag_file", sorted(str(p) for p in (REPO / "dags").glob("*.py")))

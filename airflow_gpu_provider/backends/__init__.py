@@ -43,6 +43,7 @@ class BackendInfo(NamedTuple):
         executor, ``executor_config``), for a backend whose tasks Airflow's executor places; ``None``: none
     :param defers: whether a running task can be deferred (``deferrable=True``: :meth:`.base.Backend.start`); a
         backend whose task is a child of the worker cannot (it defers only the wait for GPUs)
+    :param gpu_shares: whether a share of one GPU (``gpu_count=0.5``) means something there
     """
 
     name: str
@@ -54,6 +55,7 @@ class BackendInfo(NamedTuple):
     renders: bool = False
     placement: str | None = None
     defers: bool = False
+    gpu_shares: bool = False
 
     @property
     def placed_at_parse(self) -> bool:
@@ -114,6 +116,15 @@ class BackendInfo(NamedTuple):
                 f"the {self.name} backend asks for a number of GPUs; 'all' works only on the {able} backends",
                 "an integer such as gpu_count=8",
             )
+        if isinstance(resources.gpu_count, float) and not self.gpu_shares:
+            able = " and ".join(b.name for b in BACKENDS.values() if b.gpu_shares)
+            raise InvalidSettingError(
+                "ResourceSettings",
+                "gpu_count",
+                resources.gpu_count,
+                f"the {self.name} backend gives a task whole GPUs; a share of one works only on the {able} backend",
+                "a whole number such as gpu_count=1",
+            )
         options.check(resources)
 
     def create(self, options: Mapping[str, Any] | BackendOptions | None = None, log: Any = None) -> Backend[Any, Any]:
@@ -150,6 +161,16 @@ BACKENDS: dict[str, BackendInfo] = {
             all_gpus=False,
             renders=True,
             defers=True,
+        ),
+        BackendInfo(
+            "ray",
+            backend="airflow_gpu_provider.backends.ray.backend:RayBackend",
+            options="airflow_gpu_provider.backends.ray.options:RayOptions",
+            extra="ray",
+            max_nodes=None,
+            all_gpus=False,
+            defers=True,
+            gpu_shares=True,
         ),
         # Airflow's executor places the task when the DAG is parsed (backends/executor/placement.py); on the GPU
         # worker, pod or queue it was given, it runs exactly as the local backend runs it: the local run half.

@@ -274,7 +274,8 @@ class HostGpus:
             candidates = sorted(larger, key=lambda d: d.memory_total or 0)  # the smallest GPU that is larger
         groups = model_groups(resources, candidates)
         first_present = next((group for group in groups if group), candidates)
-        count = len(first_present) if isinstance(resources.gpu_count, str) else resources.gpu_count
+        # a share of a GPU (0.5) never reaches a host backend: BackendInfo.check refuses it there
+        count = len(first_present) if isinstance(resources.gpu_count, str) else int(resources.gpu_count)
         if count == 0:  # "all" on a host with none
             if request.missing_gpu.runs_on_cpu:
                 log.warning("Requested %s but this host has none; running on CPU.", requested)

@@ -45,7 +45,9 @@ class Attempt(NamedTuple):
     plan: Any
 
 
-ACCEPTED_BACKENDS = "backend='docker' or 'kubernetes' (or on_missing_gpu='wait', to defer only the wait for GPUs)"
+ACCEPTED_BACKENDS = (
+    "backend='docker', 'kubernetes' or 'ray' (or on_missing_gpu='wait', to defer only the wait for GPUs)"
+)
 
 
 def _boolean(owner: str, field: str, value: Any) -> bool:

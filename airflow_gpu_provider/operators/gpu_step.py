@@ -105,7 +105,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         environment: Mapping[str, str] | None = None,
         on_oom: OomEscalation | None = None,
         cpu_count: float | str | None = None,
-        gpu_count: int | str | None = None,
+        gpu_count: float | str | None = None,
         memory: int | str | None = None,
         accelerator: str | Sequence[str] | None = None,
         gpu_vendor: Any = None,

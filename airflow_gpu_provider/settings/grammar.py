@@ -31,6 +31,7 @@ ACCELERATOR = Grammar(r"(?P<model>[A-Za-z0-9][A-Za-z0-9._-]*)(:(?P<count>[^:]*))
 MIG_PROFILE = Grammar(r"[1-9][0-9]*g\.[1-9][0-9]*gb(\+me)?")
 # ASCII only: str.isdigit() and \d also take "２", "٣" or "¹", which Kubernetes and Docker do not.
 DECIMAL = Grammar(r"[0-9]+")
+FRACTION = Grammar(r"0?\.[0-9]{1,4}")  # a share of one GPU, as a rendered template gives it: "0.5"
 QUANTITY = Grammar(r"\s*(?P<number>[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?)\s*(?P<suffix>[A-Za-z]*)\s*")
 # A Docker image reference: [registry[:port]/]name[/name...][:tag][@sha256:digest]
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"

@@ -17,7 +17,7 @@ from airflow_gpu_provider.settings.accelerators import (
     VENDORS,
     GpuVendor,
 )
-from airflow_gpu_provider.settings.grammar import DECIMAL
+from airflow_gpu_provider.settings.grammar import DECIMAL, FRACTION
 from airflow_gpu_provider.settings.units import (
     BYTES_ACCEPTED,
     CPU_ACCEPTED,
@@ -30,7 +30,7 @@ from airflow_gpu_provider.settings.units import (
 )
 
 ALL_GPUS: Literal["all"] = "all"
-GpuCount = int | Literal["all"]
+GpuCount = int | float | Literal["all"]  # a float is a share of one GPU (0 < x < 1), on the backends that share
 MAX_GPUS = 1024  # per machine; more is a typo (or a count in the wrong field)
 _OWNER = "ResourceSettings"
 _DECIMAL = DECIMAL  # "２", "٣" and "¹" are digits to str.isdigit(), not to Kubernetes
@@ -41,15 +41,19 @@ def _invalid(name: str, value: object, reason: str, accepted: str | None = None)
 
 
 def _parse_count(name: str, value: object, *, allow_all: bool) -> GpuCount:
-    accepted = f"an integer from 0 to {MAX_GPUS}" + (" or 'all'" if allow_all else "")
+    accepted = f"an integer from 0 to {MAX_GPUS}, or a share of one GPU (0.5)" + (" or 'all'" if allow_all else "")
     if allow_all and value == ALL_GPUS:
         return ALL_GPUS
     if isinstance(value, bool):
         raise _invalid(name, value, "booleans are not counts", accepted)
     if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
         value = int(value.strip())  # rendered templates arrive as text
+    if isinstance(value, str) and FRACTION.fullmatch(value.strip()):
+        value = float(value.strip())
     if isinstance(value, float) and value.is_integer():
         value = int(value)
+    if isinstance(value, float) and 0 < value < 1 and round(value, 4) == value:
+        return value  # a share of one GPU: BackendInfo.check refuses it where the backend cannot share one
     if not isinstance(value, int):
         raise _invalid(name, value, "it should be an integer", accepted)
     if value < 0:

@@ -7,12 +7,15 @@ makes with its identity (task containers: ``airflow-gpu-provider.worker``; build
 temp folders go in the run's own folder; its GPU locks in each cell's state dir. A process that clears its
 environment is named by the scenario that started it (a file in :data:`PIDS`: its pid and start time); an image
 only this run builds is known by its requirements hash (:data:`REQUIREMENTS`).
-Other runs' processes, containers, images and folders are never counted.
+Its Ray cells' jobs name their worker in their metadata; the Ray cluster is the matrix's own (its actors and placement
+groups that appear during a cell are the cell's). Other runs' processes, containers, images and folders are never
+counted.
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import shutil
 import socket
 import tempfile
@@ -31,9 +34,18 @@ PIDS = FOLDER / "pids"  # processes a scenario started that carry nothing of the
 TMP.mkdir()
 PIDS.mkdir()
 atexit.register(shutil.rmtree, FOLDER, ignore_errors=True)
-LEFTOVERS = ("processes", "containers", "GPU locks", "temp dirs", "images")
+LEFTOVERS = (
+    "processes",
+    "containers",
+    "GPU locks",
+    "temp dirs",
+    "images",
+    "Ray jobs",
+    "Ray actors",
+    "placement groups",
+)
 DEVICES = ("0", "1")
-TMP_PREFIXES = ("airflow-gpu-netrc-", "airflow-gpu-ranks-", "pod-in-docker-")
+TMP_PREFIXES = ("airflow-gpu-netrc-", "airflow-gpu-ranks-", "pod-in-docker-", "airflow-gpu-ray-", "airflow-gpu-node-")
 WORKERS: set[str] = set()  # the identities of this run's workers (host:pid:start)
 REQUIREMENTS: set[str] = set()  # requirements hashes of images only this run builds (its own index's URL in them)
 WORKER_LABELS = ("airflow-gpu-provider.worker", "airflow-gpu-provider.builder")
@@ -113,6 +125,27 @@ def _temp_dirs(state_dir: Path) -> set[str]:
     return found | {str(p) for prefix in TMP_PREFIXES for p in TMP.glob(f"{prefix}*")}
 
 
+def _ray() -> dict[str, set[str]]:
+    """This run's jobs the Ray cluster still lists; the cluster's live actors and placement groups (the matrix's own
+    cluster: what appeared during a cell is the cell's)."""
+    address = os.environ.get("AIRFLOW_GPU_TEST_RAY_ADDRESS")
+    if not address:
+        return {"Ray jobs": set(), "Ray actors": set(), "placement groups": set()}
+    from ray.job_submission import JobSubmissionClient
+    from ray.util.state import list_actors, list_placement_groups
+
+    jobs = JobSubmissionClient(address).list_jobs()
+    actors = list_actors(address=address, filters=[("state", "!=", "DEAD")], timeout=30)
+    groups = list_placement_groups(address=address, filters=[("state", "!=", "REMOVED")], timeout=30)
+    return {
+        "Ray jobs": {
+            f"job {j.submission_id} ({j.status})" for j in jobs if (j.metadata or {}).get("worker") in WORKERS
+        },
+        "Ray actors": {f"actor {a.actor_id[:12]} ({a.class_name})" for a in actors},
+        "placement groups": {f"placement group {g.placement_group_id[:12]}" for g in groups},
+    }
+
+
 def snapshot(state_dir: Path) -> dict[str, set[str]]:
     """Everything of this run that counts as a leftover, as it is now."""
     client = _client()
@@ -122,4 +155,5 @@ def snapshot(state_dir: Path) -> dict[str, set[str]]:
         "GPU locks": _locks(state_dir),
         "temp dirs": _temp_dirs(state_dir),
         "images": _images(client),
+        **_ray(),
     }

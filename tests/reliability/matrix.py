@@ -4,12 +4,14 @@ Local and Docker cells run a real Airflow worker (``worker.py``: ``dag.test()``,
 ``tests/dags/reliability_dags.py``, in a fresh state dir with two configured GPUs. The matrix signals that worker
 as Airflow would (SIGTERM: on_kill) or as the kernel would (SIGKILL, then a re-run of the task on the same host).
 Kubernetes cells render the task's pod with the real provider code and run its containers in Docker
-(``pod_in_docker``); the cells that need a Kubernetes API server are reported as not run, with the reason.
+(``pod_in_docker``); the cells that need a Kubernetes API server are reported as not run, with the reason. Ray
+cells run a real worker whose task is a job on the tests' two-node Ray cluster (tests/backends/ray/ray_cluster.py).
 
 After each cell the leftovers are counted against a snapshot taken before it: processes, containers, held GPU
-locks, task folders and temp dirs, and images (a failed or killed build's steps). Every count must be 0. Only this
-run's own are counted (``leftovers.py``: a token of the run, its workers' identities, its labels and folders), so
-the matrix holds while other provider tasks run on the same host and engine.
+locks, task folders and temp dirs, images (a failed or killed build's steps), and the Ray cluster's jobs, actors and
+placement groups. Every count must be 0. Only this run's own are counted (``leftovers.py``: a token of the run, its
+workers' identities, its labels and folders), so the matrix holds while other provider tasks run on the same host
+and engine.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,7 +55,7 @@ from reliability_dags import (  # noqa: E402
 )
 
 #: ``docker-deferred``: the Docker backend with ``deferrable=True`` (``dag.test()`` runs its trigger in line)
-BACKENDS = ("local", "docker", "docker-deferred", "kubernetes")
+BACKENDS = ("local", "docker", "docker-deferred", "kubernetes", "ray")
 WORKER_TIMEOUT = 240
 BUILD_KILLED = "worker SIGKILL in image build"
 
@@ -62,18 +65,36 @@ EXPECTED: dict[str, tuple[str, str | dict[str, str]]] = {
     "exception": ("failed", r"ValueError.*the scenario's own error"),
     "non-zero exit": ("failed", r"exited with status 3"),
     "os._exit": ("failed", r"status 7"),
-    "out of memory": ("failed", {"local": r"MemoryError", "docker": r"out of memory", "kubernetes": r"status 137"}),
+    "out of memory": (
+        "failed",
+        {
+            "local": r"MemoryError",
+            "docker": r"out of memory",
+            "kubernetes": r"status 137",
+            "ray": r"out of host memory",
+        },
+    ),
     "execution_timeout": ("failed", r"AirflowTaskTimeout|Timeout"),
-    "on_kill": ("failed", {"local": r"status -15", "docker": r"status 1?43|Killing|stopp"}),
+    "on_kill": ("failed", {"local": r"status -15", "docker": r"status 1?43|Killing|stopp", "ray": r"Stopping Ray job"}),
     # local: the killed worker's supervisor stopped its task and freed its GPU: the re-run gets GPU 0 again
     "worker SIGKILL": (
         "success",
-        {"local": r"--- re-run ---(.|\n)*Starting task process on GPUs \['0'\]", "docker": r"left running by a worker"},
+        {
+            "local": r"--- re-run ---(.|\n)*Starting task process on GPUs \['0'\]",
+            "docker": r"left running by a worker",
+            "ray": r"Stopped Ray job \S+, left running by a worker that died",
+        },
     ),
     "background child": ("success", ""),
     "setsid grandchild": ("success", ""),
     "huge output": ("success", ""),
-    "missing GPU": ("failed", r"Requested 3x nvidia GPU but this host has 2 GPU"),
+    "missing GPU": (
+        "failed",
+        {
+            **dict.fromkeys(("local", "docker"), r"Requested 3x nvidia GPU but this host has 2 GPU"),
+            "ray": r"Requested 3x nvidia GPU but the Ray cluster has 0 node",
+        },
+    ),
     "failed install": ("failed", r"airflow-gpu-provider-no-such-package"),
     "escaped child": ("success", {"local": r"stopping processes \[\d+\] that the task left running"}),
     BUILD_KILLED: ("success", r"left by a build whose worker died"),
@@ -93,6 +114,8 @@ NOT_RUN = {
     ("kubernetes", BUILD_KILLED): "no image is built: an init container installs the requirements in the pod",
     ("docker-deferred", "on_kill"): "a deferred task has no worker to signal: a user's kill reaches the trigger's "
     "on_kill (test_local_airflow.py: test_a_user_ending_a_deferred_docker_task_stops_its_container)",
+    ("ray", BUILD_KILLED): "no image is built: the cluster installs the requirements (runtime_env), and an index URL "
+    "with credentials is refused at parse",
     ("docker-deferred", "worker SIGKILL"): "the killed dag.test() leaves its task instance deferred, so its durable "
     "container is spared by design (a triggerer would go on watching it); a killed worker's next try reattaching: "
     "tests/executors/test_reattach.py",
@@ -152,8 +175,15 @@ def _environment(state_dir: Path, extra: dict[str, str]) -> dict[str, str]:
 
 
 def _started(backend: str, worker_pid: int) -> bool:
-    """Whether the worker's task runs: its task process (local) or its container (Docker)."""
+    """Whether the worker's task runs: its task process (local), its container (Docker) or its job (Ray)."""
     identity = f"{socket.gethostname()}:{worker_pid}:"
+    if backend == "ray":
+        from ray.job_submission import JobSubmissionClient
+
+        jobs = JobSubmissionClient(os.environ["AIRFLOW_GPU_TEST_RAY_ADDRESS"]).list_jobs()
+        return any(
+            str(j.status) == "RUNNING" and (j.metadata or {}).get("worker", "").startswith(identity) for j in jobs
+        )
     if backend == "local":
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
@@ -191,6 +221,9 @@ def run_worker(
         env=_environment(state_dir, environment or {}),
     )
     add_worker(worker.pid)
+    output: list[bytes] = []  # read meanwhile: a worker whose pipe is full would stop before its task starts
+    reader = threading.Thread(target=lambda: output.append(worker.communicate()[0]), daemon=True)
+    reader.start()
     try:
         if interrupt is not None:
             ready = started or (lambda pid: _started(backend, pid))
@@ -199,11 +232,13 @@ def run_worker(
                 time.sleep(0.1)
             time.sleep(2)  # into the scenario's function
             worker.send_signal(interrupt)
-        out, _ = worker.communicate(timeout=WORKER_TIMEOUT)
+        worker.wait(timeout=WORKER_TIMEOUT)
     finally:
         if worker.poll() is None:
             worker.kill()
-            worker.communicate()
+            worker.wait()
+        reader.join(timeout=60)
+    out = b"".join(output)
     log = out.decode(errors="replace")
     found = re.findall(r"^MATRIX-STATE (\S+)$", log, flags=re.MULTILINE)
     return (found[-1] if found else f"worker exit {worker.returncode}"), log

@@ -18,7 +18,9 @@ def work(tmp_path_factory):
 
 @pytest.mark.parametrize(("backend", "scenario"), cells(BACKENDS), ids=lambda value: value.replace(" ", "-"))
 def test_cell(backend, scenario, work, matrix_results, request):
-    if backend != "local":
+    if backend == "ray":
+        request.getfixturevalue("ray_cluster_address")  # the tests' Ray cluster, or skip without ray (fail in CI)
+    elif backend != "local":
         request.getfixturevalue("docker_client")  # the engine and the base image, or skip (fail in CI)
     cell = run_cell(backend, scenario, work)
     matrix_results.append(cell)

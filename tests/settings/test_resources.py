@@ -197,7 +197,12 @@ def test_any_valid_declaration_builds_a_consistent_object(kwargs):
 
 bad_values = st.one_of(
     st.tuples(st.just("gpu_count"), st.integers(max_value=-1)),
-    st.tuples(st.just("gpu_count"), st.floats(allow_nan=True).filter(lambda x: x != x or not float(x).is_integer())),
+    st.tuples(  # a whole float is a count, a share of one GPU (0 < x < 1, 4 decimals) is valid too (Ray's)
+        st.just("gpu_count"),
+        st.floats(allow_nan=True).filter(
+            lambda x: x != x or not (float(x).is_integer() or (0 < x < 1 and round(x, 4) == x))
+        ),
+    ),
     st.tuples(st.just("memory"), st.text(min_size=1).filter(lambda t: not t.strip().replace(".", "").isdigit())),
     st.tuples(st.just("cpu_count"), st.integers(max_value=0)),
     st.tuples(

@@ -1,0 +1,123 @@
+"""The node driver of a task on several machines: the Ray job's entrypoint there, run on the cluster (imports ``ray``).
+
+Shipped in the job's ``working_dir`` beside the runtime archive, the envelope and ``nodes.json``; it imports nothing
+of the provider. It reserves one bundle per node in a ``STRICT_SPREAD`` placement group (Ray's scheduling, with the
+task's label selector on every bundle), finds the first node's address and a free port there (the rendezvous),
+then runs the runtime on every bundle, as a Ray task holding the bundle's resources, with ``NODE_RANK``,
+``NUM_NODES``, ``MASTER_ADDR`` and ``MASTER_PORT`` (the launcher's rank arguments). Its last line is the result: rank
+0's, or the error of a node that failed while rank 0 did not. The placement group is removed on every path (and
+by Ray with the job, should the driver be killed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+MARKER = "[gpu] result: "  # runtime/protocol.py RESULT_MARKER
+#: a rank's reaper (and so its runtime) gets SIGTERM when the Ray worker that started it dies
+_DIE_WITH_WORKER = (
+    "import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
+def _strategy(group: Any, index: int) -> PlacementGroupSchedulingStrategy:
+    return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)
+
+
+@ray.remote(num_cpus=0)
+def _rendezvous(port: int | None) -> tuple[str, int]:
+    """On the first node: its address, and a free port there (unless the task chose one)."""
+    if port:
+        return ray.util.get_node_ip_address(), port
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return ray.util.get_node_ip_address(), int(probe.getsockname()[1])
+
+
+@ray.remote(max_retries=0)
+def _rank(rank: int, spec: dict[str, Any], address: str, port: int) -> dict[str, Any]:
+    """One node's runtime, to its end: its exit status, its result envelope, the node it ran on."""
+    environment = {
+        **os.environ,
+        "NODE_RANK": str(rank),
+        "NUM_NODES": str(spec["num_nodes"]),
+        "MASTER_ADDR": address,
+        "MASTER_PORT": str(port),
+    }
+    with tempfile.TemporaryDirectory(prefix="airflow-gpu-node-") as folder:
+        result_file = os.path.join(folder, "result.json")
+        argv = [sys.executable, "-c", _DIE_WITH_WORKER, spec["reaper"], spec["runtime"], spec["envelope"], result_file]
+        status = subprocess.run(argv, env=environment, check=False).returncode
+        result = None
+        if os.path.exists(result_file):
+            with open(result_file, encoding="utf-8") as handle:
+                result = json.load(handle)
+    return {"rank": rank, "status": status, "result": result, "node": ray.get_runtime_context().get_node_id()}
+
+
+def _merged(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rank 0's result, unless it succeeded while another node failed: then that node's."""
+    first = outcomes[0]
+    failed = [o for o in outcomes[1:] if o["status"] != 0 or not (o["result"] or {}).get("ok", False)]
+    chosen = failed[0] if (first["result"] or {}).get("ok") and first["status"] == 0 and failed else first
+    result = chosen["result"] or {"ok": False, "exit_status": chosen["status"] or 1}
+    return {**result, "node": chosen["node"], "node_rank": chosen["rank"]}
+
+
+def main(spec_file: str) -> int:
+    """Reserve the nodes, run a rank on each, print the result; remove the placement group on every path."""
+    with open(spec_file, encoding="utf-8") as handle:
+        spec = json.load(handle)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped job: the finally below still runs
+    ray.init()
+    count, bundle = int(spec["num_nodes"]), dict(spec["bundle"])
+    selector = spec.get("label_selector") or {}
+    group = placement_group(
+        [bundle] * count, strategy="STRICT_SPREAD", bundle_label_selector=[selector] * count if selector else None
+    )
+    try:
+        try:
+            ray.get(group.ready(), timeout=float(spec.get("pending_timeout") or 300))
+        except ray.exceptions.GetTimeoutError:
+            print(
+                f"[gpu] The cluster has no {count} nodes with {bundle} free at once"
+                f"{f' and labels {selector}' if selector else ''} (STRICT_SPREAD: one bundle per node) after "
+                f"{spec.get('pending_timeout')}s.",
+                flush=True,
+            )
+            print(MARKER + json.dumps({"ok": False, "exit_status": 3}), flush=True)
+            return 3
+        address, port = ray.get(_rendezvous.options(scheduling_strategy=_strategy(group, 0)).remote(spec.get("port")))
+        print(f"[gpu] {count} nodes reserved (STRICT_SPREAD); rendezvous {address}:{port}", flush=True)
+        custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU", "memory")}
+        ranks = [
+            _rank.options(
+                num_cpus=bundle.get("CPU", 0),
+                num_gpus=bundle.get("GPU", 0),
+                memory=bundle.get("memory"),
+                resources=custom or None,
+                scheduling_strategy=_strategy(group, index),
+            ).remote(index, spec, address, port)
+            for index in range(count)
+        ]
+        result = _merged(ray.get(ranks))
+        print(MARKER + json.dumps(result), flush=True)
+        return 0 if result.get("ok") else 1
+    finally:
+        remove_placement_group(group)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

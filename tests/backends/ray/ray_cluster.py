@@ -1,0 +1,180 @@
+"""A real two-node Ray cluster on this machine, for the Ray backend's tests: ``ray start`` twice, as a user would.
+
+Each node declares two logical GPUs (``--num-gpus 2``; Ray sets ``CUDA_VISIBLE_DEVICES`` for what it assigns) and a
+label the tests select on (``gpu-model``: ``A100`` on the head, ``H100`` on the second node). Every port is a free
+one picked here and the cluster has a temp dir of its own (one for both nodes: a node's dashboard agent reads a
+job's log from the cluster's session folder): other test runs share this machine, and nothing here touches their
+clusters. The second node has an address of its own (127.0.0.2; Ray replaces 127.0.0.1 with the
+host's address): Ray tells nodes apart by address where it fetches a job's log from the node that ran it. ``ray start --block`` keeps each node under its own process (a session of its own): a
+node is stopped by signalling that process group, never by a global ``ray stop``, which would end every cluster
+of this user.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+RAY = str(Path(sys.executable).with_name("ray"))
+#: a node ends (``ray start --block`` stops its processes on SIGTERM) when the test process that started it dies
+_DIE_WITH_TESTS = (
+    "import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); os.execv(sys.argv[1], sys.argv[1:])"
+)
+MODELS = ("A100", "H100")  # the gpu-model label of the head and of the second node
+START_TIMEOUT = 180.0
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports (held open together while they are picked)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for probe in sockets:
+            probe.bind(("127.0.0.1", 0))
+        return [int(probe.getsockname()[1]) for probe in sockets]
+
+
+@dataclass
+class RayCluster:
+    """A running cluster: its Jobs API (dashboard) address, its nodes' processes and folders."""
+
+    address: str = ""  # http://127.0.0.1:PORT, the dashboard: what JobSubmissionClient takes
+    gcs: str = ""  # 127.0.0.1:PORT, what ray.init and a joining node take
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    folders: list[Path] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)
+
+    def _node(self, name: str, model: str, ip: str, *, head: bool) -> None:
+        if head:  # one temp dir for the cluster, its own: short, as Ray's socket paths must fit
+            self.folders.append(Path(tempfile.mkdtemp(prefix="rt-", dir="/tmp")))
+        folder = self.folders[0]
+        ports = free_ports(9)
+        argv = [
+            sys.executable, "-c", _DIE_WITH_TESTS,
+            RAY, "start", "--block", "--disable-usage-stats", "--num-cpus", "2", "--num-gpus", "2",
+            "--labels", f"gpu-model={model}", "--temp-dir", str(folder), "--node-ip-address", ip,
+            "--node-manager-port", str(ports[0]), "--object-manager-port", str(ports[1]),
+            "--runtime-env-agent-port", str(ports[2]), "--dashboard-agent-grpc-port", str(ports[3]),
+            "--dashboard-agent-listen-port", str(ports[4]), "--metrics-export-port", str(ports[5]),
+            "--min-worker-port", "0", "--max-worker-port", "0", "--object-store-memory", str(200 * 2**20),
+        ]  # fmt: skip
+        if head:
+            argv += ["--head", "--port", str(ports[6]), "--dashboard-port", str(ports[7]),
+                     "--dashboard-host", "127.0.0.1", "--ray-client-server-port", str(ports[8])]  # fmt: skip
+            self.gcs, self.address = f"127.0.0.1:{ports[6]}", f"http://127.0.0.1:{ports[7]}"
+        else:
+            argv += ["--address", self.gcs]
+        log = folder.with_name(f"{folder.name}-{name}.log")
+        self.logs.append(log)
+        # the test process's CUDA_VISIBLE_DEVICES="" (conftest) would leave Ray no device for its logical GPUs
+        environment = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+        environment["RAY_USAGE_STATS_ENABLED"] = "0"
+        # a job's `python` is the nodes' Python, as on a cluster whose image or venv has Ray: this one's
+        environment["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        with log.open("wb") as out:
+            self.processes.append(
+                subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=environment, start_new_session=True)
+            )
+
+    def start(self, nodes: int = 2) -> RayCluster:
+        """Start the head, then the second node; return once the Jobs API sees the nodes."""
+        self._node("head", MODELS[0], "127.0.0.1", head=True)
+        self._wait_for(nodes=1)
+        if nodes > 1:
+            self._node("node2", MODELS[1], "127.0.0.2", head=False)
+            self._wait_for(nodes=2)
+        return self
+
+    def _wait_for(self, nodes: int) -> None:
+        from ray.util.state import list_nodes
+
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            for process, log in zip(self.processes, self.logs, strict=True):
+                if process.poll() is not None:
+                    raise RuntimeError(f"ray start exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+            with contextlib.suppress(Exception):
+                alive = [n for n in list_nodes(address=self.address, timeout=10) if n.state == "ALIVE"]
+                if len(alive) >= nodes:
+                    return
+            time.sleep(1)
+        tails = "\n".join(log.read_text()[-2000:] for log in self.logs)
+        raise RuntimeError(f"the Ray cluster did not have {nodes} node(s) within {START_TIMEOUT:.0f}s:\n{tails}")
+
+    def stop(self) -> None:
+        """Stop the nodes (the second first) by their own process groups, then remove their folders."""
+        for process in reversed(self.processes):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in reversed(self.processes):
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        for process in self.processes:  # what the node left in its group (raylet, workers) goes with it
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+        for path in [*self.folders, *self.logs]:
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def ray_cluster(nodes: int = 2) -> Iterator[RayCluster]:
+    """A started cluster (the head, and a second node unless ``nodes=1``), stopped on every path."""
+    cluster = RayCluster()
+    try:
+        yield cluster.start(nodes)
+    finally:
+        cluster.stop()
+
+
+# ---------------------------------------------------------------------------------------------- fixtures
+IN_CI = os.environ.get("CI") == "true"
+
+
+@pytest.fixture(scope="session")
+def ray_cluster_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The Jobs API address of a two-node cluster that this session starts (once) and stops.
+
+    Without ``ray`` (the provider's ``ray`` extra) the Ray tests skip, saying so; in CI they fail. A cluster that
+    cannot start is an error everywhere.
+    """
+    if importlib.util.find_spec("ray") is None:
+        reason = "ray is not installed (pip install 'airflow-gpu-provider[ray]'; make venv installs it)"
+        if IN_CI:
+            pytest.fail(f"CI=true but {reason}", pytrace=False)
+        pytest.skip(reason)
+    from backends.docker.docker_fixtures import make_wheel
+
+    wheels = tmp_path_factory.mktemp("ray-wheels")
+    make_wheel(wheels, "airflow_gpu_private", "1.0", "SECRET_PACKAGE = True\n")
+    with ray_cluster() as cluster:
+        variables = {"AIRFLOW_GPU_TEST_RAY_ADDRESS": cluster.address, "AIRFLOW_GPU_TEST_WHEELS": str(wheels)}
+        os.environ.update(variables)
+        try:
+            yield cluster.address
+        finally:
+            for name in variables:
+                os.environ.pop(name, None)
+
+
+def jobs(address: str) -> list[Any]:
+    """The provider's jobs the cluster still knows (each task deletes its own once it has ended)."""
+    from ray.job_submission import JobSubmissionClient
+
+    return [j for j in JobSubmissionClient(address).list_jobs() if (j.metadata or {}).get("airflow_gpu_provider")]

@@ -1,0 +1,98 @@
+"""Durable for real: a Ray task's Celery worker is SIGKILLed while its job runs on the tests' Ray cluster.
+
+The scheduler finds the task instance's heartbeat gone and retries it; the retry, on a new worker, finds the job's
+submission id the first try recorded in the task state store and takes the job over instead of submitting a second
+one: the task's result is the first job's, and exactly one process ran the function (each run appends a line to a
+file in the task's checkpoint folder). The pattern of tests/executors/test_reattach.py, with a Ray job.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+
+import pytest
+from backends.ray.ray_cluster import jobs
+from conftest import REPO
+from executors.cluster import AIRFLOW, Cluster
+
+pytest.importorskip("airflow.providers.celery", reason="the Celery provider is not installed (the dev extra has it)")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster_address")]
+DAG_ID = "reattach_ray_after_worker_kill"
+
+
+@pytest.fixture
+def cluster(tmp_path, ray_cluster_address):
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    shutil.copy(REPO / "tests" / "dags" / "reattach_dags.py", dags)
+    home = tmp_path / "home"
+    home.mkdir()
+    root = Path(tempfile.mkdtemp(prefix="ray-reattach-root-"))
+    root.chmod(0o755)
+    cluster = Cluster(
+        home,
+        dags,
+        {
+            "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+            "AIRFLOW__GPU__DEVICES": "none",
+            "AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS": str(root),
+            # a dead worker's task instance is failed (and retried) 10 s after its last heartbeat
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "10",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
+        },
+    )
+    cluster.root = root  # type: ignore[attr-defined]
+    try:
+        broker = cluster.start_redis()
+        cluster.env["AIRFLOW__CELERY__BROKER_URL"] = f"{broker}/0"
+        cluster.env["AIRFLOW__CELERY__RESULT_BACKEND"] = f"redis://{broker.split('://')[1]}/1"
+        cluster.start_airflow()
+        yield cluster
+    finally:
+        leftovers = cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+        assert leftovers == [], leftovers
+
+
+def _worker(cluster: Cluster, name: str) -> None:
+    cluster.start(
+        name,
+        [*AIRFLOW, "celery", "worker", "--concurrency", "1", "--skip-serve-logs", "--celery-hostname", f"{name}@%h"],
+    )
+
+
+def _task_log(cluster: Cluster, try_number: int) -> str:
+    logs = sorted((cluster.home / "logs").glob(f"dag_id={DAG_ID}/**/attempt={try_number}.log"))
+    return logs[0].read_text(errors="replace") if logs else ""
+
+
+def test_a_killed_workers_job_is_taken_over_by_the_next_try(cluster, ray_cluster_address):
+    _worker(cluster, "worker-1")
+    cluster.wait_for_dag(DAG_ID)
+    cluster.run("dags", "unpause", DAG_ID)
+    cluster.run("dags", "trigger", DAG_ID, "--run-id", "r1", "--conf", f'{{"root": "{cluster.root}"}}')
+
+    # The first try's job has started the function: its line is in the checkpoint folder
+    runs = cluster._wait(lambda: list(cluster.root.glob("**/runs.txt")), 240, "the first job to start")
+    [first] = [j.submission_id for j in jobs(ray_cluster_address) if str(j.status) == "RUNNING"]
+
+    # The worker dies as an OOM kill would end it: its whole process group, at once. Airflow's task process leads a
+    # group of its own and lives on, orphaned: it must leave the job to the try that takes it over.
+    os.killpg(cluster.processes["worker-1"].pid, signal.SIGKILL)
+    cluster.processes.pop("worker-1").wait()
+    assert [(j.submission_id, str(j.status)) for j in jobs(ray_cluster_address)] == [(first, "RUNNING")]
+    _worker(cluster, "worker-2")
+
+    state = cluster.wait_for_run(DAG_ID, "r1", timeout=300)
+    second = _task_log(cluster, 2)
+    assert state == "success", f"{cluster.task_instances(DAG_ID, 'r1')}\n{cluster.logs()}"
+    assert f"Reattached to Ray job {first}, left running by an earlier try" in second, second[-3000:]
+    assert "done after 1 run(s)" in second  # the job's output, followed by the second try
+    assert cluster.xcom(DAG_ID, "r1", "task") == {"runs": 1}  # one process ran the function
+    assert "Submitted Ray job" not in second
+    assert not runs[0].exists()  # the successful run's checkpoints are deleted with it
+    assert jobs(ray_cluster_address) == []  # collected, then deleted from the cluster

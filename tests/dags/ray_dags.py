@@ -1,0 +1,152 @@
+"""DAGs of the Ray backend's tests (tests/backends/ray/): each task is a Ray job on the tests' own cluster.
+
+The cluster's Jobs API address comes from ``AIRFLOW_GPU_TEST_RAY_ADDRESS`` (set by the cluster fixture); the
+wheels folder of the injected requirement from ``AIRFLOW_GPU_TEST_WHEELS``. Its two nodes are labelled
+``gpu-model=A100`` (the head) and ``gpu-model=H100``: ``accelerator=`` selects on that label here.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from pathlib import Path
+
+from airflow.sdk import DAG
+
+from airflow_gpu_provider import AccelerateOperator, GpuStepOperator, ImageSettings, OomEscalation
+
+START = datetime.datetime(2024, 1, 1)
+ADDRESS = os.environ.get("AIRFLOW_GPU_TEST_RAY_ADDRESS", "http://127.0.0.1:9")
+RAY = {"backend": "ray", "backend_options": {"address": ADDRESS, "accelerator_label": "gpu-model"}}
+ON_HEAD = {**RAY, "backend_options": {"address": ADDRESS, "label_selector": {"gpu-model": "A100"}}}
+
+
+def where() -> dict:
+    """What the job sees: its GPUs, its node (the address of the raylet it runs beneath), when it ran.
+
+    With ``BARRIER`` (a folder), it first waits until another job has started too: two jobs that Ray can run at once
+    then run at once, however late their workers start.
+    """
+    import json
+    import os
+    import time
+
+    started, pid, node = time.time(), os.getpid(), "?"
+    while pid > 1 and node == "?":  # the job's driver runs beneath its node's raylet
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            argv = handle.read().decode(errors="replace").split("\0")
+        if argv[0].endswith("raylet"):
+            node = next((a.split("=", 1)[1] for a in argv if a.startswith("--node_ip_address=")), "?")
+        with open(f"/proc/{pid}/stat") as handle:
+            pid = int(handle.read().rsplit(")", 1)[1].split()[1])
+    barrier = os.environ.get("BARRIER")
+    if barrier:  # a run of two: each waits (3 min at most) for the other to have started too
+        open(os.path.join(barrier, str(os.getpid())), "w").close()
+        deadline = time.time() + 180
+        while len(os.listdir(barrier)) < 2 and time.time() < deadline:
+            time.sleep(0.2)
+        started = time.time()
+    time.sleep(float(os.environ.get("SLEEP", "0")))
+    found = {"gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "node": node, "start": started, "end": time.time()}
+    return {**found, "resources": json.loads(os.environ["AIRFLOW_GPU_RESOURCES"])}
+
+
+def uses_project_code() -> dict:
+    import os
+
+    import plmod
+    import plpkg.layers
+
+    return {"plmod": plmod.double(21), "layers": plpkg.layers.NAME, "gpus": os.environ["CUDA_VISIBLE_DEVICES"]}
+
+
+def uses_the_requirement() -> bool:
+    import airflow_gpu_private  # installed by the cluster from the job's runtime_env
+
+    return airflow_gpu_private.SECRET_PACKAGE
+
+
+def sleeps() -> None:
+    import time
+
+    print("sleeping", flush=True)
+    time.sleep(300)
+
+
+def grows(megabytes: int) -> dict:
+    """Hold ``megabytes`` within the memory the job reserved (Ray reserves, it does not limit: the task does)."""
+    import json
+    import os
+    import resource
+
+    memory = json.loads(os.environ["AIRFLOW_GPU_RESOURCES"])["memory"]
+    resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
+    blocks = [bytearray(2**20) for _ in range(megabytes)]
+    return {"held_mb": len(blocks), "memory": memory}
+
+
+with DAG("ray_basics", schedule=None, start_date=START):
+    GpuStepOperator(
+        task_id="one_gpu", python_callable=uses_project_code, gpu_count=1, modules=["plmod", "plpkg"], **RAY
+    )
+    GpuStepOperator(
+        task_id="requirement",
+        python_callable=uses_the_requirement,
+        image=ImageSettings(
+            requirements=["airflow-gpu-private==1.0"],
+            find_links=[os.environ.get("AIRFLOW_GPU_TEST_WHEELS", "/nowhere")],
+        ),
+        **RAY,
+    )
+    GpuStepOperator(task_id="second_model", python_callable=where, accelerator=["B200", "H100"], **RAY)
+    GpuStepOperator(task_id="no_such_model", python_callable=where, accelerator="B200", on_missing_gpu="cpu", **RAY)
+
+for _name, _count, _arguments in (("ray_two_gpus", 2, RAY), ("ray_half_gpu", 0.5, ON_HEAD)):
+    with DAG(_name, schedule=None, start_date=START):
+        GpuStepOperator(
+            task_id="task",
+            python_callable=where,
+            gpu_count=_count,
+            image=ImageSettings(environment={"SLEEP": "3", "BARRIER": os.environ.get("AIRFLOW_GPU_TEST_BARRIER", "")}),
+            **_arguments,
+        )
+
+with DAG("ray_sleeps", schedule=None, start_date=START):
+    GpuStepOperator(task_id="task", python_callable=sleeps, gpu_count=1, **RAY)
+
+with DAG("ray_timeout", schedule=None, start_date=START):
+    GpuStepOperator(
+        task_id="task", python_callable=sleeps, execution_timeout=datetime.timedelta(seconds=10), gpu_count=1, **RAY
+    )
+
+with DAG("ray_deferred", schedule=None, start_date=START):
+    GpuStepOperator(task_id="task", python_callable=where, gpu_count=1, deferrable=True, **RAY)
+
+with DAG(
+    "ray_oom_escalation", schedule=None, start_date=START, default_args={"retries": 1, "retry_delay": datetime.timedelta(0)}
+):  # fmt: skip
+    GpuStepOperator(
+        task_id="grow",
+        python_callable=grows,
+        op_args=[160],
+        memory="64Mi",
+        on_oom=OomEscalation(memory=["512Mi"]),
+        **RAY,
+    )
+
+with DAG("ray_accelerate", schedule=None, start_date=START, params={"script": "", "out": ""}):
+    # accelerate's own test script, one process on each node (at world size 4 on CPU its split_between_processes
+    # check fails by itself: it splits 2 rows between 4 processes and counts only GPUs as another node's)
+    AccelerateOperator(
+        task_id="test_script", script="{{ params.script }}", num_machines=2, num_processes=2, cpu=True, **RAY
+    )
+    AccelerateOperator(
+        task_id="world_size_4",
+        script=str(Path(__file__).resolve().parents[1] / "scripts" / "accelerate_script.py"),
+        script_args=["--epochs", "2", "--out", "{{ params.out }}"],
+        num_machines=2,
+        num_processes=4,
+        cpu=True,
+        cpu_count=2,
+        **RAY,
+    )
