@@ -154,7 +154,7 @@ def _stdlib_folders() -> tuple[str, ...]:
 def warn(message: str, owner: str) -> None:
     """A deprecation warning at the DAG line that caused it (the first frame outside the provider and Airflow).
 
-    :param owner: the task as written (``@task.gpu('train')``), put first in the message with the file and line
+    :param owner: the task as written (``@task.gpu('train')``), put first in the message
     """
     import warnings
 
@@ -165,9 +165,10 @@ def warn(message: str, owner: str) -> None:
         warnings.warn(f"{owner}: {message}", AirflowProviderDeprecationWarning, stacklevel=2)
         return
     filename, line = frame.f_code.co_filename, frame.f_lineno
-    text = f"{filename}:{line}: {owner}: {message}"
-    module = frame.f_globals.get("__name__")
-    warnings.warn_explicit(text, AirflowProviderDeprecationWarning, filename, line, module=module)
+    text = f"{owner}: {message}"  # where: the warning's own file and line (every view of a warning shows them)
+    # at the DAG's line, from the provider: Airflow shows the deprecation warnings of airflow* modules (the filter
+    # that configuration.py sets), and the DagBag keeps them as the file's warnings (the UI's DAG warnings)
+    warnings.warn_explicit(text, AirflowProviderDeprecationWarning, filename, line, module=__name__)
 
 
 def _holds_a_credential(frame: types.FrameType, where: tuple[str, int]) -> bool:

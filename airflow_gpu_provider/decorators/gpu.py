@@ -56,6 +56,10 @@ def _owner(decorator: _GpuTask, *_: Any, **__: Any) -> str:
     return str(decorator.kwargs["task_spec"].owner)
 
 
+def _overridden(decorator: _GpuTask, **kwargs: Any) -> str:
+    return f"{DECORATOR}({kwargs['task_id']!r})" if "task_id" in kwargs else _owner(decorator)
+
+
 class _GpuTask(_TaskDecorator):  # type: ignore[type-arg]
     """Airflow's decorated function, whose calls are checked against the function's signature first."""
 
@@ -72,14 +76,15 @@ class _GpuTask(_TaskDecorator):  # type: ignore[type-arg]
         check_call_arguments(_owner(self), self.function, [], kwargs, complete=False)
         super()._validate_arg_names(func, kwargs)
 
-    @entry_point(_owner)
+    @entry_point(_overridden)
     def override(self, **kwargs: Any) -> _GpuTask:
         """``train.override(gpu_count=2)``: the task settled again with these arguments."""
-        owner = f"{DECORATOR}({kwargs['task_id']!r})" if "task_id" in kwargs else _owner(self)
+        owner = _overridden(self, **kwargs)
         check_names(owner, self.operator_class, kwargs)
-        spec = self.operator_class.settle(owner, {**kwargs, "python_callable": self.function}, self.kwargs["task_spec"])
+        settled = self.kwargs["task_spec"]._replace(owner=owner)
+        spec = self.operator_class.settle(owner, {**kwargs, "python_callable": self.function}, settled)
         result = cast("_GpuTask", super().override(**beside_spec(kwargs)))
-        result.kwargs["task_spec"] = spec._replace(owner=owner)
+        result.kwargs["task_spec"] = spec
         return result
 
 
