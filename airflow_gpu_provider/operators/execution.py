@@ -33,7 +33,10 @@ if TYPE_CHECKING:
 
 
 class Attempt(NamedTuple):
-    """One try, settled when it starts (or resumes): the worker's options, the task, its rung, request, backend."""
+    """One try, built once when it starts: the worker's options, the task, its rung, request, backend and plan.
+
+    A deferred try travels in the deferral's state (:meth:`carried`) and is rebuilt from it on resume, not anew.
+    """
 
     conf: GpuConfig
     spec: TaskSpec
@@ -41,6 +44,10 @@ class Attempt(NamedTuple):
     request: TaskRequest
     backend: Backend[Any, Any]
     plan: Any
+
+    def carried(self) -> dict[str, Any]:
+        """What the try decided when it started, as JSON: the worker's options and the request (its rung too)."""
+        return {"conf": dataclasses.asdict(self.conf), "request": self.request.to_state()}
 
 
 class GpuExecution:
@@ -102,6 +109,22 @@ class GpuExecution:
         backend = spec.info.backend_class()(spec.options, log=self.log)
         return Attempt(conf, spec, tries, request, backend, backend.plan(request, conf))
 
+    def _resumed(self, context: Context, carried: Mapping[str, Any]) -> Attempt:
+        """The try a deferral carried (:meth:`Attempt.carried`): its options and request as they started.
+
+        The task and its backend are the DAG's; the plan is a pure function of the request and the options.
+        """
+        from airflow_gpu_provider.config.worker import GpuConfig
+        from airflow_gpu_provider.escalation import tries as escalation
+        from airflow_gpu_provider.task.request import TaskRequest
+
+        conf = GpuConfig(**carried["conf"])
+        spec = self.rendered_spec()
+        request = TaskRequest.from_state(carried["request"], spec.image)
+        tries = escalation.Tries.start(spec.on_oom, context) if spec.on_oom is not None else None  # to record the end
+        backend = spec.info.backend_class()(spec.options, log=self.log)
+        return Attempt(conf, spec, tries, request, backend, backend.plan(request, conf))
+
     def execute(self, context: Context) -> Any:
         """Plan the task on its backend and run it (or start it and defer); the return value goes to XCom."""
         waiting_since, self._waiting_since = self._waiting_since, None  # set by a resume after a deferred wait
@@ -141,7 +164,8 @@ class GpuExecution:
             self.log.info("GPUs free after %.1fs of deferred waiting: starting the task", event.get("waited", 0.0))
             self._waiting_since = since  # execute() is the decorator's too: it takes the context alone
             return self.execute(context)
-        attempt = self._prepare(context)
+        # the try as it started; dag.test() passes the trigger's event alone, without the deferral's state
+        attempt = self._resumed(context, state["try"]) if "try" in state else self._prepare(context)
         backend_state = dict(state.get("backend") or {})
         step = lambda: attempt.backend.resume(attempt.plan, backend_state, event, context)  # noqa: E731
         return self._outcome(context, attempt, step, None)
@@ -170,7 +194,7 @@ class GpuExecution:
         if isinstance(outcome, MustWait):  # nothing is published for a deferred try
             self._defer_wait(outcome, attempt.conf, waiting_since)
         elif isinstance(outcome, Deferral):
-            state = {"phase": "run", "backend": outcome.state}
+            state = {"phase": "run", "backend": outcome.state, "try": attempt.carried()}
             self.defer(
                 trigger=outcome.trigger,
                 method_name="execute_complete",

@@ -283,6 +283,8 @@ def test_a_deferred_docker_task_is_watched_by_the_triggerer_and_resumed(cluster,
     log = task_log(cluster, "sched_docker_deferred", run_id, "task")
     assert "GPUs ['0'] from the host allocator" in log and "running on CPU instead" in log, log[-3000:]
     assert "Deferred: the triggerer watches container" in log, log[-3000:]
+    # the try was built once: the resume took it from the deferral (its rung too), not decided again
+    assert log.count("[gpu] try 1: OOM escalation") == 1, log[-3000:]
     # the container's output is in the task log, written by the resumed worker after the deferral
     marks = ("Deferred: the triggerer watches container", f"thinking about {run_id}", "the answer is ready")
     positions = [log.find(mark) for mark in marks]
