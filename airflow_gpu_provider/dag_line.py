@@ -7,9 +7,16 @@ operators' ``__init__`` and ``.partial()``, ``@task.gpu``) is wrapped by :func:`
 :class:`InvalidSettingError` leaving it
 
 - starts with the caller's ``file:line`` and the task as written (``GpuStepOperator('train')``,
-  ``@task.gpu('train')``; for settings built inside a task's call, that call, found in the DAG file's source);
+  ``@task.gpu('train')``; for settings built inside a task's call, that call, found in the DAG file's source); the
+  line is the one that holds the mistake: the error's own ``source_line`` where the raiser knows it better (the line
+  of a function that reads a module-level name, not the line that decorates or calls it);
 - has a traceback whose last frame is that line of the DAG file, unless the line's source holds a credential (an
   index URL with a token): a traceback shows the source, and no credential reaches an import error (rule S1).
+
+Airflow's own checks of a task's arguments (its ``.partial()`` / ``.expand()`` names, a decorated function's
+binding) run before the provider's or not at all: the operators and the decorator check the same names first
+(``operators/arguments.py``, ``task/call.py``), so those mistakes get a DAG line too. :func:`warn` puts a
+deprecation warning at the DAG line, where Airflow's DagBag lists it among the file's warnings.
 
 The caller is the first frame outside the provider and Airflow. Where that is the standard library (a
 ``dataclasses.replace`` of the provider's own, a deep copy), the error is left as it is: no DAG line caused it.

@@ -20,7 +20,7 @@ from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.operators.arguments import check_names, check_payload
 from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
 from airflow_gpu_provider.operators.spec import beside_spec
-from airflow_gpu_provider.task.call import check_call_arguments
+from airflow_gpu_provider.task.call import check_binding, check_call_arguments
 from airflow_gpu_provider.task.callable import shipped_callable
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ class _GpuTask(_TaskDecorator):  # type: ignore[type-arg]
     def __call__(self, *args: Any, **kwargs: Any) -> XComArg:
         """``train(data, lr=0.1)``: bound to ``train``'s signature here, at the DAG line, then Airflow's call."""
         shipped = shipped_callable(self.function, owner=_owner(self))  # checked when decorated: known
-        check_call_arguments(_owner(self), self.function, args, kwargs, shipped.signature)
+        check_binding(_owner(self), self.function, args, kwargs, shipped.signature)  # their JSON: the operator's
         return super().__call__(*args, **kwargs)
 
     @entry_point(_owner)

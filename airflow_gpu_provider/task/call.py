@@ -93,13 +93,27 @@ def check_call_arguments(
         _check_json_argument(owner, f"op_args[{index}]", value)
     for key, value in kwargs.items():
         _check_json_argument(owner, f"op_kwargs[{key!r}]", value)
-    signature = signature or inspect.signature(function)
-    mistakes = _call_mistakes(signature, args, kwargs, complete)
-    if mistakes is None:
-        try:
-            signature.bind_partial(*args, **kwargs)
-        except TypeError as err:  # what the words below do not cover (a positional-only name given by keyword)
-            mistakes = str(err)
+    check_binding(owner, function, args, kwargs, signature or inspect.signature(function), complete=complete)
+
+
+def check_binding(
+    owner: str,
+    function: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    signature: inspect.Signature,
+    *,
+    complete: bool = True,
+) -> None:
+    """The call's arguments bound to the function's signature; a mistake named with the signature (not its values).
+
+    Context keys the function names (``params``, ``ds``, ...) are filled in when the task runs: never missing.
+    """
+    try:
+        signature.bind_partial(*args, **kwargs)
+        mistakes = _call_mistakes(signature, args, kwargs, complete) if complete else None  # what may be missing
+    except TypeError as err:
+        mistakes = _call_mistakes(signature, args, kwargs, complete) or str(err)
     if mistakes is not None:
         name = function.__name__
         positional = [*list(signature.parameters)[: len(args)], *["..."] * (len(args) > len(signature.parameters))]
