@@ -6,6 +6,10 @@ declared arguments, the very list Airflow's ``.partial()`` and ``.expand()`` che
 with the closest known ones. How a try runs (``checkpoint``, ``resume``, ``deferrable``, ``durable``,
 ``wait_timeout``) settles in :func:`run_options`; the payload (the function or command and its arguments) where
 the call is made (:func:`check_payload`).
+
+A new argument (``right_size=``, say) is three steps: declared and documented on ``GpuStepOperator.__init__`` (the
+architecture test checks that ``.partial()`` and ``@task.gpu`` take every documented one), checked here, and held
+in a :class:`~.spec.TaskSpec` field that the try reads (``durable`` reaches the backends as ``TaskRequest.reattach``).
 """
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         # the templated arguments, rendered when the task starts (the settled values are in task_spec)
         self.backend = backend if backend is not None else spec.backend
         self.on_missing_gpu = on_missing_gpu if on_missing_gpu is not None else spec.on_missing_gpu
-        self.checkpoint = checkpoint if checkpoint is not None else spec.checkpoint
+        self.checkpoint = spec.checkpoint  # as checked (a path-like as text); a template is rendered when it starts
         self.resource_overrides = dict(spec.templated)
         self.environment = check_environment(spec.owner, "environment", environment or {})
         super().__init__(**spec.placed(kwargs))

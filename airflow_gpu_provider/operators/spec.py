@@ -42,13 +42,13 @@ SETTINGS: frozenset[str] = frozenset(
     | {"on_missing_gpu", "on_oom", "modules"}
 )
 #: What an operator keeps beside its spec: what a template may set, and what a copy of the operator shows.
-_KEPT = frozenset({"backend", "on_missing_gpu", "backend_options", "on_oom", "checkpoint"})
+_KEPT = frozenset({"backend", "on_missing_gpu", "backend_options", "on_oom"})
 
 
 def beside_spec(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """The arguments an operator takes beside its settled ``task_spec``: the spec holds the rest.
 
-    What a template may set (``backend``, ``on_missing_gpu``, ``checkpoint``) and what a copy of the operator shows
+    What a template may set (``backend``, ``on_missing_gpu``) and what a copy of the operator shows
     (``backend_options``, ``on_oom``) stay; ``resources=`` in particular must not reach Airflow, which reads it as
     its own ``BaseOperator(resources=...)`` when it maps a task.
     """
