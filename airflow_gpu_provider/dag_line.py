@@ -24,10 +24,11 @@ The caller is the first frame outside the provider and Airflow. Where that is th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
@@ -65,6 +66,23 @@ def entry_point(owner: Callable[..., str | None] | None = None) -> Callable[[F],
         return called  # type: ignore[return-value]
 
     return wrap
+
+
+@contextlib.contextmanager
+def airflow_checks(owner: str, what: str) -> Iterator[None]:
+    """Airflow's own checks of a task's arguments (``pool_slots=0``, ``.expand(x=5)``) as the task's parse error.
+
+    Their ``TypeError`` or ``ValueError`` becomes an error of the task, which the entry point around puts at the DAG
+    line.
+
+    :param what: what Airflow checked, as the message shows it (``BaseOperator(...)``, ``expand()``)
+    """
+    try:
+        yield
+    except InvalidSettingError:
+        raise
+    except (TypeError, ValueError) as err:
+        raise InvalidSettingError(owner, what, ..., f"Airflow refuses it: {err}") from err
 
 
 def dag_frame(frame: types.FrameType | None) -> types.FrameType | None:

@@ -244,6 +244,27 @@ CASES: dict[str, tuple[str, str | None]] = {
         """,
         "@task.gpu('train')",
     ),
+    "airflow_argument.py": (
+        """
+        with DAG("airflow_argument", schedule=None, start_date=START):
+            GpuStepOperator(task_id="prepare", command=["true"], pool_slots=0)  # HERE: Airflow's own check
+        """,
+        "GpuStepOperator('prepare')",
+    ),
+    "expand_value.py": (
+        """
+        @dag(schedule=None, start_date=START)
+        def expand_value():
+            @task.gpu
+            def train(x):
+                return x
+
+            train.expand(x=5)  # HERE: a value Airflow cannot map over
+
+        expand_value()
+        """,
+        "@task.gpu('train')",
+    ),
     "module_level_import.py": (
         """
         import json
@@ -320,6 +341,8 @@ def test_the_import_error_names_the_dag_file_line_and_task(import_errors: dict[s
         ("call_keyword.py", ["Did you mean 'lr'?", "Accepted: the parameters of train(data, lr)"]),
         ("expand_keyword.py", ["train(learning_rate=...) is invalid: no parameter 'learning_rate'", "train(data, lr)"]),
         ("module_level_import.py", ["it uses 'json' from outside the function"]),
+        ("airflow_argument.py", ["BaseOperator(...) is invalid: Airflow refuses it: pool slots for prepare"]),
+        ("expand_value.py", ["expand() is invalid: Airflow refuses it: expand() got an unexpected type 'int'"]),
         ("mapped_decorator_checkpoint.py", ["checkpoint='ckpt' is invalid: a relative path"]),
         ("mapped_decorator_deferrable.py", ["deferrable='yes' is invalid: not a boolean"]),
         ("mapped_decorator_resume.py", ["resume=True is invalid: a task without a checkpoint folder"]),

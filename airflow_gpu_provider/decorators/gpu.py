@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 import attr
 from airflow.sdk.bases.decorator import DecoratedOperator, _TaskDecorator
 
-from airflow_gpu_provider.dag_line import entry_point
+from airflow_gpu_provider.dag_line import airflow_checks, entry_point
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.operators.arguments import check_names, check_payload
 from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
@@ -74,7 +74,8 @@ class _GpuTask(_TaskDecorator):  # type: ignore[type-arg]
     def _validate_arg_names(self, func: Any, kwargs: dict[str, Any]) -> None:
         """``train.expand(...)`` and ``train.partial(...)``: the names bound to the signature (the rest may come)."""
         check_call_arguments(_owner(self), self.function, [], kwargs, complete=False)
-        super()._validate_arg_names(func, kwargs)
+        with airflow_checks(_owner(self), f"{func}()"):  # a context key mapped, a value that cannot be mapped
+            super()._validate_arg_names(func, kwargs)
 
     @entry_point(_overridden)
     def override(self, **kwargs: Any) -> _GpuTask:
@@ -155,12 +156,13 @@ def gpu_task(
         check_names(owner(function), operator_class, arguments)
         spec = operator_class.settle(owner(function), {**arguments, "python_callable": function})
         check_payload(spec.owner, {"python_callable": function}, complete=False)  # its source, shipped as is
-        return _GpuTask(  # type: ignore[return-value]
-            function=function,
-            multiple_outputs=attr.NOTHING if multiple_outputs is None else multiple_outputs,  # type: ignore[arg-type]
-            operator_class=operator_class,
-            kwargs={**spec.placed(beside_spec(arguments)), "task_spec": spec},
-        )
+        with airflow_checks(spec.owner, f"{DECORATOR}(...)"):  # the types of BaseOperator's arguments
+            return _GpuTask(  # type: ignore[return-value]
+                function=function,
+                multiple_outputs=attr.NOTHING if multiple_outputs is None else multiple_outputs,  # type: ignore[arg-type]
+                operator_class=operator_class,
+                kwargs={**spec.placed(beside_spec(arguments)), "task_spec": spec},
+            )
 
     if python_callable is None:
         return decorate  # type: ignore[return-value]  # @task.gpu(...): called with the function next

@@ -10,7 +10,7 @@ from airflow.providers.common.compat.sdk import AirflowFailException  # airflow.
 from airflow.sdk import BaseOperator
 
 from airflow_gpu_provider.checkpoint.mixin import CheckpointMixin
-from airflow_gpu_provider.dag_line import entry_point
+from airflow_gpu_provider.dag_line import airflow_checks, entry_point
 from airflow_gpu_provider.operators.arguments import check_names, check_payload
 from airflow_gpu_provider.operators.execution import GpuExecution
 from airflow_gpu_provider.operators.spec import TaskSpec, beside_spec, task_owner
@@ -149,7 +149,8 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         self.checkpoint = spec.checkpoint  # as checked (a path-like as text); a template is rendered when it starts
         self.resource_overrides = dict(spec.templated)
         self.environment = check_environment(spec.owner, "environment", environment or {})
-        super().__init__(**spec.placed(kwargs))
+        with airflow_checks(spec.owner, "BaseOperator(...)"):
+            super().__init__(**spec.placed(kwargs))
 
     @classmethod
     def settle(cls, owner: str, arguments: Mapping[str, Any], settled: TaskSpec | None = None) -> TaskSpec:
@@ -184,7 +185,8 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         check_payload(owner, kwargs, complete=False)
         placed = spec.placed(beside_spec(kwargs))
         partial = vars(BaseOperator)["partial"].class_method.__func__  # BaseOperator's, for this class
-        return partial(cls, task_id=task_id, **placed, task_spec=spec)  # type: ignore[no-any-return]
+        with airflow_checks(owner, "partial()"):
+            return partial(cls, task_id=task_id, **placed, task_spec=spec)  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ execution
     def build_envelope(self, context: Context, spec: TaskSpec) -> Envelope:
