@@ -111,11 +111,12 @@ def test_a_deprecated_argument_warns_at_its_dag_line_in_the_dagbag(tmp_path):
     )
     line = next(number for number, text in enumerate(dag_file.read_text().splitlines(), 1) if "# HERE" in text)
     code = (
-        "import json; from airflow.dag_processing.dagbag import DagBag;"
-        f"bag = DagBag(dag_folder={str(dag_file)!r});"
+        "import json, sys; sys.path.insert(0, sys.argv[1]); from helpers import dag_bag;"
+        f"bag = dag_bag({str(dag_file)!r});"
         "print(json.dumps([bag.import_errors, bag.captured_warnings]))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    tests = str(REPO / "tests")
+    out = subprocess.run([sys.executable, "-c", code, tests], capture_output=True, text=True, check=True).stdout
     errors, warnings = json.loads(out.strip().splitlines()[-1])
     assert errors == {}
     (warning,) = warnings[str(dag_file)]
