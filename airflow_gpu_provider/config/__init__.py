@@ -126,9 +126,11 @@ def default_deferrable() -> tuple[bool, str | None]:
             f"[{SECTION}] deferrable={dropped!r} is deprecated and is read for one more release only: set Airflow's "
             "[operators] default_deferrable instead, the default of every operator's deferrable="
         )
-        return _typed(Option("deferrable", "boolean", "False", ""), dropped), notice
-    airflow_default = Option("default_deferrable", "boolean", "False", "")
-    return _typed(airflow_default, _setting("operators", "default_deferrable") or "False"), None
+        return _typed(_DEFERRABLE, dropped), notice
+    return _typed(_DEFERRABLE, _setting("operators", "default_deferrable") or "False"), None
+
+
+_DEFERRABLE = Option("deferrable", "boolean", "False", "deferrable's default, read as a boolean option is")
 
 
 def check_choice(owner: str, field: str, value: object, choices: tuple[str, ...]) -> str:

@@ -110,10 +110,15 @@ def check_binding(
     Context keys the function names (``params``, ``ds``, ...) are filled in when the task runs: never missing.
     """
     try:
-        signature.bind_partial(*args, **kwargs)
-        mistakes = _call_mistakes(signature, args, kwargs, complete) if complete else None  # what may be missing
+        (signature.bind if complete else signature.bind_partial)(*args, **kwargs)
+        return  # the common case: bound as it is
     except TypeError as err:
-        mistakes = _call_mistakes(signature, args, kwargs, complete) or str(err)
+        mistakes = _call_mistakes(signature, args, kwargs, complete)  # None: only context keys are missing
+        if mistakes is None:
+            try:
+                signature.bind_partial(*args, **kwargs)
+            except TypeError:  # what the words do not cover (a positional-only name given by keyword)
+                mistakes = str(err)
     if mistakes is not None:
         name = function.__name__
         positional = [*list(signature.parameters)[: len(args)], *["..."] * (len(args) > len(signature.parameters))]
