@@ -6,7 +6,7 @@
 # Optional:
 #   make dags-test DAG=path/to/your_dag.py DAG_ID=your_dag_id [CONF='{"epochs": 2}']
 #                - run `airflow dags test` on your own DAG file against .airflow-home (the file's folder is the
-#                  dags folder for that run)
+#                  dags folder for that run); when it fails, the file's import errors come last
 #   make airflow - start a real local Airflow (standalone) with the provider, dags/ and a GPU pool
 #                  (AIRFLOW_PORT=8080; AIRFLOW_ARGS="--devices 0,1" to list GPUs by hand)
 #   make reliability - run the failure matrix (every backend x every way a task ends, leftovers counted),
@@ -58,7 +58,8 @@ LOCAL_BUNDLE = [{"name": "dags-folder", "classpath": "airflow.dag_processing.bun
 dags-test: $(AIRFLOW_HOME)/.migrated
 	@test -n "$(DAG)" && test -n "$(DAG_ID)" || { echo "usage: make dags-test DAG=path/to/dag_file.py DAG_ID=its_dag_id [CONF='{...}']"; exit 2; }
 	AIRFLOW__CORE__DAGS_FOLDER="$(DAG_FOLDER)" AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST='$(LOCAL_BUNDLE)' \
-	  $(VENV)/bin/airflow dags test "$(DAG_ID)" -f "$(abspath $(DAG))" $(if $(CONF),-c '$(CONF)')
+	  $(VENV)/bin/airflow dags test "$(DAG_ID)" -f "$(abspath $(DAG))" $(if $(CONF),-c '$(CONF)') \
+	  || { status=$$?; AIRFLOW__CORE__DAGS_FOLDER="$(DAG_FOLDER)" $(PY) scripts/dag_errors.py "$(abspath $(DAG))" "$(DAG_ID)"; exit $$status; }
 
 airflow: venv
 	$(PY) scripts/airflow_local.py --port $(or $(AIRFLOW_PORT),8080) $(AIRFLOW_ARGS)

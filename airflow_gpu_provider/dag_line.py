@@ -7,9 +7,16 @@ operators' ``__init__`` and ``.partial()``, ``@task.gpu``) is wrapped by :func:`
 :class:`InvalidSettingError` leaving it
 
 - starts with the caller's ``file:line`` and the task as written (``GpuStepOperator('train')``,
-  ``@task.gpu('train')``; for settings built inside a task's call, that call, found in the DAG file's source);
+  ``@task.gpu('train')``; for settings built inside a task's call, that call, found in the DAG file's source); the
+  line is the one that holds the mistake: the error's own ``source_line`` where the raiser knows it better (the line
+  of a function that reads a module-level name, not the line that decorates or calls it);
 - has a traceback whose last frame is that line of the DAG file, unless the line's source holds a credential (an
   index URL with a token): a traceback shows the source, and no credential reaches an import error (rule S1).
+
+Airflow's own checks of a task's arguments (its ``.partial()`` / ``.expand()`` names, a decorated function's
+binding) run before the provider's or not at all: the operators and the decorator check the same names first
+(``operators/arguments.py``, ``task/call.py``), so those mistakes get a DAG line too. :func:`warn` puts a
+deprecation warning at the DAG line, where Airflow's DagBag lists it among the file's warnings.
 
 The caller is the first frame outside the provider and Airflow. Where that is the standard library (a
 ``dataclasses.replace`` of the provider's own, a deep copy), the error is left as it is: no DAG line caused it.
@@ -17,10 +24,11 @@ The caller is the first frame outside the provider and Airflow. Where that is th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
@@ -50,14 +58,31 @@ def entry_point(owner: Callable[..., str | None] | None = None) -> Callable[[F],
                 frame = None if err.dag_line is not None else dag_frame(sys._getframe(1))
                 if frame is None:
                     raise
-                point_at(err, frame, owner(*args, **kwargs) if owner is not None else None)
-                if _holds_a_credential(frame):
+                where = point_at(err, frame, owner(*args, **kwargs) if owner is not None else None)
+                if _holds_a_credential(frame, where):
                     raise  # the message names the line; its source stays out of the traceback (rule S1)
-                raise err.with_traceback(_ending_at(frame))  # noqa: B904 - the same error; the DAG line ends it
+                raise err.with_traceback(_ending_at(frame, where))  # noqa: B904 - the same error, at its line
 
         return called  # type: ignore[return-value]
 
     return wrap
+
+
+@contextlib.contextmanager
+def airflow_checks(owner: str, what: str) -> Iterator[None]:
+    """Airflow's own checks of a task's arguments (``pool_slots=0``, ``.expand(x=5)``) as the task's parse error.
+
+    Their ``TypeError`` or ``ValueError`` becomes an error of the task, which the entry point around puts at the DAG
+    line.
+
+    :param what: what Airflow checked, as the message shows it (``BaseOperator(...)``, ``expand()``)
+    """
+    try:
+        yield
+    except InvalidSettingError:
+        raise
+    except (TypeError, ValueError) as err:
+        raise InvalidSettingError(owner, what, ..., f"Airflow refuses it: {err}") from err
 
 
 def dag_frame(frame: types.FrameType | None) -> types.FrameType | None:
@@ -75,16 +100,21 @@ def dag_frame(frame: types.FrameType | None) -> types.FrameType | None:
     return None
 
 
-def point_at(err: InvalidSettingError, frame: types.FrameType, owner: str | None) -> None:
-    """Put the DAG's ``file:line`` and the task first in ``err``'s message."""
+def point_at(err: InvalidSettingError, frame: types.FrameType, owner: str | None) -> tuple[str, int]:
+    """Put the DAG's ``file:line`` and the task first in ``err``'s message; return that file and line.
+
+    The line is the one that holds the mistake: the frame's, or the one the error knows (``source_line``: the line
+    of a function that reads a name from outside it).
+    """
     from airflow_gpu_provider.runtime.protocol import redact  # rule S1: no credential in an import error
 
-    filename, line = frame.f_code.co_filename, frame.f_lineno
+    filename, line = err.source_line or (frame.f_code.co_filename, frame.f_lineno)
     task = owner or task_at(frame)
     message = str(err)
     named = f"{task}: " if task and not message.startswith(task) else ""
     err.dag_line = (filename, line)
     err.args = (redact(f"{filename}:{line}: {named}{message}"),)
+    return err.dag_line
 
 
 def task_at(frame: types.FrameType) -> str | None:
@@ -146,8 +176,28 @@ def _stdlib_folders() -> tuple[str, ...]:
     return tuple({os.path.join(sysconfig.get_paths()[key], "") for key in ("stdlib", "platstdlib")})
 
 
-def _holds_a_credential(frame: types.FrameType) -> bool:
-    """Whether the source lines of the frame's current expression (what a traceback shows) hold a credential."""
+def warn(message: str, owner: str) -> None:
+    """A deprecation warning at the DAG line that caused it (the first frame outside the provider and Airflow).
+
+    :param owner: the task as written (``@task.gpu('train')``), put first in the message
+    """
+    import warnings
+
+    from airflow.exceptions import AirflowProviderDeprecationWarning
+
+    frame = dag_frame(sys._getframe(1))
+    if frame is None:
+        warnings.warn(f"{owner}: {message}", AirflowProviderDeprecationWarning, stacklevel=2)
+        return
+    filename, line = frame.f_code.co_filename, frame.f_lineno
+    text = f"{owner}: {message}"  # where: the warning's own file and line (every view of a warning shows them)
+    # at the DAG's line, from the provider: Airflow shows the deprecation warnings of airflow* modules (the filter
+    # that configuration.py sets), and the DagBag keeps them as the file's warnings (the UI's DAG warnings)
+    warnings.warn_explicit(text, AirflowProviderDeprecationWarning, filename, line, module=__name__)
+
+
+def _holds_a_credential(frame: types.FrameType, where: tuple[str, int]) -> bool:
+    """Whether the frame's current expression, or the line ``where``, holds a credential (a traceback shows them)."""
     import linecache
 
     from airflow_gpu_provider.runtime.protocol import redact
@@ -158,7 +208,7 @@ def _holds_a_credential(frame: types.FrameType) -> bool:
         start, end = positions[frame.f_lasti // 2][:2]
         first, last = min(first, start or first), max(last, end or last)
     lines = [linecache.getline(frame.f_code.co_filename, number) for number in range(first, last + 1)]
-    return any(redact(line) != line for line in lines)
+    return any(redact(line) != line for line in [*lines, linecache.getline(*where)])
 
 
 def _airflow_folders() -> tuple[str, ...]:
@@ -166,8 +216,14 @@ def _airflow_folders() -> tuple[str, ...]:
     return tuple(os.path.join(os.path.abspath(p), "") for p in getattr(airflow, "__path__", ()))
 
 
-def _ending_at(frame: types.FrameType) -> types.TracebackType:
-    """A traceback of one entry, ``frame`` at its current line: raised again, it stays the innermost entry."""
+def _ending_at(frame: types.FrameType, where: tuple[str, int]) -> types.TracebackType:
+    """A traceback of one entry, ``frame`` at its current line or at the line ``where`` of its file.
+
+    Raised again, it stays the innermost entry. Another line of the frame's file has no instruction of its own:
+    ``tb_lasti`` -1 makes ``traceback`` show ``tb_lineno``.
+    """
     import types
 
+    if where != (frame.f_code.co_filename, frame.f_lineno) and where[0] == frame.f_code.co_filename:
+        return types.TracebackType(None, frame, -1, where[1])
     return types.TracebackType(None, frame, frame.f_lasti, frame.f_lineno)

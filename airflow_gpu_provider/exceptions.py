@@ -18,31 +18,57 @@ class InvalidSettingError(ValueError):
     """
 
     dag_line: tuple[str, int] | None = None  # the DAG file and line that caused it, once known
+    #: where the mistake lies when the raiser knows better than its caller's line (a name read inside a function)
+    source_line: tuple[str, int] | None = None
 
     def __init__(self, owner: str, field: str, value: object, reason: str, accepted: str | None = None) -> None:
+        """``value`` ``...``: the field is shown alone (a call, whose values the message cannot show)."""
         from airflow_gpu_provider.runtime.protocol import redact  # rule S1: no credential in an import error
 
         self.owner, self.field, self.value, self.reason, self.accepted = owner, field, value, reason, accepted
-        message = f"{owner}: {field}={value!r} is invalid: {reason}"
+        message = f"{owner}: {field}{'' if value is ... else f'={value!r}'} is invalid: {reason}"
         if accepted:
             message += f". Accepted: {accepted}"
         super().__init__(redact(message))
 
 
 class UnknownSettingError(InvalidSettingError, TypeError):
-    """An option name that the receiver does not know (Metaflow-style: list what is supported)."""
+    """An option name that the receiver does not know (Metaflow-style: list what is supported, the closest first).
 
-    def __init__(self, owner: str, names: Iterable[str], supported: Iterable[str], hint: str = "") -> None:
-        names = sorted(names)
-        supported_text = ", ".join(sorted(supported))
+    :param hint: what to say before the list; default: the closest supported names (``Did you mean 'memory'?``)
+    :param listed: the supported names in words, where listing every one would bury them (an operator's)
+    """
+
+    def __init__(
+        self,
+        owner: str,
+        names: Iterable[str],
+        supported: Iterable[str],
+        hint: str = "",
+        *,
+        what: str = "option",
+        listed: str | None = None,
+    ) -> None:
+        names, supported = sorted(names), sorted(supported)
+        supported_text = listed or ", ".join(supported)
         self.owner, self.field, self.value = owner, names[0], None
-        self.reason, self.accepted = "unknown option", supported_text
+        self.reason, self.accepted = f"unknown {what}", supported_text
+        hint = hint or closest(names, supported)
         ValueError.__init__(
             self,
-            f"{owner} does not support the option(s) {', '.join(map(repr, names))}. "
+            f"{owner} does not support the {what}(s) {', '.join(map(repr, names))}. "
             + (f"{hint} " if hint else "")
-            + f"These options are supported: {supported_text}",
+            + f"These {what}s are supported: {supported_text}",
         )
+
+
+def closest(names: Iterable[str], supported: Iterable[str]) -> str:
+    """``Did you mean 'memory' for 'gpu_memory'?`` for each name with a close supported one; else ``""``."""
+    import difflib
+
+    choices = list(supported)
+    hints = {name: difflib.get_close_matches(name, choices, n=3) for name in names}
+    return " ".join(f"Did you mean {' or '.join(map(repr, h))} for {n!r}?" for n, h in hints.items() if h)
 
 
 class GpuTaskError(RuntimeError):

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import ast
+import inspect
 import os
 import shutil
 import sys
@@ -249,3 +250,45 @@ def test_the_runtime_archive_is_the_same_bytes_every_time(tmp_path):
     (copy / "__pycache__").mkdir()
     (copy / "__pycache__" / "protocol.cpython-311.pyc").write_bytes(b"not source")
     assert runtime_zip.build(copy) == first
+
+
+#: The GPU operators, and the arguments ``@task.gpu`` takes beside an operator's (``accelerate=`` picks the class).
+GPU_OPERATORS = ("GpuStepOperator", "AccelerateOperator")
+
+
+def _documented(cls: type) -> list[str]:
+    """The arguments a class's docstring documents (``:param name:``)."""
+    import re
+
+    return re.findall(r"^\s*:param (\w+):", cls.__doc__ or "", re.MULTILINE)
+
+
+@pytest.mark.parametrize("name", GPU_OPERATORS)
+def test_every_documented_argument_is_accepted_by_partial_expand_and_the_decorator(name):
+    """What caught ``GpuStepOperator.partial(checkpoint=...)`` raising ``TypeError``: Airflow's ``.partial()`` and
+    ``.expand()`` accept only the arguments an operator's (or its bases') ``__init__`` declares, and a mixin's
+    ``__init__`` is invisible to them. Every argument a GPU operator documents must be one of those, and be
+    documented where it is declared."""
+    from airflow.sdk.definitions.mappedoperator import validate_mapping_kwargs
+
+    import airflow_gpu_provider
+    from airflow_gpu_provider.decorators.gpu import _accelerate_operator_class, _GpuDecoratedOperator
+
+    operator = getattr(airflow_gpu_provider, name)
+    documented = _documented(operator)
+    assert documented, f"{name} documents no argument"
+    validate_mapping_kwargs(operator, "partial", dict.fromkeys(documented))  # raises TypeError for one it lacks
+    validate_mapping_kwargs(operator, "expand", {argument: [] for argument in documented})
+    decorated = _GpuDecoratedOperator if name == "GpuStepOperator" else _accelerate_operator_class()
+    validate_mapping_kwargs(decorated, "partial", dict.fromkeys(documented))  # what @task.gpu's operator takes
+    own = set(inspect.signature(operator.__init__).parameters) - {"self", "kwargs"}
+    undocumented = own - set(documented) - set(_documented(operator.__mro__[1]))
+    assert not undocumented, f"{name} declares {undocumented} without documenting them"
+    from airflow.sdk import BaseOperator
+
+    mixins = [
+        base for base in operator.__mro__ if base.__module__.startswith(NAME) and BaseOperator not in base.__mro__
+    ]
+    assert mixins, "the provider's mixins were not found"
+    for mixin in mixins:
+        assert "__init__" not in vars(mixin), f"{mixin.__name__}.__init__'s arguments are invisible to .partial()"

@@ -124,6 +124,163 @@ CASES: dict[str, tuple[str, str | None]] = {
         """,
         "GpuStepOperator('sweep')",
     ),
+    # the front door: what a mapped task, Airflow's own binding or a deferred check let through before
+    "mapped_decorator_checkpoint.py": (
+        """
+        @dag(schedule=None, start_date=START)
+        def mapped_decorator_checkpoint():
+            @task.gpu(checkpoint="ckpt")  # HERE: a relative path
+            def train(x):
+                return x
+
+            train.expand(x=[1, 2])
+
+        mapped_decorator_checkpoint()
+        """,
+        "@task.gpu('train')",
+    ),
+    "mapped_decorator_deferrable.py": (
+        """
+        @dag(schedule=None, start_date=START)
+        def mapped_decorator_deferrable():
+            @task.gpu(deferrable="yes")  # HERE
+            def train(x):
+                return x
+
+            train.expand(x=[1, 2])
+
+        mapped_decorator_deferrable()
+        """,
+        "@task.gpu('train')",
+    ),
+    "mapped_decorator_resume.py": (
+        """
+        @dag(schedule=None, start_date=START)
+        def mapped_decorator_resume():
+            @task.gpu(resume=True, checkpoint=False)  # HERE
+            def train(x):
+                return x
+
+            train.expand(x=[1, 2])
+
+        mapped_decorator_resume()
+        """,
+        "@task.gpu('train')",
+    ),
+    "override_mapped.py": (
+        """
+        @dag(schedule=None, start_date=START)
+        def override_mapped():
+            @task.gpu
+            def train(x):
+                return x
+
+            train.override(task_id="fit", checkpoint="ckpt").expand(x=[1, 2])  # HERE
+
+        override_mapped()
+        """,
+        "@task.gpu('fit')",
+    ),
+    "checkpoint_in_decorator.py": (
+        """
+        @dag(schedule=None, start_date=START)
+        def checkpoint_in_decorator():
+            @task.gpu(checkpoint=5)  # HERE
+            def train():
+                return 1
+
+            train()
+
+        checkpoint_in_decorator()
+        """,
+        "@task.gpu('train')",
+    ),
+    "unknown_decorator_keyword.py": (
+        """
+        @dag(schedule=None, start_date=START)
+        def unknown_decorator_keyword():
+            @task.gpu(gpu_memory="16Gi")  # HERE
+            def train():
+                return 1
+
+            train()
+
+        unknown_decorator_keyword()
+        """,
+        "@task.gpu('train')",
+    ),
+    "unknown_operator_keyword.py": (
+        """
+        with DAG("unknown_operator_keyword", schedule=None, start_date=START):
+            GpuStepOperator(task_id="prepare", command=["true"], gpu_memory="16Gi")  # HERE
+        """,
+        "GpuStepOperator('prepare')",
+    ),
+    "call_keyword.py": (
+        """
+        @dag(schedule=None, start_date=START)
+        def call_keyword():
+            @task.gpu
+            def train(data, lr):
+                return data
+
+            train([1, 2], learning_rate=0.1)  # HERE
+
+        call_keyword()
+        """,
+        "@task.gpu('train')",
+    ),
+    "expand_keyword.py": (
+        """
+        @dag(schedule=None, start_date=START)
+        def expand_keyword():
+            @task.gpu
+            def train(data, lr):
+                return data
+
+            train.partial(data=[1]).expand(learning_rate=[0.1, 0.2])  # HERE
+
+        expand_keyword()
+        """,
+        "@task.gpu('train')",
+    ),
+    "airflow_argument.py": (
+        """
+        with DAG("airflow_argument", schedule=None, start_date=START):
+            GpuStepOperator(task_id="prepare", command=["true"], pool_slots=0)  # HERE: Airflow's own check
+        """,
+        "GpuStepOperator('prepare')",
+    ),
+    "expand_value.py": (
+        """
+        @dag(schedule=None, start_date=START)
+        def expand_value():
+            @task.gpu
+            def train(x):
+                return x
+
+            train.expand(x=5)  # HERE: a value Airflow cannot map over
+
+        expand_value()
+        """,
+        "@task.gpu('train')",
+    ),
+    "module_level_import.py": (
+        """
+        import json
+
+        @dag(schedule=None, start_date=START)
+        def module_level_import():
+            @task.gpu
+            def dump(value):
+                return json.dumps(value)  # HERE: json is the DAG file's, not the function's
+
+            dump(1)
+
+        module_level_import()
+        """,
+        "@task.gpu('dump')",
+    ),
     "module_level_image.py": (
         """
         IMAGE = ImageSettings(python_package_installer="conda")  # HERE
@@ -168,6 +325,36 @@ def test_the_import_error_names_the_dag_file_line_and_task(import_errors: dict[s
         assert f"{name}:{line}: {task}" in message, error
     frames = [text for text in error.splitlines() if text.lstrip().startswith('File "')]
     assert f'/{name}", line {line}, in ' in frames[-1], error  # Airflow keeps the last frames: the DAG's is one
+    if task is not None:
+        assert message.count(task.split("(")[0] + "(") == 1, message  # the task is named once
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("unknown_decorator_keyword.py", ["does not support the argument(s) 'gpu_memory'", "Did you mean 'memory'"]),
+        ("unknown_operator_keyword.py", ["does not support the argument(s) 'gpu_memory'", "Did you mean 'memory'"]),
+        (
+            "call_keyword.py",
+            ["train(data, learning_rate=...) is invalid: no parameter 'learning_rate'", "'lr' missing"],
+        ),
+        ("call_keyword.py", ["Did you mean 'lr'?", "Accepted: the parameters of train(data, lr)"]),
+        ("expand_keyword.py", ["train(learning_rate=...) is invalid: no parameter 'learning_rate'", "train(data, lr)"]),
+        ("module_level_import.py", ["it uses 'json' from outside the function"]),
+        ("airflow_argument.py", ["BaseOperator(...) is invalid: Airflow refuses it: pool slots for prepare"]),
+        ("expand_value.py", ["expand() is invalid: Airflow refuses it: expand() got an unexpected type 'int'"]),
+        ("mapped_decorator_checkpoint.py", ["checkpoint='ckpt' is invalid: a relative path"]),
+        ("mapped_decorator_deferrable.py", ["deferrable='yes' is invalid: not a boolean"]),
+        ("mapped_decorator_resume.py", ["resume=True is invalid: a task without a checkpoint folder"]),
+        ("override_mapped.py", ["checkpoint='ckpt' is invalid: a relative path"]),
+        ("checkpoint_in_decorator.py", ["checkpoint=5 is invalid: expected a path or URI"]),
+    ],
+)
+def test_the_import_error_says_what_is_wrong_and_what_is_accepted(
+    import_errors: dict[str, str], name: str, words: list[str]
+) -> None:
+    message = import_errors[name].strip().splitlines()[-1]
+    assert all(word in message for word in words), message
 
 
 def test_an_accelerator_typo_lists_the_accepted_forms(import_errors: dict[str, str]) -> None:

@@ -81,7 +81,18 @@ def test_make_dags_test_names_the_dag_line_of_a_mistake(airflow_home, tmp_path):
     done = make("dags-test", airflow_home, f"DAG={dag_file}", "DAG_ID=fine_tune")
     assert done.returncode != 0
     line = next(n for n, text in enumerate(dag_file.read_text().splitlines(), 1) if "@task.gpu(" in text)
-    assert f"{dag_file}:{line}: @task.gpu('train'): accelerator='A1000' is invalid" in done.stdout + done.stderr
+    error = f"{dag_file}:{line}: @task.gpu('train'): accelerator='A1000' is invalid"
+    last = done.stderr.strip().splitlines()[-3:]  # the import error last, not Airflow's "Dag ... could not be found"
+    assert any(error in text for text in last), done.stderr[-3000:]
+    assert last[-1].startswith("make: ***"), last
+
+
+def test_make_dags_test_names_the_dags_of_a_file_without_the_one_asked_for(airflow_home, tmp_path):
+    dag_file = tmp_path / "fine_tune.py"
+    dag_file.write_text(readme_example())
+    done = make("dags-test", airflow_home, f"DAG={dag_file}", "DAG_ID=fine_tuned")
+    assert done.returncode != 0
+    assert f"{dag_file} has no DAG 'fine_tuned'; the DAGs it defines: fine_tune" in done.stderr.strip().splitlines()[-2]
 
 
 def test_make_dags_test_says_how_to_call_it(airflow_home):

@@ -22,7 +22,16 @@ POD_SECURITY_LEVELS = ("restricted", "baseline", "privileged")
 # this, telemetry could slow the task it measures (docs/telemetry.md)
 MIN_PROFILE_INTERVAL = 0.25
 
-__all__ = ["OPTIONS", "SECTION", "Option", "airflow_setting", "check_choice", "get", "provider_config"]
+__all__ = [
+    "OPTIONS",
+    "SECTION",
+    "Option",
+    "airflow_setting",
+    "check_choice",
+    "default_deferrable",
+    "get",
+    "provider_config",
+]
 
 _BY_NAME = {option.name: option for option in OPTIONS}
 
@@ -100,6 +109,36 @@ def get(name: str) -> Any:
     """
     text = os.environ.get(f"AIRFLOW__{SECTION.upper()}__{name.upper()}")
     return _typed(_BY_NAME[name], text) if text is not None else _from_config_file(name)
+
+
+@functools.cache
+def _from_airflow_cfg(section: str, key: str) -> str | None:
+    return airflow_setting(section, key)
+
+
+def _setting(section: str, key: str) -> str | None:
+    """An option as Airflow reads it (``AIRFLOW__SECTION__KEY`` first), the file's value read once per process."""
+    text = os.environ.get(f"AIRFLOW__{section.upper()}__{key.upper()}")
+    return text if text is not None else _from_airflow_cfg(section, key)
+
+
+def default_deferrable() -> tuple[bool, str | None]:
+    """The default of a GPU task's ``deferrable``: Airflow's ``[operators] default_deferrable``, as every operator's.
+
+    :returns: the default, and a deprecation notice while the dropped ``[gpu] deferrable`` is still set (it is read,
+        and wins, for one release)
+    """
+    dropped = _setting(SECTION, "deferrable")
+    if dropped is not None:
+        notice = (
+            f"[{SECTION}] deferrable={dropped!r} is deprecated and is read for one more release only: set Airflow's "
+            "[operators] default_deferrable instead, the default of every operator's deferrable="
+        )
+        return _typed(_DEFERRABLE, dropped), notice
+    return _typed(_DEFERRABLE, _setting("operators", "default_deferrable") or "False"), None
+
+
+_DEFERRABLE = Option("deferrable", "boolean", "False", "deferrable's default, read as a boolean option is")
 
 
 def check_choice(owner: str, field: str, value: object, choices: tuple[str, ...]) -> str:

@@ -121,15 +121,6 @@ OPTIONS: tuple[Option, ...] = (
         "3600",
     ),
     Option(
-        "deferrable",
-        "boolean",
-        "False",
-        "Default of the deferrable argument of GPU operators and @task.gpu: a Docker container or Kubernetes pod "
-        "runs while the task is deferred (no worker slot held; the triggerer watches it), and a wait for GPUs "
-        "(on_missing_gpu=wait) is deferred on every host backend. See docs/deferrable.md.",
-        "True",
-    ),
-    Option(
         "trigger_poll_interval",
         "float",
         "0.25",

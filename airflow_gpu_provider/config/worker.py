@@ -31,7 +31,6 @@ class GpuConfig:
     inventory: str
     wait_poll_interval: float
     wait_timeout: float
-    deferrable: bool
     trigger_poll_interval: float
     default_parent_image: str
     shm_size: str

@@ -1,22 +1,31 @@
-"""``@gpu_task`` / ``@task.gpu``: the TaskFlow form of :class:`GpuStepOperator`."""
+"""``@gpu_task`` / ``@task.gpu``: the TaskFlow form of :class:`GpuStepOperator`.
+
+The task is settled where the function is decorated (:meth:`GpuStepOperator.settle`, as a plain or mapped operator
+is), and again only where ``.override(...)`` changes it; the calls of the decorated function (``train(data)``,
+``train.expand(...)``, ``train.partial(...)``) are bound to its signature first, so a wrong keyword names the
+function's parameters at the DAG line instead of ending in Airflow's frames.
+"""
 
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from airflow.sdk.bases.decorator import DecoratedOperator, task_decorator_factory
+import attr
+from airflow.sdk.bases.decorator import DecoratedOperator, _TaskDecorator
 
-from airflow_gpu_provider.dag_line import entry_point
+from airflow_gpu_provider.dag_line import airflow_checks, entry_point
 from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.operators.arguments import check_names, check_payload
 from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
-from airflow_gpu_provider.operators.spec import TaskSpec, beside_spec
-from airflow_gpu_provider.task.modules import ProjectModules
+from airflow_gpu_provider.operators.spec import beside_spec
+from airflow_gpu_provider.task.call import check_binding, check_call_arguments
+from airflow_gpu_provider.task.callable import shipped_callable
 
 if TYPE_CHECKING:
     from airflow.sdk.bases.decorator import TaskDecorator
+    from airflow.sdk.definitions.xcom_arg import XComArg
 
 DECORATOR = "@task.gpu"
 
@@ -43,6 +52,43 @@ class _GpuDecoratedOperator(DecoratedOperator, GpuStepOperator):  # type: ignore
         )
 
 
+def _owner(decorator: _GpuTask, *_: Any, **__: Any) -> str:
+    return str(decorator.kwargs["task_spec"].owner)
+
+
+def _overridden(decorator: _GpuTask, **kwargs: Any) -> str:
+    return f"{DECORATOR}({kwargs['task_id']!r})" if "task_id" in kwargs else _owner(decorator)
+
+
+class _GpuTask(_TaskDecorator):  # type: ignore[type-arg]
+    """Airflow's decorated function, whose calls are checked against the function's signature first."""
+
+    @entry_point(_owner)
+    def __call__(self, *args: Any, **kwargs: Any) -> XComArg:
+        """``train(data, lr=0.1)``: bound to ``train``'s signature here, at the DAG line, then Airflow's call."""
+        shipped = shipped_callable(self.function, owner=_owner(self))  # checked when decorated: known
+        check_binding(_owner(self), self.function, args, kwargs, shipped.signature)  # their JSON: the operator's
+        return super().__call__(*args, **kwargs)
+
+    @entry_point(_owner)
+    def _validate_arg_names(self, func: Any, kwargs: dict[str, Any]) -> None:
+        """``train.expand(...)`` and ``train.partial(...)``: the names bound to the signature (the rest may come)."""
+        check_call_arguments(_owner(self), self.function, [], kwargs, complete=False)
+        with airflow_checks(_owner(self), f"{func}()"):  # a context key mapped, a value that cannot be mapped
+            super()._validate_arg_names(func, kwargs)
+
+    @entry_point(_overridden)
+    def override(self, **kwargs: Any) -> _GpuTask:
+        """``train.override(gpu_count=2)``: the task settled again with these arguments."""
+        owner = _overridden(self, **kwargs)
+        check_names(owner, self.operator_class, kwargs)
+        settled = self.kwargs["task_spec"]._replace(owner=owner)
+        spec = self.operator_class.settle(owner, {**kwargs, "python_callable": self.function}, settled)
+        result = cast("_GpuTask", super().override(**beside_spec(kwargs)))
+        result.kwargs["task_spec"] = spec
+        return result
+
+
 @functools.cache
 def _accelerate_operator_class() -> type[_GpuDecoratedOperator]:
     """``@gpu_task(accelerate=...)``'s operator, built on first use (most DAGs never import Accelerate support)."""
@@ -63,17 +109,17 @@ def gpu_task(
 ) -> TaskDecorator:
     """Run the decorated function as a GPU task (also available as ``@task.gpu``).
 
-    Takes every :class:`GpuStepOperator` argument: ``resources=``, ``image=``, ``backend=``, ``on_missing_gpu=``
-    and the shortcuts ``gpu_count=``, ``memory=``, ``accelerator=``, ``requirements=``, ... The function's return
-    value goes to XCom (``multiple_outputs=True`` unrolls a dict).
+    Takes every :class:`GpuStepOperator` argument: ``resources=``, ``image=``, ``backend=``, ``on_missing_gpu=``,
+    the shortcuts ``gpu_count=``, ``memory=``, ``accelerator=``, ``requirements=``, ..., ``checkpoint=``,
+    ``resume=``, ``deferrable=``, ``durable=``, ``wait_timeout=`` and ``modules=``. The function's return value goes
+    to XCom (``multiple_outputs=True`` unrolls a dict).
 
     ``accelerate=True`` or ``accelerate={"num_processes": 2, "mixed_precision": "bf16", ...}`` runs the function
     on every rank under ``accelerate launch`` (the :class:`AccelerateOperator` options); rank 0's return value goes
-    to XCom. ``checkpoint=`` sets the root of the task's checkpoint folder, and ``resume=True`` resumes each retry
-    from its newest checkpoint (``docs/resilience.md``).
+    to XCom.
 
     The task is settled once, when the function is decorated (mapped tasks too: the scheduler reads their GPU pool
-    from the decorator's arguments); errors name it as written, ``@task.gpu('train')``.
+    from the decorator's arguments); errors name it as written, ``@task.gpu('train')``, at the DAG line.
 
     .. code-block:: python
 
@@ -89,7 +135,7 @@ def gpu_task(
 
     @entry_point(owner)  # called where the function is decorated: errors point at that line
     def decorate(function: Callable[..., Any]) -> TaskDecorator:
-        operator_class: type[_GpuDecoratedOperator] = _GpuDecoratedOperator
+        operator_class: type[GpuStepOperator] = _GpuDecoratedOperator
         arguments = dict(kwargs)
         accelerate = arguments.pop("accelerate", None)
         if accelerate is not None and accelerate is not False:
@@ -101,18 +147,22 @@ def gpu_task(
                     "expected True or a mapping of launch options",
                     "True, or e.g. {'num_processes': 2, 'mixed_precision': 'bf16'}",
                 )
+            from airflow_gpu_provider.operators.accelerate import split_launch
+
+            operator_class = _accelerate_operator_class()  # accelerate={...}: its options, or the operator's
             arguments.update({} if accelerate is True else accelerate)
-            operator_class = _accelerate_operator_class()
-        spec = TaskSpec.settle(owner(function), arguments, num_nodes=operator_class._nodes(arguments))
-        if arguments.get("modules") is not None:  # now: a mapped task's operator is made only when it runs
-            ProjectModules.settle(owner(function), arguments["modules"], inspect.getsourcefile(function))
-        return task_decorator_factory(
-            python_callable=function,
-            multiple_outputs=multiple_outputs,
-            decorated_operator_class=operator_class,
-            task_spec=spec,
-            **spec.placed(beside_spec(arguments)),
-        )
+            by_name, arguments = split_launch(operator_class, arguments)
+            arguments["launch_options"] = {**dict(arguments.get("launch_options") or {}), **by_name}
+        check_names(owner(function), operator_class, arguments)
+        spec = operator_class.settle(owner(function), {**arguments, "python_callable": function})
+        check_payload(spec.owner, {"python_callable": function}, complete=False)  # its source, shipped as is
+        with airflow_checks(spec.owner, f"{DECORATOR}(...)"):  # the types of BaseOperator's arguments
+            return _GpuTask(  # type: ignore[return-value]
+                function=function,
+                multiple_outputs=attr.NOTHING if multiple_outputs is None else multiple_outputs,  # type: ignore[arg-type]
+                operator_class=operator_class,
+                kwargs={**spec.placed(beside_spec(arguments)), "task_spec": spec},
+            )
 
     if python_callable is None:
         return decorate  # type: ignore[return-value]  # @task.gpu(...): called with the function next

@@ -185,13 +185,7 @@ def launch_arguments(options: Mapping[str, Any], *, owner: str, spec: Mapping[st
     by_dest = {o["dest"]: o for o in spec["options"]}
     unknown = [name for name in options if name not in by_dest]
     if unknown:
-        import difflib
-
-        hints = {name: difflib.get_close_matches(name, by_dest, n=3) for name in unknown}
-        hint = " ".join(f"Did you mean {' or '.join(map(repr, h))} for {n!r}?" for n, h in hints.items() if h)
-        raise UnknownSettingError(
-            f"{owner}: accelerate {spec['accelerate_version']} launch", unknown, sorted(by_dest), hint=hint
-        )
+        raise UnknownSettingError(f"{owner}: accelerate {spec['accelerate_version']} launch", unknown, by_dest)
     argv: list[str] = []
     for name, value in options.items():
         option = by_dest[name]

@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator
-
-from airflow_gpu_provider.checkpoint.mixin import CheckpointMixin
 from airflow_gpu_provider.dag_line import entry_point
-from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
+from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.launchers.accelerate import launch_section, load_spec
-from airflow_gpu_provider.operators.execution import GpuExecution
+from airflow_gpu_provider.operators.arguments import accepted
 from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
-from airflow_gpu_provider.operators.spec import task_owner
-from airflow_gpu_provider.settings import ResourceSettings
+from airflow_gpu_provider.operators.spec import TaskSpec, task_owner
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+    from airflow.sdk.definitions.mappedoperator import OperatorPartial
 
-    from airflow_gpu_provider.operators.spec import TaskSpec
+    from airflow_gpu_provider.settings import ResourceSettings
     from airflow_gpu_provider.task.envelope import Envelope
 
 
@@ -61,9 +56,9 @@ class AccelerateOperator(GpuStepOperator):
         script_args: Sequence[str] | None = None,
         python_callable: Callable[..., Any] | None = None,
         num_processes: int | None = None,
-        num_machines: int = 1,
+        num_machines: int | None = None,
         multi_gpu: bool | None = None,
-        cpu: bool = False,
+        cpu: bool | None = None,
         mixed_precision: str | None = None,
         main_process_port: int | None = None,
         gpu_ids: str | Sequence[int] | None = None,
@@ -71,53 +66,67 @@ class AccelerateOperator(GpuStepOperator):
         launch_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        own = {name: value for name, value in locals().items() if name in LAUNCH_ARGUMENTS and value is not None}
+        extra, kwargs = split_launch(type(self), kwargs)
         owner = task_owner(self, **kwargs)
-        spec = load_spec()
-        known = {o["dest"] for o in spec["options"]}
-        operator_args = _operator_arguments()
-        extra = {k: kwargs.pop(k) for k in list(kwargs) if k in known and k not in operator_args}
-        unknown = set(kwargs) - operator_args
-        if unknown:
-            raise UnknownSettingError(owner, unknown, ["AccelerateOperator/BaseOperator arguments", *sorted(known)])
-        if isinstance(num_machines, bool) or not isinstance(num_machines, int) or num_machines < 1:
-            raise InvalidSettingError(owner, "num_machines", num_machines, "expected a positive integer", "1, 2, ...")
         if (script is None) == (python_callable is None):
             raise InvalidSettingError(
-                owner,
-                "script/python_callable",
-                None,
-                "give exactly one of them",
-                "script='train.py' or python_callable=f",
+                owner, "script/python_callable", None, "give exactly one of them", "script='x.py' or python_callable=f"
             )
-        self.launch_options: dict[str, Any] = {
-            "num_processes": num_processes,
-            "multi_gpu": multi_gpu,
-            "cpu": cpu,
-            "mixed_precision": mixed_precision,
-            "main_process_port": main_process_port,
-            "gpu_ids": gpu_ids,
-            "dynamo_backend": dynamo_backend,
-            **dict(launch_options or {}),
-            **extra,
-        }
-        for reserved in ("num_machines", "machine_rank", "main_process_ip"):
-            if self.launch_options.get(reserved) is not None:
-                raise InvalidSettingError(
-                    owner,
-                    reserved,
-                    self.launch_options[reserved],
-                    "the provider sets it from num_machines and the pods' ranks",
-                    "num_machines=N",
-                )
-        self.num_machines = self.num_nodes = num_machines  # the backend's registry entry says how many it can span
-        if num_machines > 1:  # the pods meet on this port (each gets it as MASTER_PORT)
-            self.rendezvous_port = main_process_port
-        self.script = script
-        self.script_args = list(script_args or [])
+        self.script, self.script_args = script, list(script_args or [])
+        launch = {**own, **dict(launch_options or {}), **extra}
+        arguments = {**kwargs, "python_callable": python_callable, "launch_options": launch}
+        kwargs["task_spec"] = type(self).settle(owner, arguments, kwargs.get("task_spec"))
         # GpuStepOperator takes a callable or a command; a script becomes the launcher's command at run time
-        command = None if script is None else [script]
-        super().__init__(python_callable=python_callable, command=command, **kwargs)
-        self.launch(self.task_spec.resources)  # check the options now, with accelerate's parser
+        super().__init__(python_callable=python_callable, command=None if script is None else [script], **kwargs)
+
+    @classmethod
+    def settle(cls, owner: str, arguments: Mapping[str, Any], settled: TaskSpec | None = None) -> TaskSpec:
+        """:meth:`GpuStepOperator.settle`, and the ``accelerate launch`` options checked by accelerate's own parser."""
+        launch = {name: arguments[name] for name in LAUNCH_ARGUMENTS if arguments.get(name) is not None}
+        launch.update(arguments.get("launch_options") or {})
+        if settled is not None and (not launch or launch == settled.launch):
+            return super().settle(owner, arguments, settled)
+        launch = {**((settled.launch or {}) if settled is not None else {}), **launch}
+        for reserved in ("machine_rank", "main_process_ip"):
+            if launch.get(reserved) is not None:
+                raise InvalidSettingError(
+                    owner, reserved, launch[reserved], "the provider sets it from num_machines and the pods' ranks",
+                    "num_machines=N",
+                )  # fmt: skip
+        nodes = launch.get("num_machines", 1)
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+            raise InvalidSettingError(owner, "num_machines", nodes, "expected a positive integer", "1, 2, ...")
+        if settled is None:
+            spec = TaskSpec.settle(owner, arguments, num_nodes=nodes)
+        else:
+            spec = settled.changed(arguments, num_nodes=nodes)
+        launch_section(spec.resources, _without_machines(launch), num_machines=nodes, owner=spec.owner)  # a check
+        return spec._replace(launch=launch)
+
+    @classmethod
+    @entry_point(task_owner)
+    def partial(cls, *, task_id: str, **kwargs: Any) -> OperatorPartial:  # type: ignore[override]
+        """``.partial(...)``: launch options given by name travel in ``launch_options`` (what Airflow maps)."""
+        extra, kwargs = split_launch(cls, kwargs)
+        if extra:
+            kwargs["launch_options"] = {**dict(kwargs.get("launch_options") or {}), **extra}
+        return super().partial(task_id=task_id, **kwargs)
+
+    @property
+    def num_machines(self) -> int:
+        """The machines one try spans (``num_machines``)."""
+        return self.task_spec.num_nodes
+
+    @property
+    def rendezvous_port(self) -> int | None:  # type: ignore[override]
+        """Where a multi-node launch meets: ``main_process_port``, else the backend's default."""
+        return (self.task_spec.launch or {}).get("main_process_port") if self.num_machines > 1 else None
+
+    @property
+    def launch_options(self) -> dict[str, Any]:
+        """The ``accelerate launch`` options, as given (and checked)."""
+        return _without_machines(self.task_spec.launch or {})
 
     def launch(self, resources: ResourceSettings) -> dict[str, Any]:
         """The envelope's ``launch`` section for these resources, validated by accelerate's parser."""
@@ -131,15 +140,24 @@ class AccelerateOperator(GpuStepOperator):
             self.command = [self.script, *self.script_args]
         return super().build_envelope(context, spec).launched(self.launch(spec.resources))
 
-    @classmethod
-    def _nodes(cls, kwargs: Mapping[str, Any]) -> int:
-        return int(kwargs.get("num_machines") or 1)
+
+#: AccelerateOperator's own launch arguments (the others: ``launch_options``, or by name).
+LAUNCH_ARGUMENTS = (
+    "num_processes", "num_machines", "multi_gpu", "cpu", "mixed_precision", "main_process_port", "gpu_ids",
+    "dynamo_backend",
+)  # fmt: skip
 
 
-@functools.cache
-def _operator_arguments() -> frozenset[str]:
-    """Keyword arguments of AccelerateOperator, GpuStepOperator (its mixins) and BaseOperator."""
-    names: set[str] = set()
-    for cls in (AccelerateOperator, GpuStepOperator, GpuExecution, CheckpointMixin, BaseOperator):
-        names |= set(inspect.signature(cls.__init__).parameters)
-    return frozenset(names - {"self", "kwargs", "args"})
+def split_launch(operator_class: type, kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(the accelerate launch options given by name, the other arguments)``.
+
+    A name the operator declares is its own argument; another that accelerate's parser knows
+    (``num_cpu_threads_per_process``) is a launch option.
+    """
+    names = {o["dest"] for o in load_spec()["options"]} - accepted(operator_class)
+    launch = {name: value for name, value in kwargs.items() if name in names}
+    return launch, {name: value for name, value in kwargs.items() if name not in launch}
+
+
+def _without_machines(launch: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in launch.items() if name != "num_machines"}

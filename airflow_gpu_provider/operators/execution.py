@@ -3,7 +3,7 @@
 ``execute`` plans the try and runs it on its backend, or, deferred, starts it (``Backend.start``) and hands it to the
 backend's trigger; ``execute_complete`` resumes it on a worker (``Backend.resume``). A wait for GPUs
 (``on_missing_gpu="wait"``) is deferred on every host backend: the allocator raises ``MustWait`` and the task waits
-in the triggerer (:class:`~airflow_gpu_provider.host.trigger.GpuFreeTrigger`), then starts again. ``reattach`` lets
+in the triggerer (:class:`~airflow_gpu_provider.host.trigger.GpuFreeTrigger`), then starts again. ``durable`` lets
 a later try take over what an earlier one left running. docs/deferrable.md says what each backend frees.
 """
 
@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from airflow.providers.common.compat.sdk import AirflowFailException  # airflow.sdk.exceptions from 3.2
 
-from airflow_gpu_provider import config
 from airflow_gpu_provider.escalation.retry_policy import DefaultRetryPolicy
-from airflow_gpu_provider.exceptions import GpuUnavailableError, InvalidSettingError, RemoteTaskError
+from airflow_gpu_provider.exceptions import GpuUnavailableError, RemoteTaskError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -35,7 +34,10 @@ if TYPE_CHECKING:
 
 
 class Attempt(NamedTuple):
-    """One try, settled when it starts (or resumes): the worker's options, the task, its rung, request, backend."""
+    """One try, built once when it starts: the worker's options, the task, its rung, request, backend and plan.
+
+    A deferred try travels in the deferral's state (:meth:`carried`) and is rebuilt from it on resume, not anew.
+    """
 
     conf: GpuConfig
     spec: TaskSpec
@@ -44,71 +46,38 @@ class Attempt(NamedTuple):
     backend: Backend[Any, Any]
     plan: Any
 
-
-ACCEPTED_BACKENDS = (
-    "backend='docker', 'kubernetes' or 'ray' (or on_missing_gpu='wait', to defer only the wait for GPUs)"
-)
-
-
-def _boolean(owner: str, field: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidSettingError(owner, field, value, "not a boolean", "True or False")
-    return value
-
-
-def _seconds(owner: str, value: Any) -> float | None:
-    if value is None:
-        return None
-    seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= 10**9:
-        raise InvalidSettingError(
-            owner, "wait_timeout", value, "not a positive number of seconds", "seconds (at most 1e9) or a timedelta"
-        )
-    return float(seconds)
-
-
-def check_deferrable(spec: TaskSpec, deferrable: bool) -> None:
-    """Refuse ``deferrable=True`` where nothing could be deferred (at parse; a templated backend when rendered)."""
-    if not deferrable or spec.backend is None or spec.info.defers:
-        return
-    if spec.on_missing_gpu is None or spec.on_missing_gpu == "wait":
-        return  # a wait for GPUs is deferred (a templated on_missing_gpu is checked when rendered)
-    raise InvalidSettingError(
-        spec.owner,
-        "deferrable",
-        True,
-        f"the {spec.backend!r} backend runs the task as a child of its worker, which cannot outlive the worker: only "
-        "a wait for GPUs can be deferred there",
-        ACCEPTED_BACKENDS,
-    )
+    def carried(self) -> dict[str, Any]:
+        """What the try decided when it started, as JSON: the worker's options and the request (its rung too)."""
+        return {"conf": dataclasses.asdict(self.conf), "request": self.request.to_state()}
 
 
 class GpuExecution:
-    """``execute`` / ``execute_complete`` of the GPU operators, with ``deferrable``, ``reattach``, ``wait_timeout``.
+    """``execute`` / ``execute_complete`` of the GPU operators.
 
-    :param deferrable: run the container or pod while the task is deferred (no worker slot held), and defer a
-        wait for GPUs; default ``[gpu] deferrable``
-    :param reattach: a later try of the same task instance takes over the container or pod an earlier try left
-        running, instead of starting a second one
-    :param wait_timeout: seconds (or a ``timedelta``) an ``on_missing_gpu="wait"`` task waits for GPUs; default
-        ``[gpu] wait_timeout``
+    As their settled ``deferrable``, ``durable`` and ``wait_timeout`` say: ``TaskSpec`` holds the operator's
+    arguments; this mixin has none of its own.
     """
 
     task_spec: TaskSpec
     log: Any
     retry_policy = DefaultRetryPolicy()  # the DAG's retry_policy, else GpuRetryPolicy() (Airflow 3.3+)
+    _running_backend: Backend[Any, Any] | None = None  # the backend of the step under way (on_kill stops it)
+    _waiting_since: float | None = None  # set by a resume after a deferred wait for GPUs
 
-    def __init__(
-        self, *, deferrable: bool | None = None, reattach: bool = True, wait_timeout: Any = None, **kwargs: Any
-    ) -> None:
-        owner = self.task_spec.owner
-        self.deferrable = _boolean(owner, "deferrable", config.get("deferrable") if deferrable is None else deferrable)
-        self.reattach = _boolean(owner, "reattach", reattach)
-        self.wait_timeout = _seconds(owner, wait_timeout)
-        check_deferrable(self.task_spec, self.deferrable)
-        self._running_backend: Backend[Any, Any] | None = None
-        self._waiting_since: float | None = None
-        super().__init__(**kwargs)
+    @property
+    def deferrable(self) -> bool:
+        """Whether a try runs deferred where its backend can, and defers its wait for GPUs."""
+        return self.task_spec.deferrable
+
+    @property
+    def durable(self) -> bool:
+        """Whether a later try takes over what an earlier one left running (Airflow's name; ``reattach`` before)."""
+        return self.task_spec.durable
+
+    @property
+    def wait_timeout(self) -> float | None:
+        """Seconds a wait for GPUs lasts (``None``: ``[gpu] wait_timeout``)."""
+        return self.task_spec.wait_timeout
 
     if TYPE_CHECKING:  # the operator's (GpuStepOperator, BaseOperator)
         gpu_profile: Any
@@ -134,12 +103,27 @@ class GpuExecution:
         from airflow_gpu_provider.escalation import tries as escalation
 
         conf = GpuConfig.read(**({"wait_timeout": self.wait_timeout} if self.wait_timeout else {}))
-        spec = self.rendered_spec()
-        check_deferrable(spec, self.deferrable)
+        spec = self.rendered_spec()  # a templated backend's deferrable is checked there
         tries = escalation.Tries.start(spec.on_oom, context) if spec.on_oom is not None else None
         request = self.task_request(context, spec, conf, tries)
         waits_deferred = self.deferrable and request.missing_gpu.waits
-        request = dataclasses.replace(request, reattach=self.reattach, defer_wait=waits_deferred)
+        request = dataclasses.replace(request, reattach=spec.durable, defer_wait=waits_deferred)
+        backend = spec.info.backend_class()(spec.options, log=self.log)
+        return Attempt(conf, spec, tries, request, backend, backend.plan(request, conf))
+
+    def _resumed(self, context: Context, carried: Mapping[str, Any]) -> Attempt:
+        """The try a deferral carried (:meth:`Attempt.carried`): its options and request as they started.
+
+        The task and its backend are the DAG's; the plan is a pure function of the request and the options.
+        """
+        from airflow_gpu_provider.config.worker import GpuConfig
+        from airflow_gpu_provider.escalation import tries as escalation
+        from airflow_gpu_provider.task.request import TaskRequest
+
+        conf = GpuConfig(**carried["conf"])
+        spec = self.rendered_spec()
+        request = TaskRequest.from_state(carried["request"], spec.image)
+        tries = escalation.Tries.start(spec.on_oom, context) if spec.on_oom is not None else None  # to record the end
         backend = spec.info.backend_class()(spec.options, log=self.log)
         return Attempt(conf, spec, tries, request, backend, backend.plan(request, conf))
 
@@ -182,7 +166,8 @@ class GpuExecution:
             self.log.info("GPUs free after %.1fs of deferred waiting: starting the task", event.get("waited", 0.0))
             self._waiting_since = since  # execute() is the decorator's too: it takes the context alone
             return self.execute(context)
-        attempt = self._prepare(context)
+        # the try as it started; dag.test() passes the trigger's event alone, without the deferral's state
+        attempt = self._resumed(context, state["try"]) if "try" in state else self._prepare(context)
         backend_state = dict(state.get("backend") or {})
         step = lambda: attempt.backend.resume(attempt.plan, backend_state, event, context)  # noqa: E731
         return self._outcome(context, attempt, step, None)
@@ -211,7 +196,7 @@ class GpuExecution:
         if isinstance(outcome, MustWait):  # nothing is published for a deferred try
             self._defer_wait(outcome, attempt.conf, waiting_since)
         elif isinstance(outcome, Deferral):
-            state = {"phase": "run", "backend": outcome.state}
+            state = {"phase": "run", "backend": outcome.state, "try": attempt.carried()}
             self.defer(
                 trigger=outcome.trigger,
                 method_name="execute_complete",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import shlex
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -11,15 +10,14 @@ from airflow.providers.common.compat.sdk import AirflowFailException  # airflow.
 from airflow.sdk import BaseOperator
 
 from airflow_gpu_provider.checkpoint.mixin import CheckpointMixin
-from airflow_gpu_provider.dag_line import entry_point
-from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.dag_line import airflow_checks, entry_point
+from airflow_gpu_provider.operators.arguments import check_names, check_payload
 from airflow_gpu_provider.operators.execution import GpuExecution
-from airflow_gpu_provider.operators.spec import TaskSpec, beside_spec, is_template, task_owner
+from airflow_gpu_provider.operators.spec import TaskSpec, beside_spec, task_owner
 from airflow_gpu_provider.policy.secrets import MasksCredentials
-from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.settings.image import check_environment
-from airflow_gpu_provider.task.callable import call_arguments, check_call_arguments, check_command, shipped_callable
-from airflow_gpu_provider.task.modules import ProjectModules, project_folders
+from airflow_gpu_provider.task.call import call_arguments
+from airflow_gpu_provider.task.modules import project_folders
 from airflow_gpu_provider.telemetry.lineage import LineageMixin
 
 if TYPE_CHECKING:
@@ -28,18 +26,20 @@ if TYPE_CHECKING:
 
     from airflow_gpu_provider.config.worker import GpuConfig
     from airflow_gpu_provider.escalation.tries import Tries
+    from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
     from airflow_gpu_provider.settings.escalation import OomEscalation
     from airflow_gpu_provider.task.envelope import Envelope
     from airflow_gpu_provider.task.request import TaskRequest
 
 
 class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMixin, BaseOperator):
-    """Run a Python callable or a command on GPUs, on the local, Docker or Kubernetes backend.
+    """Run a Python callable or a command on GPUs, on the local, Docker, Kubernetes or executor backend.
 
     Declare resources once (``resources=ResourceSettings(...)`` or the shortcuts) and the backend maps them:
     the local backend to devices from the host's GPU allocator, Docker to device requests, Kubernetes to
     resource limits and node selectors. The callable's source is shipped to the task process; arguments and the
-    return value (pushed to XCom) travel as JSON. Everything is checked when the DAG is parsed (:class:`TaskSpec`).
+    return value (pushed to XCom) travel as JSON. Every argument is declared here, so ``.partial()`` and
+    ``.expand()`` take each one, and all are settled once when the DAG is parsed (:meth:`settle`).
 
     :param python_callable: function to run; it must import what it uses inside its body
     :param command: argument list (or a string split with ``shlex``; no shell) to run instead (templated)
@@ -54,21 +54,34 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
     :param environment: extra environment variables for the task process (templated)
     :param on_oom: an :class:`OomEscalation` ladder: after an out-of-memory failure the next try asks for its next
         step (a larger GPU, MIG slice or memory limit); other failures retry unchanged
-    :param cpu_count: shortcut for ``resources.cpu_count`` (a template is validated when rendered); likewise
-        ``gpu_count``, ``memory``, ``accelerator``, ``gpu_vendor``, ``mig_profile``, ``shm_size``
-    :param requirements: shortcut for ``image.requirements``; likewise ``parent_image``,
-        ``python_package_installer``
+    :param cpu_count: shortcut for ``resources.cpu_count`` (a template is validated when rendered)
+    :param gpu_count: shortcut for ``resources.gpu_count`` (likewise)
+    :param memory: shortcut for ``resources.memory`` (likewise)
+    :param accelerator: shortcut for ``resources.accelerator`` (likewise)
+    :param gpu_vendor: shortcut for ``resources.gpu_vendor`` (likewise)
+    :param mig_profile: shortcut for ``resources.mig_profile`` (likewise)
+    :param shm_size: shortcut for ``resources.shm_size`` (likewise)
+    :param parent_image: shortcut for ``image.parent_image``
+    :param requirements: shortcut for ``image.requirements``
+    :param python_package_installer: shortcut for ``image.python_package_installer``
     :param modules: modules and packages next to the DAG file to ship with the task (``["plmod", "mypkg"]``):
         checked at parse (present, no link, at most 256 KiB), read when the task starts, first on the task's path
         on every backend. The local and executor backends also put the DAG's folder and bundle on the path.
-    :param checkpoint: the root of the task's checkpoint folder, or ``False`` (:class:`CheckpointMixin`) (templated)
+    :param checkpoint: an absolute path or an object-storage URI (``s3://bucket/ckpt``, an ``ObjectStoragePath``)
+        under which the task's checkpoint folder is made; ``False`` for none; default ``[gpu] checkpoint_root``
+        (templated)
     :param resume: each try looks for the newest checkpoint in the task's checkpoint folder
         (``AIRFLOW_GPU_CHECKPOINT_DIR``): an ``accelerator.save_state`` folder or a Hugging Face Trainer's
         ``checkpoint-N``. Its path is in ``AIRFLOW_GPU_RESUME_FROM`` (unset on a fresh start), its number in
         ``AIRFLOW_GPU_RESUME_STEP``; a function's ``save_state`` checkpoint is loaded right after its first
-        ``accelerator.prepare(...)`` (see ``docs/resilience.md``)
-    :param deferrable: run the container or pod while the task is deferred, and defer a wait for GPUs; default
-        ``[gpu] deferrable`` (:class:`GpuExecution`, docs/deferrable.md); likewise ``reattach``, ``wait_timeout``
+        ``accelerator.prepare(...)`` (see ``docs/resilience.md``); default ``False``
+    :param deferrable: run the container or pod while the task is deferred (no worker slot held), and defer a wait
+        for GPUs; default Airflow's ``[operators] default_deferrable`` (docs/deferrable.md)
+    :param durable: a later try of the same task instance takes over the container or pod an earlier try left
+        running (a worker restart reattaches instead of restarting); default ``True``
+    :param reattach: deprecated: ``durable``'s name before (read for one more release, with a warning)
+    :param wait_timeout: seconds (or a ``timedelta``) an ``on_missing_gpu="wait"`` task waits for GPUs; default
+        ``[gpu] wait_timeout``
     :param task_spec: the task as the decorator (or ``.partial()``) already settled it; arguments given beside it
         settle it again
     """
@@ -84,7 +97,6 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         "checkpoint",
     )
     template_fields_renderers = dict(op_args="py", op_kwargs="py", environment="json", resource_overrides="json")
-    num_nodes: int = 1  # machines one try runs on (AccelerateOperator's num_machines)
     rendezvous_port: int | None = None  # where a multi-node launch meets (AccelerateOperator's main_process_port)
     ui_color = "#76b900"
     ui_fgcolor = "#ffffff"
@@ -114,57 +126,50 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         parent_image: str | None = None,
         requirements: Sequence[str] | None = None,
         python_package_installer: str | None = None,
-        resume: bool = False,
         modules: Sequence[str] | None = None,
+        checkpoint: Any = None,
+        resume: bool | None = None,
+        deferrable: bool | None = None,
+        durable: bool | None = None,
+        reattach: bool | None = None,
+        wait_timeout: Any = None,
         task_spec: TaskSpec | None = None,
         **kwargs: Any,
     ) -> None:
+        given = {name: value for name, value in locals().items() if name not in ("self", "kwargs", "task_spec")}
         owner = task_owner(self, task_spec=task_spec, **kwargs)
-        if not isinstance(resume, bool) or (resume and kwargs.get("checkpoint") is False):
-            why = "a task without a checkpoint folder has nothing to resume" if resume is True else "expected a boolean"
-            raise InvalidSettingError(owner, "resume", resume, why, "True or False (with checkpoint= not False)")
-        self.resume = resume
-        if (python_callable is None) == (command is None):
-            raise InvalidSettingError(
-                owner, "python_callable/command", None, "give exactly one of them", "python_callable=f or command=[...]"
-            )
-        if command is not None and not is_template(command):
-            check_command(owner, command)
-        given = {
-            "resources": resources, "image": image, "backend_options": backend_options, "on_oom": on_oom,
-            "cpu_count": cpu_count, "gpu_count": gpu_count, "memory": memory, "accelerator": accelerator,
-            "gpu_vendor": gpu_vendor, "mig_profile": mig_profile, "shm_size": shm_size, "parent_image": parent_image,
-            "requirements": requirements, "python_package_installer": python_package_installer,
-        }  # fmt: skip
-        arguments = {name: value for name, value in given.items() if value is not None}
-        arguments.update(backend=backend, on_missing_gpu=on_missing_gpu)  # None: [gpu] backend, [gpu] on_missing_gpu
-        if task_spec is None:
-            self.task_spec = TaskSpec.settle(owner, arguments, num_nodes=self.num_nodes)
-        else:
-            self.task_spec = task_spec.changed(arguments, num_nodes=self.num_nodes)
-        self.python_callable = python_callable
-        self.shipped = shipped_callable(python_callable, owner=owner) if python_callable is not None else None
-        self.command = command
-        self.project_modules = ProjectModules.settle(owner, modules, self._dag_file(kwargs))
-        if python_callable is not None and self.shipped is not None:
-            check_call_arguments(owner, python_callable, op_args or [], op_kwargs or {}, self.shipped.signature)
-        self.op_args = list(op_args or [])
-        self.op_kwargs = dict(op_kwargs or {})
+        check_names(owner, type(self), kwargs)
+        self.task_spec = spec = type(self).settle(owner, {**given, "dag": kwargs.get("dag")}, task_spec)
+        self.shipped = check_payload(spec.owner, given)
+        self.python_callable, self.command = python_callable, command
+        self.op_args, self.op_kwargs = list(op_args or []), dict(op_kwargs or {})
         # the templated arguments, rendered when the task starts (the settled values are in task_spec)
-        self.backend = backend if backend is not None else self.task_spec.backend
-        self.on_missing_gpu = on_missing_gpu if on_missing_gpu is not None else self.task_spec.on_missing_gpu
-        self.resource_overrides = dict(self.task_spec.templated)
-        self.environment = check_environment(owner, "environment", environment or {})
-        super().__init__(**self.task_spec.placed(kwargs))
+        self.backend = backend if backend is not None else spec.backend
+        self.on_missing_gpu = on_missing_gpu if on_missing_gpu is not None else spec.on_missing_gpu
+        self.checkpoint = spec.checkpoint  # as checked (a path-like as text); a template is rendered when it starts
+        self.resource_overrides = dict(spec.templated)
+        self.environment = check_environment(spec.owner, "environment", environment or {})
+        with airflow_checks(spec.owner, "BaseOperator(...)"):
+            super().__init__(**spec.placed(kwargs))
 
-    def _dag_file(self, kwargs: Mapping[str, Any]) -> str | None:
-        """The DAG file of this task: its function's, else its DAG's (the ``with DAG(...)`` block or ``dag=``)."""
-        return self.shipped.filename if self.shipped is not None else _current_dag_file(kwargs)
+    @classmethod
+    def settle(cls, owner: str, arguments: Mapping[str, Any], settled: TaskSpec | None = None) -> TaskSpec:
+        """The front door: a task of this operator settled from its arguments, the one place that checks them.
+
+        Called once per task, when the DAG is parsed: by ``__init__``, :meth:`partial` and ``@task.gpu``
+        (``settled``: as the decorator or ``.partial()`` settled it; arguments given again settle it anew).
+        """
+        return TaskSpec.settle(owner, arguments) if settled is None else settled.changed(arguments)
 
     @property
     def on_oom(self) -> OomEscalation | None:
         """The task's ``on_oom`` ladder (as settled: :attr:`task_spec` holds the task's every setting)."""
         return self.task_spec.on_oom
+
+    @property
+    def resume(self) -> bool:
+        """Whether each try resumes from the newest checkpoint of its folder (``resume=True``)."""
+        return self.task_spec.resume
 
     @classmethod
     @entry_point(task_owner)
@@ -174,26 +179,21 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         The scheduler reads the GPU pool (and the executor's placement) of a mapped task from these arguments,
         before any copy of the operator exists.
         """
-        spec = TaskSpec.settle(f"{cls.__name__}({task_id!r})", kwargs, num_nodes=cls._nodes(kwargs))
-        if kwargs.get("modules") is not None:  # now: a mapped task's operator is made only when it runs
-            function = kwargs.get("python_callable")
-            dag_file = inspect.getsourcefile(function) if function is not None else _current_dag_file(kwargs)
-            ProjectModules.settle(spec.owner, kwargs["modules"], dag_file)
+        owner = f"{cls.__name__}({task_id!r})"
+        check_names(owner, cls, kwargs)
+        spec = cls.settle(owner, kwargs)
+        check_payload(owner, kwargs, complete=False)
         placed = spec.placed(beside_spec(kwargs))
         partial = vars(BaseOperator)["partial"].class_method.__func__  # BaseOperator's, for this class
-        return partial(cls, task_id=task_id, **placed, task_spec=spec)  # type: ignore[no-any-return]
-
-    @classmethod
-    def _nodes(cls, kwargs: Mapping[str, Any]) -> int:
-        """Machines one try of a task with these arguments spans (AccelerateOperator: ``num_machines``)."""
-        return cls.num_nodes
+        with airflow_checks(owner, "partial()"):
+            return partial(cls, task_id=task_id, **placed, task_spec=spec)  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ execution
     def build_envelope(self, context: Context, spec: TaskSpec) -> Envelope:
         """The envelope of this try, for the rendered task; subclasses wrap the payload."""
         from airflow_gpu_provider.task.envelope import Envelope
 
-        modules = None if self.project_modules is None else self.project_modules.shipped(self.task_spec.owner)
+        modules = None if spec.modules is None else spec.modules.shipped(spec.owner)
         if self.shipped is None:
             command = self.command or []
             return Envelope.run(shlex.split(command) if isinstance(command, str) else list(command)).with_modules(
@@ -255,7 +255,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
             rendezvous_port=self.rendezvous_port,
             min_gpu_memory=rung.min_gpu_memory if rung is not None else None,
             checkpoint=self.checkpoint_location(labels, conf),
-            resume=self.resumes,
+            resume=spec.resume,
             project_path=self.project_path(context),
             avoid_nodes=infrastructure.avoided_nodes(context),  # after an infrastructure failure there
         )
@@ -263,13 +263,8 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
     def project_path(self, context: Context) -> tuple[str, ...]:
         """The worker's folders of this task's project code: its DAG file's folder, its DAG bundle's root."""
         bundle = getattr(getattr(context.get("ti"), "bundle_instance", None), "path", None)
-        dag_file = self._dag_file({"dag": self.dag if self.has_dag() else None})
+        dag_file = self.shipped.filename if self.shipped is not None else self.dag.fileloc if self.has_dag() else None
         return project_folders(dag_file, None if bundle is None else str(bundle))
-
-    @property
-    def resumes(self) -> bool:
-        """Whether a try resumes from the newest checkpoint of its folder (``resume=True``)."""
-        return self.resume
 
     def render_manifests(
         self,
@@ -289,11 +284,3 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         from airflow_gpu_provider.render import render_task
 
         return render_task(self, context, params=params, backend=backend, after=after)
-
-
-def _current_dag_file(kwargs: Mapping[str, Any]) -> str | None:
-    """The file of the DAG a task is made in: ``dag=``, else the ``with DAG(...)`` block around it."""
-    from airflow.sdk.definitions._internal.contextmanager import DagContext
-
-    dag = kwargs.get("dag") or DagContext.get_current()
-    return getattr(dag, "fileloc", None)

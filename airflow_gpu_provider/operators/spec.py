@@ -1,24 +1,28 @@
 """One GPU task, settled once: :class:`TaskSpec`.
 
-The operator's ``__init__`` and the decorator (mapped tasks too, and the classic operator's ``.partial()``) settle a
-task when the DAG is parsed: resources with their shortcuts, the image, the backend and its typed options, what the
-backend can run, ``on_missing_gpu``, the ``on_oom`` ladder, and where the task is placed (its GPU pool; on the
-executor backend its queue, executor or pod). Every check happens here, once; an error names the task, the field, the
-value and the accepted forms. What a template leaves open is settled when the task starts (:meth:`TaskSpec.rendered`),
-checking only what the templates changed.
+Every argument a GPU task takes is declared on its operator (so ``.partial()`` and ``.expand()`` take each one) and
+settled here, once, when the DAG is parsed: by the operator's ``__init__``, its ``.partial()`` and ``@task.gpu``
+(:meth:`GpuStepOperator.settle <airflow_gpu_provider.operators.gpu_step.GpuStepOperator.settle>` calls
+:meth:`TaskSpec.settle`). Resources with their shortcuts, the image, the backend and its typed options, what the
+backend can run, ``on_missing_gpu``, the ``on_oom`` ladder, how a try runs (``checkpoint``, ``resume``,
+``deferrable``, ``durable``, ``wait_timeout``), the shipped ``modules``, and where the task is placed (its GPU
+pool; on the executor backend its queue, executor or pod). Each check is in :mod:`.arguments`; an error names the
+task, the field, the value and the accepted forms. What a template leaves open is settled when the task starts
+(:meth:`TaskSpec.rendered`), checking only what the templates changed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from airflow_gpu_provider import config
 from airflow_gpu_provider.backends import BACKENDS, BackendInfo
-from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
+from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.operators import arguments as check
+from airflow_gpu_provider.operators.arguments import IMAGE_SHORTCUTS, RESOURCE_SHORTCUTS, RUN_OPTIONS, is_template
 from airflow_gpu_provider.pools import placement as pools
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.task import missing_gpu
@@ -27,28 +31,28 @@ if TYPE_CHECKING:
     from airflow_gpu_provider.backends.options import BackendOptions
     from airflow_gpu_provider.settings.escalation import OomEscalation
     from airflow_gpu_provider.task.missing_gpu import OnMissingGpu
+    from airflow_gpu_provider.task.modules import ProjectModules
+
+__all__ = ["IMAGE_SHORTCUTS", "RESOURCE_SHORTCUTS", "SETTINGS", "TaskSpec", "beside_spec", "is_template", "task_owner"]
 
 _NONE: Mapping[str, Any] = MappingProxyType({})  # an empty mapping no one can change: a default of TaskSpec
-#: The resource fields a task may give one by one (``gpu_count=2``) instead of a whole ``ResourceSettings``.
-RESOURCE_SHORTCUTS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ResourceSettings))
-#: The image fields a task may give one by one (``requirements=[...]``).
-IMAGE_SHORTCUTS: tuple[str, ...] = ("parent_image", "requirements", "python_package_installer")
 #: Every argument that :meth:`TaskSpec.settle` reads: a settled spec is settled again only if one of them changes.
 SETTINGS: frozenset[str] = frozenset(
-    {*RESOURCE_SHORTCUTS, *IMAGE_SHORTCUTS, "resources", "image", "backend", "backend_options", "on_missing_gpu"}
-    | {"on_oom"}
+    {*RESOURCE_SHORTCUTS, *IMAGE_SHORTCUTS, *RUN_OPTIONS, "resources", "image", "backend", "backend_options"}
+    | {"on_missing_gpu", "on_oom", "modules"}
 )
+#: What an operator keeps beside its spec: what a template may set, and what a copy of the operator shows.
+_KEPT = frozenset({"backend", "on_missing_gpu", "backend_options", "on_oom"})
 
 
 def beside_spec(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The arguments an operator takes beside its settled ``task_spec``: the spec holds resources and image.
+    """The arguments an operator takes beside its settled ``task_spec``: the spec holds the rest.
 
     What a template may set (``backend``, ``on_missing_gpu``) and what a copy of the operator shows
     (``backend_options``, ``on_oom``) stay; ``resources=`` in particular must not reach Airflow, which reads it as
     its own ``BaseOperator(resources=...)`` when it maps a task.
     """
-    kept = {"backend", "on_missing_gpu", "backend_options", "on_oom"}
-    return {key: value for key, value in kwargs.items() if key not in SETTINGS or key in kept}
+    return {key: value for key, value in kwargs.items() if key not in SETTINGS or key in _KEPT}
 
 
 def task_owner(operator: object, *_: Any, **kwargs: Any) -> str:
@@ -58,11 +62,6 @@ def task_owner(operator: object, *_: Any, **kwargs: Any) -> str:
     """
     spec, name = kwargs.get("task_spec"), (operator if isinstance(operator, type) else type(operator)).__name__
     return spec.owner if isinstance(spec, TaskSpec) else f"{name}({kwargs.get('task_id', '?')!r})"
-
-
-def is_template(value: object) -> bool:
-    """Whether a value is a Jinja template to be rendered when the task runs."""
-    return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
 class TaskSpec(NamedTuple):
@@ -75,6 +74,13 @@ class TaskSpec(NamedTuple):
     :param options: the backend's typed options (``None`` with a templated backend)
     :param backend_options: the options as given, for a backend chosen by a template
     :param on_missing_gpu: the policy; ``None`` while it is a template
+    :param checkpoint: the checkpoint root as given and checked (``None``: the default; ``False``: none)
+    :param resume: each try resumes from the newest checkpoint of its folder
+    :param deferrable: a try runs deferred where its backend can (a wait for GPUs, on every host backend)
+    :param durable: a later try takes over the job an earlier try left running
+    :param wait_timeout: seconds a wait for GPUs lasts (``None``: ``[gpu] wait_timeout``)
+    :param modules: the project modules shipped with the task
+    :param launch: ``accelerate launch``'s options (AccelerateOperator's), checked by accelerate's parser
     :param inputs: the arguments the spec was settled from (a changed one settles it again)
 
     A named tuple rather than a dataclass: it is built for every task of every DAG parse, and a dataclass costs
@@ -91,30 +97,28 @@ class TaskSpec(NamedTuple):
     on_missing_gpu: OnMissingGpu | None = None
     on_oom: OomEscalation | None = None
     num_nodes: int = 1
+    checkpoint: Any = None
+    resume: bool = False
+    deferrable: bool = False
+    durable: bool = True
+    wait_timeout: float | None = None
+    modules: ProjectModules | None = None
+    launch: Mapping[str, Any] | None = None
     inputs: Mapping[str, Any] = _NONE
 
     @classmethod
     def settle(cls, owner: str, arguments: Mapping[str, Any], *, num_nodes: int = 1) -> TaskSpec:
         """Settle a task from its arguments (every key of :data:`SETTINGS` is optional).
 
+        ``python_callable`` and ``dag`` say where the DAG file is, for ``modules``.
+
         :raises InvalidSettingError: for anything the task could never run with
         """
         given = {key: value for key, value in arguments.items() if key in SETTINGS}
-        with _named(owner):
-            resources, templated = _resources(owner, given.get("resources"), given)
-            image = _image(owner, given.get("image"), given)
-        check_accelerator(owner, resources)
-        policy = given.get("on_missing_gpu")
-        if policy is None:
-            policy = config.get("on_missing_gpu")
-        if not is_template(policy):
-            config.check_choice(owner, "on_missing_gpu", policy, missing_gpu.NAMES)
-        backend_options = given.get("backend_options")
-        if backend_options is not None and not isinstance(backend_options, Mapping):
-            raise InvalidSettingError(
-                owner, "backend_options", backend_options, "expected a mapping of option names to values",
-                "a dict such as {'namespace': 'ml'}",
-            )  # fmt: skip
+        with check.named(owner):
+            resources, templated = check.resources_of(owner, given)
+            image = check.image_of(owner, given)
+        check.check_accelerator(owner, resources)
         backend = given.get("backend")
         backend = config.get("backend") if backend is None else backend  # no backend: [gpu] backend runs the task
         spec = cls(
@@ -122,23 +126,18 @@ class TaskSpec(NamedTuple):
             resources,
             image,
             templated,
-            on_missing_gpu=None if is_template(policy) else policy,
-            backend_options=dict(backend_options or {}),
+            on_missing_gpu=check.policy_of(owner, given),
+            backend_options=check.backend_options_of(owner, given),
+            on_oom=check.on_oom_of(owner, given, resources, templated),
             num_nodes=num_nodes,
+            modules=check.modules_of(owner, given, arguments),
             inputs=given,
+            **check.run_options(owner, given)._asdict(),
         )
         if not is_template(backend):
             spec = spec._on_backend(str(backend))
-        on_oom = given.get("on_oom")
-        if on_oom is not None:  # the ladder's module loads only for tasks that have one
-            from airflow_gpu_provider.settings.escalation import OomEscalation
-        if on_oom is not None and not isinstance(on_oom, OomEscalation):
-            raise InvalidSettingError(
-                owner, "on_oom", on_oom, "expected an OomEscalation", "OomEscalation(accelerators=['L4', 'A100-80GB'])"
-            )
-        if on_oom is not None and not templated:  # templated resources are checked when rendered
-            on_oom.check(resources, owner=owner)
-        return spec._replace(on_oom=on_oom)
+        check_deferrable(spec)
+        return spec
 
     def _on_backend(self, name: str) -> TaskSpec:
         """The spec on backend ``name``: its options parsed, and what it cannot run refused."""
@@ -149,12 +148,16 @@ class TaskSpec(NamedTuple):
         return self._replace(backend=name, options=options)
 
     def changed(self, arguments: Mapping[str, Any], *, num_nodes: int | None = None) -> TaskSpec:
-        """The spec with some arguments given again (``.override()``, a mapped value): settled again if one differs."""
-        changes = {key: value for key, value in arguments.items() if key in SETTINGS}
+        """The spec with some arguments given again (``.override()``, a mapped value): settled again if one differs.
+
+        An argument given as ``None`` is not given (the operator's own default is ``None`` for each).
+        """
+        changes = {key: value for key, value in arguments.items() if key in SETTINGS and value is not None}
         nodes = self.num_nodes if num_nodes is None else num_nodes
         if all(self.inputs.get(key, None) is value for key, value in changes.items()) and nodes == self.num_nodes:
             return self
-        return TaskSpec.settle(self.owner, {**self.inputs, **changes}, num_nodes=nodes)
+        spec = TaskSpec.settle(self.owner, {**arguments, **self.inputs, **changes}, num_nodes=nodes)
+        return spec._replace(launch=self.launch)
 
     @property
     def info(self) -> BackendInfo:
@@ -212,9 +215,9 @@ class TaskSpec(NamedTuple):
             image = dataclasses.replace(self.image, environment={**self.image.environment, **environment})
             spec = spec._replace(image=image)
         if self.templated:
-            with _named(self.owner):
+            with check.named(self.owner):
                 resources = self.resources.with_overrides(**{k: overrides.get(k, v) for k, v in self.templated.items()})
-            check_accelerator(self.owner, resources)
+            check.check_accelerator(self.owner, resources)
             spec = spec._replace(resources=resources, templated=_NONE)
             if spec.on_oom is not None:
                 spec.on_oom.check(resources, owner=self.owner)
@@ -225,6 +228,7 @@ class TaskSpec(NamedTuple):
             spec = spec._on_backend(str(backend))
         elif self.templated:
             spec.info.check(spec.resources, spec.num_nodes, cast("BackendOptions", spec.options), spec.image)
+        check_deferrable(spec)
         return spec
 
     def on(self, backend: str) -> TaskSpec:
@@ -232,50 +236,28 @@ class TaskSpec(NamedTuple):
         return self if backend == self.backend else self._on_backend(backend)
 
 
-def check_accelerator(owner: str, resources: ResourceSettings) -> None:
-    """Each of the task's accelerators is a known model, one of ``[gpu] devices`` or of ``[gpu] extra_accelerators``."""
-    if resources.accelerator is None:
+ACCEPTED_BACKENDS = (
+    "backend='docker', 'kubernetes' or 'ray' (or on_missing_gpu='wait', to defer only the wait for GPUs)"
+)
+
+
+def check_deferrable(spec: TaskSpec) -> None:
+    """Refuse a ``deferrable=True`` given where nothing could be deferred (at parse; a templated backend: started).
+
+    Airflow's ``[operators] default_deferrable`` defers what it can and runs the rest in the worker.
+    """
+    if not spec.deferrable or spec.inputs.get("deferrable") is None or spec.backend is None or spec.info.defers:
         return
-    from airflow_gpu_provider.host.inventory import parse_devices
-    from airflow_gpu_provider.settings.accelerators import check_model
-
-    listed = [d.name for d in parse_devices(config.get("devices")) or [] if d.name]
-    extra = [name.strip() for name in config.get("extra_accelerators").split(",") if name.strip()]
-    for model in resources.accelerators:
-        check_model(owner, model, [*extra, *listed])
-
-
-@contextlib.contextmanager
-def _named(owner: str) -> Iterator[None]:
-    """Errors of the settings a task was given name the task (``@task.gpu('train')``), not the settings class."""
-    try:
-        yield
-    except UnknownSettingError:
-        raise
-    except InvalidSettingError as err:
-        if err.owner in ("ResourceSettings", "ImageSettings"):
-            raise InvalidSettingError(owner, err.field, err.value, err.reason, err.accepted) from None
-        raise
-
-
-def _resources(owner: str, resources: object, given: Mapping[str, Any]) -> tuple[ResourceSettings, dict[str, Any]]:
-    """The resources with the concrete shortcuts applied (checked); the templated shortcuts apart."""
-    if resources is not None and not isinstance(resources, ResourceSettings):
-        raise InvalidSettingError(owner, "resources", resources, "expected a ResourceSettings", None)
-    shortcuts = {name: given[name] for name in RESOURCE_SHORTCUTS if given.get(name) is not None}
-    templated = {name: value for name, value in shortcuts.items() if is_template(value)}
-    concrete = {name: value for name, value in shortcuts.items() if name not in templated}
-    settings = resources or ResourceSettings()
-    return (settings.with_overrides(**concrete) if concrete else settings), templated
-
-
-def _image(owner: str, image: object, given: Mapping[str, Any]) -> ImageSettings:
-    """The image with its shortcuts applied (checked)."""
-    if image is not None and not isinstance(image, ImageSettings):
-        raise InvalidSettingError(owner, "image", image, "expected an ImageSettings", None)
-    changes = {name: given[name] for name in IMAGE_SHORTCUTS if given.get(name) is not None}
-    image = image or ImageSettings()
-    return dataclasses.replace(image, **changes) if changes else image
+    if spec.on_missing_gpu is None or spec.on_missing_gpu == "wait":
+        return  # a wait for GPUs is deferred (a templated on_missing_gpu is checked when rendered)
+    raise InvalidSettingError(
+        spec.owner,
+        "deferrable",
+        True,
+        f"the {spec.backend!r} backend runs the task as a child of its worker, which cannot outlive the worker: only "
+        "a wait for GPUs can be deferred there",
+        ACCEPTED_BACKENDS,
+    )
 
 
 def _load(path: str) -> Any:

@@ -1,9 +1,8 @@
 """What a task runs: a callable's source and its JSON arguments, or a command, checked when the DAG is parsed.
 
 The function's **source** is shipped, not its module: it must import what it needs inside its body. That is checked
-when the DAG is parsed (:func:`shipped_callable`), so a ``NameError`` never waits for a GPU to surface.
-Arguments and return values travel as JSON: ``None``, ``bool``, ``int``, ``float``, ``str``, and lists/dicts
-of those (tuples arrive as lists).
+when the DAG is parsed (:func:`shipped_callable`), so a ``NameError`` never waits for a GPU to surface. Its
+arguments: :mod:`.call`.
 """
 
 from __future__ import annotations
@@ -13,13 +12,13 @@ import ast
 import builtins
 import functools
 import inspect
-import json
 import linecache
 import os
 import shlex
 import symtable
 import textwrap
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -59,7 +58,8 @@ class ShippedCallable(NamedTuple):
     annotations_future: bool = False  # the DAG file has ``from __future__ import annotations``: the runtime too
 
 
-def _known_context_keys() -> frozenset[str]:
+def known_context_keys() -> frozenset[str]:
+    """The keys of Airflow's task context (a parameter of that name is filled in when the task runs)."""
     from airflow.sdk.definitions.context import Context
 
     return frozenset(Context.__annotations__)  # KNOWN_CONTEXT_KEYS from Airflow 3.1, the same keys
@@ -138,12 +138,21 @@ def _function_source(function: Callable[..., Any], owner: str) -> tuple[ast.Func
     return parsed, body, start + parsed.lineno - 1
 
 
+_SHIPPED: weakref.WeakKeyDictionary[Callable[..., Any], ShippedCallable] = weakref.WeakKeyDictionary()
+
+
 def shipped_callable(function: Callable[..., Any], *, owner: str) -> ShippedCallable:
     """Extract a function's source (decorators removed) and check that it can run on its own.
 
+    Once per function: the decorator checks it where the function is decorated, and its operator reuses that.
+
     :raises InvalidSettingError: for lambdas, async functions, bound methods, or functions that read
-        module-level names or closure variables, which do not travel with the source.
+        module-level names or closure variables, which do not travel with the source (the error names the line
+        that reads the first of them).
     """
+    known = _SHIPPED.get(function) if inspect.isfunction(function) else None
+    if known is not None:
+        return known
     name = getattr(function, "__name__", repr(function))
     accepted = "a module-level or nested 'def' function that imports what it uses inside its body"
     if not inspect.isfunction(function) or name == "<lambda>":
@@ -151,12 +160,13 @@ def shipped_callable(function: Callable[..., Any], *, owner: str) -> ShippedCall
     if inspect.iscoroutinefunction(function):
         raise InvalidSettingError(owner, "python_callable", name, "async functions are not supported", accepted)
     node, source, first_line = _function_source(function, owner)
+    filename = inspect.getsourcefile(function) or "<gpu task>"
 
     future = bool(function.__code__.co_flags & __future__.annotations.compiler_flag)
     free = _global_reads(source, node.name, future) - set(dir(builtins))
     outside = sorted(n for n in free if n in function.__globals__ or n in function.__code__.co_freevars)
     if outside:
-        raise InvalidSettingError(
+        err = InvalidSettingError(
             owner,
             "python_callable",
             name,
@@ -164,9 +174,12 @@ def shipped_callable(function: Callable[..., Any], *, owner: str) -> ShippedCall
             "travels to the GPU process, container or pod",
             "import or define those names inside the function body, or pass values as arguments",
         )
+        used = min((n.lineno for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in outside), default=None)
+        err.source_line = (filename, first_line + (used - node.lineno if used else 0))  # the line that reads it
+        raise err
 
     signature = inspect.signature(function)
-    context_keys = _known_context_keys()
+    context_keys = known_context_keys()
     context_params = tuple(p for p in signature.parameters if p in context_keys)
     unsupported = [p for p in context_params if p not in CONTEXT_VALUES]
     if unsupported:
@@ -178,63 +191,10 @@ def shipped_callable(function: Callable[..., Any], *, owner: str) -> ShippedCall
             "leave the worker",
             f"context values that travel as JSON: {', '.join(sorted(CONTEXT_VALUES))}",
         )
-    filename = inspect.getsourcefile(function) or "<gpu task>"
-    return ShippedCallable(name, source, filename, first_line, context_params, signature, future)
-
-
-JSON_ACCEPTED = "None, bool, int, float (finite), str, and lists/dicts of those (or an upstream task's XCom)"
-
-
-def _unresolved_as_none(value: Any) -> Any:
-    """``value`` with upstream XCom references (resolved when the task runs) replaced by ``None``."""
-    from airflow.sdk.definitions._internal.mixins import ResolveMixin
-
-    if isinstance(value, ResolveMixin):
-        return None
-    if isinstance(value, (list, tuple)):
-        return [_unresolved_as_none(item) for item in value]
-    if isinstance(value, dict):
-        return {key: _unresolved_as_none(item) for key, item in value.items()}
-    return value
-
-
-def _check_json_argument(owner: str, field: str, value: Any) -> None:
-    """At DAG parse time: an argument that can never travel as JSON is an error now, not when the task starts."""
-    try:
-        json.dumps(_unresolved_as_none(value), allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as err:
-        raise InvalidSettingError(
-            owner, field, value, f"a {type(value).__name__} cannot travel as JSON ({err})", JSON_ACCEPTED
-        ) from None
-
-
-def _json_checked(owner: str, label: str, value: Any) -> Any:
-    try:
-        return json.loads(json.dumps(value, allow_nan=False))
-    except (TypeError, ValueError) as err:
-        raise TypeError(
-            f"{owner}: {label} is a {type(value).__name__} that cannot travel as JSON ({err}). GPU tasks take "
-            "None, bool, int, float (finite), str, and lists/dicts of those"
-        ) from None
-
-
-def call_arguments(
-    shipped: ShippedCallable,
-    signature: inspect.Signature,
-    op_args: Sequence[Any],
-    op_kwargs: Mapping[str, Any],
-    context: Mapping[str, Any],
-    *,
-    owner: str,
-) -> tuple[list[Any], dict[str, Any]]:
-    """JSON-checked positional and keyword arguments, with the requested context values filled in."""
-    kwargs = dict(op_kwargs)
-    bound = signature.bind_partial(*op_args, **kwargs).arguments
-    for key in shipped.context_params:
-        if key not in bound:
-            kwargs[key] = CONTEXT_VALUES[key](context)
-    args = [_json_checked(owner, f"positional argument {i}", a) for i, a in enumerate(op_args)]
-    return args, {k: _json_checked(owner, f"argument {k!r}", v) for k, v in kwargs.items()}
+    shipped = _SHIPPED[function] = ShippedCallable(
+        name, source, filename, first_line, context_params, signature, future
+    )
+    return shipped
 
 
 def check_command(owner: str, command: object) -> None:
@@ -258,26 +218,3 @@ def check_command(owner: str, command: object) -> None:
             )
     if not argv:
         raise InvalidSettingError(owner, "command", command, "an empty command runs nothing", accepted)
-
-
-def check_call_arguments(
-    owner: str, function: Callable[..., Any], args: object, kwargs: object, signature: inspect.Signature | None = None
-) -> None:
-    """Arguments that the function cannot take, or that cannot travel as JSON, are an error now, not on the GPU."""
-    if isinstance(args, (str, bytes, bytearray, Mapping)) or not isinstance(args, Collection):
-        raise InvalidSettingError(owner, "op_args", args, "expected a list of positional arguments", "a list")
-    if not isinstance(kwargs, Mapping) or not all(isinstance(key, str) for key in kwargs):
-        raise InvalidSettingError(owner, "op_kwargs", kwargs, "expected a dict of keyword arguments", "a dict of str")
-    args, kwargs = list(args), dict(kwargs)
-    for index, value in enumerate(args):
-        _check_json_argument(owner, f"op_args[{index}]", value)
-    for key, value in kwargs.items():
-        _check_json_argument(owner, f"op_kwargs[{key!r}]", value)
-    signature = signature or inspect.signature(function)
-    try:
-        signature.bind_partial(*args, **kwargs)
-    except TypeError as err:
-        raise InvalidSettingError(
-            owner, "op_args/op_kwargs", {"op_args": list(args), "op_kwargs": dict(kwargs)}, str(err),
-            f"the parameters of {function.__name__}{signature}",
-        ) from None  # fmt: skip

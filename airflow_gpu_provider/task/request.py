@@ -7,6 +7,8 @@ options, and is the one way a backend learns what the task asked for (resume inc
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -57,6 +59,35 @@ class TaskRequest:
     defer_wait: bool = False
     project_path: tuple[str, ...] = ()
     avoid_nodes: tuple[str, ...] = ()
+
+    def to_state(self) -> dict[str, Any]:
+        """The request as JSON, to carry a try through a deferral (:meth:`from_state`).
+
+        The image is left out: it is the task's (its settled spec gives it back), and its index URLs may hold
+        credentials, which a deferral's state (stored in Airflow's metadata database) must not.
+        """
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "image"}
+        values.update(resources=self.resources.to_dict(), envelope=dataclasses.asdict(self.envelope))
+        return json.loads(json.dumps(values))  # tuples as lists, as the database gives them back
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any], image: ImageSettings) -> TaskRequest:
+        """The request :meth:`to_state` carried, with the task's ``image``."""
+        from airflow_gpu_provider.checkpoint.location import CheckpointLocation
+
+        values = dict(state)
+        checkpoint = values.get("checkpoint")
+        return cls(
+            **{
+                **values,
+                "resources": ResourceSettings(**values["resources"]),
+                "image": image,
+                "envelope": Envelope(**values["envelope"]),
+                "checkpoint": None if checkpoint is None else CheckpointLocation(*checkpoint),
+                "project_path": tuple(values.get("project_path") or ()),
+                "avoid_nodes": tuple(values.get("avoid_nodes") or ()),
+            }
+        )
 
     @property
     def missing_gpu(self) -> MissingGpuPolicy:

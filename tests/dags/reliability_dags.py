@@ -161,7 +161,7 @@ def operator_arguments(backend: str, scenario: str) -> dict[str, Any]:
     if backend == "docker":  # derived images under the tests' name: removed at the end of the session
         arguments["backend_options"] = {"stop_timeout": 2, "repository": "airflow-gpu-test-derived"}
         # the killed worker's container is the reaper's: the re-run is another DAG, not the task instance's next try
-        arguments["reattach"] = False
+        arguments["durable"] = False
         arguments["deferrable"] = deferred
     if backend == "local":
         arguments["backend_options"] = {"kill_grace": 2}

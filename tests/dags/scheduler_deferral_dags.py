@@ -12,7 +12,7 @@ import os
 
 from airflow.sdk import DAG
 
-from airflow_gpu_provider import GpuStepOperator, ImageSettings, gpu_task
+from airflow_gpu_provider import GpuStepOperator, ImageSettings, OomEscalation, gpu_task
 
 START = datetime.datetime(2024, 1, 1)
 QUEUE = "gpu-host-1"
@@ -61,6 +61,8 @@ with DAG("sched_docker_deferred", schedule=None, start_date=START):
         image=IMAGE,
         gpu_count=1,
         on_missing_gpu="cpu",
+        memory="256Mi",
+        on_oom=OomEscalation(memory=["512Mi"]),  # its rung is decided once, when the try starts
         deferrable=True,
         queue=QUEUE,
         backend_options={"stop_timeout": 2},

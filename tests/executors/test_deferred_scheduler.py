@@ -289,6 +289,8 @@ def test_a_deferred_docker_task_is_watched_by_the_triggerer_and_resumed(cluster,
     log = task_log(cluster, "sched_docker_deferred", run_id, "task")
     assert "GPUs ['0'] from the host allocator" in log and "running on CPU instead" in log, log[-3000:]
     assert "Deferred: the triggerer watches container" in log, log[-3000:]
+    # the try was built once: the resume took it from the deferral (its rung too), not decided again
+    assert log.count("[gpu] try 1: OOM escalation") == 1, log[-3000:]
     # the container's output reached the task log while the task was deferred: the triggerer wrote it
     assert any(look["output_logged"] for look in deferred), deferred
     # as the UI shows the task log (the worker's and the triggerer's merged): each line once, at its own time

@@ -1,10 +1,15 @@
-"""``deferrable``, ``reattach`` and ``wait_timeout`` when the DAG is parsed: accepted where they mean something."""
+"""``deferrable``, ``durable`` and ``wait_timeout`` when the DAG is parsed: accepted where they mean something.
+
+``deferrable``'s default is Airflow's ``[operators] default_deferrable``; ``reattach`` (``durable``'s name before) and
+``[gpu] deferrable`` are still read for one release, each with a deprecation warning at the DAG line.
+"""
 
 from __future__ import annotations
 
 import datetime
 
 import pytest
+from airflow.exceptions import AirflowProviderDeprecationWarning
 
 from airflow_gpu_provider import AccelerateOperator, GpuStepOperator, gpu_task
 from airflow_gpu_provider.exceptions import InvalidSettingError
@@ -39,9 +44,9 @@ def test_docker_and_kubernetes_defer(backend):
 
 def test_accelerate_and_the_decorator_take_it():
     launch = AccelerateOperator(task_id="a", python_callable=work, backend="docker", deferrable=True)
-    assert launch.deferrable and launch.reattach
+    assert launch.deferrable and launch.durable
 
-    @gpu_task(backend="docker", deferrable=True, reattach=False, wait_timeout=datetime.timedelta(minutes=5))
+    @gpu_task(backend="docker", deferrable=True, durable=False, wait_timeout=datetime.timedelta(minutes=5))
     def decorated() -> int:
         return 1
 
@@ -49,21 +54,44 @@ def test_accelerate_and_the_decorator_take_it():
 
     with DAG("d", schedule=None):
         task = decorated().operator
-    assert task.deferrable and not task.reattach and task.wait_timeout == 300.0
+    assert task.deferrable and not task.durable and task.wait_timeout == 300.0
 
 
-def test_the_default_comes_from_gpu_deferrable(monkeypatch):
-    monkeypatch.setenv("AIRFLOW__GPU__DEFERRABLE", "True")
+def test_the_default_is_airflows_default_deferrable(monkeypatch):
+    """As KubernetesPodOperator's: ``[operators] default_deferrable``; where only a wait could be deferred (the local
+    backend) the default defers that and runs the task in its worker, where ``deferrable=True`` is refused."""
+    assert not GpuStepOperator(task_id="t", python_callable=work, backend="docker").deferrable
+    monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "True")
     assert GpuStepOperator(task_id="t", python_callable=work, backend="docker").deferrable
-    with pytest.raises(InvalidSettingError, match="deferrable"):  # [gpu] deferrable meets a local run
-        GpuStepOperator(task_id="t", python_callable=work, backend="local")
+    local = GpuStepOperator(task_id="t", python_callable=work, backend="local")
+    assert local.deferrable  # a wait for GPUs would be deferred; the run stays in the worker
     assert not GpuStepOperator(task_id="t", python_callable=work, backend="local", deferrable=False).deferrable
+
+
+def test_gpu_deferrable_is_read_for_one_more_release_with_a_warning(monkeypatch):
+    monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "False")
+    monkeypatch.setenv("AIRFLOW__GPU__DEFERRABLE", "True")
+    with pytest.warns(AirflowProviderDeprecationWarning, match=r"\[gpu\] deferrable='True' is deprecated") as seen:
+        task = GpuStepOperator(task_id="t", python_callable=work, backend="docker")
+    assert task.deferrable
+    assert seen[0].filename == __file__ and str(seen[0].message).startswith("GpuStepOperator('t'): ")
+
+
+def test_reattach_is_durables_old_name_with_a_warning_at_the_dag_line():
+    deprecated = "reattach=False is deprecated: write durable=False"
+    with pytest.warns(AirflowProviderDeprecationWarning, match=deprecated) as seen:
+        task = GpuStepOperator(task_id="t", python_callable=work, backend="docker", reattach=False)
+    assert task.durable is False
+    assert seen[0].filename == __file__ and str(seen[0].message).startswith("GpuStepOperator('t'): ")
+    with pytest.raises(InvalidSettingError, match="reattach=False is invalid: it contradicts durable=True"):
+        GpuStepOperator(task_id="t", python_callable=work, backend="docker", reattach=False, durable=True)
 
 
 @pytest.mark.parametrize(
     ("argument", "value", "accepted"),
     [
         ("deferrable", "yes", "True or False"),
+        ("durable", 1, "True or False"),
         ("reattach", 1, "True or False"),
         ("wait_timeout", 0, "seconds (at most 1e9) or a timedelta"),
         ("wait_timeout", float("nan"), "seconds (at most 1e9) or a timedelta"),
@@ -79,7 +107,5 @@ def test_bad_values_name_the_field_the_value_and_the_accepted_forms(argument, va
 def test_a_templated_backend_is_checked_when_it_is_rendered():
     task = GpuStepOperator(task_id="t", python_callable=work, backend="{{ params.backend }}", deferrable=True)
     task.backend = "local"  # as rendered; execute() checks the rendered spec before anything starts
-    from airflow_gpu_provider.operators.execution import check_deferrable
-
     with pytest.raises(InvalidSettingError, match="deferrable"):
-        check_deferrable(task.rendered_spec(), True)
+        task.rendered_spec()

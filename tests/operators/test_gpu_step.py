@@ -166,10 +166,23 @@ def test_gpu_pool_slots_follow_gpu_count(monkeypatch):
         # hardening: what used to fail only on the worker, or with a raw error
         ({"command": []}, InvalidSettingError, "an empty command runs nothing"),
         ({"command": "  "}, InvalidSettingError, "an empty command runs nothing"),
-        ({"python_callable": add, "op_kwargs": {"c": 1}}, InvalidSettingError, "unexpected keyword argument 'c'"),
-        ({"python_callable": add, "op_args": [1, 2, 3]}, InvalidSettingError, "too many positional arguments"),
-        ({"python_callable": add, "environment": {"NOT OK": "x"}}, InvalidSettingError, "environment='NOT OK'"),
-        ({"python_callable": add, "environment": {"N": 3}}, InvalidSettingError, "environment['N']=3"),
+        (
+            {"python_callable": add, "op_kwargs": {"c": 1}},
+            InvalidSettingError,
+            "add(c=...) is invalid: no parameter 'c'",
+        ),
+        (
+            {"python_callable": add, "op_args": [1, 2, 3]},
+            InvalidSettingError,
+            "3 positional arguments for 2 parameters",
+        ),
+        (
+            {"python_callable": add, "op_args": [1]},
+            InvalidSettingError,
+            "add(a) is invalid: 'b' missing. Accepted: the",
+        ),
+        ({"command": ["x"], "environment": {"NOT OK": "x"}}, InvalidSettingError, "environment='NOT OK'"),
+        ({"command": ["x"], "environment": {"N": 3}}, InvalidSettingError, "environment['N']=3"),
         (
             {"python_callable": add, "backend": "local", "backend_options": {"devices": "0,0"}},
             InvalidSettingError,

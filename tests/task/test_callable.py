@@ -9,7 +9,8 @@ from airflow.sdk import task
 
 from airflow_gpu_provider import gpu_task
 from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.task.callable import call_arguments, shipped_callable
+from airflow_gpu_provider.task.call import call_arguments
+from airflow_gpu_provider.task.callable import shipped_callable
 
 MODULE_CONSTANT = 3
 

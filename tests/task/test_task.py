@@ -141,3 +141,37 @@ def test_result_value():
     with pytest.raises(RemoteTaskError, match="raised ValueError in x: boom") as err:
         result_value({"ok": False, "error": {"type": "ValueError", "message": "boom", "traceback": "tb"}}, 1, where="x")
     assert (err.value.error_type, err.value.remote_traceback) == ("ValueError", "tb")
+
+
+def test_a_request_travels_through_a_deferral_whole_but_its_image():
+    """What a deferred try carries (``TaskRequest.to_state``): JSON that gives the same request back, the same
+    plan on every backend; the image (index credentials) stays out and comes from the task again."""
+    from airflow_gpu_provider.checkpoint.location import CheckpointLocation
+
+    image = ImageSettings(requirements=["numpy==2.1.0"], index_url="https://user:s3cret@pypi.example.com/simple")
+    request = TaskRequest(
+        ResourceSettings(gpu_count=2, memory="16Gi", accelerator=["H100", "A100"], cpu_count="500m"),
+        image,
+        Envelope.run(["python", "train.py"]).launched({"module": "accelerate.commands.launch", "args": []}),
+        "cpu",
+        LABELS,
+        min_gpu_memory=2**34,
+        checkpoint=CheckpointLocation("s3://ml/ckpt", "d/r/t"),
+        resume=True,
+        reattach=False,
+        project_path=("/dags",),
+        avoid_nodes=("node-1",),
+    )
+    state = request.to_state()
+    stored = json.loads(json.dumps(state))  # as the metadata database gives it back
+    assert "s3cret" not in json.dumps(stored) and "image" not in stored
+    again = TaskRequest.from_state(stored, image)
+    assert again.to_state() == state and again.image is image
+    assert dataclasses.replace(again, envelope=request.envelope) == request
+    conf = GpuConfig.read()
+    for name in ("docker", "kubernetes"):
+        backend = BACKENDS[name].backend_class()(BACKENDS[name].parse_options({}))
+        planned = backend.plan(again, conf)  # the same plan (a plan that keeps the request: its envelope's args
+        if hasattr(planned, "request"):  # are [] where they were (), the same JSON)
+            planned = dataclasses.replace(planned, request=request)
+        assert planned == backend.plan(request, conf), name
