@@ -142,7 +142,8 @@ def test_the_render_cli_shows_the_try_after_an_oom():
         check=True,
         timeout=120,
     ).stdout
-    [pod] = yaml.safe_load_all(rendered)
+    [secret, pod] = yaml.safe_load_all(rendered)  # the envelope's Secret, then the pod
+    assert (secret["kind"], pod["kind"]) == ("Secret", "Pod")
     [term] = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
     ]

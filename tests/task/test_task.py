@@ -120,7 +120,7 @@ def test_the_summary_and_the_lock_holder():
 def test_the_kubernetes_fallback_pod_reports_what_was_asked_for():
     plan = BACKENDS["kubernetes"].create().plan(request(ResourceSettings(gpu_count=1), policy="cpu"), GpuConfig.read())
     assert plan.cpu_fallback is not None
-    envelope = json.loads(base64.b64decode(plan.cpu_fallback.environment["AIRFLOW_GPU_ENVELOPE"]))
+    envelope = json.loads(base64.b64decode(plan.cpu_fallback.envelope))  # for the pod's Secret
     assert envelope["summary"]["resources"] == "1x nvidia GPU -> CPU fallback"
 
 
