@@ -73,6 +73,7 @@ def prepared_image(base_image: str) -> tuple[str, int, float]:
     """
     from airflow_gpu_provider.backends import BACKENDS
     from airflow_gpu_provider.backends.docker.client import connect
+    from airflow_gpu_provider.backends.docker.images.task_image import task_image
     from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
     from airflow_gpu_provider.task.envelope import Envelope
     from airflow_gpu_provider.task.request import TaskRequest
@@ -82,11 +83,11 @@ def prepared_image(base_image: str) -> tuple[str, int, float]:
     image = ImageSettings(parent_image=base_image, requirements=SMALL_REQUIREMENTS)
     plan = backend.plan(TaskRequest(ResourceSettings(), image, Envelope.run(COMMAND)), GpuConfig.read())
     client = connect(backend.options)
-    tag = backend._image(client, plan)
+    tag = task_image(client, plan, log)
     builds_before, slowest = counter.count("Building derived image"), 0.0
     for _ in range(5):
         started = time.perf_counter()
-        backend._image(client, plan)  # parent lookup, content hash, derived-tag lookup: what run() does first
+        task_image(client, plan, log)  # parent lookup, content hash, derived-tag lookup: what run() does first
         slowest = max(slowest, time.perf_counter() - started)
     return tag, counter.count("Building derived image") - builds_before, slowest
 
