@@ -15,6 +15,7 @@ import fcntl
 import os
 import shutil
 import stat
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -135,23 +136,23 @@ def task_folder(parent: str | os.PathLike[str]) -> Path:
 def runtime_file(state_dir: str | os.PathLike[str]) -> Path:
     """The archive as a file of the state dir, for the local backend: written once per digest, then reused.
 
-    ``<state_dir>/runtime/runtime-<digest>.pyz``: 0600 in a folder of the worker's own (0700), written atomically
-    (a task never runs a half-written archive), and rewritten if its content is not the archive's.
+    ``<state_dir>/runtime/runtime-<digest>-<python>.pyz``, compiled by this Python (``task/runtime_zip.py``
+    ``compiled``): 0600 in a folder of the worker's own (0700), written atomically (a task never runs a half-written
+    archive), and rewritten if its sources are not the archive's.
 
     :raises UntrustedStateError: when the folder or the file is not the worker's own
     """
-    from airflow_gpu_provider.task.runtime_zip import archive, digest  # built when a local task first runs
+    from airflow_gpu_provider.task.runtime_zip import compiled, digest, entries  # built when a local task first runs
 
-    data = archive()
     folder = private_dir(Path(state_dir) / "runtime")
-    path = folder / f"runtime-{digest()[:16]}.pyz"
+    path = folder / f"runtime-{digest()[:16]}-{sys.implementation.cache_tag}.pyz"
     with contextlib.suppress(FileNotFoundError), os.fdopen(open_private(path, os.O_RDONLY), "rb") as handle:
-        if handle.read() == data:
+        if handle.read().startswith(entries()):
             return path
     descriptor, temporary = tempfile.mkstemp(prefix=".runtime-", suffix=".tmp", dir=folder)  # 0600
     try:
         with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
+            handle.write(compiled(str(path)))
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -100,11 +100,14 @@ class GpuExecution:
     def _prepare(self, context: Context) -> Attempt:
         """The try, settled: the worker's options, the rendered task, its rung, its request, backend and plan."""
         from airflow_gpu_provider.config.worker import GpuConfig
-        from airflow_gpu_provider.escalation import tries as escalation
 
         conf = GpuConfig.read(**({"wait_timeout": self.wait_timeout} if self.wait_timeout else {}))
         spec = self.rendered_spec()  # a templated backend's deferrable is checked there
-        tries = escalation.Tries.start(spec.on_oom, context) if spec.on_oom is not None else None
+        tries = None
+        if spec.on_oom is not None:  # the ladder's modules load only for a task that has one
+            from airflow_gpu_provider.escalation import tries as escalation
+
+            tries = escalation.Tries.start(spec.on_oom, context)
         request = self.task_request(context, spec, conf, tries)
         waits_deferred = self.deferrable and request.missing_gpu.waits
         request = dataclasses.replace(request, reattach=spec.durable, defer_wait=waits_deferred)
@@ -214,7 +217,6 @@ class GpuExecution:
         profile: Mapping[str, Any] | None = None,
     ) -> None:
         """The try is over: its profile (``gpu_profile``) and, with an ``on_oom`` ladder, how it ended."""
-        from airflow_gpu_provider.escalation import tries as escalation
         from airflow_gpu_provider.telemetry import report
 
         request = attempt.request
@@ -230,6 +232,8 @@ class GpuExecution:
             failure=failure,
         )
         if attempt.tries is not None:
+            from airflow_gpu_provider.escalation import tries as escalation
+
             context["ti"].xcom_push(escalation.XCOM_KEY, attempt.tries.finish(request.resources, failure))
 
     def _infrastructure(self, context: Context, attempt: Attempt, error: BaseException) -> None:

@@ -227,6 +227,7 @@ def test_index_credentials_stay_out_of_every_layer_the_history_and_the_log(docke
     ).stdout
     assert index.password not in history and index.user not in history
     assert index.password not in json.dumps(docker_client.inspect_image(derived["Id"]))
+    assert "airflow-gpu-provider.recipe" not in derived["Labels"]  # never the base of a rebuild (reuse.py)
     files = _layer_files(docker_client, derived["Id"], tmp_path)
     assert any("airflow_gpu_private/__init__.py" in name for name in files)  # the layers were read
     assert not [name for name, data in files.items() if any(s.encode() in data for s in secrets)]

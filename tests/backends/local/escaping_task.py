@@ -37,6 +37,27 @@ def leaves_an_escaped_child(pid_file: str, linger: float) -> str:
     return "done"
 
 
+def kills_its_supervisor(pid_file: str) -> str:
+    """Start a child that keeps the task's environment (its token) but none of its descriptors, kill the supervisor."""
+    import os
+    import shutil
+    import signal
+    import time
+
+    sleep = shutil.which("sleep") or "/bin/sleep"
+    child = os.fork()
+    if child == 0:
+        os.setpgid(0, 0)
+        os.closerange(3, 65536)
+        os.execv(sleep, ["sleep", "300"])  # the environment stays: the token finds it once the supervisor is gone
+    with open(pid_file, "w") as handle:
+        handle.write(f"{os.getpid()} {child}")
+    time.sleep(0.5)
+    os.kill(os.getppid(), signal.SIGKILL)  # the supervisor: the task process dies with it (die_with_parent)
+    time.sleep(30)
+    return "not reached"
+
+
 def returns_its_pid(pid_file: str) -> str:
     import os
 
