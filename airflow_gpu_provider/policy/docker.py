@@ -10,12 +10,22 @@ root and the worker can redirect, never the runtime's sockets or the system's fo
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from airflow_gpu_provider.policy import Policy, PolicyError
 from airflow_gpu_provider.policy.paths import UnsafePathError, beneath, canonical, stable
+from airflow_gpu_provider.policy.users import (
+    DEVICE_GROUPS,
+    USERS_ACCEPTED,
+    UnknownNameError,
+    allowed_gids,
+    container_groups,
+    container_user,
+    numeric_user,
+    user_allowed,
+    worker_ids,
+)
 
 # Whoever reaches these controls the host: never mounted, even read-only, nor any folder that holds one.
 RUNTIME_CONTROL: tuple[str, ...] = (
@@ -26,16 +36,12 @@ RUNTIME_CONTROL: tuple[str, ...] = (
 SYSTEM: tuple[str, ...] = ("/", "/proc", "/sys", "/dev", "/boot", "/root", "/etc", "/run", "/var/run")
 #: What the provider itself adds for AMD and Intel GPUs (``backends/docker/container.py``).
 DEVICE_PATHS: frozenset[str] = frozenset({"/dev/kfd", "/dev/dri"})
-DEVICE_GROUPS: frozenset[str] = frozenset({"video", "render"})
 SAFE_SECURITY_OPTIONS: frozenset[str] = frozenset({"no-new-privileges:true", "no-new-privileges"})
 
 
 def worker_user() -> str:
     """The user a Docker task runs as unless the admin lists another: the worker's own ``uid:gid``."""
-    return f"{os.geteuid()}:{os.getegid()}"
-
-
-WORKER_USER = worker_user()
+    return "{}:{}".format(*worker_ids())
 
 
 def root_problem(path: str, policy: Policy) -> str | None:
@@ -89,16 +95,8 @@ def check_options(owner: str, options: Any, policy: Policy) -> None:
             raise PolicyError(owner, "backend_options['mounts']", mount, "a named volume the deployment does not list",
                               option="allowed_volumes", allow=_listed(policy.volumes))  # fmt: skip
     _check_listed(owner, "cap_add", options.cap_add, policy.capabilities, "allowed_capabilities", upper=True)
-    if options.user is not None and not user_allowed(str(options.user), policy):  # rule D2
-        raise PolicyError(
-            owner,
-            "backend_options['user']",
-            options.user,
-            "a user the deployment does not list",
-            option="allowed_users",
-            allow=f"the worker's own ({worker_user()}), {_listed(policy.users)}",
-        )
-    _check_listed(owner, "group_add", options.group_add or (), policy.groups | DEVICE_GROUPS, "allowed_groups")
+    task_user(owner, options.user, policy)
+    task_groups(owner, options.group_add or (), policy)
     for field, value, allowed, option in (  # rule D3
         ("network_mode", options.network_mode, policy.network_modes, "allowed_network_modes"),
         ("ipc_mode", options.ipc_mode, policy.ipc_modes, "allowed_ipc_modes"),
@@ -108,13 +106,32 @@ def check_options(owner: str, options: Any, policy: Policy) -> None:
                               option=option, allow=_listed(allowed))  # fmt: skip
 
 
-def user_allowed(user: str, policy: Policy) -> bool:
-    """Whether a container may run as ``user``: the worker's own, or one the admin lists (root only if listed).
+def task_user(owner: str, user: str | int | None, policy: Policy) -> str:
+    """The ``uid:gid`` a task's container runs as, resolved on this host (rule D2, ``policy/users.py``).
 
-    A worker that runs as root makes root its own user: run workers as a user of their own (docs/security.md).
+    The worker's own unless the admin lists another (root only if listed). A worker that runs as root makes root its
+    own user: run workers as a user of their own (docs/security.md).
+
+    :raises PolicyError: for a user (or a group of it) the deployment does not list, or a name this host lacks
     """
-    own = worker_user()
-    return user in (own, own.partition(":")[0]) or user in policy.users or user.partition(":")[0] in policy.users
+    try:
+        return container_user(user, policy.users)
+    except (UnknownNameError, PermissionError) as err:
+        raise PolicyError(owner, "backend_options['user']", user, str(err), option="allowed_users",
+                          allow=f"the worker's own ({worker_user()}), {_listed(policy.users)}; each "
+                          f"{USERS_ACCEPTED}") from None  # fmt: skip
+
+
+def task_groups(owner: str, groups: Sequence[str | int], policy: Policy) -> list[str]:
+    """A task's supplementary groups as this host's gids (rule D4): listed ones and the device groups only.
+
+    :raises PolicyError: for a group the deployment does not list, or a name this host lacks
+    """
+    try:
+        return container_groups(groups, policy.groups)
+    except (UnknownNameError, PermissionError) as err:
+        raise PolicyError(owner, "backend_options['group_add']", list(groups), str(err), option="allowed_groups",
+                          allow=_listed(policy.groups | set(DEVICE_GROUPS))) from None  # fmt: skip
 
 
 def _check_listed(
@@ -173,14 +190,16 @@ def check_container(
     for device in host_config.get("devices") or []:  # rule D4
         if str(device).split(":")[0] not in DEVICE_PATHS:
             raise refuse("devices", device)
+    gids = allowed_gids(policy.groups)  # rule D4: numbers of this host, never a name the image resolves
     for group in host_config.get("group_add") or []:
-        if str(group) not in policy.groups | DEVICE_GROUPS:
+        if not str(group).isdigit() or int(group) not in gids:
             raise refuse("group_add", group)
     for request in host_config.get("device_requests") or []:
         if [list(c) for c in (request.get("capabilities") or [])] != [["gpu"]]:
             raise refuse("device_requests", request)
     user = str(create.get("user") or "")
-    if not user or not user_allowed(user, policy):  # rule D2
+    ids = numeric_user(user)  # rule D2: uid:gid in numbers, never a name the image resolves
+    if ids is None or not user_allowed(ids, policy.users):
         raise refuse("user", user or "the image's own")
     for mount in host_config.get("mounts") or []:
         _check_final_mount(mount, policy, provider_sources)

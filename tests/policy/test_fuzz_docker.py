@@ -12,8 +12,10 @@ Derandomized: the same 5000 cases on every run.
 from __future__ import annotations
 
 import contextlib
+import grp
 import os
 import posixpath
+import pwd
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -30,7 +32,7 @@ from airflow_gpu_provider.backends.docker.lifecycle import final_call
 from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.policy import Policy
-from airflow_gpu_provider.policy.docker import DEVICE_GROUPS, DEVICE_PATHS, RUNTIME_CONTROL, SYSTEM, worker_user
+from airflow_gpu_provider.policy.docker import DEVICE_PATHS, RUNTIME_CONTROL, SYSTEM, worker_user
 from airflow_gpu_provider.policy.paths import UnsafePathError
 from airflow_gpu_provider.render import stand_in
 from airflow_gpu_provider.settings import ResourceSettings
@@ -151,6 +153,25 @@ def _user_of(value: Any, base_user: str) -> Any:
 
 
 # ------------------------------------------------------------------ the rules, written again, independently
+def _number(name: str, lookup: Any, field: str) -> int | None:
+    with contextlib.suppress(KeyError):
+        return int(name) if name.isdigit() else getattr(lookup(name), field)
+    return None
+
+
+def _listed_users(entries: frozenset[str]) -> set[tuple[int, int | None]]:
+    """``(uid, gid)`` of each entry on this host; a user without a group has its primary group here."""
+    pairs = set()
+    for entry in entries:
+        user, colon, group = entry.partition(":")
+        uid = _number(user, pwd.getpwnam, "pw_uid")
+        if uid is not None:
+            pairs.add(
+                (uid, _number(group, grp.getgrnam, "gr_gid") if colon else _number(str(uid), pwd.getpwuid, "pw_gid"))
+            )
+    return pairs
+
+
 def _beneath(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
@@ -167,13 +188,14 @@ def _meets(create: Mapping[str, Any], host: Mapping[str, Any], policy: Policy, p
     assert host.get("ipc_mode") in (None, *policy.ipc_modes)
     for device in host.get("devices") or []:
         assert device.split(":")[0] in DEVICE_PATHS
-    for group in host.get("group_add") or []:
-        assert str(group) in policy.groups | DEVICE_GROUPS
+    gids = {_number(group, grp.getgrnam, "gr_gid") for group in (*policy.groups, "video", "render")}
+    for group in host.get("group_add") or []:  # numbers of this host only: the image resolves no name
+        assert str(group).isdigit() and int(group) in gids, group
     for request in host.get("device_requests") or []:
         assert request["capabilities"] == [["gpu"]]
-    own = worker_user()
-    user = str(create["user"])
-    assert user in (own, own.partition(":")[0]) or user in policy.users or user.partition(":")[0] in policy.users
+    uid, colon, gid = str(create["user"]).partition(":")
+    assert colon and uid.isdigit() and gid.isdigit(), create["user"]
+    assert (int(uid), int(gid)) in {(os.geteuid(), os.getegid()), *_listed_users(policy.users)}, create["user"]
     for mount in host["mounts"]:
         source = mount["Source"]
         if mount["Type"] == "volume":

@@ -51,7 +51,7 @@ def _docker_url(value: Any) -> str | tuple[str, ...]:
 
 def _user(value: Any) -> str | int:
     if not isinstance(value, (str, int)) or isinstance(value, bool) or not str(value).strip():
-        raise BadOption("expected a user name or uid", "'1000', 1000 or '1000:1000'")
+        raise BadOption("expected a user name or uid", "'ml', 1000 or '1000:1000' (a user of the worker host)")
     return value
 
 
@@ -145,8 +145,9 @@ class DockerOptions(BackendOptions):
     :param mounts: ``[{"source", "target", "type": "bind"|"volume"|"tmpfs", "read_only"}]``; bind sources beneath
         ``[gpu] allowed_mount_roots`` and volumes of ``[gpu] allowed_volumes`` only (``policy/docker.py``)
     :param ipc_mode: e.g. ``"host"`` to share the host's IPC namespace and ``/dev/shm``
-    :param user: who the task runs as in the container (default: the worker's own uid:gid; others only from
-        ``[gpu] allowed_users``)
+    :param user: who the task runs as in the container: a user of the worker host (with its primary group there)
+        or ``uid:gid``, always handed to the engine as numbers resolved on the worker (default: the worker's own
+        uid:gid; others only from ``[gpu] allowed_users``)
     :param working_dir: where the task runs in the container (default: the image's)
     :param auto_remove: ``force`` removes every container, ``success`` keeps failed ones (stopped) for
         inspection, ``never`` keeps all
@@ -159,7 +160,8 @@ class DockerOptions(BackendOptions):
         in every fresh container (costs build time once)
     :param devices: GPU indices or UUIDs (MIG UUIDs too) to request instead of a count
     :param driver_capabilities: ``NVIDIA_DRIVER_CAPABILITIES`` of GPU containers
-    :param group_add: supplementary groups for device access, names or GIDs (AMD default: ``video``, ``render``)
+    :param group_add: supplementary groups, names of the worker host or gids, handed to the engine as the worker
+        host's gids (``[gpu] allowed_groups``); AMD GPU tasks also get the host's ``video`` and ``render``
     :param mount_tmp_dir: share the task's files through a bind-mounted worker folder; ``False`` copies them
         through the Docker API (remote engines; tried by itself when the engine cannot see the folder)
     :param cap_add: Linux capabilities to keep (every one is dropped by default), e.g. ``["SYS_PTRACE"]`` for a

@@ -14,8 +14,9 @@ from airflow_gpu_provider.backends.docker.options import CONTAINER_DIR, DockerOp
 from airflow_gpu_provider.checkpoint.location import CHECKPOINT_MOUNT, checkpoint_environment, unreachable
 from airflow_gpu_provider.host.allocator import HostGpus
 from airflow_gpu_provider.policy import Policy
-from airflow_gpu_provider.policy.docker import WORKER_USER
+from airflow_gpu_provider.policy.docker import task_groups, task_user
 from airflow_gpu_provider.policy.paths import canonical
+from airflow_gpu_provider.policy.users import device_gids
 from airflow_gpu_provider.settings.units import parse_bytes
 from airflow_gpu_provider.task.environment import with_user_environment
 from airflow_gpu_provider.task.labels import PROVIDER, docker_label
@@ -87,13 +88,19 @@ class DockerPlan:
 
 
 def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig) -> DockerPlan:
-    """Map a request onto container arguments, with the worker's ``[gpu]`` options. No engine calls."""
+    """Map a request onto container arguments, with the worker's ``[gpu]`` options. No engine calls.
+
+    Users and groups are resolved in this host's passwd and group databases (``policy/users.py``): the engine gets
+    numbers only, never a name the task's image would resolve.
+    """
+    policy = Policy.of(conf)
     mapping: dict[str, Any] = {
         "shm_size": parse_bytes(conf.shm_size),
         "ipc_mode": options.ipc_mode,
         "device_ids": list(options.devices),
         "driver_capabilities": options.driver_capabilities,
-        "group_add": None if options.group_add is None else list(options.group_add),
+        "group_add": task_groups(request.display_name, options.group_add or (), policy),
+        "device_groups": device_gids(),
         "processes": request.processes_per_node,
     }
     resources = request.resources
@@ -104,7 +111,7 @@ def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig
         "labels": {PROVIDER: "true", **{docker_label(key): value for key, value in request.labels.items()}},
     }
     # rule D2: a task runs as the worker's own user unless the admin allows another (policy/docker.py)
-    container["user"] = WORKER_USER if options.user is None else str(options.user)
+    container["user"] = task_user(request.display_name, options.user, policy)
     if options.user is None and os.geteuid() != 0:
         container["environment"]["HOME"] = "/tmp"  # a user the image may not know has no home
     if options.working_dir is not None:
@@ -145,7 +152,7 @@ def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig
         poll_interval=conf.trigger_poll_interval,
         cuda_image=conf.default_parent_image,
         notes=notes,
-        policy=Policy.of(conf),
+        policy=policy,
     )
 
 

@@ -251,8 +251,8 @@ def test_auto_remove_success_keeps_a_failed_container_stopped(docker_client, tas
 
 def test_files_through_the_docker_api_when_not_mounted(task_log, tmp_path, monkeypatch):
     """mount_tmp_dir=False (remote engines): runtime and envelope are copied in, the result copied out."""
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_USERS", "1000")
-    options = {"mount_tmp_dir": False, "user": "1000", "state_dir": str(tmp_path)}
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_USERS", "1000:1000")
+    options = {"mount_tmp_dir": False, "user": "1000:1000", "state_dir": str(tmp_path)}
     assert run(task_log, request(call(add, 20, b=22)), options).return_value["sum"] == 42
     with pytest.raises(RemoteTaskError, match="boom from the container"):
         run(task_log, request(call(fail_with_value_error)), options)
