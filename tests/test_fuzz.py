@@ -1169,9 +1169,8 @@ BACKEND_NAMES = field(
     WRONG_TYPES,
 )
 LOCAL_OPTIONS: dict[str, st.SearchStrategy[Any]] = {
-    "devices": field(st.sampled_from(["0,1", "none", "0"]), st.sampled_from(["x", "", "-1", "0,0", "٣"])),
+    "devices": field(st.sampled_from(["0,1", "1", "0"]), st.sampled_from(["x", "", "-1", "0,0", "٣", "none", "0=L4"])),
     "kill_grace": SECONDS,
-    "state_dir": field(st.just("/tmp/gpu-state"), st.just("")),
 }
 OPTIONS_OF = {"local": LOCAL_OPTIONS, "docker": DOCKER_OPTIONS, "kubernetes": KUBERNETES_OPTIONS}
 
@@ -1216,13 +1215,13 @@ def test_callable_arguments_are_checked_against_the_signature_at_parse(function:
 
 @pytest.mark.parametrize(
     "options",
-    [{"bogus_option": 1}, {"kill_grace": 0}, {"state_dir": ""}, Opaque(), "namespace=ml"],
-    ids=["unknown", "zero-grace", "empty-state-dir", "not-a-dict", "a-string"],
+    [{"bogus_option": 1}, {"kill_grace": 0}, {"state_dir": "/tmp/x"}, Opaque(), "namespace=ml"],
+    ids=["unknown", "zero-grace", "a-state-dir-of-its-own", "not-a-dict", "a-string"],
 )
 def test_without_a_backend_the_options_are_checked_for_the_default_backend(options: Any) -> None:
     """Regression: with no ``backend``, ``backend_options`` went unchecked until the task started ([gpu] backend)."""
     _construct_and_resolve({"command": ["true"], "backend_options": options}, None)
-    with pytest.raises(InvalidSettingError, match="backend_options|bogus_option"):
+    with pytest.raises(InvalidSettingError, match="backend_options|bogus_option|no state dir of its own"):
         GpuStepOperator(task_id="fuzz", command=["true"], backend_options=options)
 
 

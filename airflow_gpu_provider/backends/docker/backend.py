@@ -117,11 +117,12 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
     def _host_gpus(self, plan: DockerPlan) -> Allocation:
         """Devices from the host GPU allocator when the engine is on this host and its GPUs are known.
 
-        Otherwise (a remote engine, explicit ``devices``, or a host whose GPUs NVML and ``[gpu] devices`` do not
-        know) Docker hands out GPUs by count, and nothing stops two tasks from sharing one.
+        A task's ``devices`` only narrow the host's GPUs (:meth:`HostGpus.present`). Otherwise (a remote engine, or a
+        host whose GPUs NVML and ``[gpu] devices`` do not know) Docker hands out GPUs by count, and nothing stops two
+        tasks from sharing one.
         """
         resources = plan.request.resources
-        if not resources.requests_gpus or plan.options.devices or not plan.options.engine_is_local:
+        if not resources.requests_gpus or not plan.options.engine_is_local:
             return Allocation(devices=[])
         present = plan.host.present(resources.gpu_vendor)
         if not present:

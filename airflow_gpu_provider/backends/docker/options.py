@@ -158,7 +158,9 @@ class DockerOptions(BackendOptions):
     :param uv_source: ``worker`` copies the worker's uv binary into the build; ``pip`` pip-installs uv
     :param compile_bytecode: compile ``.pyc`` files into derived images, so tasks do not compile what they import
         in every fresh container (costs build time once)
-    :param devices: GPU indices or UUIDs (MIG UUIDs too) to request instead of a count
+    :param devices: which of the host's GPUs the task may take, by index or UUID (MIG UUIDs as ``[gpu] devices``
+        lists them): on a local engine it only narrows the host's GPUs, and still takes their locks and skips those
+        quarantined
     :param driver_capabilities: ``NVIDIA_DRIVER_CAPABILITIES`` of GPU containers
     :param group_add: supplementary groups, names of the worker host or gids, handed to the engine as the worker
         host's gids (``[gpu] allowed_groups``); AMD GPU tasks also get the host's ``video`` and ``render``
@@ -167,7 +169,6 @@ class DockerOptions(BackendOptions):
     :param cap_add: Linux capabilities to keep (every one is dropped by default), e.g. ``["SYS_PTRACE"]`` for a
         profiler, ``["IPC_LOCK"]`` for RDMA
     :param stop_timeout: seconds between SIGTERM and SIGKILL when the task is stopped (default ``[gpu] kill_grace``)
-    :param state_dir: host folder for the GPU and build locks (default ``[gpu] state_dir``)
     """
 
     backend: ClassVar[str] = "docker"
@@ -197,7 +198,6 @@ class DockerOptions(BackendOptions):
     mount_tmp_dir: bool = option(True, check=boolean)
     cap_add: tuple[str, ...] = option((), check=_capabilities)
     stop_timeout: float | None = option(check=seconds)
-    state_dir: str | None = option(check=text)
 
     def check(self, resources: ResourceSettings) -> None:
         """At DAG parse time: GPUs that Docker cannot hand out with these options."""

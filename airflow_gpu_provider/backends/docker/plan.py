@@ -146,7 +146,7 @@ def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig
             uv_source=options.uv_source,
             compile_bytecode=options.compile_bytecode,
         ),
-        host=HostGpus.configured(conf, state_dir=options.state_dir),
+        host=HostGpus.configured(conf, only=options.devices),
         mapping=mapping,
         stop_timeout=conf.grace(options.stop_timeout),
         poll_interval=conf.trigger_poll_interval,

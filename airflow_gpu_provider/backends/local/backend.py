@@ -65,7 +65,7 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
         checkpoint = None if request.checkpoint is None else request.checkpoint.path
         return LocalPlan(
             request=request,
-            host=HostGpus.configured(conf, devices=self.options.devices, state_dir=self.options.state_dir),
+            host=HostGpus.configured(conf, only=self.options.device_ids),
             environment={
                 "PYTHONUNBUFFERED": "1",
                 **thread_environment(request.resources, request.processes_per_node),
