@@ -38,17 +38,16 @@ def _names(text: str) -> frozenset[str]:
 
 
 def _paths(option: str, text: str) -> tuple[str, ...]:
-    from airflow_gpu_provider.policy.paths import UnsafePathError, canonical
+    from airflow_gpu_provider.policy.paths import UnsafePathError, canonical, root_parts
 
     roots = []
     for part in filter(None, (item.strip() for item in text.split(","))):
-        root = part
-        if "://" not in part:
-            try:
-                root = canonical(part)
-            except UnsafePathError as err:
-                raise ValueError(f"[gpu] {option}: {part!r} is not an absolute path ({err.problem})") from None
-        roots.append(root.rstrip("/") or "/")
+        try:
+            if "://" in part:
+                root_parts(part)  # a URI is compared by its components: they must be plain ones
+            roots.append(part.removesuffix("/") if "://" in part else canonical(part))
+        except UnsafePathError as err:
+            raise ValueError(f"[gpu] {option}: {part!r} is no absolute path or plain URI ({err.problem})") from None
     return tuple(roots)
 
 
