@@ -18,8 +18,6 @@ from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 Check = Callable[[Any], Any]
 OptionsT = TypeVar("OptionsT", bound="BackendOptions")
 MAX_SECONDS = 10**9  # about 31 years: more is a unit mistake
-#: Options a task may no longer give, and why (what a DAG written for an older release is told).
-REMOVED = {"state_dir": "A task has no state dir of its own: GPU locks and caches are the host's ([gpu] state_dir)."}
 
 
 class BadOption(ValueError):
@@ -45,6 +43,10 @@ class BackendOptions:
     """Base of every backend's options. Subclasses are frozen dataclasses whose fields come from :func:`option`."""
 
     backend: ClassVar[str]
+    #: Options a task may no longer give, and why (what a DAG written for an older release is told).
+    removed: ClassVar[Mapping[str, str]] = {
+        "state_dir": "A task has no state dir of its own: GPU locks and caches are the host's ([gpu] state_dir)."
+    }
 
     @classmethod
     def names(cls) -> frozenset[str]:
@@ -65,7 +67,7 @@ class BackendOptions:
         unknown = {name for name in options if name not in cls.names()}
         if unknown:
             names = (name if isinstance(name, str) else repr(name) for name in unknown)  # sortable, as typed
-            hint = " ".join(REMOVED[name] for name in sorted(unknown & REMOVED.keys()))
+            hint = " ".join(cls.removed[name] for name in sorted(unknown & cls.removed.keys()))
             raise UnknownSettingError(f"backend {cls.backend!r}", names, sorted(cls.names()) or ["(none)"], hint)
         checks = {f.name: f.metadata["check"] for f in dataclasses.fields(cls)}
         values = {}

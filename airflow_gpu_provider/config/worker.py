@@ -52,6 +52,7 @@ class GpuConfig:
     allowed_capabilities: str
     allowed_users: str
     allowed_groups: str
+    allowed_docker_engines: str
     allowed_network_modes: str
     allowed_ipc_modes: str
     allowed_build_paths: str

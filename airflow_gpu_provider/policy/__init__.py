@@ -79,6 +79,7 @@ class Policy(NamedTuple):
     capabilities: frozenset[str]
     users: frozenset[str]
     groups: frozenset[str]
+    docker_engines: tuple[str, ...]
     network_modes: frozenset[str]
     ipc_modes: frozenset[str]
     build_paths: tuple[str, ...]
@@ -96,6 +97,7 @@ class Policy(NamedTuple):
             capabilities=frozenset(name.upper().removeprefix("CAP_") for name in _names(conf.allowed_capabilities)),
             users=_names(conf.allowed_users),
             groups=_names(conf.allowed_groups),
+            docker_engines=tuple(sorted(_names(conf.allowed_docker_engines))),
             network_modes=_names(conf.allowed_network_modes),
             ipc_modes=_names(conf.allowed_ipc_modes),
             build_paths=_paths("allowed_build_paths", conf.allowed_build_paths),

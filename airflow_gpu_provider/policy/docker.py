@@ -79,6 +79,31 @@ def _mount_problem(source: str, *, writable: bool, policy: Policy) -> tuple[str,
     return "it is beneath none of the roots the deployment allows", "allowed_mount_roots"
 
 
+def engine_key(url: str) -> str:
+    """An engine's URL as the allow-list compares it: ``unix://var/run/x`` is ``unix:///var/run/x``; hosts lower."""
+    scheme, colon, rest = url.strip().partition("://")
+    if not colon:
+        return url.strip()
+    if scheme.lower() == "unix":
+        return "unix:///" + rest.lstrip("/")
+    return f"{scheme.lower()}://{rest.rstrip('/').lower()}"
+
+
+def check_engine(owner: str, engines: Sequence[str], default: str, policy: Policy) -> None:
+    """The engine a task reaches: this process's default one, or one of ``[gpu] allowed_docker_engines``.
+
+    The default is ``$DOCKER_HOST`` or the local socket. Checked at parse, on the worker and in the triggerer.
+
+    :raises PolicyError: naming the engine and the option
+    """
+    allowed = {engine_key(engine) for engine in (default, *policy.docker_engines)}
+    for engine in engines:
+        if engine_key(engine) not in allowed:
+            listed = ", ".join((default, *policy.docker_engines))
+            raise PolicyError(owner, "backend_options['docker_url']", engine, "an engine the deployment does not list",
+                              option="allowed_docker_engines", allow=listed)  # fmt: skip
+
+
 def check_options(owner: str, options: Any, policy: Policy) -> None:
     """At DAG parse: what a Docker task's options ask for of the host, against ``policy``.
 
@@ -95,6 +120,7 @@ def check_options(owner: str, options: Any, policy: Policy) -> None:
             raise PolicyError(owner, "backend_options['mounts']", mount, "a named volume the deployment does not list",
                               option="allowed_volumes", allow=_listed(policy.volumes))  # fmt: skip
     _check_listed(owner, "cap_add", options.cap_add, policy.capabilities, "allowed_capabilities", upper=True)
+    check_engine(owner, options.engines, options.default_engine, policy)
     task_user(owner, options.user, policy)
     task_groups(owner, options.group_add or (), policy)
     for field, value, allowed, option in (  # rule D3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -137,10 +137,10 @@ class DockerOptions(BackendOptions):
     """The Docker backend's options; each default is written here once.
 
     :param docker_conn_id: Airflow Docker connection used to log in to a registry (pulls and pushes)
-    :param docker_url: the engine, as for ``DockerOperator`` (default ``$DOCKER_HOST``, else the local socket)
+    :param docker_url: the engine, as for ``DockerOperator`` (default ``$DOCKER_HOST``, else the local socket); any
+        other only from ``[gpu] allowed_docker_engines``, with TLS from the worker's ``DOCKER_CERT_PATH``
     :param api_version: Docker API version
     :param timeout: API call timeout in seconds
-    :param tls_ca_cert: TLS to a remote engine (with ``tls_client_cert`` and ``tls_client_key``)
     :param network_mode: ``bridge``, ``none``, ``host`` or a network name (default: the engine's)
     :param mounts: ``[{"source", "target", "type": "bind"|"volume"|"tmpfs", "read_only"}]``; bind sources beneath
         ``[gpu] allowed_mount_roots`` and volumes of ``[gpu] allowed_volumes`` only (``policy/docker.py``)
@@ -172,14 +172,19 @@ class DockerOptions(BackendOptions):
     """
 
     backend: ClassVar[str] = "docker"
+    removed: ClassVar[Mapping[str, str]] = {
+        **BackendOptions.removed,
+        **dict.fromkeys(
+            ("tls_ca_cert", "tls_client_cert", "tls_client_key"),
+            "TLS files are the worker's, never a path in a DAG: an engine of [gpu] allowed_docker_engines is reached "
+            "with the worker's (and triggerer's) DOCKER_CERT_PATH and DOCKER_TLS_VERIFY.",
+        ),
+    }
 
     docker_conn_id: str | None = option(check=text)
     docker_url: str | tuple[str, ...] | None = option(check=_docker_url)
     api_version: str = option("auto", check=text)
     timeout: float = option(60.0, check=seconds)
-    tls_ca_cert: str | None = option(check=text)
-    tls_client_cert: str | None = option(check=text)
-    tls_client_key: str | None = option(check=text)
     network_mode: str | None = option(check=text)
     mounts: tuple[dict[str, Any], ...] = option((), check=_mounts)
     ipc_mode: str | None = option(check=text)
@@ -206,7 +211,7 @@ class DockerOptions(BackendOptions):
     def permitted(self, owner: str) -> None:
         """At DAG parse time: what these options ask of the host, against the deployment's ``[gpu]`` allow-lists."""
         asks = self.mounts or self.cap_add or self.user is not None or self.group_add or self.network_mode
-        if asks or self.ipc_mode:  # the policy is read only for tasks that ask for something of the host
+        if asks or self.ipc_mode or self.docker_url:  # the policy is read only for tasks that ask for something
             from airflow_gpu_provider.policy import Policy
             from airflow_gpu_provider.policy.docker import check_options
 
@@ -219,7 +224,17 @@ class DockerOptions(BackendOptions):
     @property
     def engine_url(self) -> str | tuple[str, ...]:
         """The engine to talk to: ``docker_url``, else ``$DOCKER_HOST``, else the local socket (as DockerOperator)."""
-        return self.docker_url or os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_URL
+        return self.docker_url or self.default_engine
+
+    @property
+    def default_engine(self) -> str:
+        """The engine of this process: ``$DOCKER_HOST``, else the local socket."""
+        return os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_URL
+
+    @property
+    def engines(self) -> tuple[str, ...]:
+        """Every engine :attr:`engine_url` names (a list is tried in order)."""
+        return (self.engine_url,) if isinstance(self.engine_url, str) else tuple(self.engine_url)
 
     @property
     def engine_is_local(self) -> bool:

@@ -162,7 +162,8 @@ def test_bad_image_name_is_a_clear_error(task_log):
         run(task_log, request(Envelope.run(["true"]), image=image))
 
 
-def test_unreachable_daemon_is_a_clear_error(task_log, tmp_path):
+def test_unreachable_daemon_is_a_clear_error(task_log, tmp_path, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_DOCKER_ENGINES", f"unix://{tmp_path}/nothing.sock")
     started = time.monotonic()
     with pytest.raises(GpuTaskError, match=r"Cannot reach the Docker engine at unix://.*nothing\.sock"):
         run(task_log, request(Envelope.run(["true"])), {"docker_url": f"unix://{tmp_path}/nothing.sock"})
