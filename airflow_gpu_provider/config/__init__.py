@@ -74,6 +74,13 @@ def _typed(option: Option, text: str) -> Any:
         value = f"{_home()}/.local/state/airflow-gpu-provider"
     if option.name == "state_dir" and (not value.startswith("/") or value.rstrip("/") == ""):
         raise ValueError(f"[{SECTION}] state_dir={text!r} must be an absolute folder other than '/'")
+    if option.name in ("cache_size", "shm_size"):
+        from airflow_gpu_provider.settings.units import parse_bytes
+
+        try:
+            parse_bytes(value)
+        except ValueError:
+            raise ValueError(f"[{SECTION}] {option.name}={text!r} is not an amount of bytes such as 50Gi") from None
     if option.name == "min_pod_security" and value not in POD_SECURITY_LEVELS:
         raise ValueError(f"[{SECTION}] min_pod_security={text!r} is none of {', '.join(POD_SECURITY_LEVELS)}")
     return value

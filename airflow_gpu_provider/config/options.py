@@ -68,6 +68,16 @@ OPTIONS: tuple[Option, ...] = (
         "/srv/airflow-gpu",
     ),
     Option(
+        "cache_size",
+        "string",
+        "50Gi",
+        "Disk that each cache of a worker host may take: the local backend's virtualenvs of injected requirements "
+        "(in the state dir) and the derived images of a Docker engine on the host (their own layers). Beyond it, "
+        "the least recently used ones are removed when another is built, never one a task uses, each named in the "
+        "log. 0: no limit.",
+        "200Gi",
+    ),
+    Option(
         "pool",
         "string",
         "",

@@ -24,6 +24,7 @@ class GpuConfig:
     devices: str
     extra_accelerators: str
     state_dir: str
+    cache_size: str
     pool: str
     queue: str
     kueue_queue: str

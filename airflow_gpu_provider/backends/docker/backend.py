@@ -102,8 +102,11 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
             return self._reattach(client, plan, earlier, defer=defer)
         for note in (*plan.notes, *plan.resources.notes):
             self.log.warning("%s", note)
-        image = task_image(client, plan, self.log)
-        with self._host_gpus(plan) as allocation, on_fault(plan.host, allocation.devices, self.log, positional=True):
+        with (
+            task_image(client, plan, self.log) as image,  # a derived image stays until its container exists
+            self._host_gpus(plan) as allocation,
+            on_fault(plan.host, allocation.devices, self.log, positional=True),
+        ):
             self._locks = allocation.fds  # an Xid or ECC error: its GPUs (0, 1, ... in the container) are quarantined
             if allocation.cpu_fallback:
                 return self._run_container(client, plan, image, cpu_fallback=allocation.reason, defer=defer)
@@ -114,11 +117,9 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
             return self._run_gpu_container(client, plan, image, defer=defer)
 
     def _host_gpus(self, plan: DockerPlan) -> Allocation:
-        """Devices from the host GPU allocator when the engine is on this host and its GPUs are known.
+        """Devices from the host GPU allocator (which a task's ``devices`` only narrow) on a host whose GPUs are known.
 
-        A task's ``devices`` only narrow the host's GPUs (:meth:`HostGpus.present`). Otherwise (a remote engine, or a
-        host whose GPUs NVML and ``[gpu] devices`` do not know) Docker hands out GPUs by count, and nothing stops two
-        tasks from sharing one.
+        Otherwise (a remote engine, or GPUs neither NVML nor ``[gpu] devices`` knows) Docker hands out GPUs by count.
         """
         resources = plan.request.resources
         if not resources.requests_gpus or not plan.options.engine_is_local:

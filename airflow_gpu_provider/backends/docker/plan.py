@@ -43,6 +43,7 @@ class DockerPlan:
     :param cuda_image: a CUDA image to suggest when a GPU task's image looks CPU-only (``[gpu] default_parent_image``)
     :param notes: what the plan could not give the task (beyond the resource mapping's notes), for its log
     :param policy: the worker's ``[gpu]`` allow-lists, which the whole create call must meet
+    :param cache_size: bytes the derived images of a local engine may take (``[gpu] cache_size``; 0: no limit)
     """
 
     request: TaskRequest
@@ -60,6 +61,7 @@ class DockerPlan:
     cuda_image: str = ""
     notes: tuple[str, ...] = ()
     policy: Policy | None = None
+    cache_size: int = 0
 
     def create_kwargs(self, image: str, *, cpu_fallback: bool = False) -> dict[str, Any]:
         """``create_container`` arguments, with ``host_config`` as ``create_host_config`` arguments."""
@@ -153,6 +155,7 @@ def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig
         cuda_image=conf.default_parent_image,
         notes=notes,
         policy=policy,
+        cache_size=parse_bytes(conf.cache_size) if conf.cache_size else 0,
     )
 
 
