@@ -7,7 +7,9 @@ submits, with its own configuration. Nothing else in the package makes these dec
 of docs/security.md it enforces.
 
 - ``paths.py``: no path trusted by its name (resolved without links, every ancestor checked, deletions by marker)
-- ``docker.py``: the container a Docker task may get (mounts, capabilities, users, groups, namespaces, devices)
+- ``docker.py``: the container a Docker task may get (mounts, capabilities, users, groups, namespaces, devices),
+  and the engine it may reach
+- ``users.py``: who a container runs as and which groups it joins, as numbers resolved on this host
 - ``pods.py``: the pod a Kubernetes task may get (Pod Security Standards over the whole pod)
 - ``build.py``: what of the worker a derived image's build may read
 - ``checkpoints.py``: the roots a task may checkpoint to, and what may be deleted

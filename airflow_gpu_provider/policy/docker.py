@@ -1,11 +1,12 @@
 """The container a Docker task may get: checked on the options at DAG parse, and on the whole create call.
 
-Rules D1-D5 of docs/security.md: a task gets no privilege and no capability the admin did not list; it runs as the
-worker's own user unless the admin lists another; it joins no host namespace and no other container's; it sees the
-devices of its GPUs only; it mounts host folders only beneath ``[gpu] allowed_mount_roots``, by paths no one but
-root and the worker can redirect, never the runtime's sockets or the system's folders, never what tasks may write to
-(a folder beneath a read-write root, the state dir, a checkpoint root), and named volumes only of
-``[gpu] allowed_volumes``.
+Rules D1-D6 of docs/security.md: a task gets no privilege and no capability the admin did not list; it runs as the
+worker's own user unless the admin lists another, as numbers resolved on the worker (``policy/users.py``); it joins
+no host namespace and no other container's; it sees the devices of its GPUs only; it mounts host folders only
+beneath ``[gpu] allowed_mount_roots``, by paths no one but root and the worker can redirect, never the runtime's
+sockets or the system's folders, never what tasks may write to (a folder beneath a read-write root, the state dir, a
+checkpoint root), and named volumes only of ``[gpu] allowed_volumes``; it reaches only the worker's default Docker
+engine or one of ``[gpu] allowed_docker_engines``.
 """
 
 from __future__ import annotations
