@@ -132,3 +132,21 @@ def test_a_venv_folder_of_another_user_is_not_trusted(tmp_path):
     os.chown(planted, OTHER_UID, OTHER_UID)
     with pytest.raises(UntrustedStateError, match=f"belongs to uid {OTHER_UID}"):
         ensure_venv(image, cache, log)
+
+
+def test_the_default_state_dir_is_one_no_other_local_user_can_make_first(monkeypatch):
+    """Low item of issue 27: the default lay in sticky /var/tmp, where another user could make it first (the
+    provider then refused it, rightly, and every GPU task of the worker stopped). It now lies in the worker user's
+    home (its passwd entry, not $HOME), which only root and that user may write to."""
+    import pwd
+    from pathlib import Path
+
+    from airflow_gpu_provider import config
+
+    monkeypatch.delenv("AIRFLOW__GPU__STATE_DIR")
+    monkeypatch.setenv("HOME", "/tmp")  # not the environment's idea of home: two workers must find the same dir
+    default = Path(config.get("state_dir"))
+    assert default.is_relative_to(pwd.getpwuid(os.geteuid()).pw_dir), default
+    for folder in (folder for folder in default.parents if folder.exists()):
+        info = folder.stat()
+        assert info.st_uid in (0, os.geteuid()) and not info.st_mode & 0o022, f"{folder} is writable by others"
