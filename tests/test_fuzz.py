@@ -1249,12 +1249,18 @@ def test_the_corpus_has_at_least_5000_cases() -> None:
 # engine will read the body (names folded as Go folds them, a name given twice merged, HostConfig's fields taken at
 # the top level), by the independent rules below; and for a body the provider could send (a plain JSON object),
 # the plugin and the provider's final check (policy/engine.check_create) give the same verdict.
+def _other_digits(number: int) -> str:
+    """A number in Arabic-Indic digits: a digit to Python's ``int``, a name to the engine (Go's ``strconv.Atoi``)."""
+    return "".join(chr(0x660 + int(digit)) for digit in str(number))
+
+
 VIDEO_GID = next((g.gr_gid for g in grp.getgrall() if g.gr_name == "video"), 44)  # the host's device group
 WORKER_IDS = (os.geteuid(), os.getegid())
-ENGINE_USERS = {  # the user of a create body: numbers, and names the image would resolve
+ENGINE_USERS = {  # the user of a create body: numbers, names the image would resolve, digits Go does not read
     "": "", "0": "0", "0:0": "0:0", "root": "root", "1000:1000": "1000:1000",
     "worker": "{}:{}".format(*WORKER_IDS), "worker's uid": str(WORKER_IDS[0]),
     "worker's name": f"{pwd.getpwuid(WORKER_IDS[0]).pw_name}:{WORKER_IDS[1]}",
+    "worker in other digits": "{}:{}".format(*map(_other_digits, WORKER_IDS)),
 }  # fmt: skip
 ENGINE_HOST_FIELDS = {
     "Privileged": [True, False], "CapAdd": [["SYS_ADMIN"], ["SYS_PTRACE"], ["sys_ptrace"], ["CAP_SYS_PTRACE"], ["ALL"]],
@@ -1268,7 +1274,7 @@ ENGINE_HOST_FIELDS = {
     "DeviceRequests": [[{"Capabilities": [["gpu"]], "Count": 1}], [{"Capabilities": [["gpu", "utility"]]}],
                        [{"Driver": "x", "Capabilities": [["gpu"]]}], [{"Capabilities": [["gpu"]], "Options": {"a": "b"}}]],
     "DeviceCgroupRules": [["a *:* rwm"]],
-    "GroupAdd": [["0"], ["video"], ["ml"], ["docker"], [str(VIDEO_GID)], ["4242"]],
+    "GroupAdd": [["0"], ["video"], ["ml"], ["docker"], [str(VIDEO_GID)], [_other_digits(VIDEO_GID)], ["4242"]],
     "MaskedPaths": [[], None], "ReadonlyPaths": [[]], "CgroupParent": ["/", ""], "Runtime": ["runsc", ""],
     "OomScoreAdj": [-1000, 0], "LogConfig": [{"Type": "syslog", "Config": {}}, {"Type": "", "Config": {}}],
     "PortBindings": [{"80/tcp": [{"HostPort": "80"}]}], "Memory": [2**30], "ShmSize": [2**20], "Isolation": ["hyperv"],

@@ -21,7 +21,7 @@ from typing import Any
 from airflow_gpu_provider.policy import Policy
 from airflow_gpu_provider.policy.docker import DEVICE_PATHS, SAFE_SECURITY_OPTIONS, _mount_problem
 from airflow_gpu_provider.policy.paths import UnsafePathError, beneath, canonical, stable
-from airflow_gpu_provider.policy.users import allowed_gids, numeric_user, user_allowed
+from airflow_gpu_provider.policy.users import allowed_gids, number, numeric_user, user_allowed
 
 TASKS_FOLDER = "docker-tasks"  # the state dir's folder of the task files the provider mounts read-only
 #: Container Config fields that reach nothing of the host (the user is judged, rule D2).
@@ -203,7 +203,8 @@ def _log_config(value: Any, policy: Policy) -> None:
 def _groups(value: Any, policy: Policy) -> None:
     gids = allowed_gids(policy.groups)  # rules D2, D4: this host's gids, never a name the image resolves
     for group in value or []:
-        if not str(group).isdigit() or int(group) not in gids:
+        gid = number(str(group))
+        if gid is None or gid not in gids:
             why = "rule D4: a gid of [gpu] allowed_groups or of this host's video/render groups, in numbers"
             raise _refuse("HostConfig.GroupAdd", group, why)
 

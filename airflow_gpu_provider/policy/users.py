@@ -36,8 +36,9 @@ def worker_ids() -> tuple[int, int]:
 def group_id(value: str | int) -> int:
     """A group as a gid of this host: a number as it is, a name from this host's group database."""
     text = str(value).strip()
-    if text.isdigit():
-        return int(text)
+    gid = number(text)
+    if gid is not None:
+        return gid
     try:
         return grp.getgrnam(text).gr_gid
     except KeyError:
@@ -51,8 +52,8 @@ def user_ids(value: str | int) -> tuple[int, int]:
     """
     user, colon, group = str(value).strip().partition(":")
     entry: pwd.struct_passwd | None = None
-    if user.isdigit():
-        uid = int(user)
+    uid = number(user)
+    if uid is not None:
         with contextlib.suppress(KeyError):
             entry = pwd.getpwuid(uid)
     else:
@@ -117,7 +118,17 @@ def device_gids() -> list[str]:
     return [str(gid) for gid in _resolved(DEVICE_GROUPS, group_id)]
 
 
+def number(text: str) -> int | None:
+    """A uid or gid written in ASCII digits, as the engine reads a number; ``None`` for anything else (a name).
+
+    ``str.isdigit`` is not enough: ``'٠'`` is a digit to Python (``int`` reads it as 0) but a name to the engine
+    (Go's ``strconv.Atoi``), which it resolves in the image's own databases.
+    """
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
 def numeric_user(user: str) -> tuple[int, int] | None:
     """``(uid, gid)`` of a create call's ``user`` when it is ``uid:gid`` in numbers; ``None`` for anything else."""
     uid, colon, gid = user.partition(":")
-    return (int(uid), int(gid)) if colon and uid.isdigit() and gid.isdigit() else None
+    ids = number(uid), number(gid)
+    return (ids[0], ids[1]) if colon and ids[0] is not None and ids[1] is not None else None

@@ -115,6 +115,11 @@ def test_a_body_is_read_as_the_engines_go_reader_reads_it():
     )
 
 
+def _other_digits(number: int) -> str:
+    """A number in Arabic-Indic digits: a digit to Python's ``int``, a name to the engine's ``strconv.Atoi``."""
+    return "".join(chr(0x660 + int(digit)) for digit in str(number))
+
+
 def test_h2_any_client_gets_numbers_checked_never_a_name_the_image_resolves(monkeypatch):
     """Rule D2 and D4 on a raw client's body: the user as ``uid:gid`` of the worker's own or a listed pair, groups as
     listed gids of this host. A name (``alice``, ``alice:0``), a uid without its gid or digits the engine reads as a
@@ -128,14 +133,14 @@ def test_h2_any_client_gets_numbers_checked_never_a_name_the_image_resolves(monk
     for user in (worker_user(), f"{nobody.pw_uid}:{nobody.pw_gid}"):
         assert ask("POST", create, {**SAFE, "User": user, "HostConfig": gpu}) == (True, ""), user
     for user in ("alice", "alice:0", "nobody", "nobody:0", f"{nobody.pw_uid}", f"{nobody.pw_uid}:0", "",
-                 f"+{nobody.pw_uid}:{nobody.pw_gid}"):  # fmt: skip
+                 ":".join(map(_other_digits, (os.geteuid(), os.getegid()))), f"+{nobody.pw_uid}:{nobody.pw_gid}"):  # fmt: skip
         allowed, why = ask("POST", create, {**SAFE, "User": user, "HostConfig": gpu})
         assert not allowed and "rule D2" in why and "never a name" in why, (user, why)
         allowed, why = ask("POST", f"/v1.41/containers/{ID}/exec", {"Cmd": ["id"], "User": user or "nobody"})
         assert not allowed and "rule D2" in why, (user, why)
     gids = [str(video), str(grp.getgrnam("nogroup").gr_gid)]
     assert ask("POST", create, {**SAFE, "HostConfig": {**gpu, "GroupAdd": gids}}) == (True, "")
-    for group in ("video", "nogroup", "0", "4242", f"+{video}"):
+    for group in ("video", "nogroup", "0", "4242", _other_digits(video), f"+{video}"):
         allowed, why = ask("POST", create, {**SAFE, "HostConfig": {**gpu, "GroupAdd": [group]}})
         assert not allowed and "rule D4" in why and "GroupAdd" in why, (group, why)
 

@@ -65,6 +65,11 @@ def root_named_image(docker_client) -> str:
     return tag
 
 
+def other_digits(number: int) -> str:
+    """A number in Arabic-Indic digits: digits to Python's ``int``, a name to the engine (Go's ``strconv.Atoi``)."""
+    return "".join(chr(0x660 + int(digit)) for digit in str(number))
+
+
 def run_as(options: dict, image: str) -> dict:
     backend = DockerBackend(DockerOptions.parse(options), log=logging.getLogger("test.users"))
     request = TaskRequest(
@@ -122,10 +127,10 @@ def test_h2_the_engine_gets_numbers_only_and_the_final_check_refuses_a_name(monk
     check_create(body, policy)
     check_create({**body, "User": "1234:5678"}, policy)  # listed as numbers
     for user in ("nobody", "alice", "1234", "1234:0", f"{NOBODY.pw_uid}:0", "0:0", "nobody:nogroup", "",
-                 f"+{NOBODY.pw_uid}:{NOBODY.pw_gid}"):  # fmt: skip
+                 f"{other_digits(NOBODY.pw_uid)}:{NOBODY.pw_gid}", f"+{NOBODY.pw_uid}:{NOBODY.pw_gid}"):  # fmt: skip
         with pytest.raises(UnsafePathError, match="User"):  # a name the image would resolve, or an unlisted pair
             check_create({**body, "User": user}, policy)
-    for groups in (["video"], ["render"], ["0"], ["docker"], ["4242"]):
+    for groups in (["video"], ["render"], ["0"], ["docker"], ["4242"], [other_digits(VIDEO)]):
         with pytest.raises(UnsafePathError, match="GroupAdd"):  # names resolve in the image; 0 is never listed
             check_create({**body, "HostConfig": {**body["HostConfig"], "GroupAdd": groups}}, policy)
 
@@ -139,3 +144,5 @@ def test_h2_a_user_or_group_this_host_does_not_know_is_refused_naming_the_fix(mo
         task(user="4242")  # no passwd entry, so no group: the engine would pick the image's, or 0
     with pytest.raises(PolicyError, match="not a group of this host"):
         task(group_add=["no-such-group"])
+    with pytest.raises(PolicyError, match="not a user of this host"):
+        task(user="١٠٠٠")  # digits to str.isdigit, a name to the engine: a name, which this host lacks

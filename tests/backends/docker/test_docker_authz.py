@@ -78,6 +78,7 @@ def _bodies(tmp_path: Path) -> dict[str, dict]:
     host = body["HostConfig"]
     other_user = "1:1" if os.geteuid() == 0 else "0:0"
     folder = {"Mounts": [{"Type": "bind", "Source": str(tmp_path), "Target": "/t", "ReadOnly": True}]}
+    other_digits = ":".join("".join(chr(0x660 + int(d)) for d in str(n)) for n in (os.geteuid(), os.getegid()))
     video = grp.getgrnam("video").gr_gid
     return {
         "the provider's own": body,
@@ -100,6 +101,8 @@ def _bodies(tmp_path: Path) -> dict[str, dict]:
         "the worker's own with a host folder": {**body, "User": OWN, "HostConfig": {**host, **folder}},
         "the worker by name with a host folder": {**body, "User": f"{OWN_NAME}:{os.getegid()}",
                                                   "HostConfig": {**host, **folder}},
+        "the worker's ids in other digits with a host folder": {**body, "User": other_digits,
+                                                                "HostConfig": {**host, **folder}},
         "the host's video gid": {**body, "HostConfig": {**host, "GroupAdd": [str(video)]}},
         "the video group by name": {**body, "HostConfig": {**host, "GroupAdd": ["video"]}},
         "a gid no one listed": {**body, "HostConfig": {**host, "GroupAdd": ["4242"]}},
