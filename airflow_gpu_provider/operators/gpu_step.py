@@ -151,6 +151,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         self.environment = check_environment(spec.owner, "environment", environment or {})
         with airflow_checks(spec.owner, "BaseOperator(...)"):
             super().__init__(**spec.placed(kwargs))
+        self.durable = spec.durable  # Airflow's ResumableJobMixin attribute (its own __init__ leaves its default)
 
     @classmethod
     def settle(cls, owner: str, arguments: Mapping[str, Any], settled: TaskSpec | None = None) -> TaskSpec:
