@@ -1,10 +1,11 @@
 """The host-wide state dir (``[gpu] state_dir``), trusted only when it is the worker's own.
 
-Worker hosts are shared, and the default lies in ``/var/tmp``, where every user may create folders. A folder of the
-state dir is used only when it is a real directory (not a symlink) owned by the worker's user and writable by nobody
-else; the provider creates it private (0700). Files in it are opened without following symlinks and must be regular
-files of the worker's own. So another user can neither plant a lock file that points at a file of the worker's, nor
-a "cached" venv that the worker would run.
+Worker hosts are shared. The default lies in the home folder of the worker's user (``~/.local/state``), where no
+other local user can make it first; a state dir an admin sets may lie in a shared folder (``/var/tmp``). A folder of
+the state dir is used only when it is a real directory (not a symlink) owned by the worker's user and writable by
+nobody else; the provider creates it private (0700). Files in it are opened without following symlinks and must be
+regular files of the worker's own. So another user can neither plant a lock file that points at a file of the
+worker's, nor a "cached" venv that the worker would run.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import fcntl
 import os
 import shutil
 import stat
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -135,23 +137,23 @@ def task_folder(parent: str | os.PathLike[str]) -> Path:
 def runtime_file(state_dir: str | os.PathLike[str]) -> Path:
     """The archive as a file of the state dir, for the local backend: written once per digest, then reused.
 
-    ``<state_dir>/runtime/runtime-<digest>.pyz``: 0600 in a folder of the worker's own (0700), written atomically
-    (a task never runs a half-written archive), and rewritten if its content is not the archive's.
+    ``<state_dir>/runtime/runtime-<digest>-<python>.pyz``, compiled by this Python (``task/runtime_zip.py``
+    ``compiled``): 0600 in a folder of the worker's own (0700), written atomically (a task never runs a half-written
+    archive), and rewritten if its sources are not the archive's.
 
     :raises UntrustedStateError: when the folder or the file is not the worker's own
     """
-    from airflow_gpu_provider.task.runtime_zip import archive, digest  # built when a local task first runs
+    from airflow_gpu_provider.task.runtime_zip import compiled, digest, entries  # built when a local task first runs
 
-    data = archive()
     folder = private_dir(Path(state_dir) / "runtime")
-    path = folder / f"runtime-{digest()[:16]}.pyz"
+    path = folder / f"runtime-{digest()[:16]}-{sys.implementation.cache_tag}.pyz"
     with contextlib.suppress(FileNotFoundError), os.fdopen(open_private(path, os.O_RDONLY), "rb") as handle:
-        if handle.read() == data:
+        if handle.read().startswith(entries()):
             return path
     descriptor, temporary = tempfile.mkstemp(prefix=".runtime-", suffix=".tmp", dir=folder)  # 0600
     try:
         with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
+            handle.write(compiled(str(path)))
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):

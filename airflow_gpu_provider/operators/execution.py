@@ -98,11 +98,14 @@ class GpuExecution(DurableJob):
     def _prepare(self, context: Context) -> Attempt:
         """The try, settled: the worker's options, the rendered task, its rung, its request, backend and plan."""
         from airflow_gpu_provider.config.worker import GpuConfig
-        from airflow_gpu_provider.escalation import tries as escalation
 
         conf = GpuConfig.read(**({"wait_timeout": self.wait_timeout} if self.wait_timeout else {}))
         spec = self.rendered_spec()  # a templated backend's deferrable is checked there
-        tries = escalation.Tries.start(spec.on_oom, context) if spec.on_oom is not None else None
+        tries = None
+        if spec.on_oom is not None:  # the ladder's modules load only for a task that has one
+            from airflow_gpu_provider.escalation import tries as escalation
+
+            tries = escalation.Tries.start(spec.on_oom, context)
         request = self.task_request(context, spec, conf, tries)
         waits_deferred = self.deferrable and request.missing_gpu.waits
         request = dataclasses.replace(request, durable=spec.durable, defer_wait=waits_deferred)
@@ -141,6 +144,8 @@ class GpuExecution(DurableJob):
             request.on_missing_gpu,
             "; deferrable" if self.deferrable else "",
         )
+        if request.checkpoint is not None and request.checkpoint.is_uri:  # a path root: the backend makes it
+            request.checkpoint.make(request.labels)  # the run folder marked: what the scheduler may delete (F2)
         if self.deferrable and attempt.spec.info.defers:
             return self._outcome(context, attempt, lambda: backend.start(plan, context), waiting_since)
         if isinstance(backend, ResumableBackend):  # Airflow's durable contract: a later try reconnects to the job
@@ -217,7 +222,6 @@ class GpuExecution(DurableJob):
         profile: Mapping[str, Any] | None = None,
     ) -> None:
         """The try is over: its profile (``gpu_profile``) and, with an ``on_oom`` ladder, how it ended."""
-        from airflow_gpu_provider.escalation import tries as escalation
         from airflow_gpu_provider.telemetry import report
 
         request = attempt.request
@@ -233,6 +237,8 @@ class GpuExecution(DurableJob):
             failure=failure,
         )
         if attempt.tries is not None:
+            from airflow_gpu_provider.escalation import tries as escalation
+
             context["ti"].xcom_push(escalation.XCOM_KEY, attempt.tries.finish(request.resources, failure))
 
     def _infrastructure(self, context: Context, attempt: Attempt, error: BaseException) -> None:

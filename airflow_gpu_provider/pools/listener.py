@@ -93,9 +93,13 @@ def on_dag_run_running(dag_run: Any, msg: str) -> None:
 def on_starting(component: Any) -> None:
     """When a job starts: in the scheduler, create or check the GPU pools of ``[gpu] inventory``.
 
-    Airflow calls this from ``Job.__init__``, before the scheduler's runner sets ``job_type``: the command tells.
+    Airflow calls this from ``Job.__init__``, before the scheduler's runner sets ``job_type``: the command tells. A
+    task process forked by the scheduler's LocalExecutor has the scheduler's command too, but its component is no
+    job (Airflow's ``TaskRunnerMarker``): it has no database to create pools in.
     """
-    job_type = getattr(component, "job_type", None)
+    if not hasattr(component, "job_type"):
+        return
+    job_type = component.job_type
     scheduler = job_type == "SchedulerJob" or (job_type is None and sys.argv[1:2] == ["scheduler"])
     if not scheduler or not config.get("inventory"):
         return

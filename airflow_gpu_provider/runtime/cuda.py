@@ -37,14 +37,14 @@ def clear_cuda_cache(import_torch: bool = False) -> dict[str, Any]:
 
     :return: ``{"status": "cleared"|"skipped", "reason": str, "freed_bytes": int, "gc_rounds": int}``
     """
+    torch = _loaded_torch(import_torch)
+    if torch is None:  # nothing holds GPU memory: no collection (a worker's task process has a large heap to walk)
+        return {"status": "skipped", "reason": "torch is not loaded", "freed_bytes": 0, "gc_rounds": 0}
     rounds = 0
     while rounds < 10:
         rounds += 1
         if gc.collect() == 0:
             break
-    torch = _loaded_torch(import_torch)
-    if torch is None:
-        return {"status": "skipped", "reason": "torch is not loaded", "freed_bytes": 0, "gc_rounds": rounds}
     if not torch.cuda.is_available():
         return {"status": "skipped", "reason": "CUDA is not available", "freed_bytes": 0, "gc_rounds": rounds}
     if not torch.cuda.is_initialized():

@@ -8,15 +8,8 @@ the same folder. The process that unpacked it removes it when it ends (:func:`re
 
 from __future__ import annotations
 
-import atexit
-import base64
-import hashlib
-import io
 import os
-import shutil
 import sys
-import tempfile
-import zipfile
 from typing import Any
 
 from .output import say
@@ -45,6 +38,14 @@ def unpack_modules(envelope: dict[str, Any]) -> str | None:
         if given not in sys.path:
             sys.path.insert(0, given)
         return None
+    import atexit  # here, not at the top: every task process starts the runtime, few ship modules
+    import base64
+    import hashlib
+    import io
+    import shutil
+    import tempfile
+    import zipfile
+
     data = section["zip"]
     if data.startswith("env:"):  # a pod: the archive in its own environment variable
         data = os.environ[data[4:]]
@@ -81,5 +82,9 @@ def describe_modules(envelope: dict[str, Any]) -> None:
 
 def remove_modules() -> None:
     """Remove the folders this process unpacked."""
+    if not _MADE:
+        return
+    import shutil
+
     while _MADE:
         shutil.rmtree(_MADE.pop(), ignore_errors=True)

@@ -107,10 +107,21 @@ def _copy_rank(pid: int, mark: str, argv: list[str]) -> str | None:
     return "?" if rank is None else str(rank)
 
 
+def _has_children() -> bool:
+    """Whether this process has a child, ended or not (none is reaped)."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
 def running_copies() -> dict[int, tuple[str, int]]:
     """The copies of this task process still running: pid -> (rank, pidfd); each signal goes through the pidfd."""
     mark, argv = str(os.getpid()), sys.argv[1:]
-    copies = {}
+    copies: dict[int, tuple[str, int]] = {}
+    if not _has_children():  # no descendant either: nothing to read in /proc
+        return copies
     for pid in _descendants(os.getpid()):
         try:
             pidfd = os.pidfd_open(pid)  # before the check: what is checked is what is signalled

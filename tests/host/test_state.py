@@ -132,3 +132,55 @@ def test_a_venv_folder_of_another_user_is_not_trusted(tmp_path):
     os.chown(planted, OTHER_UID, OTHER_UID)
     with pytest.raises(UntrustedStateError, match=f"belongs to uid {OTHER_UID}"):
         ensure_venv(image, cache, log)
+
+
+def _loads_from(archive, module: str = "airflow_gpu_runtime.protocol") -> str:
+    """The file ``module`` is loaded from, with ``archive`` first on the path (a fresh Python)."""
+    import subprocess
+    import sys
+
+    code = f"import sys; sys.path.insert(0, {str(archive)!r}); import {module} as m; print(m.__file__)"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_the_local_runtime_archive_is_compiled_once_and_rewritten_when_its_sources_differ(tmp_path):
+    """Its modules load compiled; a compiled file of another Python is passed over; other sources are rewritten."""
+    import zipfile
+
+    from airflow_gpu_provider.host.state import runtime_file
+    from airflow_gpu_provider.task.runtime_zip import entries
+
+    path = runtime_file(tmp_path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.read_bytes().startswith(entries())
+    assert _loads_from(path).endswith("airflow_gpu_runtime/protocol.pyc")
+    written = path.stat().st_mtime_ns
+    assert runtime_file(tmp_path) == path and path.stat().st_mtime_ns == written  # reused as it is
+
+    other = tmp_path / "other-python.pyz"  # the same archive, its compiled protocol made by another Python
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(other, "w") as copy:
+        for info in source.infolist():
+            data = source.read(info)
+            copy.writestr(info, b"\0\0\r\n" + data[4:] if info.filename.endswith("protocol.pyc") else data)
+    assert _loads_from(other).endswith("airflow_gpu_runtime/protocol.py")
+
+    path.write_bytes(b"PK" + path.read_bytes()[2:100])  # torn, or another runtime's
+    assert runtime_file(tmp_path) == path and path.read_bytes().startswith(entries())
+    assert _loads_from(path).endswith("protocol.pyc")
+
+
+def test_the_default_state_dir_is_one_no_other_local_user_can_make_first(monkeypatch):
+    """Low item of issue 27: the default lay in sticky /var/tmp, where another user could make it first (the
+    provider then refused it, rightly, and every GPU task of the worker stopped). It now lies in the worker user's
+    home (its passwd entry, not $HOME), which only root and that user may write to."""
+    import pwd
+    from pathlib import Path
+
+    from airflow_gpu_provider import config
+
+    monkeypatch.delenv("AIRFLOW__GPU__STATE_DIR")
+    monkeypatch.setenv("HOME", "/tmp")  # not the environment's idea of home: two workers must find the same dir
+    default = Path(config.get("state_dir"))
+    assert default.is_relative_to(pwd.getpwuid(os.geteuid()).pw_dir), default
+    for folder in (folder for folder in default.parents if folder.exists()):
+        info = folder.stat()
+        assert info.st_uid in (0, os.geteuid()) and not info.st_mode & 0o022, f"{folder} is writable by others"

@@ -202,12 +202,15 @@ def test_accelerate_launch_runs_the_archive_on_two_cpu_processes(tmp_path):
 
 
 def test_the_archive_holds_the_runtime_under_its_own_name():
+    import io
     import zipfile
 
-    with zipfile.ZipFile(runtime_path()) as shipped:
+    with zipfile.ZipFile(io.BytesIO(archive())) as shipped:
         names = shipped.namelist()
         root = shipped.read("__main__.py").decode()
     assert names[0] == "__main__.py" and all(n.startswith("airflow_gpu_runtime/") for n in names[1:])
     assert "airflow_gpu_runtime/protocol.py" in names and "airflow_gpu_runtime/telemetry/sampler.py" in names
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
     assert "from airflow_gpu_runtime.__main__ import main" in root
+    with zipfile.ZipFile(runtime_path()) as local:  # the local backend's copy: each module compiled beside it
+        assert local.namelist() == [*names, *(f"{name}c" for name in names)]

@@ -33,8 +33,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ContainerOomError", "DockerBackend"]
 
-_ENGINE_OPTIONS = ("docker_conn_id", "api_version", "timeout", "tls_ca_cert", "tls_client_cert", "tls_client_key")
-
 
 class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
     """Run the task in a Docker container with the requested GPUs, CPUs, memory and ``/dev/shm``."""
@@ -135,10 +133,10 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
 
     def _deferral(self, plan: DockerPlan, container_id: str, mem_limit: int | None) -> Deferral:
         """The trigger that waits for the container, reaching the engine as this worker did."""
-        from airflow_gpu_provider.backends.docker.trigger import DockerContainerTrigger
+        from airflow_gpu_provider.backends.docker.trigger import ENGINE_OPTIONS, DockerContainerTrigger
 
         url = plan.options.engine_url
-        engine = {name: getattr(plan.options, name) for name in _ENGINE_OPTIONS}
+        engine = {name: getattr(plan.options, name) for name in ENGINE_OPTIONS}
         engine["docker_url"] = url if isinstance(url, str) else list(url)
         self.log.info("Deferred: the triggerer watches container %s (engine %s)", container_id[:12], url)
         state = {"container_id": container_id, "mem_limit": mem_limit}

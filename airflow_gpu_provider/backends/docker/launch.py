@@ -72,9 +72,9 @@ def launch(
     """
     for note in (*plan.notes, *plan.resources.notes):
         log.warning("%s", note)
-    image = task_image(client, plan, log)
     held = contextlib.ExitStack()
     try:
+        image = held.enter_context(task_image(client, plan, log))  # a derived image stays in use while it runs
         allocation = held.enter_context(host_gpus(plan, log))
         held.enter_context(on_fault(plan.host, allocation.devices, log, positional=True))  # positional: 0, 1, ...
         how = {"store": store, "log": log, "held": held, "lasting": lasting, "attach": attach, "created": created}
@@ -91,13 +91,12 @@ def launch(
 
 
 def host_gpus(plan: DockerPlan, log: logging.Logger) -> Allocation:
-    """Devices from the host GPU allocator when the engine is on this host and its GPUs are known.
+    """Devices from the host GPU allocator (which a task's ``devices`` only narrow) on a host whose GPUs are known.
 
-    Otherwise (a remote engine, explicit ``devices``, or a host whose GPUs NVML and ``[gpu] devices`` do not
-    know) Docker hands out GPUs by count, and nothing stops two tasks from sharing one.
+    Otherwise (a remote engine, or GPUs neither NVML nor ``[gpu] devices`` knows) Docker hands out GPUs by count.
     """
     resources = plan.request.resources
-    if not resources.requests_gpus or plan.options.devices or not plan.options.engine_is_local:
+    if not resources.requests_gpus or not plan.options.engine_is_local:
         return Allocation(devices=[])
     present = plan.host.present(resources.gpu_vendor)
     if not present:

@@ -27,26 +27,32 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from airflow_gpu_provider.backends.local.supervisor import KILL_WAIT, MODULE, STOP_NOW, Pinned
+from airflow_gpu_provider.backends.local.supervisor import KILL_WAIT, MODULE, SCRIPT, STOP_NOW, Pinned
 from airflow_gpu_provider.host.workers import is_dead, worker_identity
 from airflow_gpu_provider.task.output import log_output
 
 TOKEN_VARIABLE = "AIRFLOW_GPU_TASK"  # noqa: S105 - the name of a variable, not a secret
-_PREFIX = f"{TOKEN_VARIABLE}=".encode()
+_PREFIX = f"\0{TOKEN_VARIABLE}=".encode()  # a variable of its own, not the end of another
 
 
-def _token(pid: int) -> str | None:
+def _token(pid: int | str) -> str | None:
     """The task token in a process's environment (one this user may read), or ``None``."""
-    with contextlib.suppress(OSError):
-        for variable in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-            if variable.startswith(_PREFIX):
-                return variable[len(_PREFIX) :].decode(errors="replace")
-    return None
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            environ = b"\0" + handle.read()  # every process of the host is read: the fewest steps per process
+    except OSError:
+        return None
+    start = environ.find(_PREFIX)
+    if start < 0:
+        return None
+    start += len(_PREFIX)
+    end = environ.find(b"\0", start)
+    return environ[start : None if end < 0 else end].decode(errors="replace")
 
 
 def _tokens() -> dict[int, str]:
     """``{pid: token}`` of every process of this host that carries a token (and this user may read)."""
-    return {int(name): token for name in os.listdir("/proc") if name.isdigit() and (token := _token(int(name)))}
+    return {int(name): token for name in os.listdir("/proc") if name.isdigit() and (token := _token(name))}
 
 
 def tree(token: str) -> list[int]:
@@ -80,7 +86,7 @@ def _signal(tokens: Mapping[int, str], sig: int) -> None:
 
 def _is_supervisor(pid: int) -> bool:
     with contextlib.suppress(OSError):
-        return MODULE.encode() in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        return any(part.endswith(MODULE.encode()) for part in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
     return False
 
 
@@ -130,7 +136,7 @@ class TaskProcess:
         self.kill_grace = kill_grace
         self.log = log
         status_read, status_write = os.pipe()
-        supervisor = [sys.executable, "-m", MODULE, "--grace", str(kill_grace), "--worker", worker_identity()]
+        supervisor = [sys.executable, "-I", "-S", SCRIPT, "--grace", str(kill_grace), "--worker", worker_identity()]
         try:
             self.process = subprocess.Popen(
                 [*supervisor, "--status", str(status_write), "--", *argv],
@@ -187,8 +193,9 @@ class TaskProcess:
             elif status[0] == "left":  # in the GPU driver: the supervisor holds the locks until they end
                 self._close()
                 return [int(pid) for pid in status[1].split(",")]
-        self.process.wait()
-        left = self._stop_escaped()
+        # a supervisor that ended by itself (status 0) stopped every process beneath it; one that was killed may have
+        # left some, outside its tree now: found by their token
+        left = self._stop_escaped() if self.process.wait() != 0 else []
         self._close()
         return left
 

@@ -1,12 +1,14 @@
 """The local task's supervisor: the subreaper of all that a task starts, holding its GPUs until all of it has ended.
 
-Rule T1 (docs/security.md: a task's processes are found whatever they do): the worker starts ``python -m
-airflow_gpu_provider.backends.local.supervisor OPTIONS -- ARGV`` in a session of its own, with the GPU lock
-descriptors; the supervisor makes itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``) and starts the task
-process (``ARGV``) in another session. A process whose parent ends is then re-parented to the supervisor, never to
-init, whatever it did to its process group, session or environment (``setpgid``, ``setsid``, ``env -i``, a double
-fork): the task's processes are exactly the supervisor's descendants, found by walking ``/proc`` from it, and the
-supervisor has no child left exactly when none of them is left (``waitpid``, which reaps their zombies meanwhile).
+Rule T1 (docs/security.md: a task's processes are found whatever they do): the worker starts ``python -I -S
+.../backends/local/supervisor.py OPTIONS -- ARGV`` in a session of its own, with the GPU lock descriptors: a script
+of the standard library alone, in an isolated interpreter, so it starts in milliseconds, and nothing of the task's
+environment (``PYTHONPATH``, ``PYTHONHOME``) or of site-packages reaches it. The supervisor makes itself a child
+subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``) and starts the task process (``ARGV``) in another session. A process
+whose parent ends is then re-parented to the supervisor, never to init, whatever it did to its process group, session
+or environment (``setpgid``, ``setsid``, ``env -i``, a double fork): the task's processes are exactly the
+supervisor's descendants, found by walking ``/proc`` from it, and the supervisor has no child left exactly when none
+of them is left (``waitpid``, which reaps their zombies meanwhile): once it has none, nothing is looked for.
 
 When the task process ends, when the worker asks (SIGTERM: ``on_kill``) or when the worker dies, every descendant is
 stopped: SIGTERM, then SIGKILL after the grace period, until the supervisor has no child. Only then does it exit, and
@@ -30,13 +32,21 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from airflow_gpu_provider.host.workers import started_at
-from airflow_gpu_provider.runtime.protocol import PREFIX
-
-MODULE = "airflow_gpu_provider.backends.local.supervisor"
+SCRIPT = os.path.abspath(__file__)
+MODULE = "airflow_gpu_provider/backends/local/supervisor.py"  # how a supervisor is told in a process's command line
+PREFIX = "[gpu]"  # the runtime's (runtime/protocol.py): the supervisor imports nothing of the provider
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 KILL_WAIT = 30.0  # SIGKILL is not instant for a process in the GPU driver
 STOP_NOW = signal.SIGUSR1
+
+
+def started_at(pid: int) -> str | None:
+    """The start time of a process (clock ticks after boot), or ``None`` when it is gone (as ``host/workers.py``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[19].decode()
+    except OSError:
+        return None
 
 
 def _stat(pid: int) -> tuple[str, int] | None:
@@ -224,6 +234,8 @@ class Supervisor:
 
     def stop(self, why: str) -> None:
         """SIGTERM to every descendant, SIGKILL after the grace period; return when none is left."""
+        if not self.reap():  # no child, so no descendant: an orphan would have become our child
+            return
         running = signal_descendants(signal.SIGTERM)
         if running and self.exit is not None:
             self._say(f"stopping processes {running} that the task left running ({why})")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,27 @@ def leaves_an_escaped_child(pid_file: str, linger: float) -> str:
         handle.write(f"{os.getpid()} {child}")
     time.sleep(linger)  # long enough for its worker to be killed meanwhile, when the test does that
     return "done"
+
+
+def kills_its_supervisor(pid_file: str) -> str:
+    """Start a child that keeps the task's environment (its token) but none of its descriptors, kill the supervisor."""
+    import os
+    import shutil
+    import signal
+    import time
+
+    sleep = shutil.which("sleep") or "/bin/sleep"
+    child = os.fork()
+    if child == 0:
+        os.setpgid(0, 0)
+        os.closerange(3, 65536)
+        os.execv(sleep, ["sleep", "300"])  # the environment stays: the token finds it once the supervisor is gone
+    with open(pid_file, "w") as handle:
+        handle.write(f"{os.getpid()} {child}")
+    time.sleep(0.5)
+    os.kill(os.getppid(), signal.SIGKILL)  # the supervisor: the task process dies with it (die_with_parent)
+    time.sleep(30)
+    return "not reached"
 
 
 def returns_its_pid(pid_file: str) -> str:
@@ -68,8 +90,8 @@ def run(state_dir: str, pid_file: str, *, linger: float, reuse_pid: bool) -> dic
         TaskProcess.wait = wait_then_reuse  # type: ignore[method-assign]
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    options = {"state_dir": state_dir, "devices": "0", "kill_grace": 2}
-    local = BACKENDS["local"].create(options, logging.getLogger("escaping"))
+    os.environ.update({"AIRFLOW__GPU__STATE_DIR": state_dir, "AIRFLOW__GPU__DEVICES": "0"})  # a host of one GPU
+    local = BACKENDS["local"].create({"kill_grace": 2}, logging.getLogger("escaping"))
     function, arguments = (returns_its_pid, [pid_file]) if reuse_pid else (leaves_an_escaped_child, [pid_file, linger])
     envelope = Envelope.call(shipped_callable(function, owner="test"), arguments, {})
     request = TaskRequest(ResourceSettings(gpu_count=1), ImageSettings(), envelope)

@@ -18,11 +18,12 @@ import time
 from pathlib import Path
 
 import pytest
-from backends.local.escaping_task import leaves_an_escaped_child
+from backends.local.escaping_task import kills_its_supervisor, leaves_an_escaped_child
 from helpers import alive
 
 from airflow_gpu_provider.backends import BACKENDS
 from airflow_gpu_provider.config.worker import GpuConfig
+from airflow_gpu_provider.exceptions import RemoteTaskError
 from airflow_gpu_provider.host.allocator import GpuAllocator
 from airflow_gpu_provider.host.inventory import Device
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
@@ -72,11 +73,11 @@ class LockWatch:
         self._thread.join(10)
 
 
-def test_a_child_out_of_its_group_with_no_environment_is_stopped_before_its_gpu_is_free(tmp_path):
+def test_a_child_out_of_its_group_with_no_environment_is_stopped_before_its_gpu_is_free(tmp_path, monkeypatch):
     state, pid_file = tmp_path / "state", tmp_path / "pids"
-    local = BACKENDS["local"].create(
-        {"state_dir": str(state), "devices": "0", "kill_grace": 2}, logging.getLogger("test.local")
-    )
+    monkeypatch.setenv("AIRFLOW__GPU__STATE_DIR", str(state))
+    monkeypatch.setenv("AIRFLOW__GPU__DEVICES", "0")
+    local = BACKENDS["local"].create({"kill_grace": 2}, logging.getLogger("test.local"))
     envelope = Envelope.call(shipped_callable(leaves_an_escaped_child, owner="test"), [str(pid_file), 0.5], {})
     plan = local.plan(TaskRequest(ResourceSettings(gpu_count=1), ImageSettings(), envelope), GpuConfig.read())
     watch = LockWatch(state, pid_file)
@@ -88,6 +89,27 @@ def test_a_child_out_of_its_group_with_no_environment_is_stopped_before_its_gpu_
     assert watch.escaped and watch.escaped[0][0] not in (task_pid, os.getpgid(0))
     assert watch.escaped[0][1] == b""  # nothing of the task's environment, its token included
     assert not alive(child)  # it ignored SIGTERM: SIGKILL after the grace period
+    assert watch.freed_while_alive == []
+    assert GpuAllocator(state / "locks").holder_of(Device("0")) is None
+
+
+def test_what_outlives_a_supervisor_the_task_killed_is_stopped_before_its_gpu_is_free(tmp_path, monkeypatch):
+    """The supervisor killed, its tree is no longer beneath it: the worker finds what is left by its token."""
+    state, pid_file = tmp_path / "state", tmp_path / "pids"
+    monkeypatch.setenv("AIRFLOW__GPU__STATE_DIR", str(state))
+    monkeypatch.setenv("AIRFLOW__GPU__DEVICES", "0")
+    local = BACKENDS["local"].create({"kill_grace": 2}, logging.getLogger("test.local"))
+    envelope = Envelope.call(shipped_callable(kills_its_supervisor, owner="test"), [str(pid_file)], {})
+    plan = local.plan(TaskRequest(ResourceSettings(gpu_count=1), ImageSettings(), envelope), GpuConfig.read())
+    watch = LockWatch(state, pid_file)
+    try:
+        with pytest.raises(RemoteTaskError, match="exited with status -9"):
+            local.run(plan, {})
+    finally:
+        watch.stop()
+    _, child = map(int, pid_file.read_text().split())
+    assert watch.escaped and b"AIRFLOW_GPU_TASK=" in watch.escaped[0][1]  # it ran with the task's token
+    assert not alive(child)
     assert watch.freed_while_alive == []
     assert GpuAllocator(state / "locks").holder_of(Device("0")) is None
 

@@ -10,6 +10,7 @@ are checked by the policy layer before anything is read (``policy/build.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib.metadata
@@ -29,6 +30,7 @@ from airflow_gpu_provider.backends.docker.images.recipe import (
     install_environment,
     render_dockerfile,
 )
+from airflow_gpu_provider.backends.docker.images.reuse import requirement_keys
 from airflow_gpu_provider.backends.docker.options import DockerOptions, UvSource
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.policy.build import CA_FIELD, BuildPolicy, local_directory, readable_input
@@ -84,6 +86,10 @@ class DerivedImageSpec:
     :param install_environment: the install container's environment
     :param policy: what of the worker the build may read (checked again when each file is copied)
     :param labels: the image's labels (the install container carries them too)
+    :param recipe: the digest of everything but the requirements (``reuse.py``); empty where the image may not be
+        another one's base (its index needs credentials)
+    :param requirements: ``(project name, digest)`` of each requirement (``reuse.requirement_keys``)
+    :param on_base: the Dockerfile's steps after ``FROM`` when it is built on a derived image of the same recipe
     """
 
     parent: str
@@ -98,6 +104,9 @@ class DerivedImageSpec:
     install_environment: tuple[tuple[str, str], ...] = ()
     policy: BuildPolicy = field(default_factory=lambda: BuildPolicy((), None))
     labels: dict[str, str] = field(default_factory=dict)
+    recipe: str = ""
+    requirements: tuple[tuple[str, str], ...] = ()
+    on_base: str = ""
 
     def tag_for(self, parent_id: str) -> str:
         """The image reference for a parent image id: ``name:<16 hex digits>``."""
@@ -190,26 +199,24 @@ def derived_image_spec(
         f"{LABEL_PREFIX}.installer": image.python_package_installer,
         f"{LABEL_PREFIX}.runtime": RUNTIME_VERSION,
     }
-    dockerfile = render_dockerfile(
-        parent, image, uv_source=uv_source, uv_version=_uv_version(), ca_bundle=bool(options.ca_bundle),
-        find_links=find_links, wheel_dirs=() if netrc else wheel_dirs, labels=labels,
-        compile_bytecode=options.compile_bytecode, installed=bool(netrc),
+    render = functools.partial(
+        render_dockerfile, uv_source=uv_source, uv_version=_uv_version(), ca_bundle=bool(options.ca_bundle),
+        find_links=find_links, wheel_dirs=() if netrc else wheel_dirs, compile_bytecode=options.compile_bytecode,
+        installed=bool(netrc),
     )  # fmt: skip
+    dockerfile = render(parent, image, labels=labels)
     install: list[str] = []
     if netrc:
         install = install_command(image, uv_source=uv_source, uv_version=_uv_version(), find_links=find_links)
-    fingerprint = json.dumps(
-        {
-            "dockerfile": dockerfile,
-            **({"install": install} if install else {}),
-            "files": {
-                **{name: _file_fingerprint(path, names) for name, (path, names) in inputs.items()},
-                **({runtime_zip.FILE_NAME: {"sha256": runtime_zip.digest()}} if install else {}),
-            },
-            "runtime": RUNTIME_VERSION,
-        },
-        sort_keys=True,
-    )
+    prints = {name: _file_fingerprint(path, names) for name, (path, names) in inputs.items()}
+
+    def fingerprint_of(text: str) -> str:
+        files = {**prints, **({runtime_zip.FILE_NAME: {"sha256": runtime_zip.digest()}} if install else {})}
+        made_of = {"dockerfile": text, **({"install": install} if install else {}), "files": files}
+        return json.dumps({**made_of, "runtime": RUNTIME_VERSION}, sort_keys=True)
+
+    reusable = not netrc  # an install container's image is never another one's base (reuse.py)
+    recipe = fingerprint_of(render(parent, dataclasses.replace(image, requirements=()))) if reusable else ""
     ca = bool(options.ca_bundle)
     environment = install_environment(uv_source=uv_source, uv_version=_uv_version(), ca_bundle=ca) if install else {}
     return DerivedImageSpec(
@@ -217,7 +224,7 @@ def derived_image_spec(
         dockerfile,
         options.image_name,
         tuple((n, p) for n, p in files if n == "ca-bundle.pem") if install else files,
-        fingerprint,
+        fingerprint_of(dockerfile),
         uv_binary if uv_source == "worker" else None,
         netrc,
         install=tuple(install),
@@ -225,4 +232,7 @@ def derived_image_spec(
         install_environment=tuple(environment.items()),
         policy=policy,
         labels=labels,
+        recipe=hashlib.sha256(recipe.encode()).hexdigest() if reusable else "",
+        requirements=requirement_keys(image.requirements) if reusable else (),
+        on_base=render(parent, image, labels=labels, on_base=True) if reusable else "",
     )

@@ -22,10 +22,12 @@ from docker.utils import parse_repository_tag
 
 from airflow_gpu_provider.backends.docker.images import ImageError
 from airflow_gpu_provider.backends.docker.images.builds import builder_labels, reap_dead_builds
+from airflow_gpu_provider.backends.docker.images.cache import key_of
 from airflow_gpu_provider.backends.docker.images.context import build_context
 from airflow_gpu_provider.backends.docker.images.dockerfile import DerivedImageSpec
 from airflow_gpu_provider.backends.docker.images.install import install_requirements
 from airflow_gpu_provider.backends.docker.images.recipe import with_labels
+from airflow_gpu_provider.backends.docker.images.reuse import Base, find_base, recipe_labels
 from airflow_gpu_provider.backends.docker.options import PullPolicy
 from airflow_gpu_provider.host.state import exclusive
 from airflow_gpu_provider.runtime.protocol import redact
@@ -125,15 +127,28 @@ def _remove_containers(client: Any, ids: Iterable[str], log: logging.Logger) -> 
             log.info("Removed intermediate build container %s", container_id)
 
 
-def build_image(client: Any, spec: DerivedImageSpec, tag: str, log: logging.Logger, *, nocache: bool = False) -> None:
+def build_image(
+    client: Any,
+    spec: DerivedImageSpec,
+    tag: str,
+    log: logging.Logger,
+    *,
+    nocache: bool = False,
+    parent_id: str = "",
+    base: Base | None = None,
+) -> None:
     """Build ``spec`` as ``tag`` through the engine, streaming progress; leave no intermediate container behind.
 
     What the build makes carries this worker's label (``builds.py``); with index credentials, an install container
     installs the requirements first (``install.py``) and the build only copies its files in.
+
+    :param parent_id: the parent image's id: the image is labelled as a base for later builds of its recipe
+    :param base: a derived image of the same recipe to build on (``reuse.py``), instead of the parent
     """
-    labels = builder_labels()
-    dockerfile = with_labels(spec.dockerfile, labels)
-    log.info("Building derived image %s FROM %s:\n%s", tag, spec.parent, redact(dockerfile.rstrip()))
+    labels = {**builder_labels(), **(recipe_labels(spec, parent_id, base) if parent_id else {})}
+    dockerfile = with_labels(spec.dockerfile if base is None else base.dockerfile(spec), labels)
+    source = spec.parent if base is None else f"{base.id[:19]} (a derived image of {spec.parent})"
+    log.info("Building derived image %s FROM %s:\n%s", tag, source, redact(dockerfile.rstrip()))
     started = time.monotonic()
     lines: list[str] = []
     built = False
@@ -220,13 +235,20 @@ def ensure_derived_image(
             pull_image(client, tag, log)
             return tag, False
         log.info("%s is not in the registry yet; building it", tag)
-    lock = Path(lock_dir) / (re.sub(r"[^A-Za-z0-9_.-]", "_", tag) + ".lock")
+    lock = Path(lock_dir) / f"{key_of(tag)}.lock"
     with exclusive(lock) as waited:
         if inspect_image(client, tag) is not None:
             log.info("Using derived image %s, built by another task while this one waited %.1fs", tag, waited)
             return tag, False
         reap_dead_builds(client, log)  # what a build killed with its worker left (its install container too)
-        build_image(client, spec, tag, log)
+        base = find_base(client, spec, parent_id, log)
+        try:
+            build_image(client, spec, tag, log, parent_id=parent_id, base=base)
+        except ImageError:
+            if base is None or inspect_image(client, base.id) is not None:
+                raise
+            log.warning("%s was removed during the build: building from %s", base.id[:19], spec.parent)
+            build_image(client, spec, tag, log, parent_id=parent_id)
         if push:
             push_image(client, tag, log)
     return tag, True

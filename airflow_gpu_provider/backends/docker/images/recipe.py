@@ -46,6 +46,7 @@ def render_dockerfile(
     labels: Mapping[str, str] | None = None,
     compile_bytecode: bool = True,
     installed: bool = False,
+    on_base: bool = False,
 ) -> str:
     """The Dockerfile text.
 
@@ -57,10 +58,11 @@ def render_dockerfile(
         that tasks do not compile what they import in every fresh container
     :param installed: an install container installed the requirements (the index needs credentials): the image is
         the parent plus its :data:`DEPS_DIR`, from the build context's ``deps`` folder
+    :param on_base: the steps after ``FROM`` of a build on a derived image of the same recipe (``reuse.py``), which
+        has the CA bundle, the variables, uv and the wheel folders already: the labels and the install alone
     """
-    preamble = []
-    if labels:  # first, so the build's intermediate containers carry them too (and can be told apart)
-        preamble.append("LABEL " + " ".join(f"{key}={json.dumps(value)}" for key, value in sorted(labels.items())))
+    labelled = [_label_line(labels)] if labels else []  # first: the build's intermediate containers carry them too
+    preamble = list(labelled)
     if ca_bundle:
         preamble += [f"COPY ca-bundle.pem {CA_PATH}", "ENV " + _variables(ca_environment(CA_PATH))]
     environment = dict(PIP_ENVIRONMENT)
@@ -83,8 +85,14 @@ def render_dockerfile(
         uv = "/usr/local/bin/uv" if uv_source == "worker" else "python3 -m uv"
         installer = [*uv.split(), "pip", "install", "--system", "--break-system-packages", "--no-cache"]
         installer += ["--python", "python3", *(["--compile-bytecode"] if compile_bytecode else [])]
-    steps.append(f"RUN {json.dumps([*installer, *index_args, *image.requirements])}")
-    return "\n".join([f"FROM {parent}", *preamble, *steps]) + "\n"
+    install = f"RUN {json.dumps([*installer, *index_args, *image.requirements])}"
+    if on_base:
+        return "\n".join([*labelled, install]) + "\n"
+    return "\n".join([f"FROM {parent}", *preamble, *steps, install]) + "\n"
+
+
+def _label_line(labels: Mapping[str, str]) -> str:
+    return "LABEL " + " ".join(f"{key}={json.dumps(value)}" for key, value in sorted(labels.items()))
 
 
 def _variables(values: Mapping[str, str]) -> str:
@@ -136,5 +144,4 @@ def with_labels(dockerfile: str, labels: Mapping[str, str]) -> str:
     The builder's identity goes in this way, when the build starts: not part of the content hash.
     """
     first, rest = dockerfile.split("\n", 1)
-    line = "LABEL " + " ".join(f"{key}={json.dumps(value)}" for key, value in sorted(labels.items()))
-    return f"{first}\n{line}\n{rest}"
+    return f"{first}\n{_label_line(labels)}\n{rest}"
