@@ -111,8 +111,8 @@ def gpu_task(
 
     Takes every :class:`GpuStepOperator` argument: ``resources=``, ``image=``, ``backend=``, ``on_missing_gpu=``,
     the shortcuts ``gpu_count=``, ``memory=``, ``accelerator=``, ``requirements=``, ..., ``checkpoint=``,
-    ``resume=``, ``deferrable=``, ``durable=``, ``wait_timeout=`` and ``modules=``. The function's return value goes
-    to XCom (``multiple_outputs=True`` unrolls a dict).
+    ``resume=``, ``deferrable=``, ``durable=``, ``wait_timeout=``, ``right_size=`` and ``modules=``. The function's
+    return value goes to XCom (``multiple_outputs=True`` unrolls a dict).
 
     ``accelerate=True`` or ``accelerate={"num_processes": 2, "mixed_precision": "bf16", ...}`` runs the function
     on every rank under ``accelerate launch`` (the :class:`AccelerateOperator` options); rank 0's return value goes

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from airflow_gpu_provider.exceptions import GpuUnavailableError
 from airflow_gpu_provider.host import quarantine
-from airflow_gpu_provider.host.inventory import Device, host_devices, matching, model_groups, narrowed
+from airflow_gpu_provider.host.inventory import Device, host_devices, matching, model_groups, narrowed, right_sized
 from airflow_gpu_provider.host.state import open_private, private_dir
 from airflow_gpu_provider.host.waiting import MustWait, waited_too_long
 from airflow_gpu_provider.host.workers import describe_holder
@@ -169,8 +169,7 @@ class GpuAllocator:
         if defer:
             raise MustWait([str(self.lock_path(d)) for d in candidates], count, requested, state, timeout)
         log.info("Requested %s but %s. Waiting for GPUs to become free (on_missing_gpu='wait').", requested, state)
-        waited = 0.0
-        next_report = 60.0
+        waited, next_report = 0.0, 60.0
         while True:
             delay = min(self.poll_interval * random.uniform(0.8, 1.2), max(timeout - waited, 0.01))
             sleep(delay)
@@ -198,8 +197,7 @@ class GpuAllocator:
         taken = [f"{device_id} held by {who}" for device_id, who in busy.items() if who]
         free = [device_id for device_id, who in busy.items() if not who]
         parts.append(f"free: {', '.join(free) or 'none'}")
-        if taken:
-            parts.append(f"busy: {'; '.join(taken)}")
+        parts += [f"busy: {'; '.join(taken)}"] if taken else []
         return ", ".join(parts)
 
 
@@ -275,6 +273,8 @@ class HostGpus:
                     "(0=L4,1=A100-80GB) when NVML cannot tell their memory."
                 )
             candidates = sorted(larger, key=lambda d: d.memory_total or 0)  # the smallest GPU that is larger
+        elif request.right_size:  # right_size=True: the smallest GPUs that held the last successful run's peak
+            candidates = right_sized(candidates, int(request.right_size["need"]), log)
         groups = model_groups(resources, candidates)
         first_present = next((group for group in groups if group), candidates)
         # a share of a GPU (0.5) never reaches a host backend: BackendInfo.check refuses it there

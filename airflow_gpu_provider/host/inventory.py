@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.runtime.protocol import format_bytes
 from airflow_gpu_provider.settings.accelerators import (
     ACCELERATOR_PATTERN,
+    MIG_PATTERN,
     NVIDIA,
     GpuVendor,
     card_memory_gib,
+    mig_memory_gib,
     model_words,
 )
 
@@ -20,7 +23,7 @@ if TYPE_CHECKING:
 
 DEVICES_ACCEPTED = (
     "'auto' (NVML), 'none', or comma-separated device ids such as '0,1,2,3' or MIG UUIDs, each optionally with its "
-    "model: '0=L4,1=A100-80GB' (a known model gives the device's memory)"
+    "model: '0=L4,1=A100-80GB' (a known model gives the device's memory), a MIG slice its profile: 'MIG-1=1g.10gb'"
 )
 GIB = 2**30
 
@@ -61,7 +64,7 @@ def parse_devices(option: str) -> list[Device] | None:
         model = text.strip()
         if given and (not ACCELERATOR_PATTERN.fullmatch(model) or ":" in model):
             raise InvalidSettingError("[gpu]", "devices", option, f"{model!r} is not a model name", DEVICES_ACCEPTED)
-        gib = card_memory_gib(model) if model else None
+        gib = mig_memory_gib(model) if MIG_PATTERN.fullmatch(model) else card_memory_gib(model) if model else None
         devices.append(Device(device_id.strip(), model or None, None if gib is None else int(gib * GIB)))
     return devices
 
@@ -126,3 +129,15 @@ def model_groups(resources: ResourceSettings, candidates: Sequence[Device]) -> l
     if len(resources.accelerators) < 2:
         return []
     return [[d for d in candidates if matches_model(d, model)] for model in resources.accelerators]
+
+
+def right_sized(candidates: Sequence[Device], need: int, log: Any) -> list[Device]:
+    """A right-sized try's candidates (``right_size=True``): those known to hold ``need`` bytes, smallest first.
+
+    The allocator takes the first free ones, so a smaller GPU or MIG slice that is busy gives way to a larger one
+    that holds the peak too; when no candidate is known to hold it (memory unknown), all of them, as without.
+    """
+    holding = sorted((d for d in candidates if (d.memory_total or 0) >= need), key=lambda d: d.memory_total or 0)
+    sizes = ", ".join(f"{d.name or d.id} ({format_bytes(d.memory_total)})" for d in holding) or "none"
+    log.info("[gpu] right_size: this host's GPUs that hold %s, smallest first: %s", format_bytes(need), sizes)
+    return holding or list(candidates)

@@ -33,7 +33,9 @@ RESOURCE_SHORTCUTS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(R
 #: The image fields a task may give one by one (``requirements=[...]``).
 IMAGE_SHORTCUTS: tuple[str, ...] = ("parent_image", "requirements", "python_package_installer")
 #: How a try runs: what :func:`run_options` settles.
-RUN_OPTIONS: tuple[str, ...] = ("checkpoint", "resume", "deferrable", "durable", "reattach", "wait_timeout")
+RUN_OPTIONS: tuple[str, ...] = (
+    "checkpoint", "resume", "deferrable", "durable", "reattach", "wait_timeout", "right_size"
+)  # fmt: skip
 _BOOLEAN = "True or False"
 
 
@@ -190,10 +192,13 @@ class RunOptions(NamedTuple):
     deferrable: bool
     durable: bool
     wait_timeout: float | None
+    right_size: bool
 
 
 def run_options(owner: str, given: Mapping[str, Any]) -> RunOptions:
-    """How a try runs, checked: ``checkpoint``, ``resume``, ``deferrable``, ``durable``, ``wait_timeout``.
+    """How a try runs, checked: each of :data:`RUN_OPTIONS`.
+
+    ``right_size`` is a boolean (default ``False``); its backend is checked where the spec meets it (``_on_backend``).
 
     ``deferrable``'s default is Airflow's ``[operators] default_deferrable``; ``reattach`` is ``durable``'s
     deprecated name.
@@ -223,6 +228,7 @@ def run_options(owner: str, given: Mapping[str, Any]) -> RunOptions:
         _boolean(owner, "deferrable", deferrable),
         _durable(owner, given.get("durable"), given.get("reattach")),
         _seconds(owner, given.get("wait_timeout")),
+        _boolean(owner, "right_size", False if given.get("right_size") is None else given["right_size"]),
     )
 
 

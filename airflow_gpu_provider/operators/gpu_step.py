@@ -82,6 +82,8 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
     :param reattach: deprecated: ``durable``'s name before (read for one more release, with a warning)
     :param wait_timeout: seconds (or a ``timedelta``) an ``on_missing_gpu="wait"`` task waits for GPUs; default
         ``[gpu] wait_timeout``
+    :param right_size: a run's first try asks for the smallest GPU (or MIG slice) of the host that held the last
+        successful run's peak memory with headroom (local, Docker; docs/telemetry.md); default ``False``
     :param task_spec: the task as the decorator (or ``.partial()``) already settled it; arguments given beside it
         settle it again
     """
@@ -133,6 +135,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         durable: bool | None = None,
         reattach: bool | None = None,
         wait_timeout: Any = None,
+        right_size: bool | None = None,
         task_spec: TaskSpec | None = None,
         **kwargs: Any,
     ) -> None:

@@ -79,6 +79,7 @@ class TaskSpec(NamedTuple):
     :param deferrable: a try runs deferred where its backend can (a wait for GPUs, on every host backend)
     :param durable: a later try takes over the job an earlier try left running
     :param wait_timeout: seconds a wait for GPUs lasts (``None``: ``[gpu] wait_timeout``)
+    :param right_size: a try asks for the smallest GPU that held the last successful run's peak memory
     :param modules: the project modules shipped with the task
     :param launch: ``accelerate launch``'s options (AccelerateOperator's), checked by accelerate's parser
     :param inputs: the arguments the spec was settled from (a changed one settles it again)
@@ -102,6 +103,7 @@ class TaskSpec(NamedTuple):
     deferrable: bool = False
     durable: bool = True
     wait_timeout: float | None = None
+    right_size: bool = False
     modules: ProjectModules | None = None
     launch: Mapping[str, Any] | None = None
     inputs: Mapping[str, Any] = _NONE
@@ -145,6 +147,9 @@ class TaskSpec(NamedTuple):
         options = info.parse_options(self.backend_options)
         info.check(None if self.templated else self.resources, self.num_nodes, options, self.image)
         options.permitted(self.owner)
+        if self.right_size and not info.host_gpus:
+            why = f"backend {name!r} does not pick the task's GPUs from a host's listed devices"
+            raise InvalidSettingError(self.owner, "right_size", True, why, "right_size=True on 'local' or 'docker'")
         return self._replace(backend=name, options=options)
 
     def changed(self, arguments: Mapping[str, Any], *, num_nodes: int | None = None) -> TaskSpec:

@@ -33,6 +33,8 @@ class TaskRequest:
     :param rendezvous_port: the port a multi-node launch meets on (``None``: the backend's default)
     :param min_gpu_memory: GPUs must have more memory than this (bytes): a try after a GPU out-of-memory failure,
         on the backends that pick devices themselves (local, Docker)
+    :param right_size: a right-sized try (``right_size=True``, ``telemetry/right_size.py``): ``need``, the bytes
+        each GPU must hold (the host allocator takes the smallest that do: local, Docker), and the decision's evidence
     :param checkpoint: the try's checkpoint folder (``checkpoint/location.py``), ``None`` for none
     :param resume: resume from the newest checkpoint of that folder
     :param durable: a later try of the same task instance takes over the job an earlier try left running (a
@@ -54,6 +56,7 @@ class TaskRequest:
     num_nodes: int = 1
     rendezvous_port: int | None = None
     min_gpu_memory: int | None = None
+    right_size: Mapping[str, Any] | None = None
     checkpoint: CheckpointLocation | None = None
     resume: bool = False
     durable: bool = True

@@ -150,6 +150,7 @@ class Profile:
     advice: tuple[str, ...]
     cost: dict[str, Any] | None
     error: str = ""  # the sampler's own trouble: the profile is incomplete
+    right_size: str = ""  # a right-sized try (right_size=True): the decision, its evidence and the GPU it got
     node: str = ""  # where the sampler ran as it names itself: a container's id, a pod's name ("" in version 1)
     host_cpu: HostCpu | None = None
     cpu_fallback: bool = False  # on_missing_gpu="cpu" was taken: the task ran on the CPU instead of its GPUs
@@ -223,6 +224,7 @@ class Profile:
             advice=tuple(text(item) for item in _list(raw.get("advice"), 20) if isinstance(item, str)),
             cost=cost if isinstance(cost, dict) else None,
             error=text(raw.get("error")),
+            right_size=text(_mapping(raw.get("right_size")).get("line")),
             node=text(raw.get("node"), 200),
             host_cpu=HostCpu.read(raw.get("host_cpu")),
             cpu_fallback=raw.get("cpu_fallback") is True,

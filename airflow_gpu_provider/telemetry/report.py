@@ -72,6 +72,10 @@ def complete(
         advice=advice(read, gpu_count=gpu_count),
         cost=cost(read, prices, accelerator=_nvidia(resources.accelerator)),
     )
+    if request.right_size:  # the decision (telemetry/right_size.py) and what the try ran on
+        ran_on = ", ".join(f"{d.name} ({gib(d.memory_total)})" for d in read.devices)
+        line = f"{request.right_size['line']}; ran on {ran_on}"
+        completed["right_size"] = {**request.right_size, "ran_on": ran_on, "line": line}
     return completed
 
 
@@ -102,6 +106,7 @@ def summary_lines(profile: Profile) -> list[str]:
     if host_cpu is not None:
         peak = "" if host_cpu.peak_avg10 is None else f", 10-s peak {host_cpu.peak_avg10:.0f} %"
         lines.append(f"  host CPUs: {host_cpu.describe()}{peak} ({host_cpu.source}, {host_cpu.scope} view)")
+    lines += [f"right-sized: {profile.right_size}"] if profile.right_size else []
     lines += [f"advice: {note}" for note in profile.advice]
     spent = profile.cost
     if spent:

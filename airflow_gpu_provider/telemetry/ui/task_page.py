@@ -140,6 +140,8 @@ def render_task_page(
         ("Cost", money(profile.cost) if profile.cost else "no price set for this model ([gpu] prices)"),
     ]
     advice = "".join(f"<li>{e(item)}</li>" for item in profile.advice) or "<li>No advice: nothing stood out.</li>"
+    if profile.right_size:  # right_size=True: what this try asked for, and why
+        advice = f"<li>Right-sized: {e(profile.right_size)}</li>{advice}"
     body = [
         f"<h1>{e(heading)}{badge}</h1>",
         f'<p class="meta">{e(" · ".join(part for part in meta if part))} · <a href="{e(home)}">all GPU tasks</a></p>',
