@@ -32,8 +32,8 @@ GPU0, GPU1 = "GPU-00000000-0000-0000-0000-000000000000", "GPU-00000000-0000-0000
 MIB = 2**20
 
 
-def _run(env: dict[str, str], when: datetime.datetime) -> tuple[dict, str]:
-    worker = start_worker(DAG_FILE, "gpu_right_size", logical_date=when.isoformat(), env=env)
+def _run(env: dict[str, str], when: datetime.datetime, conf: dict | None = None) -> tuple[dict, str]:
+    worker = start_worker(DAG_FILE, "gpu_right_size", conf=conf, logical_date=when.isoformat(), env=env)
     try:
         out, _ = worker.communicate(timeout=300)
     finally:
@@ -66,13 +66,16 @@ def test_a_right_sized_second_run_asks_for_the_smaller_gpu(tmp_path):
     }
     now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
     first, log1 = _run(env, now - datetime.timedelta(minutes=2))
-    assert first["states"] == {"right_sized": "success"}, log1[-3000:]
+    assert first["states"] == {"right_sized": "success", "oom_when_right_sized": "success"}, log1[-3000:]
     assert first["xcom"]["right_sized"] == GPU0, log1[-3000:]  # no earlier run: the first free GPU, the 4090
     assert "right_size: not right-sized: no earlier successful run" in log1
 
-    second, log2 = _run(env, now - datetime.timedelta(minutes=1))
-    assert second["states"] == {"right_sized": "success"}, log2[-3000:]
+    second, log2 = _run(env, now - datetime.timedelta(minutes=1), conf={"oom": True})
+    assert second["states"] == {"right_sized": "success", "oom_when_right_sized": "success"}, log2[-3000:]
     assert second["xcom"]["right_sized"] == GPU1, log2[-3000:]  # the smallest GPU that holds the peak: the 4080
+    # right-sized to the 4080 too, it ran out of memory there: its retry is not right-sized, it climbs to the 4090
+    assert second["xcom"]["oom_when_right_sized"] == GPU0, log2[-3000:]
+    assert "right_size: not right-sized: try 1 ran out of memory" in log2
     peak, need = 10602 * MIB, int(10602 * MIB * HEADROOM)  # the 4090's memory used in the recording
     assert "peaked at 10.4 GiB on NVIDIA GeForce RTX 4090" in log2 and "at least 12.4 GiB" in log2
     assert "hold 12.4 GiB, smallest first: NVIDIA GeForce RTX 4080 (16.0 GiB), NVIDIA GeForce RTX 4090" in log2
