@@ -88,6 +88,7 @@ class ParseCost(NamedTuple):
     collections: int  #: garbage collections of any generation during the parse
     gc_cpu: float  #: CPU seconds spent in those collections
     survivors: int  #: objects the collector tracks after the parse less before (what the parse left alive)
+    imported: tuple[str, ...]  #: the modules the parse imported
 
 
 def dag_processor_parent(paths: Iterable[Path]) -> None:
@@ -139,7 +140,7 @@ def parse_cost(path: Path, environment: Mapping[str, str] | None = None, *, prof
         log = structlog.get_logger()
         phases: list[tuple[int, float]] = []
         gc.callbacks.append(lambda phase, info: phases.append((info["generation"], time.process_time())))
-        before = len(gc.get_objects())  # the unfrozen objects
+        before, modules = len(gc.get_objects()), set(sys.modules)  # the unfrozen objects; what is imported
         profiler = None
         if profile is not None:
             import cProfile
@@ -164,6 +165,7 @@ def parse_cost(path: Path, environment: Mapping[str, str] | None = None, *, prof
             len(starts),
             sum(stop - start for (_, start), (_, stop) in zip(starts, stops)),
             len(gc.get_objects()) - before,
+            tuple(sorted(set(sys.modules) - modules)),
         )
 
     cost = in_child(parse)

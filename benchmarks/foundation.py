@@ -111,9 +111,9 @@ def bench_parse(folder: Path, rounds: int, everything: bool) -> None:
     )
     print(
         "| contender | CPU median (min-max) | vs @task | vs @task.virtualenv | gen-2 GCs per parse | GC CPU | "
-        "objects left | wall median |"
+        "objects left | modules imported (the provider's) | wall median |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for label, values in costs.items():
         times = [c.cpu * 1000 for c in values]
         print(
@@ -122,6 +122,7 @@ def bench_parse(folder: Path, rounds: int, everything: bool) -> None:
             f"{statistics.mean(c.full_collections for c in values):.2f} | "
             f"{statistics.median(c.gc_cpu for c in values) * 1000:.1f} ms | "
             f"{statistics.median(c.survivors for c in values):,.0f} | "
+            f"{len(values[-1].imported)} ({sum(m.startswith('airflow_gpu_provider') for m in values[-1].imported)}) | "
             f"{statistics.median(c.wall for c in values) * 1000:.1f} ms |"
         )
     for label in PROVIDER:

@@ -87,6 +87,27 @@ def _global_reads(source: str, name: str, annotations_future: bool) -> set[str]:
     return reads
 
 
+def _may_read_outside(function: Callable[..., Any], node: ast.FunctionDef) -> bool:
+    """Whether the function may read a name from outside it: a cheap superset of :func:`_global_reads`' finds.
+
+    Every name its compiled code (nested code included) loads, stores or takes an attribute of is in a
+    ``co_names``; its defaults are evaluated outside it (in ``node``). Only a name the DAG module defines, or a
+    closure's, can be read from outside, so a function none of whose names is one needs no scope analysis.
+    """
+    code = function.__code__
+    if code.co_freevars:
+        return True
+    names: set[str] = set()
+    pending = [code]
+    while pending:
+        current = pending.pop()
+        names.update(current.co_names)
+        pending.extend(c for c in current.co_consts if isinstance(c, type(code)))
+    defaults = [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]
+    names.update(n.id for d in defaults for n in ast.walk(d) if isinstance(n, ast.Name))
+    return not names.isdisjoint(function.__globals__)
+
+
 @functools.lru_cache(maxsize=32)
 def _file_functions(filename: str, mtime_ns: int) -> dict[int, ast.FunctionDef]:
     """Every function of a source file by its first line (decorators included), parsed once per file."""
@@ -163,8 +184,10 @@ def shipped_callable(function: Callable[..., Any], *, owner: str) -> ShippedCall
     filename = inspect.getsourcefile(function) or "<gpu task>"
 
     future = bool(function.__code__.co_flags & __future__.annotations.compiler_flag)
-    free = _global_reads(source, node.name, future) - set(dir(builtins))
-    outside = sorted(n for n in free if n in function.__globals__ or n in function.__code__.co_freevars)
+    outside: list[str] = []
+    if _may_read_outside(function, node):
+        free = _global_reads(source, node.name, future) - set(dir(builtins))
+        outside = sorted(n for n in free if n in function.__globals__ or n in function.__code__.co_freevars)
     if outside:
         err = InvalidSettingError(
             owner,
