@@ -12,8 +12,10 @@ from airflow_gpu_provider.telemetry.ui import EXTERNAL_VIEWS, FASTAPI_APPS
 
 
 class GpuProviderPlugin(AirflowPlugin):
-    """CUDA cache clearing between tasks on workers; GPU-pool checks and checkpoint cleanup in the scheduler; the
-    parse path imported once in the DAG processor; the UI.
+    """The listeners (CUDA cache, GPU pool, checkpoint cleanup, the DAG processor's parse path) and the UI.
+
+    CUDA cache clearing between tasks on workers; GPU-pool checks and checkpoint cleanup in the scheduler; the parse
+    path imported once in the DAG processor.
 
     The UI's app (``ui/app.py``) is built on its first request in the API server: importing this plugin stays cheap
     for every other component.

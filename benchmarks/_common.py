@@ -163,7 +163,7 @@ def parse_cost(path: Path, environment: Mapping[str, str] | None = None, *, prof
             wall,
             sum(1 for generation, _ in starts if generation == 2),
             len(starts),
-            sum(stop - start for (_, start), (_, stop) in zip(starts, stops)),
+            sum(stop - start for (_, start), (_, stop) in zip(starts, stops, strict=True)),
             len(gc.get_objects()) - before,
             tuple(sorted(set(sys.modules) - modules)),
         )
