@@ -8,7 +8,9 @@ URL and the admin password. Stop it with Ctrl-C (or SIGTERM): it stops every com
     python scripts/airflow_local.py [--port 8080] [--devices auto|none|0,1] [--pool gpu] [--ready-file PATH]
 
 A port other than 8080 also sets ``AIRFLOW__API__BASE_URL=http://localhost:PORT``: without it, tasks cannot reach
-the execution API.
+the execution API. The worker's and the triggerer's log servers move with it (Airflow's 8793 and 8794 beside 8080,
+two further for each port above: ``log_server_ports``), so that two instances on one machine do not collide; set
+``AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT`` / ``TRIGGER_LOG_SERVER_PORT`` to choose them yourself.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -42,6 +45,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def log_server_ports(api_port: int) -> tuple[int, int]:
+    """The worker's and the triggerer's log-server ports for an API port: 8793 and 8794 for 8080, +2 per port above.
+
+    Where that would meet the API port itself or leave the range of ports, two free ones from the system.
+    """
+    worker = 8793 + 2 * (api_port - 8080)
+    if worker in (api_port, api_port - 1) or not 1024 <= worker <= 65534:
+        with socket.socket() as first, socket.socket() as second:
+            first.bind(("127.0.0.1", 0))
+            second.bind(("127.0.0.1", 0))
+            return first.getsockname()[1], second.getsockname()[1]
+    return worker, worker + 1
+
+
 def configure(args: argparse.Namespace) -> None:
     """Set this process's environment, which Airflow reads at import and ``airflow standalone`` inherits."""
     home = Path(os.environ.setdefault("AIRFLOW_HOME", str(REPO / ".airflow-home")))
@@ -57,6 +74,9 @@ def configure(args: argparse.Namespace) -> None:
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         }
     )
+    worker_logs, trigger_logs = log_server_ports(args.port)  # two instances: neither log server collides
+    os.environ.setdefault("AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT", str(worker_logs))
+    os.environ.setdefault("AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT", str(trigger_logs))
     os.environ.setdefault("AIRFLOW__GPU__STATE_DIR", str(home / "gpu-state"))
     # what dags/example_kubernetes_gpu.py names of the cluster, as an admin lists it (docs/kubernetes.md)
     os.environ.setdefault("AIRFLOW__GPU__ALLOWED_KUBERNETES_OBJECTS", "namespace=ml, service_account=trainer")

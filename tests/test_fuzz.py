@@ -29,10 +29,12 @@ About 35 s on 2 cores.
 from __future__ import annotations
 
 import dataclasses
+import grp
 import json
 import math
 import os
 import posixpath
+import pwd
 import re
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -1184,9 +1186,8 @@ BACKEND_NAMES = field(
     WRONG_TYPES,
 )
 LOCAL_OPTIONS: dict[str, st.SearchStrategy[Any]] = {
-    "devices": field(st.sampled_from(["0,1", "none", "0"]), st.sampled_from(["x", "", "-1", "0,0", "٣"])),
+    "devices": field(st.sampled_from(["0,1", "1", "0"]), st.sampled_from(["x", "", "-1", "0,0", "٣", "none", "0=L4"])),
     "kill_grace": SECONDS,
-    "state_dir": field(st.just("/tmp/gpu-state"), st.just("")),
 }
 OPTIONS_OF = {"local": LOCAL_OPTIONS, "docker": DOCKER_OPTIONS, "kubernetes": KUBERNETES_OPTIONS}
 
@@ -1231,13 +1232,13 @@ def test_callable_arguments_are_checked_against_the_signature_at_parse(function:
 
 @pytest.mark.parametrize(
     "options",
-    [{"bogus_option": 1}, {"kill_grace": 0}, {"state_dir": ""}, Opaque(), "namespace=ml"],
-    ids=["unknown", "zero-grace", "empty-state-dir", "not-a-dict", "a-string"],
+    [{"bogus_option": 1}, {"kill_grace": 0}, {"state_dir": "/tmp/x"}, Opaque(), "namespace=ml"],
+    ids=["unknown", "zero-grace", "a-state-dir-of-its-own", "not-a-dict", "a-string"],
 )
 def test_without_a_backend_the_options_are_checked_for_the_default_backend(options: Any) -> None:
     """Regression: with no ``backend``, ``backend_options`` went unchecked until the task started ([gpu] backend)."""
     _construct_and_resolve({"command": ["true"], "backend_options": options}, None)
-    with pytest.raises(InvalidSettingError, match="backend_options|bogus_option"):
+    with pytest.raises(InvalidSettingError, match="backend_options|bogus_option|no state dir of its own"):
         GpuStepOperator(task_id="fuzz", command=["true"], backend_options=options)
 
 
@@ -1251,6 +1252,19 @@ def test_the_corpus_has_at_least_5000_cases() -> None:
 # engine will read the body (names folded as Go folds them, a name given twice merged, HostConfig's fields taken at
 # the top level), by the independent rules below; and for a body the provider could send (a plain JSON object),
 # the plugin and the provider's final check (policy/engine.check_create) give the same verdict.
+def _other_digits(number: int) -> str:
+    """A number in Arabic-Indic digits: a digit to Python's ``int``, a name to the engine (Go's ``strconv.Atoi``)."""
+    return "".join(chr(0x660 + int(digit)) for digit in str(number))
+
+
+VIDEO_GID = next((g.gr_gid for g in grp.getgrall() if g.gr_name == "video"), 44)  # the host's device group
+WORKER_IDS = (os.geteuid(), os.getegid())
+ENGINE_USERS = {  # the user of a create body: numbers, names the image would resolve, digits Go does not read
+    "": "", "0": "0", "0:0": "0:0", "root": "root", "1000:1000": "1000:1000",
+    "worker": "{}:{}".format(*WORKER_IDS), "worker's uid": str(WORKER_IDS[0]),
+    "worker's name": f"{pwd.getpwuid(WORKER_IDS[0]).pw_name}:{WORKER_IDS[1]}",
+    "worker in other digits": "{}:{}".format(*map(_other_digits, WORKER_IDS)),
+}  # fmt: skip
 ENGINE_HOST_FIELDS = {
     "Privileged": [True, False], "CapAdd": [["SYS_ADMIN"], ["SYS_PTRACE"], ["sys_ptrace"], ["CAP_SYS_PTRACE"], ["ALL"]],
     "CapDrop": [[], ["all"], ["ALL"], ["ALL", "CHOWN"]], "OomKillDisable": [True],
@@ -1262,13 +1276,12 @@ ENGINE_HOST_FIELDS = {
     "Devices": [[{"PathOnHost": "/dev/sda", "PathInContainer": "/d"}], [{"PathOnHost": "/dev/kfd"}]],
     "DeviceRequests": [[{"Capabilities": [["gpu"]], "Count": 1}], [{"Capabilities": [["gpu", "utility"]]}],
                        [{"Driver": "x", "Capabilities": [["gpu"]]}], [{"Capabilities": [["gpu"]], "Options": {"a": "b"}}]],
-    "DeviceCgroupRules": [["a *:* rwm"]], "GroupAdd": [["0"], ["video"], ["ml"], ["docker"]],
+    "DeviceCgroupRules": [["a *:* rwm"]],
+    "GroupAdd": [["0"], ["video"], ["ml"], ["docker"], [str(VIDEO_GID)], [_other_digits(VIDEO_GID)], ["4242"]],
     "MaskedPaths": [[], None], "ReadonlyPaths": [[]], "CgroupParent": ["/", ""], "Runtime": ["runsc", ""],
     "OomScoreAdj": [-1000, 0], "LogConfig": [{"Type": "syslog", "Config": {}}, {"Type": "", "Config": {}}],
     "PortBindings": [{"80/tcp": [{"HostPort": "80"}]}], "Memory": [2**30], "ShmSize": [2**20], "Isolation": ["hyperv"],
 }  # fmt: skip
-ENGINE_USERS = ["", "0", "0:0", "root", "1000:1000", "worker"]
-WORKER_USER_FOR_FUZZ = f"{os.geteuid()}:{os.getegid()}"
 
 
 def _go_spellings(name: str) -> st.SearchStrategy[str]:
@@ -1300,8 +1313,7 @@ def engine_bodies(draw: st.DrawFn, base: str) -> tuple[list, bool]:
         (host if where == "host" else top).append((spelled, value))
     if draw(st.booleans()):
         host.append(("Mounts", draw(st.lists(mount, min_size=1, max_size=2))))
-    user = draw(st.sampled_from(ENGINE_USERS))
-    top.append(("User", WORKER_USER_FOR_FUZZ if user == "worker" else user))
+    top.append(("User", draw(st.sampled_from(sorted(ENGINE_USERS.values())))))
     if draw(st.integers(0, 4)) == 0:
         network = draw(st.sampled_from(["default", "host", "ml-net", "bridge"]))
         links = draw(st.sampled_from([None, ["x"]]))
@@ -1342,7 +1354,7 @@ def _go_read(text: str) -> dict[str, Any]:
 
 def _engine_meets(body: dict[str, Any], policy: Any) -> None:
     """The container the engine would make gives nothing beyond ``policy`` (rules D1-D5, written again)."""
-    from airflow_gpu_provider.policy.docker import DEVICE_GROUPS, DEVICE_PATHS, user_allowed
+    from airflow_gpu_provider.policy.docker import DEVICE_PATHS
 
     top_host = {k: v for k, v in body.items() if k.casefold() in {n.casefold() for n in ENGINE_HOST_FIELDS}}
     host = {**top_host, **(body.get("hostconfig") or {})}  # the union: stricter than the engine's either-or
@@ -1375,13 +1387,18 @@ def _engine_meets(body: dict[str, Any], policy: Any) -> None:
     assert host.get("ipcmode") in (None, "", "default", *policy.ipc_modes)
     assert all(device.get("pathonhost") in DEVICE_PATHS for device in host.get("devices") or [])
     assert all(r.get("capabilities") == [["gpu"]] and not r.get("options") for r in host.get("devicerequests") or [])
-    assert all(str(group) in policy.groups | DEVICE_GROUPS for group in host.get("groupadd") or [])
+    gids = {g.gr_gid for g in grp.getgrall() if g.gr_name in {*policy.groups, "video", "render"}}
+    gids |= {int(group) for group in policy.groups if re.fullmatch("[0-9]+", group)}
+    for group in host.get("groupadd") or []:  # the host's gids in ASCII digits: no name the image resolves
+        assert re.fullmatch("[0-9]+", str(group)) and int(group) in gids, group
     endpoints = (body.get("networkingconfig") or {}).get("endpointsconfig") or {}
     assert all(name == "default" or name in policy.network_modes for name in endpoints), endpoints
     assert not any((settings or {}).get("links") for settings in endpoints.values())
     mounts = host.get("mounts") or []
     if any(m.get("type") != "tmpfs" for m in mounts) or host.get("devices") or host.get("devicerequests"):
-        assert user_allowed(str(body.get("user") or ""), policy), body.get("user")
+        user = str(body.get("user") or "")  # numbers only, the worker's own ([gpu] allowed_users is empty here)
+        assert not policy.users and re.fullmatch("[0-9]+:[0-9]+", user), user
+        assert tuple(map(int, user.split(":"))) == WORKER_IDS, user
     for mount in mounts:
         assert not mount.get("volumeoptions", {}).get("driverconfig") and not mount.get("bindoptions")
         kind, source = mount.get("type") or "bind", mount.get("source")

@@ -43,6 +43,10 @@ class BackendOptions:
     """Base of every backend's options. Subclasses are frozen dataclasses whose fields come from :func:`option`."""
 
     backend: ClassVar[str]
+    #: Options a task may no longer give, and why (what a DAG written for an older release is told).
+    removed: ClassVar[Mapping[str, str]] = {
+        "state_dir": "A task has no state dir of its own: GPU locks and caches are the host's ([gpu] state_dir)."
+    }
 
     @classmethod
     def names(cls) -> frozenset[str]:
@@ -63,7 +67,8 @@ class BackendOptions:
         unknown = {name for name in options if name not in cls.names()}
         if unknown:
             names = (name if isinstance(name, str) else repr(name) for name in unknown)  # sortable, as typed
-            raise UnknownSettingError(f"backend {cls.backend!r}", names, sorted(cls.names()) or ["(none)"])
+            hint = " ".join(cls.removed[name] for name in sorted(unknown & cls.removed.keys()))
+            raise UnknownSettingError(f"backend {cls.backend!r}", names, sorted(cls.names()) or ["(none)"], hint)
         checks = {f.name: f.metadata["check"] for f in dataclasses.fields(cls)}
         values = {}
         for name, value in options.items():
@@ -148,12 +153,15 @@ def string_list(value: Any) -> tuple[str, ...]:
 
 
 def _devices(value: object) -> str:
+    accepted = "ids of the host's GPUs (of [gpu] devices, or NVML's indices or UUIDs) such as '0,1'"
     try:
         from airflow_gpu_provider.host.inventory import parse_devices  # only for tasks that list devices
 
-        parse_devices(text(value))
+        listed = parse_devices(text(value))
     except InvalidSettingError as err:
-        raise BadOption(err.reason, err.accepted) from None
+        raise BadOption(err.reason, accepted) from None
+    if not listed or any(device.name for device in listed):
+        raise BadOption("a task's devices only narrow the host's: list device ids, without models", accepted)
     return str(value)
 
 
@@ -161,11 +169,15 @@ def _devices(value: object) -> str:
 class WorkerOptions(BackendOptions):
     """Options of a backend whose task process runs on the worker host itself (local, executor).
 
-    :param devices: this host's GPUs, instead of ``[gpu] devices``
-    :param state_dir: the host-wide GPU locks and venv cache, instead of ``[gpu] state_dir``
+    :param devices: which of the host's GPUs the task may take (ids of ``[gpu] devices``, or NVML's indices or
+        UUIDs): it only narrows them, and still takes their locks and skips those quarantined
     :param kill_grace: seconds between SIGTERM and SIGKILL when the task is stopped (default ``[gpu] kill_grace``)
     """
 
     devices: str | None = option(check=_devices)
-    state_dir: str | None = option(check=text)
     kill_grace: float | None = option(check=seconds)
+
+    @property
+    def device_ids(self) -> tuple[str, ...]:
+        """The ids of ``devices`` (none: any of the host's GPUs)."""
+        return tuple(part.strip() for part in (self.devices or "").split(",") if part.strip())

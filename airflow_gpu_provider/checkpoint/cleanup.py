@@ -5,7 +5,8 @@ task's root in the task instance's rendered ``checkpoint`` field (``None``: the 
 the deployment's ``[gpu]`` section allows (read here, in the scheduler), and removes ``<root>/<dag_id>/<run_id>``:
 a local root's folder only when it is the provider's (marked for this run, reached without following links; a
 worker-local state dir on another host stays, and goes with the state dir), a URI root's through Airflow's
-``ObjectStoragePath`` (fsspec; an ``s3://conn_id@bucket/...`` root, as the admin listed it, uses that connection).
+``ObjectStoragePath`` (fsspec; an ``s3://conn_id@bucket/...`` root, as the admin listed it, uses that connection),
+when the worker marked it for this run (a ``file://`` root is the local path it names).
 Rules A1 and F2 of docs/security.md: a DAG's code and a run id never choose what the scheduler deletes. Never raises.
 """
 
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.listeners import hookimpl
 
 from airflow_gpu_provider import config
-from airflow_gpu_provider.checkpoint.location import check_root, default_root, is_uri, join, run_folder
+from airflow_gpu_provider.checkpoint.location import check_root, default_root, join, run_folder
 from airflow_gpu_provider.exceptions import GpuTaskError
 from airflow_gpu_provider.policy.checkpoints import allowed, remove_run
 from airflow_gpu_provider.runtime.protocol import redact
@@ -54,22 +55,14 @@ def remove_run_folder(root: str, dag_id: str, run_id: str, policy: Policy) -> bo
     """Delete ``<root>/<dag_id>/<run_id>`` when the deployment allows ``root``; whether there was one to delete.
 
     Rule A1 (docs/security.md): DAG-author code never acts in the scheduler, and a rendered ``checkpoint`` is the DAG
-    author's: only a root of the admin's ``[gpu]`` allow-list counts; a local folder goes only when it holds the
-    provider's marker for this run, through descriptors (``policy/checkpoints.py``).
+    author's: only a root of the admin's ``[gpu]`` allow-list counts (by its components), and a folder goes only when
+    it holds the provider's marker for this run: a local one through descriptors, an object store's through
+    ``ObjectStoragePath`` (``policy/checkpoints.py``).
     """
     if not allowed(root, policy):
         log.warning("Checkpoint cleanup of %s skips %s: not a root the deployment allows", run_id, redact(root))
         return False
-    relative = run_folder(dag_id, run_id)
-    if not is_uri(root):
-        return remove_run(root, relative, {"dag_id": dag_id, "run_id": run_id}, policy)
-    from airflow.sdk import ObjectStoragePath
-
-    path = ObjectStoragePath(join(root, relative))
-    if not path.exists():
-        return False
-    path.rmdir(recursive=True)
-    return True
+    return remove_run(root, run_folder(dag_id, run_id), {"dag_id": dag_id, "run_id": run_id}, policy)
 
 
 def cleanup(dag_run: Any, session: Any) -> list[str]:

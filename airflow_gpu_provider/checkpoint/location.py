@@ -61,7 +61,10 @@ class CheckpointLocation(NamedTuple):
         return self.relative.rsplit("/", 1)[0]
 
     def make(self, labels: Mapping[str, str]) -> str:
-        """Make the folder on this worker (a path root), private to it, its run folder marked as the provider's."""
+        """Make the folder on this worker, private to it, its run folder marked as the provider's.
+
+        A path (or ``file://``) root: the folders themselves; an object store's: the run folder's marker only.
+        """
         from airflow_gpu_provider.policy.checkpoints import make_folder  # the worker's, when a try starts
 
         return make_folder(self.root, self.run_relative, self.relative.rsplit("/", 1)[1], labels)
@@ -103,6 +106,12 @@ def check_root(owner: str, field: str, value: object) -> str | bool | None:
             )
         if not rest.strip("/") and scheme.lower() != "file":
             raise InvalidSettingError(owner, field, value, "the URI names no bucket or folder", _ACCEPTED)
+        from airflow_gpu_provider.policy.paths import UnsafePathError, root_parts  # a URI root only
+
+        try:
+            root_parts(value)  # compared by its components: no '..', empty or percent-encoded segment (rule F3)
+        except UnsafePathError as err:
+            raise InvalidSettingError(owner, field, value, err.problem, _ACCEPTED) from None
         return value
     if not value.startswith("/"):
         raise InvalidSettingError(

@@ -88,11 +88,30 @@ def _typed(option: Option, text: str) -> Any:
             )
         return seconds
     value = text.strip()
+    if option.name == "state_dir" and not value:  # the default: in the worker user's own home
+        value = f"{_home()}/.local/state/airflow-gpu-provider"
     if option.name == "state_dir" and (not value.startswith("/") or value.rstrip("/") == ""):
         raise ValueError(f"[{SECTION}] state_dir={text!r} must be an absolute folder other than '/'")
+    if option.name in ("cache_size", "shm_size"):
+        from airflow_gpu_provider.settings.units import parse_bytes
+
+        try:
+            parse_bytes(value)
+        except ValueError:
+            raise ValueError(f"[{SECTION}] {option.name}={text!r} is not an amount of bytes such as 50Gi") from None
     if option.name == "min_pod_security" and value not in POD_SECURITY_LEVELS:
         raise ValueError(f"[{SECTION}] min_pod_security={text!r} is none of {', '.join(POD_SECURITY_LEVELS)}")
     return value
+
+
+def _home() -> str:
+    """The home folder of this process's user, from its passwd entry (``$HOME`` only where it has none)."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_dir.rstrip("/")
+    except KeyError:  # an arbitrary uid without an entry (OpenShift): the one clue left
+        return os.environ.get("HOME", "").rstrip("/")
 
 
 @functools.cache

@@ -52,6 +52,16 @@ ALLOW_LISTS: tuple[Option, ...] = (
         "ml",
     ),
     Option(
+        "allowed_docker_engines",
+        "string",
+        "",
+        "Docker engines that Docker tasks may reach (backend_options docker_url), besides the worker's default one "
+        "($DOCKER_HOST, else unix://var/run/docker.sock): comma-separated URLs. Checked at parse, on the worker and "
+        "in the triggerer (a deferred task's trigger), which logs in nowhere; TLS to a tcp:// engine comes from the "
+        "worker's and triggerer's own DOCKER_CERT_PATH and DOCKER_TLS_VERIFY. Empty: the default engine only.",
+        "tcp://gpu-host-1:2376, tcp://gpu-host-2:2376",
+    ),
+    Option(
         "allowed_network_modes",
         "string",
         "bridge,none",

@@ -58,11 +58,24 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "state_dir",
         "string",
-        "/var/tmp/airflow-gpu-provider",
+        "",
         "Host-wide directory shared by every worker of one user on a host: one lock file per GPU, the cached "
         "virtualenvs of injected requirements, the tasks' private folders, build locks and Accelerate's option "
-        "cache. Created 0700 when missing; refused when another user owns it or may write to it.",
+        "cache. Created 0700 when missing; refused when another user owns it or may write to it. Empty: "
+        ".local/state/airflow-gpu-provider in the home folder of the worker's user (its passwd entry, not $HOME), "
+        "where no other local user can make it first; on a home that hosts share (NFS), set a folder local to each "
+        "host.",
         "/srv/airflow-gpu",
+    ),
+    Option(
+        "cache_size",
+        "string",
+        "50Gi",
+        "Disk that each cache of a worker host may take: the local backend's virtualenvs of injected requirements "
+        "(in the state dir) and the derived images of a Docker engine on the host (their own layers). Beyond it, "
+        "the least recently used ones are removed when another is built, never one a task uses, each named in the "
+        "log. 0: no limit.",
+        "200Gi",
     ),
     Option(
         "pool",

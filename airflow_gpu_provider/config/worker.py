@@ -24,6 +24,7 @@ class GpuConfig:
     devices: str
     extra_accelerators: str
     state_dir: str
+    cache_size: str
     pool: str
     queue: str
     kueue_queue: str
@@ -51,6 +52,7 @@ class GpuConfig:
     allowed_capabilities: str
     allowed_users: str
     allowed_groups: str
+    allowed_docker_engines: str
     allowed_network_modes: str
     allowed_ipc_modes: str
     allowed_build_paths: str

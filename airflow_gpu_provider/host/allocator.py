@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING
 
 from airflow_gpu_provider.exceptions import GpuUnavailableError
 from airflow_gpu_provider.host import quarantine
-from airflow_gpu_provider.host.inventory import Device, host_devices, matching, model_groups
+from airflow_gpu_provider.host.inventory import Device, host_devices, matching, model_groups, narrowed
 from airflow_gpu_provider.host.state import open_private, private_dir
 from airflow_gpu_provider.host.waiting import MustWait, waited_too_long
+from airflow_gpu_provider.host.workers import describe_holder
 from airflow_gpu_provider.settings import GpuVendor
 from airflow_gpu_provider.settings.units import format_bytes
 from airflow_gpu_provider.task.environment import lock_holder
@@ -115,7 +116,7 @@ class GpuAllocator:
                     info = json.loads(os.pread(fd, 4096, 0) or b"{}")
                 except ValueError:
                     info = {}
-                return _describe_holder(info)
+                return describe_holder(info)
             return None
         finally:
             os.close(fd)
@@ -134,6 +135,7 @@ class GpuAllocator:
         defer: bool = False,
         sleep: Callable[[float], None] = time.sleep,
         groups: Sequence[Sequence[Device]] = (),
+        quarantined: Sequence[str] = (),
     ) -> Allocation:
         """Lock ``count`` of ``candidates`` according to ``policy``.
 
@@ -143,6 +145,7 @@ class GpuAllocator:
         :param timeout: seconds to wait with ``"wait"`` (``[gpu] wait_timeout``)
         :param defer: with ``"wait"``, raise :class:`MustWait` instead of waiting here (``deferrable=True``)
         :param groups: the candidates by model of a fallback list, preferred first (:meth:`try_acquire`)
+        :param quarantined: the matching devices left out of ``candidates`` by their quarantine, in words
         :raises GpuUnavailableError: with ``policy="fail"``, or with ``"wait"`` when the host can never satisfy it
             or the wait timed out
         """
@@ -155,6 +158,12 @@ class GpuAllocator:
             log.warning("Requested %s but %s. on_missing_gpu='cpu': running on CPU instead.", requested, state)
             return Allocation(devices=[], cpu_fallback=True, reason=f"requested {requested} but {state}")
         enough = max((len(group) for group in groups or [candidates]), default=0)  # of one model
+        if quarantined and enough < count:  # not the request's fault: the GPUs it needs failed a while ago
+            raise GpuUnavailableError(
+                f"Requested {requested} but {'; '.join(quarantined)}, left out after a fault of the GPU itself "
+                f"([gpu] quarantine_seconds); {state}. It comes back by itself then: run the task later or on "
+                "another host, or set on_missing_gpu='cpu' to run on CPU."
+            )
         if not rule.waits or enough < count:
             raise GpuUnavailableError(f"Requested {requested} but {state}. {_what_helps(enough, count, rule)}")
         if defer:
@@ -185,7 +194,7 @@ class GpuAllocator:
         busy = {d.id: self.holder_of(d) for d in candidates}
         parts = [f"this host has {len(present)} GPU(s) ({', '.join(d.name or d.id for d in present)})"]
         if len(candidates) != len(present):
-            parts.append(f"{len(candidates)} of them match the request")
+            parts.append(f"{len(candidates)} of them match the request and are usable")
         taken = [f"{device_id} held by {who}" for device_id, who in busy.items() if who]
         free = [device_id for device_id, who in busy.items() if not who]
         parts.append(f"free: {', '.join(free) or 'none'}")
@@ -205,39 +214,32 @@ def _what_helps(matching: int, count: int, rule: MissingGpuPolicy) -> str:
     )
 
 
-def _describe_holder(info: dict[str, object]) -> str:
-    """Who holds a lock, and for how long: the worker that took it, or what it left running when it is gone."""
-    holder, pid, since = info.get("holder", "an unknown task"), info.get("pid", "?"), info.get("since")
-    held = f", for {time.time() - since:.0f}s" if isinstance(since, (int, float)) else ""
-    if str(pid).isdigit() and not Path(f"/proc/{pid}").exists():
-        return f"a process left by {holder} (its worker, pid {pid}, has exited{held})"
-    return f"{holder} (pid {pid}{held})"
-
-
 @dataclass(frozen=True)
 class HostGpus:
     """The GPUs of this host as the local and Docker backends share them: the inventory and one lock per device.
 
     :param devices: ``[gpu] devices``: ``auto`` (NVML), ``none``, or device ids
-    :param state_dir: the host-wide state dir; the locks live in its ``locks`` folder
+    :param state_dir: the host-wide state dir (``[gpu] state_dir``); the locks live in its ``locks`` folder
     :param poll_interval: seconds between attempts with ``on_missing_gpu="wait"``
+    :param only: a task's ``devices`` option: the ids it may take, of the host's (``inventory.narrowed``)
     """
 
-    devices: str = "auto"
-    state_dir: str = "/var/tmp/airflow-gpu-provider"
+    devices: str
+    state_dir: str
     poll_interval: float = 5.0
     wait_timeout: float = float("inf")
     quarantine_seconds: float = 3600.0  # a GPU that failed (an Xid, ECC errors) is skipped this long (quarantine.py)
+    only: tuple[str, ...] = ()
 
     @classmethod
-    def configured(cls, conf: GpuConfig, *, devices: str | None = None, state_dir: str | None = None) -> HostGpus:
-        """From the worker's ``[gpu]`` options, with a backend's own ``devices`` / ``state_dir`` options first."""
+    def configured(cls, conf: GpuConfig, *, only: Sequence[str] = ()) -> HostGpus:
+        """From the worker's ``[gpu]`` options; ``only``: the task's ``devices``, which narrow the host's GPUs."""
         limits = (conf.wait_poll_interval, conf.wait_timeout, conf.quarantine_seconds)
-        return cls(devices or conf.devices, state_dir or conf.state_dir, *limits)
+        return cls(conf.devices, conf.state_dir, *limits, only=tuple(only))
 
     def present(self, vendor: GpuVendor) -> list[Device]:
-        """The host's devices of ``vendor``."""
-        return host_devices(self.devices, vendor)
+        """The host's devices of ``vendor`` (those the task's ``devices`` name, when it names some)."""
+        return narrowed(host_devices(self.devices, vendor), self.only, self.devices)
 
     def allocate(
         self, request: TaskRequest, *, backend: str, log: logging.Logger, present: Sequence[Device] | None = None
@@ -254,7 +256,7 @@ class HostGpus:
             return Allocation(devices=[])
         if present is None:
             present = self.present(resources.gpu_vendor)
-        candidates = quarantine.usable(self.state_dir, matching(resources, present), log)
+        candidates, quarantined = quarantine.usable(self.state_dir, matching(resources, present), log)
         requested = resources.describe().split(",")[0]
         if request.min_gpu_memory is not None:  # a try after a GPU out-of-memory failure
             larger = [d for d in candidates if d.memory_total is not None and d.memory_total > request.min_gpu_memory]
@@ -264,9 +266,10 @@ class HostGpus:
                 reason = f"requested {requested} larger than the GPU that ran out of memory, but this host has none"
                 return Allocation(devices=[], cpu_fallback=True, reason=reason)
             if not larger:
-                known = ", ".join(f"{d.id}: {_gib(d.memory_total)}" for d in present) or "none"
+                sizes = {d.id: format_bytes(d.memory_total) if d.memory_total else "unknown memory" for d in present}
+                known, limit = ", ".join(f"{i}: {m}" for i, m in sizes.items()) or "none", request.min_gpu_memory
                 raise GpuUnavailableError(
-                    f"Requested {requested} with more than {_gib(request.min_gpu_memory)} of memory, after a try "
+                    f"Requested {requested} with more than {format_bytes(limit)} of memory, after a try "
                     f"ran out of GPU memory, but no GPU of this host has more ({known}). Give the task a smaller "
                     "batch, an on_oom ladder of accelerators on Kubernetes, or list the GPUs' models in [gpu] devices "
                     "(0=L4,1=A100-80GB) when NVML cannot tell their memory."
@@ -293,8 +296,5 @@ class HostGpus:
             timeout=self.wait_timeout,
             defer=request.defer_wait,
             groups=groups,
+            quarantined=quarantined,
         )
-
-
-def _gib(amount: int | None) -> str:
-    return "unknown memory" if amount is None else format_bytes(amount)

@@ -36,6 +36,7 @@ class Device:
     id: str
     name: str | None = None
     memory_total: int | None = None
+    index: str | None = None  # NVML's index, when the id is its UUID: a task's devices may name either
 
     def describe(self) -> dict[str, object]:
         """The runtime's GPU-summary form."""
@@ -74,7 +75,30 @@ def host_devices(option: str, vendor: GpuVendor = NVIDIA) -> list[Device]:
         return []  # only NVIDIA GPUs are discovered; list other vendors' devices in [gpu] devices
     from airflow_gpu_provider.runtime.cuda import list_gpus  # the runtime's one NVML probe, when asked
 
-    return [Device(g.get("uuid") or g["index"], g["name"], g["memory_total"]) for g in list_gpus()]
+    return [Device(g.get("uuid") or g["index"], g["name"], g["memory_total"], str(g["index"])) for g in list_gpus()]
+
+
+def narrowed(devices: Sequence[Device], only: Sequence[str], configured: str) -> list[Device]:
+    """The devices of ``devices`` that a task's ``devices`` option names (all of them for none), in its order.
+
+    A task only narrows the host's GPUs: an id the host does not have is an error, never a GPU of the task's own.
+
+    :param configured: ``[gpu] devices``, for the message
+    :raises GpuUnavailableError: naming the ids the host lacks and the host's GPUs
+    """
+    if not only:
+        return list(devices)
+    by_id = {key: device for device in devices for key in (device.id, device.index) if key is not None}
+    unknown = [device_id for device_id in only if device_id not in by_id]
+    if unknown:
+        from airflow_gpu_provider.exceptions import GpuUnavailableError
+
+        raise GpuUnavailableError(
+            f"backend_options devices {', '.join(map(repr, unknown))} are not GPUs of this host ([gpu] devices="
+            f"{configured!r}: {', '.join(d.id for d in devices) or 'none'}). A task's devices only narrow the host's "
+            "GPUs: name some of those, or leave devices out."
+        )
+    return list(dict.fromkeys(by_id[device_id] for device_id in only))
 
 
 def matches_model(device: Device, model: str | None) -> bool:

@@ -99,16 +99,20 @@ def quarantine(
     )
 
 
-def usable(state_dir: str | os.PathLike[str], candidates: Sequence[Device], log: logging.Logger) -> list[Device]:
-    """``candidates`` less the quarantined devices, each named in the log."""
-    held = quarantined(state_dir)
+def usable(
+    state_dir: str | os.PathLike[str], candidates: Sequence[Device], log: logging.Logger
+) -> tuple[list[Device], list[str]]:
+    """``candidates`` less the quarantined devices, and each of those in words (also in the log).
+
+    :return: the usable devices, and ``"GPU 0 is quarantined until 2025-01-01 12:00:00 (Xid 79 ...)"`` lines
+    """
+    held, left_out = quarantined(state_dir), []
     for device in candidates:
         if device.id in held:
             until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held[device.id]["until"]))
-            log.warning(
-                "[gpu] GPU %s is quarantined until %s (%s): skipped", device.id, until, held[device.id]["reason"]
-            )
-    return [device for device in candidates if device.id not in held]
+            left_out.append(f"GPU {device.id} is quarantined until {until} ({held[device.id]['reason']})")
+            log.warning("[gpu] %s: skipped", left_out[-1])
+    return [device for device in candidates if device.id not in held], left_out
 
 
 @contextlib.contextmanager

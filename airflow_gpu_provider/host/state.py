@@ -1,10 +1,11 @@
 """The host-wide state dir (``[gpu] state_dir``), trusted only when it is the worker's own.
 
-Worker hosts are shared, and the default lies in ``/var/tmp``, where every user may create folders. A folder of the
-state dir is used only when it is a real directory (not a symlink) owned by the worker's user and writable by nobody
-else; the provider creates it private (0700). Files in it are opened without following symlinks and must be regular
-files of the worker's own. So another user can neither plant a lock file that points at a file of the worker's, nor
-a "cached" venv that the worker would run.
+Worker hosts are shared. The default lies in the home folder of the worker's user (``~/.local/state``), where no
+other local user can make it first; a state dir an admin sets may lie in a shared folder (``/var/tmp``). A folder of
+the state dir is used only when it is a real directory (not a symlink) owned by the worker's user and writable by
+nobody else; the provider creates it private (0700). Files in it are opened without following symlinks and must be
+regular files of the worker's own. So another user can neither plant a lock file that points at a file of the
+worker's, nor a "cached" venv that the worker would run.
 """
 
 from __future__ import annotations

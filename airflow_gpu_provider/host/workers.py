@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from pathlib import Path
 
 
@@ -32,3 +33,12 @@ def is_dead(identity: str) -> bool:
     if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit() or parts[2] == "None":
         return False  # another host's worker, not an identity this provider wrote, or a host without /proc
     return started_at(int(parts[1])) != parts[2]
+
+
+def describe_holder(info: dict[str, object]) -> str:
+    """Who holds a lock, and for how long: the worker that took it, or what it left running when it is gone."""
+    holder, pid, since = info.get("holder", "an unknown task"), info.get("pid", "?"), info.get("since")
+    held = f", for {time.time() - since:.0f}s" if isinstance(since, (int, float)) else ""
+    if str(pid).isdigit() and not Path(f"/proc/{pid}").exists():
+        return f"a process left by {holder} (its worker, pid {pid}, has exited{held})"
+    return f"{holder} (pid {pid}{held})"

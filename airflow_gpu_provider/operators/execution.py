@@ -144,6 +144,8 @@ class GpuExecution:
             request.on_missing_gpu,
             "; deferrable" if self.deferrable else "",
         )
+        if request.checkpoint is not None and request.checkpoint.is_uri:  # a path root: the backend makes it
+            request.checkpoint.make(request.labels)  # the run folder marked: what the scheduler may delete (F2)
         if self.deferrable and attempt.spec.info.defers:
             return self._outcome(context, attempt, lambda: backend.start(plan, context), waiting_since)
         return self._outcome(context, attempt, lambda: backend.run(plan, context), waiting_since)

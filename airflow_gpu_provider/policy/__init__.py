@@ -7,7 +7,9 @@ submits, with its own configuration. Nothing else in the package makes these dec
 of docs/security.md it enforces.
 
 - ``paths.py``: no path trusted by its name (resolved without links, every ancestor checked, deletions by marker)
-- ``docker.py``: the container a Docker task may get (mounts, capabilities, users, groups, namespaces, devices)
+- ``docker.py``: the container a Docker task may get (mounts, capabilities, users, groups, namespaces, devices),
+  and the engine it may reach
+- ``users.py``: who a container runs as and which groups it joins, as numbers resolved on this host
 - ``engine.py``: a container create call's whole body, as the engine reads it (the provider's final check, and the
   engine's authorization plugin's)
 - ``authz/``: the Docker engine's authorization plugin: rules D1-D5 for every client of the engine
@@ -53,17 +55,16 @@ def _names(text: str) -> frozenset[str]:
 
 
 def _paths(option: str, text: str) -> tuple[str, ...]:
-    from airflow_gpu_provider.policy.paths import UnsafePathError, canonical
+    from airflow_gpu_provider.policy.paths import UnsafePathError, canonical, root_parts
 
     roots = []
     for part in filter(None, (item.strip() for item in text.split(","))):
-        root = part
-        if "://" not in part:
-            try:
-                root = canonical(part)
-            except UnsafePathError as err:
-                raise ValueError(f"[gpu] {option}: {part!r} is not an absolute path ({err.problem})") from None
-        roots.append(root.rstrip("/") or "/")
+        try:
+            if "://" in part:
+                root_parts(part)  # a URI is compared by its components: they must be plain ones
+            roots.append(part.removesuffix("/") if "://" in part else canonical(part))
+        except UnsafePathError as err:
+            raise ValueError(f"[gpu] {option}: {part!r} is no absolute path or plain URI ({err.problem})") from None
     return tuple(roots)
 
 
@@ -111,6 +112,7 @@ class Policy(NamedTuple):
     capabilities: frozenset[str]
     users: frozenset[str]
     groups: frozenset[str]
+    docker_engines: tuple[str, ...]
     network_modes: frozenset[str]
     ipc_modes: frozenset[str]
     build_paths: tuple[str, ...]
@@ -129,6 +131,7 @@ class Policy(NamedTuple):
             capabilities=frozenset(name.upper().removeprefix("CAP_") for name in _names(conf.allowed_capabilities)),
             users=_names(conf.allowed_users),
             groups=_names(conf.allowed_groups),
+            docker_engines=tuple(sorted(_names(conf.allowed_docker_engines))),
             network_modes=_names(conf.allowed_network_modes),
             ipc_modes=_names(conf.allowed_ipc_modes),
             build_paths=_paths("allowed_build_paths", conf.allowed_build_paths),

@@ -1,24 +1,33 @@
 """The container a Docker task may get: checked on the options at DAG parse, and on the whole create call.
 
-Rules D1-D5 of docs/security.md: a task gets no privilege and no capability the admin did not list; it runs as the
-worker's own user unless the admin lists another; it joins no host namespace and no other container's; it sees the
-devices of its GPUs only; it mounts host folders only beneath ``[gpu] allowed_mount_roots``, by paths no one but
-root and the worker can redirect, never the runtime's sockets or the system's folders, never what tasks may write to
-(a folder beneath a read-write root, the state dir, a checkpoint root), and named volumes only of
-``[gpu] allowed_volumes``.
+Rules D1-D6 of docs/security.md: a task gets no privilege and no capability the admin did not list; it runs as the
+worker's own user unless the admin lists another, as numbers resolved on the worker (``policy/users.py``); it joins
+no host namespace and no other container's; it sees the devices of its GPUs only; it mounts host folders only
+beneath ``[gpu] allowed_mount_roots``, by paths no one but root and the worker can redirect, never the runtime's
+sockets or the system's folders, never what tasks may write to (a folder beneath a read-write root, the state dir, a
+checkpoint root), and named volumes only of ``[gpu] allowed_volumes``; it reaches only the worker's default Docker
+engine or one of ``[gpu] allowed_docker_engines``.
 
-Here: the options at DAG parse (:func:`check_options`) and the rules both checks share. The final check, on the
-create call's whole body, for the provider and for the engine's authorization plugin alike: ``policy/engine.py``.
+Here: the options at DAG parse (:func:`check_options`), the engine a task reaches (:func:`check_engine`), and
+the rules both checks share. The final check, on the create call's whole body, for the provider and for the
+engine's authorization plugin alike: ``policy/engine.py``.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from airflow_gpu_provider.policy import Policy, PolicyError
 from airflow_gpu_provider.policy.paths import UnsafePathError, beneath, canonical
+from airflow_gpu_provider.policy.users import (
+    DEVICE_GROUPS,
+    USERS_ACCEPTED,
+    UnknownNameError,
+    container_groups,
+    container_user,
+    worker_ids,
+)
 
 # Whoever reaches these controls the host: never mounted, even read-only, nor any folder that holds one.
 RUNTIME_CONTROL: tuple[str, ...] = (
@@ -29,16 +38,12 @@ RUNTIME_CONTROL: tuple[str, ...] = (
 SYSTEM: tuple[str, ...] = ("/", "/proc", "/sys", "/dev", "/boot", "/root", "/etc", "/run", "/var/run")
 #: What the provider itself adds for AMD and Intel GPUs (``backends/docker/container.py``).
 DEVICE_PATHS: frozenset[str] = frozenset({"/dev/kfd", "/dev/dri"})
-DEVICE_GROUPS: frozenset[str] = frozenset({"video", "render"})
 SAFE_SECURITY_OPTIONS: frozenset[str] = frozenset({"no-new-privileges:true", "no-new-privileges"})
 
 
 def worker_user() -> str:
     """The user a Docker task runs as unless the admin lists another: the worker's own ``uid:gid``."""
-    return f"{os.geteuid()}:{os.getegid()}"
-
-
-WORKER_USER = worker_user()
+    return "{}:{}".format(*worker_ids())
 
 
 def root_problem(path: str, policy: Policy) -> str | None:
@@ -76,6 +81,31 @@ def _mount_problem(source: str, *, writable: bool, policy: Policy) -> tuple[str,
     return "it is beneath none of the roots the deployment allows", "allowed_mount_roots"
 
 
+def engine_key(url: str) -> str:
+    """An engine's URL as the allow-list compares it: ``unix://var/run/x`` is ``unix:///var/run/x``; hosts lower."""
+    scheme, colon, rest = url.strip().partition("://")
+    if not colon:
+        return url.strip()
+    if scheme.lower() == "unix":
+        return "unix:///" + rest.lstrip("/")
+    return f"{scheme.lower()}://{rest.rstrip('/').lower()}"
+
+
+def check_engine(owner: str, engines: Sequence[str], default: str, policy: Policy) -> None:
+    """The engine a task reaches: this process's default one, or one of ``[gpu] allowed_docker_engines``.
+
+    The default is ``$DOCKER_HOST`` or the local socket. Checked at parse, on the worker and in the triggerer.
+
+    :raises PolicyError: naming the engine and the option
+    """
+    allowed = {engine_key(engine) for engine in (default, *policy.docker_engines)}
+    for engine in engines:
+        if engine_key(engine) not in allowed:
+            listed = ", ".join((default, *policy.docker_engines))
+            raise PolicyError(owner, "backend_options['docker_url']", engine, "an engine the deployment does not list",
+                              option="allowed_docker_engines", allow=listed)  # fmt: skip
+
+
 def check_options(owner: str, options: Any, policy: Policy) -> None:
     """At DAG parse: what a Docker task's options ask for of the host, against ``policy``.
 
@@ -92,16 +122,9 @@ def check_options(owner: str, options: Any, policy: Policy) -> None:
             raise PolicyError(owner, "backend_options['mounts']", mount, "a named volume the deployment does not list",
                               option="allowed_volumes", allow=_listed(policy.volumes))  # fmt: skip
     _check_listed(owner, "cap_add", options.cap_add, policy.capabilities, "allowed_capabilities", upper=True)
-    if options.user is not None and not user_allowed(str(options.user), policy):  # rule D2
-        raise PolicyError(
-            owner,
-            "backend_options['user']",
-            options.user,
-            "a user the deployment does not list",
-            option="allowed_users",
-            allow=f"the worker's own ({worker_user()}), {_listed(policy.users)}",
-        )
-    _check_listed(owner, "group_add", options.group_add or (), policy.groups | DEVICE_GROUPS, "allowed_groups")
+    check_engine(owner, options.engines, options.default_engine, policy)
+    task_user(owner, options.user, policy)
+    task_groups(owner, options.group_add or (), policy)
     for field, value, allowed, option in (  # rule D3
         ("network_mode", options.network_mode, policy.network_modes, "allowed_network_modes"),
         ("ipc_mode", options.ipc_mode, policy.ipc_modes, "allowed_ipc_modes"),
@@ -111,13 +134,32 @@ def check_options(owner: str, options: Any, policy: Policy) -> None:
                               option=option, allow=_listed(allowed))  # fmt: skip
 
 
-def user_allowed(user: str, policy: Policy) -> bool:
-    """Whether a container may run as ``user``: the worker's own, or one the admin lists (root only if listed).
+def task_user(owner: str, user: str | int | None, policy: Policy) -> str:
+    """The ``uid:gid`` a task's container runs as, resolved on this host (rule D2, ``policy/users.py``).
 
-    A worker that runs as root makes root its own user: run workers as a user of their own (docs/security.md).
+    The worker's own unless the admin lists another (root only if listed). A worker that runs as root makes root its
+    own user: run workers as a user of their own (docs/security.md).
+
+    :raises PolicyError: for a user (or a group of it) the deployment does not list, or a name this host lacks
     """
-    own = worker_user()
-    return user in (own, own.partition(":")[0]) or user in policy.users or user.partition(":")[0] in policy.users
+    try:
+        return container_user(user, policy.users)
+    except (UnknownNameError, PermissionError) as err:
+        raise PolicyError(owner, "backend_options['user']", user, str(err), option="allowed_users",
+                          allow=f"the worker's own ({worker_user()}), {_listed(policy.users)}; each "
+                          f"{USERS_ACCEPTED}") from None  # fmt: skip
+
+
+def task_groups(owner: str, groups: Sequence[str | int], policy: Policy) -> list[str]:
+    """A task's supplementary groups as this host's gids (rule D4): listed ones and the device groups only.
+
+    :raises PolicyError: for a group the deployment does not list, or a name this host lacks
+    """
+    try:
+        return container_groups(groups, policy.groups)
+    except (UnknownNameError, PermissionError) as err:
+        raise PolicyError(owner, "backend_options['group_add']", list(groups), str(err), option="allowed_groups",
+                          allow=_listed(policy.groups | set(DEVICE_GROUPS))) from None  # fmt: skip
 
 
 def _check_listed(

@@ -9,7 +9,8 @@ The body is read as the engine reads it (Go's ``encoding/json``): a name matches
 them); the engine also takes HostConfig fields at the top level when ``HostConfig`` is missing, so nothing is
 accepted there that is not a container Config field. Default deny: a field this module does not judge or know to be
 harmless must be empty (``null``, ``false``, ``0``, ``""``, an empty list or object); ``MaskedPaths`` and
-``ReadonlyPaths`` must be ``null`` (an empty list unmasks ``/proc``).
+``ReadonlyPaths`` must be ``null`` (an empty list unmasks ``/proc``). Users and groups are numbers of the judging
+host (``policy/users.py``): a name, whoever sends it, would be resolved in the image's own databases.
 """
 
 from __future__ import annotations
@@ -18,14 +19,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from airflow_gpu_provider.policy import Policy
-from airflow_gpu_provider.policy.docker import (
-    DEVICE_GROUPS,
-    DEVICE_PATHS,
-    SAFE_SECURITY_OPTIONS,
-    _mount_problem,
-    user_allowed,
-)
+from airflow_gpu_provider.policy.docker import DEVICE_PATHS, SAFE_SECURITY_OPTIONS, _mount_problem
 from airflow_gpu_provider.policy.paths import UnsafePathError, beneath, canonical, stable
+from airflow_gpu_provider.policy.users import allowed_gids, number, numeric_user, user_allowed
 
 TASKS_FOLDER = "docker-tasks"  # the state dir's folder of the task files the provider mounts read-only
 #: Container Config fields that reach nothing of the host (the user is judged, rule D2).
@@ -101,8 +97,8 @@ def check_create(body: Mapping[str, Any], policy: Policy) -> None:
     host = fields("HostConfig", top.get("hostconfig"))
     check_host_config(host, policy)
     user = str(top.get("user") or "")
-    if reaches_host(host) and (not user or not user_allowed(user, policy)):  # rule D2
-        raise _refuse("User", user or "the image's own", "rule D2: the worker's own uid:gid, or [gpu] allowed_users")
+    if reaches_host(host) and not _user_allowed(user, policy):  # rule D2
+        raise _refuse("User", user or "the image's own", USER_RULE)
     if list(host.get("capdrop") or []) != ["ALL"]:  # rule D1
         raise _refuse("HostConfig.CapDrop", host.get("capdrop"), "rule D1: every capability is dropped (['ALL'])")
     if not set(host.get("securityopt") or []) & SAFE_SECURITY_OPTIONS:
@@ -119,6 +115,19 @@ def check_create(body: Mapping[str, Any], policy: Policy) -> None:
         for key in ("links", "driveropts"):  # rule D3: no other container's namespace, no driver options
             if not empty(settings.get(key)):
                 raise _refuse(f"NetworkingConfig.EndpointsConfig.{name}.{key}", settings[key], "rule D3: never set")
+
+
+USER_RULE = "rule D2: the worker's own uid:gid, or one of [gpu] allowed_users, in numbers (never a name)"
+
+
+def _user_allowed(user: str, policy: Policy) -> bool:
+    """Rule D2: ``uid:gid`` in numbers, the worker's own or a pair of ``[gpu] allowed_users`` as this host resolves it.
+
+    A name, or a uid without its gid, would be resolved by the engine in the container's own ``/etc/passwd`` (the
+    image's), where ``alice`` may be uid 0 and a uid's group any gid (``policy/users.py``).
+    """
+    ids = numeric_user(user)
+    return ids is not None and user_allowed(ids, policy.users)
 
 
 def reaches_host(host: Mapping[str, Any]) -> bool:
@@ -192,9 +201,12 @@ def _log_config(value: Any, policy: Policy) -> None:
 
 
 def _groups(value: Any, policy: Policy) -> None:
-    for group in value or []:  # rules D2, D4
-        if str(group) not in policy.groups | DEVICE_GROUPS:
-            raise _refuse("HostConfig.GroupAdd", group, "rule D4: [gpu] allowed_groups lacks it")
+    gids = allowed_gids(policy.groups)  # rules D2, D4: this host's gids, never a name the image resolves
+    for group in value or []:
+        gid = number(str(group))
+        if gid is None or gid not in gids:
+            why = "rule D4: a gid of [gpu] allowed_groups or of this host's video/render groups, in numbers"
+            raise _refuse("HostConfig.GroupAdd", group, why)
 
 
 def _mounts(value: Any, policy: Policy) -> None:
@@ -251,7 +263,7 @@ def check_exec(body: Mapping[str, Any], policy: Policy) -> None:
     if members.get("privileged"):
         raise _refuse("exec Privileged", members["privileged"], "rule D1: nothing privileged")
     user = str(members.get("user") or "")
-    if user and not user_allowed(user, policy):  # rule D2 (empty: the container's own, judged when created)
-        raise _refuse("exec User", user, "rule D2: the worker's own uid:gid, or [gpu] allowed_users")
+    if user and not _user_allowed(user, policy):  # rule D2 (empty: the container's own, judged when created)
+        raise _refuse("exec User", user, USER_RULE)
     harmless = "attachstdin attachstdout attachstderr detachkeys tty consolesize env workingdir cmd user privileged"
     _none_but("exec ", members, frozenset({"container", *harmless.split()}))  # container: the URL's, in docker-py

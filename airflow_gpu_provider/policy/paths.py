@@ -52,6 +52,46 @@ def components(path: str) -> list[str]:
     return parts
 
 
+def local_path(root: str) -> str | None:
+    """The local path a root names: a path as it is, a ``file://`` URI's path; ``None`` for an object store's URI.
+
+    :raises UnsafePathError: for a ``file://`` URI of another host
+    """
+    if "://" not in root:
+        return root
+    scheme, _, rest = root.partition("://")
+    if scheme.lower() != "file":
+        return None
+    host, _, path = rest.partition("/")
+    if host not in ("", "localhost"):
+        raise UnsafePathError(root, f"a file:// URI of another host ({host!r}) is no folder of this one")
+    return "/" + path
+
+
+def root_parts(root: str) -> tuple[str, ...]:
+    """A path or URI root as the policy compares it, component by component, never as a string prefix.
+
+    ``/data/ckpt`` and ``file:///data/ckpt`` are ``('/', 'data', 'ckpt')``; ``s3://bucket/ckpt`` is
+    ``('s3://bucket', 'ckpt')`` (the scheme in lower case, the bucket and any ``conn_id@`` as written). A URI whose
+    path names ``.`` or ``..``, has an empty or percent-encoded segment, a query or a fragment is refused: an object
+    store or fsspec may read it as another folder than its name says.
+
+    :raises UnsafePathError: naming what makes the root ambiguous
+    """
+    path = local_path(root)
+    if path is None or path != root:  # a URI
+        if any(mark in root for mark in "%?#\\"):
+            raise UnsafePathError(root, "a URI root takes no percent-encoding, query, fragment or backslash")
+        scheme, _, rest = root.partition("://")
+        authority, _, tail = rest.partition("/")
+        tail = tail.removesuffix("/")
+        segments = tail.split("/") if tail else []
+        if any(segment in ("", ".", "..") for segment in segments):
+            raise UnsafePathError(root, "its path names '.', '..' or an empty segment: give the folder itself")
+        return ("/" if path is not None else f"{scheme.lower()}://{authority}", *segments)
+    return ("/", *components(path))
+
+
 def canonical(path: str) -> str:
     """``path`` as the policy checks it and the engine gets it: ``//data/x/`` is ``/data/x`` (:func:`components`)."""
     return "/" + "/".join(components(path))

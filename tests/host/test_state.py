@@ -166,3 +166,21 @@ def test_the_local_runtime_archive_is_compiled_once_and_rewritten_when_its_sourc
     path.write_bytes(b"PK" + path.read_bytes()[2:100])  # torn, or another runtime's
     assert runtime_file(tmp_path) == path and path.read_bytes().startswith(entries())
     assert _loads_from(path).endswith("protocol.pyc")
+
+
+def test_the_default_state_dir_is_one_no_other_local_user_can_make_first(monkeypatch):
+    """Low item of issue 27: the default lay in sticky /var/tmp, where another user could make it first (the
+    provider then refused it, rightly, and every GPU task of the worker stopped). It now lies in the worker user's
+    home (its passwd entry, not $HOME), which only root and that user may write to."""
+    import pwd
+    from pathlib import Path
+
+    from airflow_gpu_provider import config
+
+    monkeypatch.delenv("AIRFLOW__GPU__STATE_DIR")
+    monkeypatch.setenv("HOME", "/tmp")  # not the environment's idea of home: two workers must find the same dir
+    default = Path(config.get("state_dir"))
+    assert default.is_relative_to(pwd.getpwuid(os.geteuid()).pw_dir), default
+    for folder in (folder for folder in default.parents if folder.exists()):
+        info = folder.stat()
+        assert info.st_uid in (0, os.geteuid()) and not info.st_mode & 0o022, f"{folder} is writable by others"

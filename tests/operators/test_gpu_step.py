@@ -110,9 +110,10 @@ def test_execution_timeout_kills_the_whole_process_group(tmp_path, monkeypatch, 
     assert GpuAllocator(state_dir / "locks").holder_of(Device("0")) is None
 
 
-def test_on_kill_stops_the_child_and_releases_gpus(tmp_path, state_dir):
+def test_on_kill_stops_the_child_and_releases_gpus(tmp_path, state_dir, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__GPU__DEVICES", "0")
     pid_file = tmp_path / "pids"
-    backend = LocalBackend(LocalOptions.parse({"devices": "0", "state_dir": str(state_dir), "kill_grace": 2}))
+    backend = LocalBackend(LocalOptions.parse({"kill_grace": 2}))
     hang = dag("gpu_step_timeout").get_task("hang").python_callable  # the same function as the timeout test's
     envelope = Envelope.call(shipped_callable(hang, owner="t"), [str(pid_file)], {})
     plan = backend.plan(TaskRequest(ResourceSettings(gpu_count=1), ImageSettings(), envelope), GpuConfig.read())

@@ -26,7 +26,8 @@ def test_the_classic_operator_mapped_joins_the_gpu_pool(monkeypatch):
         assert "gpu_count" not in mapped.partial_kwargs  # in the spec, not beside it
 
 
-def test_the_classic_operator_mapped_runs_each_map_index_on_its_own_gpu():
+def test_the_classic_operator_mapped_runs_each_map_index_on_its_own_gpu(monkeypatch):
+    monkeypatch.setenv("AIRFLOW__GPU__DEVICES", "0,1")  # the host's GPUs, which the tasks' devices narrow
     dr = run_dag(load_dag(DAGS, "gpu_step_mapped"))
     assert set(task_states(dr).values()) == {"success"}
     values = mapped_xcoms(dr, "classic")

@@ -6,10 +6,12 @@ The engine's side is in tests/backends/docker/test_docker_authz.py (a second eng
 from __future__ import annotations
 
 import base64
+import grp
 import http.client
 import io
 import json
 import os
+import pwd
 import socket
 import subprocess
 import sys
@@ -24,11 +26,11 @@ from airflow_gpu_provider.backends.docker.files import TaskFiles
 from airflow_gpu_provider.policy import Policy
 from airflow_gpu_provider.policy.authz.archive import check_archive
 from airflow_gpu_provider.policy.authz.endpoints import decide
-from airflow_gpu_provider.policy.docker import WORKER_USER
+from airflow_gpu_provider.policy.docker import worker_user
 from airflow_gpu_provider.policy.paths import UnsafePathError
 
 ID = "c" * 64
-SAFE = {"User": WORKER_USER, "HostConfig": {"CapDrop": ["ALL"], "SecurityOpt": ["no-new-privileges:true"]}}
+SAFE = {"User": worker_user(), "HostConfig": {"CapDrop": ["ALL"], "SecurityOpt": ["no-new-privileges:true"]}}
 
 
 def ask(method: str, uri: str, body: object = None, *, raw: bytes | None = None, content_type: str = "",
@@ -111,6 +113,36 @@ def test_a_body_is_read_as_the_engines_go_reader_reads_it():
     assert ask("POST", "/v1.41/build?q=1", content_type="application/x-www-form-urlencoded")[1].endswith(
         "parameters in a form body or after ';' are read by the engine but not shown to the plugin"
     )
+
+
+def _other_digits(number: int) -> str:
+    """A number in Arabic-Indic digits: a digit to Python's ``int``, a name to the engine's ``strconv.Atoi``."""
+    return "".join(chr(0x660 + int(digit)) for digit in str(number))
+
+
+def test_h2_any_client_gets_numbers_checked_never_a_name_the_image_resolves(monkeypatch):
+    """Rule D2 and D4 on a raw client's body: the user as ``uid:gid`` of the worker's own or a listed pair, groups as
+    listed gids of this host. A name (``alice``, ``alice:0``), a uid without its gid or digits the engine reads as a
+    name would be resolved in the image's own ``/etc/passwd`` and ``/etc/group``, where they may be root.
+    """
+    nobody, video = pwd.getpwnam("nobody"), grp.getgrnam("video").gr_gid
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_USERS", "nobody, alice")  # alice: no user of this host, allows nothing
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_GROUPS", "nogroup")
+    gpu = {**SAFE["HostConfig"], "DeviceRequests": [{"Capabilities": [["gpu"]], "Count": 1}]}  # reaches the host
+    create = "/v1.41/containers/create"
+    for user in (worker_user(), f"{nobody.pw_uid}:{nobody.pw_gid}"):
+        assert ask("POST", create, {**SAFE, "User": user, "HostConfig": gpu}) == (True, ""), user
+    for user in ("alice", "alice:0", "nobody", "nobody:0", f"{nobody.pw_uid}", f"{nobody.pw_uid}:0", "",
+                 ":".join(map(_other_digits, (os.geteuid(), os.getegid()))), f"+{nobody.pw_uid}:{nobody.pw_gid}"):  # fmt: skip
+        allowed, why = ask("POST", create, {**SAFE, "User": user, "HostConfig": gpu})
+        assert not allowed and "rule D2" in why and "never a name" in why, (user, why)
+        allowed, why = ask("POST", f"/v1.41/containers/{ID}/exec", {"Cmd": ["id"], "User": user or "nobody"})
+        assert not allowed and "rule D2" in why, (user, why)
+    gids = [str(video), str(grp.getgrnam("nogroup").gr_gid)]
+    assert ask("POST", create, {**SAFE, "HostConfig": {**gpu, "GroupAdd": gids}}) == (True, "")
+    for group in ("video", "nogroup", "0", "4242", _other_digits(video), f"+{video}"):
+        allowed, why = ask("POST", create, {**SAFE, "HostConfig": {**gpu, "GroupAdd": [group]}})
+        assert not allowed and "rule D4" in why and "GroupAdd" in why, (group, why)
 
 
 def _archive(*, mode: int = 0o644, owner: tuple[int, int] | None = None, kind: bytes = tarfile.REGTYPE,

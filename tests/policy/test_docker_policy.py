@@ -20,7 +20,7 @@ from airflow_gpu_provider.backends.docker.files import TaskFiles
 from airflow_gpu_provider.backends.docker.lifecycle import create_body
 from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.policy import Policy, PolicyError
-from airflow_gpu_provider.policy.docker import WORKER_USER
+from airflow_gpu_provider.policy.docker import worker_user
 from airflow_gpu_provider.policy.engine import check_create
 from airflow_gpu_provider.policy.paths import UnsafePathError
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
@@ -51,7 +51,7 @@ def task(**backend_options):
     ],
 )
 def test_h2_more_of_the_host_than_the_deployment_allows_is_refused_at_parse(options, field, option, monkeypatch):
-    monkeypatch.setattr("airflow_gpu_provider.policy.docker.worker_user", lambda: "50000:0")  # a worker not root
+    monkeypatch.setattr("airflow_gpu_provider.policy.users.worker_ids", lambda: (50000, 0))  # a worker not root
     with pytest.raises(PolicyError, match=rf"backend_options\['{field}'\].*\[gpu\] {option} lists") as refused:
         task(**options)
     assert refused.value.option == option
@@ -60,12 +60,12 @@ def test_h2_more_of_the_host_than_the_deployment_allows_is_refused_at_parse(opti
 def test_what_the_admin_lists_is_allowed_but_all_capabilities_never(monkeypatch):
     monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CAPABILITIES", "SYS_PTRACE, ALL")
     monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_USERS", "1000:1000")
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_GROUPS", "ml")
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_GROUPS", "4321")
     monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_NETWORK_MODES", "bridge,ml-net")
-    task(cap_add=["SYS_PTRACE"], user="1000:1000", group_add=["ml"], network_mode="ml-net", ipc_mode="private")
+    task(cap_add=["SYS_PTRACE"], user="1000:1000", group_add=["4321"], network_mode="ml-net", ipc_mode="private")
     with pytest.raises(PolicyError, match="cap_add"):
         task(cap_add=["ALL"])  # rule: nothing privileged, even when listed
-    task(user=WORKER_USER)  # the worker's own user needs no listing
+    task(user=worker_user())  # the worker's own user needs no listing
 
 
 @pytest.mark.parametrize(
@@ -110,7 +110,7 @@ def test_the_final_create_call_meets_the_policy(monkeypatch, tmp_path):
     body, policy = _create_call({"allowed_mount_roots": f"{tmp_path}:ro"}, monkeypatch, tmp_path,
                                 mounts=[{"source": str(data), "target": "/d", "read_only": True}])  # fmt: skip
     check_create(body, policy)
-    assert body["User"] == WORKER_USER and body["HostConfig"]["CapDrop"] == ["ALL"]
+    assert body["User"] == worker_user() and body["HostConfig"]["CapDrop"] == ["ALL"]
     tampered = [
         ("Privileged", True), ("CapAdd", ["SYS_ADMIN"]), ("CapDrop", []), ("PidMode", "host"),
         ("SecurityOpt", ["seccomp=unconfined", "no-new-privileges:true"]), ("SecurityOpt", []),

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import grp
 import json
 import os
 import posixpath
+import pwd
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -36,7 +38,7 @@ from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.policy import Policy
 from airflow_gpu_provider.policy.authz.endpoints import decide
-from airflow_gpu_provider.policy.docker import DEVICE_GROUPS, DEVICE_PATHS, RUNTIME_CONTROL, SYSTEM, worker_user
+from airflow_gpu_provider.policy.docker import DEVICE_PATHS, RUNTIME_CONTROL, SYSTEM, worker_user
 from airflow_gpu_provider.policy.engine import check_create
 from airflow_gpu_provider.policy.paths import UnsafePathError
 from airflow_gpu_provider.render import stand_in
@@ -158,6 +160,25 @@ def _user_of(value: Any, base_user: str) -> Any:
 
 
 # ------------------------------------------------------------------ the rules, written again, independently
+def _number(name: str, lookup: Any, field: str) -> int | None:
+    with contextlib.suppress(KeyError):
+        return int(name) if name.isdigit() else getattr(lookup(name), field)
+    return None
+
+
+def _listed_users(entries: frozenset[str]) -> set[tuple[int, int | None]]:
+    """``(uid, gid)`` of each entry on this host; a user without a group has its primary group here."""
+    pairs = set()
+    for entry in entries:
+        user, colon, group = entry.partition(":")
+        uid = _number(user, pwd.getpwnam, "pw_uid")
+        if uid is not None:
+            pairs.add(
+                (uid, _number(group, grp.getgrnam, "gr_gid") if colon else _number(str(uid), pwd.getpwuid, "pw_gid"))
+            )
+    return pairs
+
+
 def _beneath(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
@@ -175,13 +196,14 @@ def _meets(body: Mapping[str, Any], policy: Policy, provider_sources: list[str])
     assert host.get("IpcMode") in (None, *policy.ipc_modes)
     for device in host.get("Devices") or []:
         assert device["PathOnHost"] in DEVICE_PATHS
-    for group in host.get("GroupAdd") or []:
-        assert str(group) in policy.groups | DEVICE_GROUPS
+    gids = {_number(group, grp.getgrnam, "gr_gid") for group in (*policy.groups, "video", "render")}
+    for group in host.get("GroupAdd") or []:  # numbers of this host only: the image resolves no name
+        assert str(group).isascii() and str(group).isdigit() and int(group) in gids, group
     for request in host.get("DeviceRequests") or []:
         assert request["Capabilities"] == [["gpu"]]
-    own = worker_user()
-    user = str(body["User"])
-    assert user in (own, own.partition(":")[0]) or user in policy.users or user.partition(":")[0] in policy.users
+    uid, colon, gid = str(body["User"]).partition(":")
+    assert colon and f"{uid}{gid}".isascii() and uid.isdigit() and gid.isdigit(), body["User"]
+    assert (int(uid), int(gid)) in {(os.geteuid(), os.getegid()), *_listed_users(policy.users)}, body["User"]
     for mount in host.get("Mounts") or []:
         source = mount["Source"]
         if mount["Type"] == "volume":

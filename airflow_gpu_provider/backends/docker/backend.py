@@ -42,7 +42,6 @@ TOOLKIT_FIX = (
     "Install the NVIDIA Container Toolkit on the Docker host and register it with Docker "
     "(nvidia-ctk runtime configure --runtime=docker, then restart dockerd)"
 )
-_ENGINE_OPTIONS = ("docker_conn_id", "api_version", "timeout", "tls_ca_cert", "tls_client_cert", "tls_client_key")
 
 
 class DockerBackend(Backend[DockerOptions, DockerPlan]):
@@ -104,8 +103,11 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
             return self._reattach(client, plan, earlier, defer=defer)
         for note in (*plan.notes, *plan.resources.notes):
             self.log.warning("%s", note)
-        image = task_image(client, plan, self.log)
-        with self._host_gpus(plan) as allocation, on_fault(plan.host, allocation.devices, self.log, positional=True):
+        with (
+            task_image(client, plan, self.log) as image,  # a derived image stays until its container exists
+            self._host_gpus(plan) as allocation,
+            on_fault(plan.host, allocation.devices, self.log, positional=True),
+        ):
             self._locks = allocation.fds  # an Xid or ECC error: its GPUs (0, 1, ... in the container) are quarantined
             if allocation.cpu_fallback:
                 return self._run_container(client, plan, image, cpu_fallback=allocation.reason, defer=defer)
@@ -116,13 +118,12 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
             return self._run_gpu_container(client, plan, image, defer=defer)
 
     def _host_gpus(self, plan: DockerPlan) -> Allocation:
-        """Devices from the host GPU allocator when the engine is on this host and its GPUs are known.
+        """Devices from the host GPU allocator (which a task's ``devices`` only narrow) on a host whose GPUs are known.
 
-        Otherwise (a remote engine, explicit ``devices``, or a host whose GPUs NVML and ``[gpu] devices`` do not
-        know) Docker hands out GPUs by count, and nothing stops two tasks from sharing one.
+        Otherwise (a remote engine, or GPUs neither NVML nor ``[gpu] devices`` knows) Docker hands out GPUs by count.
         """
         resources = plan.request.resources
-        if not resources.requests_gpus or plan.options.devices or not plan.options.engine_is_local:
+        if not resources.requests_gpus or not plan.options.engine_is_local:
             return Allocation(devices=[])
         present = plan.host.present(resources.gpu_vendor)
         if not present:
@@ -198,10 +199,10 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
 
     def _deferral(self, plan: DockerPlan, container_id: str, mem_limit: int | None) -> Deferral:
         """The trigger that waits for the container, reaching the engine as this worker did."""
-        from airflow_gpu_provider.backends.docker.trigger import DockerContainerTrigger
+        from airflow_gpu_provider.backends.docker.trigger import ENGINE_OPTIONS, DockerContainerTrigger
 
         url = plan.options.engine_url
-        engine = {name: getattr(plan.options, name) for name in _ENGINE_OPTIONS}
+        engine = {name: getattr(plan.options, name) for name in ENGINE_OPTIONS}
         engine["docker_url"] = url if isinstance(url, str) else list(url)
         self.log.info("Deferred: the triggerer watches container %s (engine %s)", container_id[:12], url)
         state = {"container_id": container_id, "mem_limit": mem_limit}

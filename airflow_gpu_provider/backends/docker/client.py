@@ -10,16 +10,28 @@ from airflow_gpu_provider.backends.docker.options import DockerOptions
 from airflow_gpu_provider.exceptions import GpuTaskError
 
 
-def connect(options: DockerOptions) -> Any:
-    """A docker-py ``APIClient`` from ``DockerHook`` (which pings the engine and logs in to the registry)."""
-    tls = None
-    if options.tls_ca_cert or options.tls_client_cert or options.tls_client_key:
-        tls = DockerHook.construct_tls_config(
-            ca_cert=options.tls_ca_cert, client_cert=options.tls_client_cert, client_key=options.tls_client_key
-        )
+def connect(options: DockerOptions, *, login: bool = True) -> Any:
+    """A docker-py ``APIClient`` from ``DockerHook``, which pings the engine (and logs in to a registry).
+
+    The engine must be this process's default one or one of ``[gpu] allowed_docker_engines`` (``policy/docker.py``),
+    checked here with this process's own ``[gpu]`` section: the worker's, or the triggerer's. TLS to a remote engine
+    comes from this process's environment (``DOCKER_CERT_PATH``, ``DOCKER_TLS_VERIFY``, as the docker CLI reads
+    them), never from a path in a DAG.
+
+    :param login: log in to the registry (pulls and pushes); a trigger, which only watches a container, does not
+    :raises PolicyError: for an engine the deployment does not list
+    """
+    from docker.utils import kwargs_from_env
+
+    from airflow_gpu_provider.policy import Policy
+    from airflow_gpu_provider.policy.docker import check_engine
+
+    check_engine("the task's Docker engine", options.engines, options.default_engine, Policy.current())
+    remote = any(not url.startswith("unix://") for url in options.engines)
+    tls = kwargs_from_env().get("tls") if remote else None
     try:
         return DockerHook(
-            docker_conn_id=options.docker_conn_id,
+            docker_conn_id=options.docker_conn_id if login else None,
             base_url=url if isinstance(url := options.engine_url, str) else list(url),
             version=options.api_version,
             timeout=int(options.timeout),

@@ -20,7 +20,6 @@ NVIDIA_ULIMITS: tuple[dict[str, Any], ...] = (
     {"name": "stack", "soft": 67108864, "hard": 67108864},
 )
 AMD_DEVICES: tuple[str, ...] = ("/dev/kfd:/dev/kfd:rwm", "/dev/dri:/dev/dri:rwm")
-AMD_GROUPS: tuple[str, ...] = ("video", "render")
 INTEL_DEVICES: tuple[str, ...] = ("/dev/dri:/dev/dri:rwm",)
 
 
@@ -43,11 +42,12 @@ def gpu_mapping(
     *,
     device_ids: Sequence[str] = (),
     driver_capabilities: str = DockerOptions.driver_capabilities,
-    group_add: Sequence[str] | None = None,
+    device_groups: Sequence[str] = (),
 ) -> tuple[dict[str, Any], dict[str, str], list[str]]:
     """Host config, environment and notes for the accelerators of a request (empty for a CPU task).
 
     :param device_ids: GPU indices or UUIDs to request instead of a count (MIG slices need their UUIDs)
+    :param device_groups: the host's gids of the groups that own AMD's device nodes (``video``, ``render``)
     """
     count = resources.gpu_count
     vendor = resources.gpu_vendor
@@ -73,11 +73,9 @@ def gpu_mapping(
         environment.update(CUDA_ORDER)  # NVIDIA_VISIBLE_DEVICES is set by the engine from the device request
         return host_config, environment, notes
     if vendor == AMD:
-        host_config = {"devices": list(AMD_DEVICES), "group_add": list(AMD_GROUPS if group_add is None else group_add)}
+        host_config = {"devices": list(AMD_DEVICES), "group_add": list(device_groups)}
     else:
         host_config = {"devices": list(INTEL_DEVICES)}
-        if group_add:
-            host_config["group_add"] = list(group_add)
     # /dev/dri exposes every card: the runtime's visible-devices variable narrows it to the request.
     if ids or count != ALL_GPUS:
         environment.update(visible_devices(vendor, ids or [str(i) for i in range(int(count))]))
@@ -91,18 +89,23 @@ def map_resources(
     ipc_mode: str | None = None,
     device_ids: Sequence[str] = (),
     driver_capabilities: str = DockerOptions.driver_capabilities,
-    group_add: Sequence[str] | None = None,
+    group_add: Sequence[str] = (),
+    device_groups: Sequence[str] = (),
     processes: int = 1,
 ) -> ContainerResources:
     """The Docker form of a resource request.
 
     :param shm_size: ``/dev/shm`` bytes when ``resources.shm_size`` is unset (capped at the memory limit)
     :param ipc_mode: Docker IPC mode; with ``"host"`` the host's ``/dev/shm`` is used and no size is set
+    :param group_add: the task's supplementary groups (gids), whatever its devices: added to the device groups
     :param processes: the processes that share the CPUs (a launch's ranks): each gets its share of threads
     """
     host_config, environment, notes = gpu_mapping(
-        resources, device_ids=device_ids, driver_capabilities=driver_capabilities, group_add=group_add
+        resources, device_ids=device_ids, driver_capabilities=driver_capabilities, device_groups=device_groups
     )
+    groups = list(dict.fromkeys([*host_config.pop("group_add", ()), *group_add]))
+    if groups:
+        host_config["group_add"] = groups
     if resources.cpu_count is not None:
         host_config["nano_cpus"] = round(resources.cpu_count * 1e9)
     environment.update(thread_environment(resources, processes))

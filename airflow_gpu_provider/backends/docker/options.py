@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -51,7 +51,7 @@ def _docker_url(value: Any) -> str | tuple[str, ...]:
 
 def _user(value: Any) -> str | int:
     if not isinstance(value, (str, int)) or isinstance(value, bool) or not str(value).strip():
-        raise BadOption("expected a user name or uid", "'1000', 1000 or '1000:1000'")
+        raise BadOption("expected a user name or uid", "'ml', 1000 or '1000:1000' (a user of the worker host)")
     return value
 
 
@@ -137,16 +137,17 @@ class DockerOptions(BackendOptions):
     """The Docker backend's options; each default is written here once.
 
     :param docker_conn_id: Airflow Docker connection used to log in to a registry (pulls and pushes)
-    :param docker_url: the engine, as for ``DockerOperator`` (default ``$DOCKER_HOST``, else the local socket)
+    :param docker_url: the engine, as for ``DockerOperator`` (default ``$DOCKER_HOST``, else the local socket); any
+        other only from ``[gpu] allowed_docker_engines``, with TLS from the worker's ``DOCKER_CERT_PATH``
     :param api_version: Docker API version
     :param timeout: API call timeout in seconds
-    :param tls_ca_cert: TLS to a remote engine (with ``tls_client_cert`` and ``tls_client_key``)
     :param network_mode: ``bridge``, ``none``, ``host`` or a network name (default: the engine's)
     :param mounts: ``[{"source", "target", "type": "bind"|"volume"|"tmpfs", "read_only"}]``; bind sources beneath
         ``[gpu] allowed_mount_roots`` and volumes of ``[gpu] allowed_volumes`` only (``policy/docker.py``)
     :param ipc_mode: e.g. ``"host"`` to share the host's IPC namespace and ``/dev/shm``
-    :param user: who the task runs as in the container (default: the worker's own uid:gid; others only from
-        ``[gpu] allowed_users``)
+    :param user: who the task runs as in the container: a user of the worker host (with its primary group there)
+        or ``uid:gid``, always handed to the engine as numbers resolved on the worker (default: the worker's own
+        uid:gid; others only from ``[gpu] allowed_users``)
     :param working_dir: where the task runs in the container (default: the image's)
     :param auto_remove: ``force`` removes every container, ``success`` keeps failed ones (stopped) for
         inspection, ``never`` keeps all
@@ -157,26 +158,33 @@ class DockerOptions(BackendOptions):
     :param uv_source: ``worker`` copies the worker's uv binary into the build; ``pip`` pip-installs uv
     :param compile_bytecode: compile ``.pyc`` files into derived images, so tasks do not compile what they import
         in every fresh container (costs build time once)
-    :param devices: GPU indices or UUIDs (MIG UUIDs too) to request instead of a count
+    :param devices: which of the host's GPUs the task may take, by index or UUID (MIG UUIDs as ``[gpu] devices``
+        lists them): on a local engine it only narrows the host's GPUs, and still takes their locks and skips those
+        quarantined
     :param driver_capabilities: ``NVIDIA_DRIVER_CAPABILITIES`` of GPU containers
-    :param group_add: supplementary groups for device access, names or GIDs (AMD default: ``video``, ``render``)
+    :param group_add: supplementary groups, names of the worker host or gids, handed to the engine as the worker
+        host's gids (``[gpu] allowed_groups``); AMD GPU tasks also get the host's ``video`` and ``render``
     :param mount_tmp_dir: share the task's files through a bind-mounted worker folder; ``False`` copies them
         through the Docker API (remote engines; tried by itself when the engine cannot see the folder)
     :param cap_add: Linux capabilities to keep (every one is dropped by default), e.g. ``["SYS_PTRACE"]`` for a
         profiler, ``["IPC_LOCK"]`` for RDMA
     :param stop_timeout: seconds between SIGTERM and SIGKILL when the task is stopped (default ``[gpu] kill_grace``)
-    :param state_dir: host folder for the GPU and build locks (default ``[gpu] state_dir``)
     """
 
     backend: ClassVar[str] = "docker"
+    removed: ClassVar[Mapping[str, str]] = {
+        **BackendOptions.removed,
+        **dict.fromkeys(
+            ("tls_ca_cert", "tls_client_cert", "tls_client_key"),
+            "TLS files are the worker's, never a path in a DAG: an engine of [gpu] allowed_docker_engines is reached "
+            "with the worker's (and triggerer's) DOCKER_CERT_PATH and DOCKER_TLS_VERIFY.",
+        ),
+    }
 
     docker_conn_id: str | None = option(check=text)
     docker_url: str | tuple[str, ...] | None = option(check=_docker_url)
     api_version: str = option("auto", check=text)
     timeout: float = option(60.0, check=seconds)
-    tls_ca_cert: str | None = option(check=text)
-    tls_client_cert: str | None = option(check=text)
-    tls_client_key: str | None = option(check=text)
     network_mode: str | None = option(check=text)
     mounts: tuple[dict[str, Any], ...] = option((), check=_mounts)
     ipc_mode: str | None = option(check=text)
@@ -195,7 +203,6 @@ class DockerOptions(BackendOptions):
     mount_tmp_dir: bool = option(True, check=boolean)
     cap_add: tuple[str, ...] = option((), check=_capabilities)
     stop_timeout: float | None = option(check=seconds)
-    state_dir: str | None = option(check=text)
 
     def check(self, resources: ResourceSettings) -> None:
         """At DAG parse time: GPUs that Docker cannot hand out with these options."""
@@ -204,7 +211,7 @@ class DockerOptions(BackendOptions):
     def permitted(self, owner: str) -> None:
         """At DAG parse time: what these options ask of the host, against the deployment's ``[gpu]`` allow-lists."""
         asks = self.mounts or self.cap_add or self.user is not None or self.group_add or self.network_mode
-        if asks or self.ipc_mode:  # the policy is read only for tasks that ask for something of the host
+        if asks or self.ipc_mode or self.docker_url:  # the policy is read only for tasks that ask for something
             from airflow_gpu_provider.policy import Policy
             from airflow_gpu_provider.policy.docker import check_options
 
@@ -217,7 +224,17 @@ class DockerOptions(BackendOptions):
     @property
     def engine_url(self) -> str | tuple[str, ...]:
         """The engine to talk to: ``docker_url``, else ``$DOCKER_HOST``, else the local socket (as DockerOperator)."""
-        return self.docker_url or os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_URL
+        return self.docker_url or self.default_engine
+
+    @property
+    def default_engine(self) -> str:
+        """The engine of this process: ``$DOCKER_HOST``, else the local socket."""
+        return os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_URL
+
+    @property
+    def engines(self) -> tuple[str, ...]:
+        """Every engine :attr:`engine_url` names (a list is tried in order)."""
+        return (self.engine_url,) if isinstance(self.engine_url, str) else tuple(self.engine_url)
 
     @property
     def engine_is_local(self) -> bool:

@@ -14,8 +14,9 @@ from airflow_gpu_provider.backends.docker.options import CONTAINER_DIR, DockerOp
 from airflow_gpu_provider.checkpoint.location import CHECKPOINT_MOUNT, checkpoint_environment, unreachable
 from airflow_gpu_provider.host.allocator import HostGpus
 from airflow_gpu_provider.policy import Policy
-from airflow_gpu_provider.policy.docker import WORKER_USER
+from airflow_gpu_provider.policy.docker import task_groups, task_user
 from airflow_gpu_provider.policy.paths import canonical
+from airflow_gpu_provider.policy.users import device_gids
 from airflow_gpu_provider.settings.units import parse_bytes
 from airflow_gpu_provider.task.environment import with_user_environment
 from airflow_gpu_provider.task.labels import PROVIDER, docker_label
@@ -42,6 +43,7 @@ class DockerPlan:
     :param cuda_image: a CUDA image to suggest when a GPU task's image looks CPU-only (``[gpu] default_parent_image``)
     :param notes: what the plan could not give the task (beyond the resource mapping's notes), for its log
     :param policy: the worker's ``[gpu]`` allow-lists, which the whole create call must meet
+    :param cache_size: bytes the derived images of a local engine may take (``[gpu] cache_size``; 0: no limit)
     """
 
     request: TaskRequest
@@ -59,6 +61,7 @@ class DockerPlan:
     cuda_image: str = ""
     notes: tuple[str, ...] = ()
     policy: Policy | None = None
+    cache_size: int = 0
 
     def create_kwargs(self, image: str, *, cpu_fallback: bool = False) -> dict[str, Any]:
         """``create_container`` arguments, with ``host_config`` as ``create_host_config`` arguments."""
@@ -87,13 +90,19 @@ class DockerPlan:
 
 
 def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig) -> DockerPlan:
-    """Map a request onto container arguments, with the worker's ``[gpu]`` options. No engine calls."""
+    """Map a request onto container arguments, with the worker's ``[gpu]`` options. No engine calls.
+
+    Users and groups are resolved in this host's passwd and group databases (``policy/users.py``): the engine gets
+    numbers only, never a name the task's image would resolve.
+    """
+    policy = Policy.of(conf)
     mapping: dict[str, Any] = {
         "shm_size": parse_bytes(conf.shm_size),
         "ipc_mode": options.ipc_mode,
         "device_ids": list(options.devices),
         "driver_capabilities": options.driver_capabilities,
-        "group_add": None if options.group_add is None else list(options.group_add),
+        "group_add": task_groups(request.display_name, options.group_add or (), policy),
+        "device_groups": device_gids(),
         "processes": request.processes_per_node,
     }
     resources = request.resources
@@ -104,7 +113,7 @@ def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig
         "labels": {PROVIDER: "true", **{docker_label(key): value for key, value in request.labels.items()}},
     }
     # rule D2: a task runs as the worker's own user unless the admin allows another (policy/docker.py)
-    container["user"] = WORKER_USER if options.user is None else str(options.user)
+    container["user"] = task_user(request.display_name, options.user, policy)
     if options.user is None and os.geteuid() != 0:
         container["environment"]["HOME"] = "/tmp"  # a user the image may not know has no home
     if options.working_dir is not None:
@@ -139,14 +148,14 @@ def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig
             uv_source=options.uv_source,
             compile_bytecode=options.compile_bytecode,
         ),
-        host=HostGpus.configured(conf, state_dir=options.state_dir),
+        host=HostGpus.configured(conf, only=options.devices),
         mapping=mapping,
         stop_timeout=conf.grace(options.stop_timeout),
         poll_interval=conf.trigger_poll_interval,
         cuda_image=conf.default_parent_image,
         notes=notes,
-        # the state dir of the task's files (a backend's own state_dir: M2 of issue 27 removes it)
-        policy=Policy.of(conf)._replace(state_dir=options.state_dir or conf.state_dir),
+        policy=policy,
+        cache_size=parse_bytes(conf.cache_size) if conf.cache_size else 0,
     )
 
 

@@ -1,9 +1,12 @@
 """The trigger a deferred Docker task waits on: it logs the container's output, and fires when the container ended.
 
-It reaches the engine the way the task did: the engine's URL is resolved on the worker (``docker_url``,
-``$DOCKER_HOST`` or the local socket) and handed over, with the connection id and TLS files; so the triggerer must
-reach that engine too: the local socket of the same host (``[triggerer] queues_enabled = True`` and a triggerer per
-GPU host, started for its queue), or a ``docker_url`` both can reach (docs/deferrable.md). docker-py is synchronous:
+It reaches the engine the task used: the engine's URL is resolved on the worker (``docker_url``, ``$DOCKER_HOST`` or
+the local socket) and handed over, and the triggerer checks it again against its own ``[gpu]
+allowed_docker_engines`` (its default engine needs no listing): a trigger row is JSON in the metadata database,
+never trusted by its content. The trigger logs in nowhere and reads no file a DAG named (TLS comes from the
+triggerer's own ``DOCKER_CERT_PATH``). So the triggerer must reach that engine too: the local socket of the same host
+(``[triggerer] queues_enabled = True`` and a triggerer per GPU host, started for its queue), or a listed
+``docker_url`` both can reach (docs/deferrable.md). docker-py is synchronous:
 each look at the container runs in a thread (``asyncio.to_thread``), and so does the first import of docker-py (a
 few tenths of a second), so the triggerer's event loop never blocks. The output is read by a thread of its own (a
 blocking stream that may stay silent for hours must not hold one of the loop's workers), in the trigger's logging
@@ -29,6 +32,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 _ENDED = ("exited", "dead")
+ENGINE_OPTIONS = ("docker_url", "api_version", "timeout")  # what a trigger takes to reach the engine, nothing more
 DRAIN_S = 10.0  # how long the output may take to be read to its end once the container has ended
 
 
@@ -41,8 +45,8 @@ class DockerContainerTrigger(BaseTrigger):
     """Fire when the container has ended (``exited``), is gone (``missing``) or at ``deadline`` (``timeout``).
 
     :param container_id: the task's container
-    :param engine: the backend options that reach the engine (``docker_url`` resolved, ``docker_conn_id``, TLS files,
-        ``api_version``, ``timeout``), as ``DockerOptions.parse`` reads them
+    :param engine: how to reach the engine: ``docker_url`` (resolved), ``api_version``, ``timeout`` (anything else a
+        stored row holds is ignored)
     :param poll_interval: seconds between two looks (``[gpu] trigger_poll_interval``)
     :param deadline: when the task times out (seconds since the epoch), or ``None``
     :param state: what the task's resume needs (the ``Deferral``'s state), echoed in every event: the event alone
@@ -85,7 +89,8 @@ class DockerContainerTrigger(BaseTrigger):
         from airflow_gpu_provider.backends.docker.client import connect
         from airflow_gpu_provider.backends.docker.options import DockerOptions
 
-        return connect(DockerOptions.parse(self.engine))
+        reach = {name: self.engine[name] for name in ENGINE_OPTIONS if self.engine.get(name) is not None}
+        return connect(DockerOptions.parse(reach), login=False)
 
     def _event(self, status: str, output: dict[str, Any], **details: Any) -> TriggerEvent:
         payload = {"status": status, "container_id": self.container_id, "output": output, **details}

@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.backends.base import Backend
 from airflow_gpu_provider.backends.local.process import TaskProcess, reap_orphans
-from airflow_gpu_provider.backends.local.venv import ensure_venv
+from airflow_gpu_provider.backends.local.venv import ensure_venv, venv_key
 from airflow_gpu_provider.backends.options import WorkerOptions
 from airflow_gpu_provider.checkpoint.location import checkpoint_environment
+from airflow_gpu_provider.host import caches
 from airflow_gpu_provider.host.allocator import HostGpus
 from airflow_gpu_provider.host.quarantine import on_fault
 from airflow_gpu_provider.host.state import runtime_file, task_folder
-from airflow_gpu_provider.settings.units import format_bytes
+from airflow_gpu_provider.settings.units import format_bytes, parse_bytes
 from airflow_gpu_provider.task.environment import thread_environment, visible_devices
 from airflow_gpu_provider.task.modules import python_path
 from airflow_gpu_provider.task.request import TaskRequest
@@ -49,6 +50,7 @@ class LocalPlan:
     host: HostGpus
     environment: Mapping[str, str] = field(default_factory=dict)
     kill_grace: float = 10.0
+    cache_size: int = 0  # [gpu] cache_size: bytes the cached venvs may take (0: no limit)
 
 
 class LocalBackend(Backend[WorkerOptions, LocalPlan]):
@@ -65,7 +67,7 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
         checkpoint = None if request.checkpoint is None else request.checkpoint.path
         return LocalPlan(
             request=request,
-            host=HostGpus.configured(conf, devices=self.options.devices, state_dir=self.options.state_dir),
+            host=HostGpus.configured(conf, only=self.options.device_ids),
             environment={
                 "PYTHONUNBUFFERED": "1",
                 **thread_environment(request.resources, request.processes_per_node),
@@ -73,6 +75,7 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
                 **checkpoint_environment(checkpoint),
             },
             kill_grace=conf.grace(self.options.kill_grace),
+            cache_size=parse_bytes(conf.cache_size) if conf.cache_size else 0,
         )
 
     # ------------------------------------------------------------------ run
@@ -84,13 +87,29 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
                 "memory=%s is not enforced by the local backend (docker and kubernetes enforce it)",
                 format_bytes(request.resources.memory),
             )
-        python = Path(sys.executable)
         runtime = runtime_file(plan.host.state_dir)
-        image_name = f"worker python {platform.python_version()}"
-        if request.image.requirements:
-            python = ensure_venv(request.image, Path(plan.host.state_dir) / "venvs", self.log, runtime=runtime)
-            image_name += f" + venv {python.parent.parent.name}"
+        with self._interpreter(plan, runtime) as (python, image_name, in_use):
+            return self._run_child(plan, runtime, python, image_name, in_use)
 
+    @contextlib.contextmanager
+    def _interpreter(self, plan: LocalPlan, runtime: Path) -> Iterator[tuple[Path, str, list[int]]]:
+        """The task's Python: the worker's, or a cached venv with the requirements, held in use while the task runs.
+
+        :return: the interpreter, its name in the log, and the use file's descriptor to pass on to the task
+        """
+        image, name = plan.request.image, f"worker python {platform.python_version()}"
+        if not image.requirements:
+            yield Path(sys.executable), name, []
+            return
+        venvs = Path(plan.host.state_dir) / "venvs"
+        with caches.using(venvs, venv_key(image)) as in_use:  # never removed while a process of the task lives
+            python = ensure_venv(image, venvs, self.log, runtime=runtime, cache_size=plan.cache_size)
+            yield python, f"{name} + venv {python.parent.parent.name}", [in_use]
+
+    def _run_child(
+        self, plan: LocalPlan, runtime: Path, python: Path, image_name: str, in_use: list[int]
+    ) -> TaskResult:
+        request = plan.request
         if request.checkpoint is not None and not request.checkpoint.is_uri:
             request.checkpoint.make(request.labels)  # 0700, the worker's own: the same folder for the next try
         reap_orphans(self.log)  # before any GPU is taken: a dead worker's task process may still hold it
@@ -115,7 +134,12 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
                 argv = [str(python), str(runtime), str(envelope_path), str(result_path)]
                 self.log.info("Starting task process on GPUs %s", ids or "none")
                 task = TaskProcess(
-                    argv, environment, cwd=workdir, pass_fds=allocation.fds, log=self.log, kill_grace=plan.kill_grace
+                    argv,
+                    environment,
+                    cwd=workdir,
+                    pass_fds=[*allocation.fds, *in_use],
+                    log=self.log,
+                    kill_grace=plan.kill_grace,
                 )
                 self._task = task
                 try:

@@ -8,7 +8,9 @@ missing pins; pip sees the worker's packages through the ``.pth`` file by itself
 private netrc file (``NETRC``), never on its command line.
 
 Venvs are keyed by the image's requirements hash plus the worker environment, created under a per-key ``flock``
-(concurrent tasks build once) and marked ready only when complete (a crash mid-build is rebuilt).
+(concurrent tasks build once) and marked ready only when complete (a crash mid-build is rebuilt). The cache stays
+within ``[gpu] cache_size``: after a build, the least recently used venvs go, never one a task uses
+(:mod:`~airflow_gpu_provider.host.caches`; the local backend holds its venv's use file while the task runs).
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ import sysconfig
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from airflow_gpu_provider.exceptions import GpuTaskError
+from airflow_gpu_provider.host import caches
 from airflow_gpu_provider.host.state import check_owned, exclusive, open_private, private_dir, runtime_file
 from airflow_gpu_provider.runtime.protocol import INSTALL, PREFIX, InstallError, split_credentials
 from airflow_gpu_provider.settings import ImageSettings
@@ -155,14 +158,32 @@ def _ready(path: Path) -> bool:
 
 
 def ensure_venv(
-    image: ImageSettings, cache_dir: str | os.PathLike[str], log: logging.Logger, *, runtime: Path | None = None
+    image: ImageSettings,
+    cache_dir: str | os.PathLike[str],
+    log: logging.Logger,
+    *,
+    runtime: Path | None = None,
+    cache_size: int = 0,
 ) -> Path:
     """Return the Python of a ready venv for ``image``'s requirements, creating it once per key.
 
     :param runtime: the runtime's archive (default: written into the state dir that holds ``cache_dir``)
+    :param cache_size: bytes the venvs of ``cache_dir`` may take (``[gpu] cache_size``; 0: no limit)
     :raises UntrustedStateError: when the cache folder, the venv or its marker is not the worker's own
     """
-    root = private_dir(cache_dir)
+    root, key = private_dir(cache_dir), venv_key(image)
+    try:
+        with caches.using(root, key):  # never removed while this task looks it up, builds it or uses it
+            python = _ensure(image, root, log, runtime)
+            caches.evict(root, _sizes(root), cache_size, _remover(root), what="cached virtualenv", log=log)
+            return python
+    except BaseException:
+        if not (root / key).is_dir():
+            caches.drop(root, key)  # the build failed: no venv, no use file (unless another task waits for it)
+        raise
+
+
+def _ensure(image: ImageSettings, root: Path, log: logging.Logger, runtime: Path | None) -> Path:
     key = venv_key(image)
     path = root / key
     python = path / "bin" / "python"
@@ -183,6 +204,42 @@ def ensure_venv(
             shutil.rmtree(path, ignore_errors=True)
             raise
         marker = {"requirements": list(image.requirements), "installer": image.python_package_installer}
-        (path / READY_MARKER).write_text(json.dumps({**marker, "created": time.time()}))
+        (path / READY_MARKER).write_text(json.dumps({**marker, "created": time.time(), "size": _disk_usage(path)}))
         log.info("Built virtualenv %s in %.1fs", path, time.monotonic() - started)
         return python
+
+
+def _disk_usage(path: Path) -> int:
+    """Bytes a folder takes on disk (its blocks), links not followed."""
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+    return total
+
+
+def _sizes(root: Path) -> dict[str, int]:
+    """Every venv of the cache folder and the bytes it takes (a build under way counts as nothing yet)."""
+    sizes = {}
+    for entry in root.iterdir():
+        if not entry.is_dir() or entry.is_symlink():
+            continue
+        try:
+            marker = json.loads((entry / READY_MARKER).read_text())
+        except (OSError, ValueError):
+            sizes[entry.name] = 0
+            continue
+        if not isinstance(marker.get("size"), int):  # built by an older release: measured once
+            marker["size"] = _disk_usage(entry)
+            (entry / READY_MARKER).write_text(json.dumps(marker))
+        sizes[entry.name] = marker["size"]
+    return sizes
+
+
+def _remover(root: Path) -> Callable[[str], bool]:
+    def remove(key: str) -> bool:
+        shutil.rmtree(root / key, ignore_errors=True)
+        return True
+
+    return remove

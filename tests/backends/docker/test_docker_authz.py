@@ -10,10 +10,12 @@ checkpoint, OOM).
 
 from __future__ import annotations
 
+import grp
 import io
 import json
 import logging
 import os
+import pwd
 import socket
 import subprocess
 import tarfile
@@ -29,7 +31,7 @@ from airflow_gpu_provider.backends.docker.files import TaskFiles, upload
 from airflow_gpu_provider.backends.docker.lifecycle import create_body
 from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.policy import Policy
-from airflow_gpu_provider.policy.docker import WORKER_USER
+from airflow_gpu_provider.policy.docker import worker_user
 from airflow_gpu_provider.policy.engine import check_create
 from airflow_gpu_provider.policy.paths import UnsafePathError
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
@@ -40,6 +42,8 @@ pytestmark = pytest.mark.docker
 DAG_FILE = Path(__file__).resolve().parents[2] / "dags" / "docker_escape_dags.py"
 DENIED = "authorization denied by plugin airflow-gpu"
 SAFE = {"CapDrop": ["ALL"], "SecurityOpt": ["no-new-privileges:true"]}
+OWN = worker_user()  # the worker's uid:gid, in numbers
+OWN_NAME = pwd.getpwuid(os.geteuid()).pw_name  # the same user by name: the engine would resolve it in the image
 
 
 def test_h1_a_dag_files_own_docker_call_is_refused_by_the_engine(authz_engine, airflow_home):
@@ -73,6 +77,9 @@ def _bodies(tmp_path: Path) -> dict[str, dict]:
     body = _provider_body(tmp_path)
     host = body["HostConfig"]
     other_user = "1:1" if os.geteuid() == 0 else "0:0"
+    folder = {"Mounts": [{"Type": "bind", "Source": str(tmp_path), "Target": "/t", "ReadOnly": True}]}
+    other_digits = ":".join("".join(chr(0x660 + int(d)) for d in str(n)) for n in (os.geteuid(), os.getegid()))
+    video = grp.getgrnam("video").gr_gid
     return {
         "the provider's own": body,
         "privileged": {**body, "HostConfig": {**host, "Privileged": True}},
@@ -90,6 +97,15 @@ def _bodies(tmp_path: Path) -> dict[str, dict]:
                                                   "Privileged": True, **SAFE},
         "a field named twice": {**body, "HostConfig": {**host, "Privileged": False, "privileged": True}},
         "another user, nothing of the host": {**body, "User": other_user},
+        # H2: numbers only, resolved on the worker; the image would resolve a name (or digits Go reads as one)
+        "the worker's own with a host folder": {**body, "User": OWN, "HostConfig": {**host, **folder}},
+        "the worker by name with a host folder": {**body, "User": f"{OWN_NAME}:{os.getegid()}",
+                                                  "HostConfig": {**host, **folder}},
+        "the worker's ids in other digits with a host folder": {**body, "User": other_digits,
+                                                                "HostConfig": {**host, **folder}},
+        "the host's video gid": {**body, "HostConfig": {**host, "GroupAdd": [str(video)]}},
+        "the video group by name": {**body, "HostConfig": {**host, "GroupAdd": ["video"]}},
+        "a gid no one listed": {**body, "HostConfig": {**host, "GroupAdd": ["4242"]}},
     }  # fmt: skip
 
 
@@ -115,24 +131,31 @@ def test_a_client_other_than_the_provider_gets_the_providers_answers(authz_engin
             assert err.status_code == 403 and DENIED in str(err.explanation), (name, err)
             answers[name] = str(err.explanation).split("POST /v1.41/containers/create: ", 1)[1]
         assert answers[name] == expected, (name, answers[name], expected)
-    assert answers["the provider's own"] == "" and answers["another user, nothing of the host"] == ""
-    assert sum(bool(why) for why in answers.values()) == len(answers) - 2, answers
+    assert {name for name, why in answers.items() if not why} == {
+        "the provider's own", "another user, nothing of the host", "the worker's own with a host folder",
+        "the host's video gid",
+    }, answers  # fmt: skip
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["docker", "-H", authz_engine.url, *args], capture_output=True, text=True, timeout=120)
 
-    allowed = cli("run", "--rm", "--user", WORKER_USER, "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+    allowed = cli("run", "--rm", "--user", OWN, "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
                   BASE_IMAGE, "true")  # fmt: skip
     assert allowed.returncode == 0, allowed.stderr
-    for refused in (["--privileged"], ["-v", "/:/host", "--pid", "host"], ["--user", "0:0", "-v", "/etc:/e:ro"]):
+    folder = f"type=bind,src={tmp_path},dst=/t,readonly"
+    for refused, why in (
+        (["--privileged"], "privileged"), (["-v", "/:/host", "--pid", "host"], "D1-D5"),
+        (["--user", "0:0", "-v", "/etc:/e:ro"], "D1-D5"), (["--user", OWN_NAME, "--mount", folder], "rule D2"),
+        (["--group-add", "video"], "rule D4"),
+    ):  # fmt: skip
         done = cli("run", "--rm", "--cap-drop", "ALL", "--security-opt", "no-new-privileges", *refused, BASE_IMAGE)
-        assert done.returncode != 0 and DENIED in done.stderr, (refused, done.stderr)
+        assert done.returncode != 0 and DENIED in done.stderr and why in done.stderr, (refused, done.stderr)
 
 
 def test_what_reaches_the_host_beyond_a_create_call_is_refused(authz_engine, tmp_path):
     client = authz_engine.client
     safe = client.create_host_config(cap_drop=["ALL"], security_opt=["no-new-privileges:true"])
-    container = client.create_container(BASE_IMAGE, ["sleep", "60"], user=WORKER_USER, host_config=safe)["Id"]
+    container = client.create_container(BASE_IMAGE, ["sleep", "60"], user=OWN, host_config=safe)["Id"]
     try:
         client.start(container)
         client.exec_create(container, ["true"])  # an exec as the container's own user
@@ -145,7 +168,7 @@ def test_what_reaches_the_host_beyond_a_create_call_is_refused(authz_engine, tmp
                 data={"Devices": [{"PathOnHost": "/dev/vda", "PathInContainer": "/d", "CgroupPermissions": "rwm"}]})),
             "a rename": lambda: client.rename(container, "renamed"),
             "a name like an id": lambda: client.create_container(BASE_IMAGE, ["true"], name="a" * 64,
-                                                                 user=WORKER_USER, host_config=safe),
+                                                                 user=OWN, host_config=safe),
             "a volume of the host's /": lambda: client.create_volume(
                 "hostroot", driver_opts={"type": "none", "o": "bind", "device": "/"}),
             "a network": lambda: client.create_network("airflow-gpu-test-net"),
@@ -207,8 +230,8 @@ def test_an_upload_into_a_writable_host_folder_holds_only_what_the_worker_could_
     folder.mkdir()
     host_config = client.create_host_config(cap_drop=["ALL"], security_opt=["no-new-privileges:true"],
                                             mounts=[docker.types.Mount("/ckpt", str(folder), type="bind")])  # fmt: skip
-    mounted = client.create_container(BASE_IMAGE, ["true"], user=WORKER_USER, host_config=host_config)["Id"]
-    bare = client.create_container(BASE_IMAGE, ["true"], user=WORKER_USER, host_config=client.create_host_config(
+    mounted = client.create_container(BASE_IMAGE, ["true"], user=OWN, host_config=host_config)["Id"]
+    bare = client.create_container(BASE_IMAGE, ["true"], user=OWN, host_config=client.create_host_config(
         cap_drop=["ALL"], security_opt=["no-new-privileges:true"]))["Id"]  # fmt: skip
     try:
         setuid = _tar({"shell": b"#!/bin/sh\nid\n"}, mode=0o4755, owner=(0, 0)).getvalue()

@@ -293,3 +293,29 @@ def test_a_worker_killed_during_a_build_leaves_nothing_once_the_next_build_ran(
     assert docker_client.containers(all=True, filters={"label": label}) == []
     assert docker_client.images(all=True, filters={"label": label}) == []
     assert "left by a build whose worker died" in task_log[1].text
+
+
+def test_derived_images_stay_within_cache_size_least_recently_used_first_never_one_in_use(
+    docker_client, task_log, build_inputs, state_dir, monkeypatch
+):
+    """Hygiene (issue 27): derived images piled up on the engine. One byte of cache_size: each build removes this
+    state dir's other derived images, least recently used first, but never one a task holds."""
+    from backends.docker.docker_fixtures import make_wheel
+
+    from airflow_gpu_provider.backends.docker.images.cache import in_use
+
+    monkeypatch.setenv("AIRFLOW__GPU__CACHE_SIZE", "1")
+    versions = [f"1.0.{time.time_ns()}{n}" for n in range(3)]
+    for version in versions:
+        make_wheel(build_inputs / "wheels", "airflow_gpu_testpkg", version, f"VERSION = {version!r}\n")
+    backend = DockerBackend(DockerOptions.parse(OPTIONS), log=task_log[0])
+    plans = [backend.plan(request(image_with(build_inputs / "wheels", v)), GpuConfig.read()) for v in versions]
+    tags = []
+    for plan in plans[:2]:
+        assert backend.run(plan, {}).return_value["version"] == plan.request.image.requirements[0].split("==")[1]
+        tags.append(task_log[1].text.rsplit("Building derived image ", 1)[1].split()[0])  # this build's tag
+    assert docker_client.images(name=tags[0]) == []  # the first went when the second was built
+    assert f"Removed derived image {tags[0]} (" in task_log[1].text
+    with in_use(state_dir / "docker-builds", tags[1]):  # a task still holds the second
+        assert backend.run(plans[2], {}).return_value["version"] == versions[2]
+    assert docker_client.images(name=tags[1]) != []  # kept: in use while the third was built

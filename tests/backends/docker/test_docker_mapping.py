@@ -88,17 +88,20 @@ def test_ipc_host_sets_no_shm_size():
 
 
 def test_amd_gets_kfd_and_dri_devices_and_groups():
-    result = mapped(gpu_count=2, gpu_vendor="amd")
+    result = map_resources(ResourceSettings(gpu_count=2, gpu_vendor="amd"), shm_size=GiB, device_groups=["44", "108"])
     assert result.host_config["devices"] == ["/dev/kfd:/dev/kfd:rwm", "/dev/dri:/dev/dri:rwm"]
-    assert result.host_config["group_add"] == ["video", "render"]
+    assert result.host_config["group_add"] == ["44", "108"]  # the host's video and render gids
     assert result.environment["ROCR_VISIBLE_DEVICES"] == "0,1"
     assert "device_requests" not in result.host_config
     assert result.host_config["privileged"] is False
 
 
-def test_amd_group_add_can_be_overridden_with_gids():
-    result = map_resources(ResourceSettings(gpu_count=1, gpu_vendor="amd"), shm_size=GiB, group_add=["44", "109"])
-    assert result.host_config["group_add"] == ["44", "109"]
+def test_group_add_is_added_to_the_device_groups_and_kept_for_every_task():
+    amd = ResourceSettings(gpu_count=1, gpu_vendor="amd")
+    result = map_resources(amd, shm_size=GiB, group_add=["44", "1234"], device_groups=["44", "108"])
+    assert result.host_config["group_add"] == ["44", "108", "1234"]
+    for resources in (ResourceSettings(gpu_count=1), ResourceSettings()):  # NVIDIA and CPU tasks keep theirs too
+        assert map_resources(resources, shm_size=GiB, group_add=["1234"]).host_config["group_add"] == ["1234"]
 
 
 def test_intel_gets_dri():
@@ -130,12 +133,13 @@ def plan_for(options=None, **resources):
     return BACKENDS["docker"].create(options).plan(request, GpuConfig.read())
 
 
-def test_plan_holds_the_create_arguments():
-    plan = plan_for({"network_mode": "none", "user": "1000"}, gpu_count=1, cpu_count=2, memory="1Gi")
+def test_plan_holds_the_create_arguments(monkeypatch):
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_USERS", "1000:1000")
+    plan = plan_for({"network_mode": "none", "user": "1000:1000"}, gpu_count=1, cpu_count=2, memory="1Gi")
     kwargs = plan.create_kwargs("img:1")
     assert kwargs["image"] == "img:1"
     assert kwargs["command"] == COMMAND
-    assert kwargs["user"] == "1000"
+    assert kwargs["user"] == "1000:1000"
     assert kwargs["labels"]["airflow-gpu-provider.task_id"] == "t"
     assert kwargs["environment"]["OMP_NUM_THREADS"] == "7"  # the image's environment wins
     assert kwargs["host_config"]["network_mode"] == "none"

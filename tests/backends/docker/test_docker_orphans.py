@@ -19,7 +19,7 @@ from airflow_gpu_provider.task.envelope import Envelope
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.task.request import TaskRequest
 from airflow_gpu_provider.config.worker import GpuConfig
-backend = BACKENDS["docker"].create({"state_dir": sys.argv[1], "auto_remove": "never"}, logging.getLogger("w"))
+backend = BACKENDS["docker"].create({"auto_remove": "never"}, logging.getLogger("w"))
 request = TaskRequest(ResourceSettings(), ImageSettings(parent_image=sys.argv[2]), Envelope.run(["false"]))
 try:
     backend.run(backend.plan(request, GpuConfig.read()), {})
@@ -28,14 +28,14 @@ except RemoteTaskError:
 """
 
 
-def test_a_container_kept_for_inspection_outlives_its_worker(docker_client, task_log, tmp_path):
+def test_a_container_kept_for_inspection_outlives_its_worker(docker_client, task_log, state_dir):
     """A worker process ends with its task; the container that ``auto_remove='never'`` kept is not an orphan."""
-    subprocess.run([sys.executable, "-c", KEEPING_WORKER, str(tmp_path), BASE_IMAGE], check=True, timeout=120)
+    subprocess.run([sys.executable, "-c", KEEPING_WORKER, "", BASE_IMAGE], check=True, timeout=120)
     label = {"label": "airflow-gpu-provider.auto-remove=never"}
     kept = [c["Id"] for c in docker_client.containers(all=True, filters=label)]
     assert len(kept) == 1
     try:
-        assert run(task_log, request(call(add, 1)), {"state_dir": str(tmp_path)}).return_value["sum"] == 2
+        assert run(task_log, request(call(add, 1))).return_value["sum"] == 2
         assert [c["Id"] for c in docker_client.containers(all=True, filters=label)] == kept
         assert "by a worker that died" not in task_log[1].text
     finally:
@@ -49,14 +49,14 @@ from airflow_gpu_provider.task.envelope import Envelope
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.task.request import TaskRequest
 from airflow_gpu_provider.config.worker import GpuConfig
-backend = BACKENDS["docker"].create({"state_dir": sys.argv[1]}, logging.getLogger("w"))
+backend = BACKENDS["docker"].create({}, logging.getLogger("w"))
 resources = ResourceSettings(gpu_count=2)
 request = TaskRequest(resources, ImageSettings(parent_image=sys.argv[2]), Envelope.run(["sleep", "300"]), "cpu")
 backend.run(backend.plan(request, GpuConfig.read()), {})
 """
 
 
-def test_a_killed_workers_container_keeps_its_gpus_until_it_is_reaped(docker_client, task_log, tmp_path, monkeypatch):
+def test_a_killed_workers_container_keeps_its_gpus_until_it_is_reaped(docker_client, task_log, state_dir, monkeypatch):
     """The GPU locks live as long as the container (host/keeper.py), not as long as the worker process."""
     import signal
     import time
@@ -65,7 +65,7 @@ def test_a_killed_workers_container_keeps_its_gpus_until_it_is_reaped(docker_cli
     from airflow_gpu_provider.host.inventory import Device
 
     monkeypatch.setenv("AIRFLOW__GPU__DEVICES", "0,1")
-    worker = subprocess.Popen([sys.executable, "-c", GPU_WORKER, str(tmp_path), BASE_IMAGE])
+    worker = subprocess.Popen([sys.executable, "-c", GPU_WORKER, "", BASE_IMAGE])
     label = {"label": "airflow-gpu-provider.worker"}
     deadline = time.monotonic() + 60
     while not (mine := [c for c in docker_client.containers(filters=label) if f":{worker.pid}:" in str(c["Labels"])]):
@@ -74,11 +74,11 @@ def test_a_killed_workers_container_keeps_its_gpus_until_it_is_reaped(docker_cli
     time.sleep(1)
     worker.send_signal(signal.SIGKILL)
     worker.wait()
-    locks = GpuAllocator(tmp_path / "locks")
+    locks = GpuAllocator(state_dir / "locks")
     holder = locks.holder_of(Device("0"))
     assert holder is not None and f"its worker, pid {worker.pid}, has exited" in holder  # the container still runs
 
-    result = run(task_log, request(call(add, 1), gpu_count=2, on_missing_gpu="cpu"), {"state_dir": str(tmp_path)})
+    result = run(task_log, request(call(add, 1), gpu_count=2, on_missing_gpu="cpu"))
     assert result.return_value["sum"] == 2
     assert "left running by a worker that died" in task_log[1].text
     assert "GPUs ['0', '1'] from the host allocator" in task_log[1].text  # free again once the orphan was reaped

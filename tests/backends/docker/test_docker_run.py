@@ -162,7 +162,8 @@ def test_bad_image_name_is_a_clear_error(task_log):
         run(task_log, request(Envelope.run(["true"]), image=image))
 
 
-def test_unreachable_daemon_is_a_clear_error(task_log, tmp_path):
+def test_unreachable_daemon_is_a_clear_error(task_log, tmp_path, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_DOCKER_ENGINES", f"unix://{tmp_path}/nothing.sock")
     started = time.monotonic()
     with pytest.raises(GpuTaskError, match=r"Cannot reach the Docker engine at unix://.*nothing\.sock"):
         run(task_log, request(Envelope.run(["true"])), {"docker_url": f"unix://{tmp_path}/nothing.sock"})
@@ -249,20 +250,20 @@ def test_auto_remove_success_keeps_a_failed_container_stopped(docker_client, tas
         docker_client.remove_container(kept, force=True)
 
 
-def test_files_through_the_docker_api_when_not_mounted(task_log, tmp_path, monkeypatch):
+def test_files_through_the_docker_api_when_not_mounted(task_log, state_dir, monkeypatch):
     """mount_tmp_dir=False (remote engines): runtime and envelope are copied in, the result copied out."""
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_USERS", "1000")
-    options = {"mount_tmp_dir": False, "user": "1000", "state_dir": str(tmp_path)}
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_USERS", "1000:1000")
+    options = {"mount_tmp_dir": False, "user": "1000:1000"}
     assert run(task_log, request(call(add, 20, b=22)), options).return_value["sum"] == 42
     with pytest.raises(RemoteTaskError, match="boom from the container"):
         run(task_log, request(call(fail_with_value_error)), options)
-    assert list((tmp_path / "docker-tasks").iterdir()) == []  # the worker folders are gone too
+    assert list((state_dir / "docker-tasks").iterdir()) == []  # the worker folders are gone too
 
 
-def test_worker_folder_is_private_read_only_and_removed(task_log, tmp_path):
-    result = run(task_log, request(call(probe_the_task_folder)), {"state_dir": str(tmp_path)})
+def test_worker_folder_is_private_read_only_and_removed(task_log, state_dir):
+    result = run(task_log, request(call(probe_the_task_folder)))
     assert result.return_value == {"write": "refused", "inputs": ["envelope.json", "runtime.pyz"]}
-    parent = tmp_path / "docker-tasks"
+    parent = state_dir / "docker-tasks"
     assert parent.stat().st_mode & 0o777 == 0o700  # no other user of the host reaches the task's files
     assert list(parent.iterdir()) == []
 
@@ -323,19 +324,19 @@ from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.task.request import TaskRequest
 from airflow_gpu_provider.config.worker import GpuConfig
 logging.basicConfig(level=logging.INFO, stream=sys.stdout)
-backend = BACKENDS["docker"].create({"state_dir": sys.argv[1]}, logging.getLogger("worker"))
+backend = BACKENDS["docker"].create({}, logging.getLogger("worker"))
 request = TaskRequest(ResourceSettings(), ImageSettings(parent_image=sys.argv[2]), Envelope.run(["sleep", "300"]))
 backend.run(backend.plan(request, GpuConfig.read()), {})
 """
 
 
-def test_a_container_whose_worker_was_killed_is_reaped_before_the_next_task(docker_client, task_log, tmp_path):
+def test_a_container_whose_worker_was_killed_is_reaped_before_the_next_task(docker_client, task_log, state_dir):
     import signal
     import subprocess
     import sys
 
     worker = subprocess.Popen(
-        [sys.executable, "-c", WORKER, str(tmp_path), BASE_IMAGE], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        [sys.executable, "-c", WORKER, "", BASE_IMAGE], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     label = {"label": "airflow-gpu-provider.worker"}
     deadline = time.monotonic() + 60
@@ -350,9 +351,9 @@ def test_a_container_whose_worker_was_killed_is_reaped_before_the_next_task(dock
     worker.send_signal(signal.SIGKILL)  # no chance to clean up: the container keeps running, its folder stays
     worker.wait()
     assert docker_client.inspect_container(running[0]["Id"])["State"]["Running"]
-    assert list((tmp_path / "docker-tasks").iterdir())
+    assert list((state_dir / "docker-tasks").iterdir())
 
-    assert run(task_log, request(call(add, 1)), {"state_dir": str(tmp_path)}).return_value["sum"] == 2
+    assert run(task_log, request(call(add, 1))).return_value["sum"] == 2
     assert not [c for c in docker_client.containers(all=True, filters=label) if c["Id"] == running[0]["Id"]]
     assert "left running by a worker that died" in task_log[1].text
-    assert list((tmp_path / "docker-tasks").iterdir()) == []  # the killed worker's task folder too
+    assert list((state_dir / "docker-tasks").iterdir()) == []  # the killed worker's task folder too

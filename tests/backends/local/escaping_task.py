@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -89,8 +90,8 @@ def run(state_dir: str, pid_file: str, *, linger: float, reuse_pid: bool) -> dic
         TaskProcess.wait = wait_then_reuse  # type: ignore[method-assign]
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    options = {"state_dir": state_dir, "devices": "0", "kill_grace": 2}
-    local = BACKENDS["local"].create(options, logging.getLogger("escaping"))
+    os.environ.update({"AIRFLOW__GPU__STATE_DIR": state_dir, "AIRFLOW__GPU__DEVICES": "0"})  # a host of one GPU
+    local = BACKENDS["local"].create({"kill_grace": 2}, logging.getLogger("escaping"))
     function, arguments = (returns_its_pid, [pid_file]) if reuse_pid else (leaves_an_escaped_child, [pid_file, linger])
     envelope = Envelope.call(shipped_callable(function, owner="test"), arguments, {})
     request = TaskRequest(ResourceSettings(gpu_count=1), ImageSettings(), envelope)

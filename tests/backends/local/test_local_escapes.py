@@ -73,11 +73,11 @@ class LockWatch:
         self._thread.join(10)
 
 
-def test_a_child_out_of_its_group_with_no_environment_is_stopped_before_its_gpu_is_free(tmp_path):
+def test_a_child_out_of_its_group_with_no_environment_is_stopped_before_its_gpu_is_free(tmp_path, monkeypatch):
     state, pid_file = tmp_path / "state", tmp_path / "pids"
-    local = BACKENDS["local"].create(
-        {"state_dir": str(state), "devices": "0", "kill_grace": 2}, logging.getLogger("test.local")
-    )
+    monkeypatch.setenv("AIRFLOW__GPU__STATE_DIR", str(state))
+    monkeypatch.setenv("AIRFLOW__GPU__DEVICES", "0")
+    local = BACKENDS["local"].create({"kill_grace": 2}, logging.getLogger("test.local"))
     envelope = Envelope.call(shipped_callable(leaves_an_escaped_child, owner="test"), [str(pid_file), 0.5], {})
     plan = local.plan(TaskRequest(ResourceSettings(gpu_count=1), ImageSettings(), envelope), GpuConfig.read())
     watch = LockWatch(state, pid_file)

@@ -23,9 +23,15 @@ from airflow_gpu_provider.task.envelope import Envelope
 from airflow_gpu_provider.task.request import TaskRequest
 
 
-def backend(state_dir, **options):
-    log = logging.getLogger("test.local")
-    return BACKENDS["local"].create({"state_dir": str(state_dir), "devices": "0", "kill_grace": 2, **options}, log)
+@pytest.fixture(autouse=True)
+def one_gpu_host(tmp_path, monkeypatch):
+    """A host of one (listed) GPU, with a state dir of its own."""
+    monkeypatch.setenv("AIRFLOW__GPU__STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("AIRFLOW__GPU__DEVICES", "0")
+
+
+def backend(**options):
+    return BACKENDS["local"].create({"kill_grace": 2, **options}, logging.getLogger("test.local"))
 
 
 def request(function, *args, gpus=1):
@@ -76,7 +82,7 @@ def sleeps() -> None:
 def test_a_background_child_neither_hangs_the_task_nor_outlives_it(tmp_path):
     pid_file = tmp_path / "pid"
     started = time.monotonic()
-    local = backend(tmp_path / "state")
+    local = backend()
     result = local.run(local.plan(request(leaves_a_background_child, str(pid_file)), GpuConfig.read()), {})
     assert result.return_value == "done"
     assert time.monotonic() - started < 60  # used to wait for the end of the output: execution_timeout
@@ -86,7 +92,7 @@ def test_a_background_child_neither_hangs_the_task_nor_outlives_it(tmp_path):
 
 def test_a_setsid_grandchild_is_stopped_with_the_task_before_its_gpu_is_free(tmp_path):
     pid_file = tmp_path / "pid"
-    local = backend(tmp_path / "state")
+    local = backend()
     plan = local.plan(request(starts_a_setsid_grandchild, str(pid_file)), GpuConfig.read())
     errors: list[BaseException] = []
     runner = threading.Thread(target=lambda: errors.append(pytest.raises(RemoteTaskError, local.run, plan, {}).value))
@@ -106,7 +112,7 @@ def test_a_setsid_grandchild_is_stopped_with_the_task_before_its_gpu_is_free(tmp
 
 def test_on_kill_from_a_signal_handler_stops_the_task_cleanly(tmp_path):
     """Airflow calls on_kill from its SIGTERM handler, in the thread that is streaming the task's output."""
-    local = backend(tmp_path / "state")
+    local = backend()
     plan = local.plan(request(sleeps), GpuConfig.read())
     previous = signal.signal(signal.SIGUSR1, lambda *_: local.kill())
     try:
@@ -121,7 +127,7 @@ def test_on_kill_from_a_signal_handler_stops_the_task_cleanly(tmp_path):
 
 
 def test_huge_lines_are_logged_in_pieces_and_progress_bars_stream(tmp_path, caplog):
-    local = backend(tmp_path / "state")
+    local = backend()
     with caplog.at_level(logging.INFO, logger="test.local"):
         assert (
             local.run(local.plan(request(prints_a_huge_line_and_progress, gpus=0), GpuConfig.read()), {}).return_value
@@ -145,7 +151,7 @@ def test_what_a_killed_worker_left_is_cleaned_by_the_next_task(tmp_path):
         (folder / "envelope.json").write_text("{}")
     state.chmod(0o700)
     (state / "tasks").chmod(0o700)
-    local = backend(state)
+    local = backend()
     assert local.run(local.plan(request(returns_one, gpus=0), GpuConfig.read()), {}).return_value == 1
     assert list((state / "tasks").iterdir()) == [other]
 

@@ -16,7 +16,7 @@ from airflow_gpu_provider.task.result import ResultError
 
 
 def run_command(tmp_path, script: str):
-    backend = BACKENDS["local"].create({"state_dir": str(tmp_path / "state"), "devices": "none"})
+    backend = BACKENDS["local"].create({})
     request = TaskRequest(ResourceSettings(), ImageSettings(), Envelope.run(["sh", "-c", script]))
     return backend.run(backend.plan(request, GpuConfig.read()), {})
 

@@ -167,3 +167,23 @@ def test_an_interrupted_install_leaves_no_installer_running(tmp_path):
         assert time.monotonic() - started < 20  # not uv's own timeout
         assert index not in _command_lines()  # neither the runtime's installer nor uv is left running
     assert list((tmp_path / "venvs").iterdir()) == []  # the half-built venv is gone too
+
+
+def test_the_venv_cache_stays_within_cache_size_least_recently_used_first_never_one_in_use(tmp_path, caplog):
+    """Hygiene (issue 27): cached venvs did not stop growing. One byte of cache_size: every venv over it goes but
+    the one just built and the one a task still uses."""
+    from airflow_gpu_provider.backends.local.venv import venv_key
+    from airflow_gpu_provider.host import caches
+
+    first, second, third = (ImageSettings(requirements=[SMALL, extra]) for extra in ("six", "packaging>=20", "idna"))
+    one = ensure_venv(first, tmp_path, log, cache_size=1)
+    with caches.using(tmp_path, venv_key(first)):  # a task of the first venv still runs
+        two = ensure_venv(second, tmp_path, log, cache_size=1)
+        assert one.exists() and two.exists()  # in use, and just built
+    with caplog.at_level(logging.INFO):
+        three = ensure_venv(third, tmp_path, log, cache_size=1)
+    removed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Removed cached virtualenv")]
+    assert [line.split()[3] for line in removed] == [venv_key(first), venv_key(second)]  # least recently used first
+    assert not one.exists() and not two.exists() and three.exists()
+    assert "[gpu] cache_size=1 B" in removed[0]
+    assert ensure_venv(first, tmp_path, log) == one and one.exists()  # wanted again: built again

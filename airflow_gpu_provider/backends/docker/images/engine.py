@@ -22,6 +22,7 @@ from docker.utils import parse_repository_tag
 
 from airflow_gpu_provider.backends.docker.images import ImageError
 from airflow_gpu_provider.backends.docker.images.builds import builder_labels, reap_dead_builds
+from airflow_gpu_provider.backends.docker.images.cache import key_of
 from airflow_gpu_provider.backends.docker.images.context import build_context
 from airflow_gpu_provider.backends.docker.images.dockerfile import DerivedImageSpec
 from airflow_gpu_provider.backends.docker.images.install import install_requirements
@@ -234,7 +235,7 @@ def ensure_derived_image(
             pull_image(client, tag, log)
             return tag, False
         log.info("%s is not in the registry yet; building it", tag)
-    lock = Path(lock_dir) / (re.sub(r"[^A-Za-z0-9_.-]", "_", tag) + ".lock")
+    lock = Path(lock_dir) / f"{key_of(tag)}.lock"
     with exclusive(lock) as waited:
         if inspect_image(client, tag) is not None:
             log.info("Using derived image %s, built by another task while this one waited %.1fs", tag, waited)
