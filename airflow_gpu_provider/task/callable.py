@@ -20,6 +20,7 @@ import textwrap
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
+from types import CodeType
 from typing import Any
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
@@ -53,7 +54,7 @@ class ShippedCallable:
     asked for: when the task starts, or at parse where a check needs the source.
     """
 
-    __slots__ = ("_function", "_text", "annotations_future", "context_params", "name", "signature")
+    __slots__ = ("_code", "_text", "annotations_future", "context_params", "name", "signature")
 
     def __init__(
         self,
@@ -63,13 +64,14 @@ class ShippedCallable:
         annotations_future: bool,
         text: tuple[str, int, str] | None = None,
     ) -> None:
-        self._function, self.name, self.context_params = function, function.__name__, context_params
+        # its code, not the function: the cache of shipped functions is keyed weakly by the function
+        self._code, self.name, self.context_params = function.__code__, function.__name__, context_params
         self.signature, self.annotations_future, self._text = signature, annotations_future, text
 
     def _read(self) -> tuple[str, int, str]:
         if self._text is None:
-            _, source, first_line = _function_source(self._function, f"python_callable {self.name!r}")
-            self._text = source, first_line, inspect.getsourcefile(self._function) or "<gpu task>"
+            _, source, first_line = _function_source(self._code, f"python_callable {self.name!r}")
+            self._text = source, first_line, inspect.getsourcefile(self._code) or "<gpu task>"
         return self._text
 
     @property
@@ -156,26 +158,27 @@ def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
             yield from _statements(part.body)
 
 
-def _function_source(function: Callable[..., Any], owner: str) -> tuple[ast.FunctionDef, str, int]:
-    """The function's AST node, its source without decorators (dedented), and the line of its ``def``."""
-    filename = inspect.getsourcefile(function)
+def _function_source(function: Callable[..., Any] | CodeType, owner: str) -> tuple[ast.FunctionDef, str, int]:
+    """A function's (or its code's) AST node, its source without decorators (dedented), the line of its ``def``."""
+    code = function if isinstance(function, CodeType) else function.__code__
+    filename = inspect.getsourcefile(code)
     node = None
     if filename is not None:
         try:
             linecache.checkcache(filename)
-            node = _file_functions(filename, os.stat(filename).st_mtime_ns)[function.__code__.co_firstlineno]
+            node = _file_functions(filename, os.stat(filename).st_mtime_ns)[code.co_firstlineno]
         except (OSError, SyntaxError, KeyError):
             node = None
     if filename is not None and node is not None:
         lines = linecache.getlines(filename)[node.lineno - 1 : node.end_lineno]
         return node, textwrap.dedent("".join(lines)), node.lineno
     try:  # not in a readable file we could parse (e.g. defined interactively): ask inspect
-        lines, start = inspect.getsourcelines(function)
+        lines, start = inspect.getsourcelines(code)
     except (OSError, TypeError) as err:
         raise InvalidSettingError(
             owner,
             "python_callable",
-            function.__name__,
+            code.co_name,
             f"its source is not available ({err})",
             "a function defined in a file",
         ) from None
