@@ -82,7 +82,7 @@ class BackendInfo(NamedTuple):
         if isinstance(options, options_class):
             return options
         if not options and (options is None or isinstance(options, Mapping)):
-            return _defaults(options_class)
+            return _defaults(options_class)  # type: ignore[arg-type]  # a class is hashable (mypy reads the instances')
         return options_class.parse(options)  # type: ignore[arg-type]  # a mapping
 
     def check(
