@@ -22,14 +22,14 @@ from airflow_gpu_provider.backends.docker.images.task_image import task_image
 from airflow_gpu_provider.backends.docker.lifecycle import ContainerOomError, NoGpuRuntime
 from airflow_gpu_provider.backends.docker.options import DockerOptions
 from airflow_gpu_provider.backends.docker.orphans import reap_orphans
-from airflow_gpu_provider.backends.docker.plan import DockerPlan, plan_container
+from airflow_gpu_provider.backends.docker.plan import CONTAINER_DIR, DockerPlan, plan_container
 from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError
 from airflow_gpu_provider.host.allocator import Allocation
 from airflow_gpu_provider.host.keeper import Keeper
 from airflow_gpu_provider.host.quarantine import on_fault
 from airflow_gpu_provider.task.request import TaskRequest
 from airflow_gpu_provider.task.result import TaskResult
-from airflow_gpu_provider.task.runtime_zip import FILE_NAME, archive
+from airflow_gpu_provider.task.runtime_zip import FILE_NAME, compiled
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -279,7 +279,7 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         return lifecycle.collect(client, container_id, mem_limit)
 
     def _files(self, plan: DockerPlan, image: str, cpu_fallback: str | None) -> dict[str, bytes]:
-        """The runtime and the envelope (with the resource summary the runtime prints first)."""
+        """The runtime (precompiled by the worker's Python) and the envelope (with the summary it prints first)."""
         # gpus None: the runtime asks nvidia-smi in the container (a CPU task gets NVIDIA_VISIBLE_DEVICES=void)
         envelope = plan.request.runtime_envelope(
             backend=self.name,
@@ -288,7 +288,7 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
             cpu_fallback=cpu_fallback is not None,
             fallback_reason=cpu_fallback or "",
         )
-        return {FILE_NAME: archive(), "envelope.json": json.dumps(envelope).encode()}
+        return {FILE_NAME: compiled(f"{CONTAINER_DIR}/{FILE_NAME}"), "envelope.json": json.dumps(envelope).encode()}
 
     def kill(self) -> None:
         """Called from ``on_kill``: stop the container (SIGTERM, then SIGKILL after ``stop_timeout``), remove it."""
