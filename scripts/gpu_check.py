@@ -156,7 +156,7 @@ def check_allocator(ctx: Context) -> str:
     from airflow_gpu_provider.task.envelope import Envelope
     from airflow_gpu_provider.task.request import TaskRequest
 
-    host = HostGpus.configured(GpuConfig.read(), devices="auto")
+    host = HostGpus.configured(GpuConfig.read())  # [gpu] devices = auto (main)
     uuids = [g["uuid"] for g in ctx.gpus]
 
     def request(count: int, task_id: str) -> TaskRequest:
@@ -195,7 +195,7 @@ def _run_local_task(
     from airflow_gpu_provider.task.envelope import Envelope
     from airflow_gpu_provider.task.request import TaskRequest
 
-    backend = BACKENDS["local"].create({"devices": "auto"}, log=ctx.log)
+    backend = BACKENDS["local"].create({}, log=ctx.log)  # the host's GPUs: [gpu] devices = auto (main)
     envelope = Envelope.call(shipped_callable(function, owner="gpu_check"), list(args), {})
     request = TaskRequest(
         ResourceSettings(gpu_count=1),

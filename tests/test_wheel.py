@@ -29,6 +29,7 @@ ENTRY_POINTS = {
     "apache_airflow_provider": {"provider_info": "airflow_gpu_provider.get_provider_info:get_provider_info"},
     "airflow.plugins": {"airflow_gpu_provider": "airflow_gpu_provider.plugin:GpuProviderPlugin"},
     "airflow.policy": {"airflow_gpu_provider": "airflow_gpu_provider.pools.policy"},
+    "console_scripts": {"airflow-gpu-docker-authz": "airflow_gpu_provider.policy.authz.__main__:main"},
 }
 
 

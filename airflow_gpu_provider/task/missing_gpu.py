@@ -1,7 +1,7 @@
 """``on_missing_gpu``: what a task does when the GPUs it asked for are missing or busy, on every backend.
 
 This is the one place that decides it; the allocator, the Docker backend and the Kubernetes backend only ask
-:data:`POLICIES`. The same table is in README.md.
+:data:`POLICIES`. The same table is in docs/tasks.md.
 
 ======  ===================================  ===================================  ===================================
 policy  local                                docker                               kubernetes

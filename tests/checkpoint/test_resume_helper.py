@@ -238,5 +238,5 @@ def test_resume_is_checked_at_parse_on_every_gpu_task(kwargs, why):
 
 
 def test_resume_reaches_the_envelope_of_a_plain_task():
-    assert GpuStepOperator(task_id="t", python_callable=f, resume=True).resumes
-    assert not GpuStepOperator(task_id="u", python_callable=f).resumes
+    assert GpuStepOperator(task_id="t", python_callable=f, resume=True).resume
+    assert not GpuStepOperator(task_id="u", python_callable=f).resume

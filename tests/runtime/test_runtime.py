@@ -176,7 +176,8 @@ def test_runtime_is_stdlib_only():
     """It must run in any image with python3: importing every module of the archive loads only the stdlib."""
     code = (
         "import sys, zipfile, importlib; before = set(sys.modules); path = sys.argv[1]; sys.path.insert(0, path); "
-        "names = [n[:-3].replace('/', '.').removesuffix('.__init__') for n in zipfile.ZipFile(path).namelist()]; "
+        "names = [n[:-3].replace('/', '.').removesuffix('.__init__') for n in zipfile.ZipFile(path).namelist() "
+        "if n.endswith('.py')]; "
         "[importlib.import_module(n) for n in names if n != '__main__']; "
         "new = {m.split('.')[0] for m in set(sys.modules) - before}; "
         "print(sorted(m for m in new if m not in sys.stdlib_module_names and not m.startswith('_')))"

@@ -55,7 +55,8 @@ def test_every_gpu_task_try_leaves_its_profile_in_xcom_and_the_log(capfd, monkey
         assert device["mean_util"] > 30  # one busy core of the one CPU it asked for... or of the host's
     elif device["mean_util"] < BUSY_MEAN:  # other processes of the host took the CPUs: the advice says so
         assert any("the host was busy (CPU pressure" in note for note in profile["advice"]), profile["advice"]
-    assert profile["samples"] >= 8 and len(profile["series"]["t"]) == profile["samples"]
+    assert profile["samples"] >= 2.0 / 0.25 - 1  # a 2-s burn sampled every 0.25 s (the first sample may come late)
+    assert len(profile["series"]["t"]) == profile["samples"]
     assert profile["gpu_seconds"] == 0.0
     assert profile["cost"]["model"] == "cpu" and profile["cost"]["amount"] == pytest.approx(
         0.36 * profile["duration_s"] / 3600, abs=1e-4

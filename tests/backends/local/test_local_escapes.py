@@ -93,12 +93,12 @@ def test_a_child_out_of_its_group_with_no_environment_is_stopped_before_its_gpu_
     assert GpuAllocator(state / "locks").holder_of(Device("0")) is None
 
 
-def test_what_outlives_a_supervisor_the_task_killed_is_stopped_before_its_gpu_is_free(tmp_path):
+def test_what_outlives_a_supervisor_the_task_killed_is_stopped_before_its_gpu_is_free(tmp_path, monkeypatch):
     """The supervisor killed, its tree is no longer beneath it: the worker finds what is left by its token."""
     state, pid_file = tmp_path / "state", tmp_path / "pids"
-    local = BACKENDS["local"].create(
-        {"state_dir": str(state), "devices": "0", "kill_grace": 2}, logging.getLogger("test.local")
-    )
+    monkeypatch.setenv("AIRFLOW__GPU__STATE_DIR", str(state))
+    monkeypatch.setenv("AIRFLOW__GPU__DEVICES", "0")
+    local = BACKENDS["local"].create({"kill_grace": 2}, logging.getLogger("test.local"))
     envelope = Envelope.call(shipped_callable(kills_its_supervisor, owner="test"), [str(pid_file)], {})
     plan = local.plan(TaskRequest(ResourceSettings(gpu_count=1), ImageSettings(), envelope), GpuConfig.read())
     watch = LockWatch(state, pid_file)
