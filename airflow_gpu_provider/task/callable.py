@@ -169,12 +169,16 @@ def _function_source(function: Callable[..., Any] | CodeType, owner: str) -> tup
             node = _file_functions(filename, os.stat(filename).st_mtime_ns)[code.co_firstlineno]
         except (OSError, SyntaxError, KeyError):
             node = None
-    if filename is not None and node is not None:
+    if filename is not None and node is not None and node.name == code.co_name:
         lines = linecache.getlines(filename)[node.lineno - 1 : node.end_lineno]
         return node, textwrap.dedent("".join(lines)), node.lineno
-    try:  # not in a readable file we could parse (e.g. defined interactively): ask inspect
+    try:  # not in a file we could parse (e.g. defined interactively), or it changed since: ask inspect
         lines, start = inspect.getsourcelines(code)
-    except (OSError, TypeError) as err:
+        text = textwrap.dedent("".join(lines))
+        parsed = ast.parse(text).body[0]
+        if not isinstance(parsed, ast.FunctionDef) or parsed.name != code.co_name:
+            raise OSError(f"{filename}:{code.co_firstlineno} holds other code: the file changed since it was loaded")
+    except (OSError, TypeError, SyntaxError, IndexError) as err:
         raise InvalidSettingError(
             owner,
             "python_callable",
@@ -182,9 +186,6 @@ def _function_source(function: Callable[..., Any] | CodeType, owner: str) -> tup
             f"its source is not available ({err})",
             "a function defined in a file",
         ) from None
-    text = textwrap.dedent("".join(lines))
-    parsed = ast.parse(text).body[0]
-    assert isinstance(parsed, ast.FunctionDef)
     body = "\n".join(text.splitlines()[parsed.lineno - 1 : parsed.end_lineno]) + "\n"
     return parsed, body, start + parsed.lineno - 1
 

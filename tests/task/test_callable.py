@@ -205,3 +205,9 @@ def test_a_shipped_function_is_read_when_asked_and_not_kept_alive_by_the_cache(t
     gc.collect()
     assert alive() is None
     assert shipped.source.startswith("def step(n):")  # what it read stays
+
+    (tmp_path / "lazy_other.py").write_text("def step(n):\n    return n\n")
+    other = shipped_callable(importlib.import_module("lazy_other").step, owner="t")
+    (tmp_path / "lazy_other.py").write_text("def renamed(n):\n    return n\n\n\n")  # changed before the task starts
+    with pytest.raises(InvalidSettingError, match="lazy_other.py:1 holds other code: the file changed"):
+        other.source  # noqa: B018 - read now: never another function's source
