@@ -19,7 +19,7 @@ from airflow.listeners import hookimpl
 
 log = logging.getLogger(__name__)
 
-#: What parsing a DAG file of GPU tasks imports, whatever the tasks ask for (the default backend's options half too).
+#: What parsing a DAG file of GPU tasks imports, whatever the tasks ask for (each backend's parse half too).
 PARSE_PATH = ("airflow_gpu_provider.decorators.gpu",)
 
 
@@ -30,16 +30,18 @@ def is_dag_processor(component: Any) -> bool:
 
 
 def preload() -> None:
-    """Import the parse path, and what its first parse would load: the default backend's options half."""
-    from airflow_gpu_provider import config
+    """Import the parse path, and each backend's parse half (its options, its placement): a task may name any.
 
+    Parse halves import no third-party client (``tests/test_parse_cost.py``): a few dozen small modules, once.
+    """
     for module in PARSE_PATH:
         importlib.import_module(module)
     from airflow_gpu_provider.backends import BACKENDS
 
-    backend = BACKENDS.get(config.get("backend"))  # a wrong name is each DAG's error, at its line
-    if backend is not None:
+    for backend in BACKENDS.values():
         backend.options_class()
+        if backend.placement is not None:  # the executor backend's queue, executor and pod_override at parse
+            importlib.import_module(backend.placement.split(":")[0])
 
 
 @hookimpl

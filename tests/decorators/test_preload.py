@@ -42,7 +42,9 @@ def _imported(command: str, **environment: str) -> list[str]:
 def test_the_dag_processor_imports_the_parse_path_once_unless_told_not_to():
     imported = _imported("dag-processor")
     assert "airflow_gpu_provider.decorators.gpu" in imported
-    assert "airflow_gpu_provider.backends.local.options" in imported  # the default backend's options half
+    assert "airflow_gpu_provider.backends.local.options" in imported  # each backend's parse half
+    assert "airflow_gpu_provider.backends.executor.placement" in imported
+    assert not [m for m in imported if m.startswith("airflow_gpu_provider.backends.") and m.endswith(".backend")]
     off = _imported("dag-processor", AIRFLOW__DAG_PROCESSOR__PARSING_PRE_IMPORT_MODULES="False")
     assert "airflow_gpu_provider.decorators.gpu" not in off
     assert "airflow_gpu_provider.decorators.gpu" not in _imported("scheduler")  # other components: nothing
