@@ -65,3 +65,19 @@ def test_retry_policies_are_used_where_airflow_has_them_and_refused_clearly_wher
     assert operator.retry_policy is None
     with pytest.raises(InvalidSettingError, match=r"retry policies \(retry_policy=\) are new in Airflow 3.3"):
         GpuRetryPolicy(application="fail")
+
+
+def test_durable_and_start_from_trigger_are_airflows_where_it_has_them_and_degrade_where_not():
+    """Airflow 3.3's durable contract and start from the triggerer: every GPU operator is a ``ResumableJobMixin``
+    (Airflow's, or common-compat's stand-in that submits afresh on every try); a task that waits for GPUs starts in
+    the triggerer only on 3.3 (before it, it starts on a worker and defers its wait from there)."""
+    from airflow.providers.common.compat.sdk import ResumableJobMixin
+
+    from airflow_gpu_provider import GpuStepOperator
+
+    waits = GpuStepOperator(
+        task_id="waits", command=["true"], gpu_count=1, on_missing_gpu="wait", deferrable=True, durable=True
+    )
+    assert isinstance(waits, ResumableJobMixin) and waits.durable is True
+    assert waits.start_from_trigger is HAS_STATE_STORE  # both new in 3.3
+    assert (waits.start_trigger_args is not None) is HAS_STATE_STORE

@@ -45,6 +45,8 @@ class BackendInfo(NamedTuple):
     :param defers: whether a running task can be deferred (``deferrable=True``: :meth:`.base.Backend.start`); a
         backend whose task is a child of the worker cannot (it defers only the wait for GPUs)
     :param gpu_shares: whether a share of one GPU (``gpu_count=0.5``) means something there
+    :param host_gpus: whether its GPUs come from the worker host's allocator (a deferred wait for them may start in
+        the triggerer: ``host/trigger.py`` ``start_args``)
     """
 
     name: str
@@ -57,6 +59,7 @@ class BackendInfo(NamedTuple):
     placement: str | None = None
     defers: bool = False
     gpu_shares: bool = False
+    host_gpus: bool = False
 
     @property
     def placed_at_parse(self) -> bool:
@@ -153,6 +156,7 @@ BACKENDS: dict[str, BackendInfo] = {
             "local",
             backend="airflow_gpu_provider.backends.local.backend:LocalBackend",
             options="airflow_gpu_provider.backends.local.options:LocalOptions",
+            host_gpus=True,
         ),
         BackendInfo(
             "docker",
@@ -160,6 +164,7 @@ BACKENDS: dict[str, BackendInfo] = {
             options="airflow_gpu_provider.backends.docker.options:DockerOptions",
             extra="docker",
             defers=True,
+            host_gpus=True,
         ),
         BackendInfo(
             "kubernetes",

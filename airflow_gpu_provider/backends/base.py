@@ -2,7 +2,9 @@
 
 Operators build a :class:`~airflow_gpu_provider.task.request.TaskRequest` and never look inside a backend; a
 backend only translates the request, with the worker's ``[gpu]`` options (:class:`~.config.worker.GpuConfig`) that
-the operator read once. The registry of backends by name is :mod:`airflow_gpu_provider.backends`.
+the operator read once. The registry of backends by name is :mod:`airflow_gpu_provider.backends`. A backend whose
+run is one job outside the worker that a later try can reconnect to is a :class:`ResumableBackend`: the operator
+runs it through Airflow's own durable contract (``ResumableJobMixin``, ``operators/durable.py``).
 """
 
 from __future__ import annotations
@@ -83,3 +85,45 @@ class Backend(ABC, Generic[OptionsT, PlanT]):
     def render(self, request: TaskRequest, conf: GpuConfig, context: Context) -> list[dict[str, Any]]:
         """What :meth:`run` would submit, as API dicts (for backends whose registry entry says ``renders``)."""
         raise NotImplementedError(f"the {self.name!r} backend cannot render what it would run")
+
+
+class ResumableBackend(Backend[OptionsT, PlanT]):
+    """A backend whose synchronous run is one job a later try of the task instance can reconnect to.
+
+    Airflow 3.3's durable contract (``ResumableJobMixin.execute_resumable``: ``operators/durable.py``) drives it:
+    the job's record (JSON, :meth:`submit`'s) is kept in the task instance's task state store under
+    :attr:`state_key`; a later try asks :meth:`job_status` of the recorded job and follows an active one
+    (:meth:`follow`), collects a succeeded one (:meth:`job_result`), or submits afresh (a failed or vanished job).
+    ``durable=False`` submits and follows, recording nothing.
+    """
+
+    #: the task state store key of the job's record (renaming it orphans the records of tries under way)
+    state_key: ClassVar[str]
+
+    def run(self, plan: PlanT, context: Context) -> TaskResult:
+        """Submit the job and follow it to its end (a run that no later try reconnects to)."""
+        return self.follow(plan, self.submit(plan, context), context)
+
+    @abstractmethod
+    def submit(self, plan: PlanT, context: Context) -> dict[str, Any]:
+        """Start the job (removing what an earlier try of the task instance left); its record, kept for later tries."""
+
+    @abstractmethod
+    def job_status(self, plan: PlanT, record: Any, context: Context) -> str:
+        """The recorded job's status in the backend's words (``"missing"`` when it is gone or is not this task's)."""
+
+    @abstractmethod
+    def job_active(self, status: str) -> bool:
+        """Whether a job of this status still runs: a later try follows it instead of starting another."""
+
+    @abstractmethod
+    def job_succeeded(self, status: str) -> bool:
+        """Whether a job of this status ended well: a later try collects its result."""
+
+    @abstractmethod
+    def follow(self, plan: PlanT, record: Any, context: Context) -> TaskResult:
+        """Follow the job to its end, log its output, read its result, clean up (unless a later try took it over)."""
+
+    def job_result(self, plan: PlanT, record: Any, context: Context) -> TaskResult:
+        """The result of a job that ended well, which an earlier try started: as :meth:`follow` collects it."""
+        return self.follow(plan, record, context)

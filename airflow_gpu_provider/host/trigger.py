@@ -4,6 +4,9 @@ It reads the host's GPU locks (``host/waiting.py``), so it must run in a trigger
 worker: with ``[triggerer] queues_enabled = True``, a triggerer per GPU host started for that host's queue
 (``airflow triggerer --queues gpu-host-1``) runs it (docs/deferrable.md). It never takes a lock: when it fires, the
 task starts again on a worker and allocates; a task that loses the race defers again.
+
+A task that must wait for GPUs can also start here, before any worker ran it (Airflow's ``start_from_trigger``:
+:func:`start_args`, :class:`GpuStartTrigger`), so that it holds no worker slot from its start until its GPUs are free.
 """
 
 from __future__ import annotations
@@ -11,11 +14,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import BaseTrigger, StartTriggerArgs, TriggerEvent
 
 from airflow_gpu_provider.host.waiting import free_count
+
+if TYPE_CHECKING:
+    from airflow_gpu_provider.operators.spec import TaskSpec
 
 
 class GpuFreeTrigger(BaseTrigger):
@@ -85,3 +91,82 @@ class GpuFreeTrigger(BaseTrigger):
                 self.log.info("Still waiting for %s after %.0fs: %d of them free.", self.requested, waited, free)
                 next_report *= 2
             await asyncio.sleep(min(self.poll_interval, max(self.deadline - time.time(), 0.01)))
+
+
+class GpuStartTrigger(GpuFreeTrigger):
+    """The wait of a task that starts in the triggerer (``start_from_trigger``), before any worker has run it.
+
+    Its arguments are fixed when the DAG is parsed (:func:`start_args`): the GPUs the task asks for (``gpus``,
+    ``ResourceSettings.to_dict()``) and its ``wait_timeout`` (``limit``). Which of this host's GPUs would do, where
+    their locks lie, the default limit and the poll interval are the triggerer's ``[gpu]`` options, read when it
+    starts: as for every wait, it must be the triggerer of the task's host. It fires when enough are free (a worker
+    then starts the task, which allocates them; a lost race defers again from the worker), at the limit, or at once
+    for a request this host can never meet (the worker's allocation then fails saying why).
+    """
+
+    def __init__(self, gpus: dict[str, Any], limit: float | None = None) -> None:
+        super().__init__([], 0, float("inf"))
+        self.gpus, self.limit = dict(gpus), limit
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """The classpath and the arguments (the task's, from :func:`start_args`)."""
+        return f"{type(self).__module__}.{type(self).__qualname__}", {"gpus": self.gpus, "limit": self.limit}
+
+    def _resolve(self) -> None:
+        """Find the locks of the GPUs of this host that would do, how many must be free, the deadline (``[gpu]``)."""
+        from pathlib import Path
+
+        from airflow_gpu_provider.config.worker import GpuConfig
+        from airflow_gpu_provider.host.allocator import GpuAllocator, HostGpus
+        from airflow_gpu_provider.host.inventory import matching
+        from airflow_gpu_provider.settings.resources import ResourceSettings
+
+        conf = GpuConfig.read()
+        host, resources = HostGpus.configured(conf), ResourceSettings(**self.gpus)
+        candidates = matching(resources, host.present(resources.gpu_vendor))
+        allocator = GpuAllocator(Path(host.state_dir) / "locks", resources.gpu_vendor.name, host.poll_interval)
+        count = len(candidates) if isinstance(resources.gpu_count, str) else int(resources.gpu_count or 0)
+        self.lock_files = [str(allocator.lock_path(device)) for device in candidates]
+        self.count = count if 0 < count <= len(candidates) else 0  # never enough here: the worker says why
+        self.requested = resources.describe().split(",")[0]
+        self.poll_interval = conf.trigger_poll_interval
+        self.since = time.time()
+        self.deadline = self.since + (self.limit if self.limit is not None else conf.wait_timeout)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Find this host's locks (off the event loop: NVML may be asked), then wait as :class:`GpuFreeTrigger`."""
+        await asyncio.to_thread(self._resolve)
+        self.log.info("Started in the triggerer: waiting for %s before the task takes a worker slot", self.requested)
+        async for event in super().run():
+            yield event
+
+
+def start_args(spec: TaskSpec) -> StartTriggerArgs | None:
+    """Airflow's ``start_trigger_args`` of a task that starts by waiting for its GPUs (:class:`GpuStartTrigger`).
+
+    ``None`` (the task starts on a worker, and defers a wait from there) unless: Airflow 3.3 or later; the task's
+    ``on_missing_gpu="wait"`` and ``deferrable`` are settled; its GPUs come from a host allocator (local, Docker on
+    the local engine) and are not templated; and ``[triggerer] queues_enabled`` is off. With trigger queues, a
+    trigger that Airflow creates for ``start_from_trigger`` has no queue (3.3.2), so a GPU host's triggerer
+    (``--queues gpu-host-1``) would never run it, and a queue-less one may be another host's.
+    The trigger's event comes back to ``execute_complete`` as a deferred wait's does: it starts the task.
+    """
+    from airflow import __version__
+    from airflow.configuration import conf
+    from packaging.version import Version
+
+    if Version(Version(__version__).base_version) < Version("3.3"):
+        return None
+    if not (spec.deferrable and spec.on_missing_gpu == "wait" and spec.backend and spec.info.host_gpus):
+        return None
+    if spec.templated or not spec.resources.requests_gpus or not getattr(spec.options, "engine_is_local", True):
+        return None
+    if conf.getboolean("triggerer", "queues_enabled", fallback=False):
+        return None
+    return StartTriggerArgs(
+        trigger_cls=f"{GpuStartTrigger.__module__}.{GpuStartTrigger.__qualname__}",
+        trigger_kwargs={"gpus": spec.resources.to_dict(), "limit": spec.wait_timeout},
+        next_method="execute_complete",
+        next_kwargs=None,
+        timeout=None,
+    )

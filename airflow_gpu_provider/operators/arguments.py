@@ -9,7 +9,7 @@ the call is made (:func:`check_payload`).
 
 A new argument (``right_size=``, say) is three steps: declared and documented on ``GpuStepOperator.__init__`` (the
 architecture test checks that ``.partial()`` and ``@task.gpu`` take every documented one), checked here, and held
-in a :class:`~.spec.TaskSpec` field that the try reads (``durable`` reaches the backends as ``TaskRequest.reattach``).
+in a :class:`~.spec.TaskSpec` field that the try reads (``durable`` reaches the backends as ``TaskRequest.durable``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
 backend's trigger; ``execute_complete`` resumes it on a worker (``Backend.resume``). A wait for GPUs
 (``on_missing_gpu="wait"``) is deferred on every host backend: the allocator raises ``MustWait`` and the task waits
 in the triggerer (:class:`~airflow_gpu_provider.host.trigger.GpuFreeTrigger`), then starts again. ``durable`` lets
-a later try take over what an earlier one left running. docs/deferrable.md says what each backend frees.
+a later try take over what an earlier one left running: a synchronous run on a resumable backend (Docker) goes through
+Airflow's ``ResumableJobMixin.execute_resumable`` (:mod:`.durable`). docs/deferrable.md says what each backend frees.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from airflow.providers.common.compat.sdk import AirflowFailException  # airflow.
 
 from airflow_gpu_provider.escalation.retry_policy import DefaultRetryPolicy
 from airflow_gpu_provider.exceptions import GpuUnavailableError, RemoteTaskError
+from airflow_gpu_provider.operators.durable import DurableJob
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -51,11 +53,12 @@ class Attempt(NamedTuple):
         return {"conf": dataclasses.asdict(self.conf), "request": self.request.to_state()}
 
 
-class GpuExecution:
+class GpuExecution(DurableJob):
     """``execute`` / ``execute_complete`` of the GPU operators.
 
     As their settled ``deferrable``, ``durable`` and ``wait_timeout`` say: ``TaskSpec`` holds the operator's
-    arguments; this mixin has none of its own.
+    arguments; this mixin has none of its own (``durable`` is Airflow's ``ResumableJobMixin`` attribute, set from the
+    settled task).
     """
 
     task_spec: TaskSpec
@@ -68,11 +71,6 @@ class GpuExecution:
     def deferrable(self) -> bool:
         """Whether a try runs deferred where its backend can, and defers its wait for GPUs."""
         return self.task_spec.deferrable
-
-    @property
-    def durable(self) -> bool:
-        """Whether a later try takes over what an earlier one left running (Airflow's name; ``reattach`` before)."""
-        return self.task_spec.durable
 
     @property
     def wait_timeout(self) -> float | None:
@@ -110,7 +108,7 @@ class GpuExecution:
             tries = escalation.Tries.start(spec.on_oom, context)
         request = self.task_request(context, spec, conf, tries)
         waits_deferred = self.deferrable and request.missing_gpu.waits
-        request = dataclasses.replace(request, reattach=spec.durable, defer_wait=waits_deferred)
+        request = dataclasses.replace(request, durable=spec.durable, defer_wait=waits_deferred)
         backend = spec.info.backend_class()(spec.options, log=self.log)
         return Attempt(conf, spec, tries, request, backend, backend.plan(request, conf))
 
@@ -132,6 +130,8 @@ class GpuExecution:
 
     def execute(self, context: Context) -> Any:
         """Plan the task on its backend and run it (or start it and defer); the return value goes to XCom."""
+        from airflow_gpu_provider.backends.base import ResumableBackend
+
         waiting_since, self._waiting_since = self._waiting_since, None  # set by a resume after a deferred wait
         attempt = self._prepare(context)
         request, plan, backend = attempt.request, attempt.plan, attempt.backend
@@ -148,6 +148,9 @@ class GpuExecution:
             request.checkpoint.make(request.labels)  # the run folder marked: what the scheduler may delete (F2)
         if self.deferrable and attempt.spec.info.defers:
             return self._outcome(context, attempt, lambda: backend.start(plan, context), waiting_since)
+        if isinstance(backend, ResumableBackend):  # Airflow's durable contract: a later try reconnects to the job
+            self._job, self.external_id_key = (backend, plan), backend.state_key
+            return self._outcome(context, attempt, lambda: self.execute_resumable(context), waiting_since)
         return self._outcome(context, attempt, lambda: backend.run(plan, context), waiting_since)
 
     def execute_complete(
@@ -189,7 +192,7 @@ class GpuExecution:
             except MustWait as wait:
                 outcome = wait
         except BaseException as err:
-            self._running_backend = None
+            self._running_backend = self._job = None
             if isinstance(err, RemoteTaskError) and err.remote_traceback:  # the user's traceback, once, at ERROR
                 self.log.error("%s", err.remote_traceback.rstrip())
             self._publish(context, attempt, err)
@@ -197,7 +200,7 @@ class GpuExecution:
             if isinstance(err, GpuUnavailableError) and attempt.request.min_gpu_memory is not None:
                 raise AirflowFailException(str(err)) from err  # no GPU of this host is larger: retrying cannot help
             raise
-        self._running_backend = None
+        self._running_backend = self._job = None
         if isinstance(outcome, MustWait):  # nothing is published for a deferred try
             self._defer_wait(outcome, attempt.conf, waiting_since)
         elif isinstance(outcome, Deferral):

@@ -151,6 +151,12 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         self.environment = check_environment(spec.owner, "environment", environment or {}) or None
         with airflow_checks(spec.owner, "BaseOperator(...)"):
             super().__init__(**spec.placed(kwargs))
+        self.durable = spec.durable  # Airflow's ResumableJobMixin attribute (its own __init__ leaves its default)
+        if spec.deferrable and spec.on_missing_gpu == "wait":  # it may start by waiting in the triggerer
+            from airflow_gpu_provider.host.trigger import start_args
+
+            self.start_trigger_args = start_args(spec)
+            self.start_from_trigger = self.start_trigger_args is not None
 
     @classmethod
     def settle(cls, owner: str, arguments: Mapping[str, Any], settled: TaskSpec | None = None) -> TaskSpec:

@@ -35,8 +35,9 @@ class TaskRequest:
         on the backends that pick devices themselves (local, Docker)
     :param checkpoint: the try's checkpoint folder (``checkpoint/location.py``), ``None`` for none
     :param resume: resume from the newest checkpoint of that folder
-    :param reattach: a later try of the same task instance takes over the job an earlier try left running (a
-        container, a pod) instead of starting a second one (docs/deferrable.md); ``False``: it starts afresh
+    :param durable: a later try of the same task instance takes over the job an earlier try left running (a
+        container, a pod, a Ray job) instead of starting a second one (the task's ``durable=``, Airflow's durable
+        contract: docs/resilience.md); ``False``: it starts afresh
     :param defer_wait: ``on_missing_gpu="wait"`` defers to the triggerer instead of waiting in the worker: the host
         allocator raises :class:`~airflow_gpu_provider.host.allocator.MustWait` rather than sleep
     :param avoid_nodes: the nodes where an earlier try failed because of the infrastructure (a GPU fault, an
@@ -55,7 +56,7 @@ class TaskRequest:
     min_gpu_memory: int | None = None
     checkpoint: CheckpointLocation | None = None
     resume: bool = False
-    reattach: bool = True
+    durable: bool = True
     defer_wait: bool = False
     project_path: tuple[str, ...] = ()
     avoid_nodes: tuple[str, ...] = ()
@@ -76,6 +77,8 @@ class TaskRequest:
         from airflow_gpu_provider.checkpoint.location import CheckpointLocation
 
         values = dict(state)
+        if "reattach" in values:  # carried by a deferral of a release that called ``durable`` so
+            values["durable"] = values.pop("reattach")
         checkpoint = values.get("checkpoint")
         return cls(
             **{

@@ -37,6 +37,27 @@ def test_local_defers_the_wait_for_gpus():
     assert task.deferrable is True
 
 
+def test_a_wait_starts_in_the_triggerer_where_its_trigger_can_run_on_the_gpu_host(monkeypatch):
+    """``start_from_trigger`` (tests/executors/test_start_from_trigger.py runs it): for a settled wait on a host
+    allocator's GPUs, without trigger queues (Airflow's start trigger has none); else the wait defers from a worker.
+    """
+    waits = {"python_callable": work, "gpu_count": 1, "on_missing_gpu": "wait", "deferrable": True}
+    task = GpuStepOperator(task_id="t", backend="local", wait_timeout=30, **waits)
+    assert task.start_from_trigger is True and task.start_trigger_args is not None
+    assert task.start_trigger_args.trigger_cls == "airflow_gpu_provider.host.trigger.GpuStartTrigger"
+    assert task.start_trigger_args.trigger_kwargs["limit"] == 30
+    assert task.start_trigger_args.next_method == "execute_complete"
+    assert GpuStepOperator(task_id="d", backend="docker", **waits).start_from_trigger is True
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_DOCKER_ENGINES", "unix://var/run/docker.sock,tcp://gpu:2376")
+    remote = GpuStepOperator(task_id="r", backend="docker", backend_options={"docker_url": "tcp://gpu:2376"}, **waits)
+    kubernetes = GpuStepOperator(task_id="k", backend="kubernetes", **waits)
+    templated = GpuStepOperator(task_id="m", backend="local", **{**waits, "gpu_count": "{{ params.gpus }}"})
+    no_gpu = GpuStepOperator(task_id="c", backend="local", **{**waits, "gpu_count": 0})
+    assert [t.start_from_trigger for t in (remote, kubernetes, templated, no_gpu)] == [False] * 4
+    monkeypatch.setenv("AIRFLOW__TRIGGERER__QUEUES_ENABLED", "True")
+    assert GpuStepOperator(task_id="q", backend="local", **waits).start_from_trigger is False
+
+
 @pytest.mark.parametrize("backend", ["docker", "kubernetes"])
 def test_docker_and_kubernetes_defer(backend):
     assert GpuStepOperator(task_id="t", python_callable=work, backend=backend, deferrable=True).deferrable

@@ -158,7 +158,7 @@ def test_a_request_travels_through_a_deferral_whole_but_its_image():
         min_gpu_memory=2**34,
         checkpoint=CheckpointLocation("s3://ml/ckpt", "d/r/t"),
         resume=True,
-        reattach=False,
+        durable=False,
         project_path=("/dags",),
         avoid_nodes=("node-1",),
     )

@@ -1,35 +1,30 @@
 """The Docker backend: the task runs in a container on a Docker engine, reached through ``DockerHook``.
 
-``plan()`` maps the request to container arguments (pure, :mod:`.plan`); ``run()`` finds or builds the image
-(:mod:`.images`), takes the GPUs from the host allocator when the engine is on this host, creates the container
-with the runtime and the envelope in ``/airflow-gpu`` (:mod:`.files`), starts it, streams its output to the task
-log, reads the result back and removes the container on every path (:mod:`.lifecycle`). ``start()`` does the same
-up to the start and defers to :class:`.trigger.DockerContainerTrigger`; ``resume()`` collects. A container an
-earlier try of the task instance left is taken over instead of started again (:mod:`.durable`).
+``plan()`` maps the request to container arguments (pure, :mod:`.plan`). A synchronous run is Airflow's durable
+contract (:class:`~..base.ResumableBackend`): ``submit()`` finds or builds the image (:mod:`.images`), takes the GPUs
+from the host allocator when the engine is on this host, creates the container with the runtime and the envelope in
+``/airflow-gpu`` (:mod:`.files`, :mod:`.launch`) and starts it; ``follow()`` streams its output to the task log, reads
+the result back and removes the container (:mod:`.lifecycle`). A later try of the task instance reconnects to the
+container recorded in the task state store (:mod:`.durable`) instead of starting another. ``start()`` does the same
+up to the start and defers to :class:`.trigger.DockerContainerTrigger`; ``resume()`` collects.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpu_provider.backends.base import Backend, Deferral
-from airflow_gpu_provider.backends.docker import durable, lifecycle
+from airflow_gpu_provider.backends.base import Deferral, ResumableBackend
+from airflow_gpu_provider.backends.docker import durable, launch, lifecycle
 from airflow_gpu_provider.backends.docker.client import connect
-from airflow_gpu_provider.backends.docker.files import TaskFiles, checkpoint_folder
-from airflow_gpu_provider.backends.docker.images.task_image import task_image
-from airflow_gpu_provider.backends.docker.lifecycle import ContainerOomError, NoGpuRuntime
+from airflow_gpu_provider.backends.docker.files import checkpoint_folder
+from airflow_gpu_provider.backends.docker.lifecycle import ContainerOomError
 from airflow_gpu_provider.backends.docker.options import DockerOptions
 from airflow_gpu_provider.backends.docker.orphans import reap_orphans
-from airflow_gpu_provider.backends.docker.plan import CONTAINER_DIR, DockerPlan, plan_container
-from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError
-from airflow_gpu_provider.host.allocator import Allocation
-from airflow_gpu_provider.host.keeper import Keeper
-from airflow_gpu_provider.host.quarantine import on_fault
+from airflow_gpu_provider.backends.docker.plan import DockerPlan, plan_container
+from airflow_gpu_provider.exceptions import GpuTaskError
 from airflow_gpu_provider.task.request import TaskRequest
 from airflow_gpu_provider.task.result import TaskResult
-from airflow_gpu_provider.task.runtime_zip import FILE_NAME, compiled
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -38,43 +33,86 @@ if TYPE_CHECKING:
 
 __all__ = ["ContainerOomError", "DockerBackend"]
 
-TOOLKIT_FIX = (
-    "Install the NVIDIA Container Toolkit on the Docker host and register it with Docker "
-    "(nvidia-ctk runtime configure --runtime=docker, then restart dockerd)"
-)
 
-
-class DockerBackend(Backend[DockerOptions, DockerPlan]):
+class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
     """Run the task in a Docker container with the requested GPUs, CPUs, memory and ``/dev/shm``."""
 
     name = "docker"
+    state_key = durable.KEY
 
     def __init__(self, options: DockerOptions, log: Any = None) -> None:
         super().__init__(options, log)
         self._client: Any = None
-        self._container_id: str | None = None
+        self._container_id: str | None = None  # the container being started or followed (``kill`` stops it)
         self._killed = False
-        self._locks: list[int] = []  # the descriptors of this task's GPU locks
         self._stop_timeout = 30.0  # the running plan's
         self._store: Any = None  # the task instance's task state store (Airflow >= 3.3)
         self._deadline: float | None = None  # when a deferred container times out
+        self._started: launch.Started | None = None  # the container this try started, until it is followed
 
     def plan(self, request: TaskRequest, conf: GpuConfig) -> DockerPlan:
         """Translate the request into container arguments (:func:`.plan.plan_container`)."""
         return plan_container(request, self.options, conf)
 
-    # ------------------------------------------------------------------ run
-    def run(self, plan: DockerPlan, context: Context) -> TaskResult:
-        """Find or build the image, run the container to completion, return its result; remove it on every path."""
-        outcome = self._go(plan, context, defer=False)
-        assert isinstance(outcome, TaskResult)  # without defer, never a Deferral
-        return outcome
+    def _open(self, plan: DockerPlan, context: Context) -> Any:
+        """The engine's client, once per try: the checkpoint folder made, a dead worker's containers reaped first."""
+        if self._client is None:
+            checkpoint_folder(plan)
+            self._client = connect(self.options)
+            self._store = context.get("task_state_store")
+            reap_orphans(self._client, self.log)  # before any GPU is taken: a dead worker's container may hold it
+        return self._client
 
+    # ------------------------------------------------------------------ the synchronous run (durable)
+    def submit(self, plan: DockerPlan, context: Context) -> dict[str, Any]:
+        """Start the container (an earlier try's that is not taken over is removed first); its record."""
+        client = self._open(plan, context)
+        self._remove_earlier(client, plan)
+        started = self._launch(client, plan, defer=False)
+        assert isinstance(started, launch.Started)  # without defer, never a Deferral
+        return started.record
+
+    def job_status(self, plan: DockerPlan, record: Any, context: Context) -> str:
+        """The recorded container's state (``running``, ``exited 0``, ...), ``missing`` when it is not this task's."""
+        client = self._open(plan, context)
+        container_id = durable.recorded_id(record, str(plan.options.engine_url))
+        return durable.status(None if container_id is None else durable.find(client, container_id, plan.request.labels))
+
+    def job_active(self, status: str) -> bool:
+        """The container runs: a later try follows it."""
+        return durable.is_active(status)
+
+    def job_succeeded(self, status: str) -> bool:
+        """The container ended with status 0: a later try collects its result."""
+        return durable.is_succeeded(status)
+
+    def follow(self, plan: DockerPlan, record: Any, context: Context) -> TaskResult:
+        """Log the container's output to its end, read its result, remove it (unless a later try took it over)."""
+        client = self._open(plan, context)
+        started, self._started = self._started, None
+        if started is None or started.record != record:  # an earlier try's container: this try's from now on
+            return self._follow(client, plan, str(record["id"]), self._take_over(client, plan, str(record["id"])))
+        with started.held:  # the GPUs (and the watch for GPU faults) of the container this try started
+            return self._follow(client, plan, started.container_id, started.mem_limit, started.stream, own=started)
+
+    # ------------------------------------------------------------------ deferred
     def start(self, plan: DockerPlan, context: Context) -> TaskResult | Deferral:
-        """As :meth:`run`, up to the container's start; then the task defers to the container's trigger."""
+        """As :meth:`submit`, up to the container's start; then the task defers to the container's trigger.
+
+        A container an earlier try left is taken over as the synchronous run takes it: followed while it runs (the
+        trigger watches it), collected when it ended well, else removed.
+        """
         timeout = context["task"].execution_timeout
         self._deadline = None if timeout is None else time.time() + timeout.total_seconds()
-        return self._go(plan, context, defer=True)
+        client = self._open(plan, context)
+        earlier = self._earlier(client, plan) if plan.request.durable else None
+        if earlier is not None and durable.is_active(earlier[1]):
+            return self._deferral(plan, earlier[0], self._take_over(client, plan, earlier[0]))
+        if earlier is not None and durable.is_succeeded(earlier[1]):
+            return self.follow(plan, durable.entry(earlier[0], str(plan.options.engine_url), ""), context)
+        self._remove_earlier(client, plan)
+        started = self._launch(client, plan, defer=True)
+        return started if isinstance(started, Deferral) else self.follow(plan, started.record, context)
 
     def resume(self, plan: DockerPlan, state: dict[str, Any], event: Any, context: Context) -> TaskResult:
         """After the trigger fired: log the container's output, read its result, remove it."""
@@ -93,110 +131,6 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         rest = lifecycle.rest_of_output(client, container_id, (event or {}).get("output") or {}, self.log)
         return self._follow(client, plan, container_id, state.get("mem_limit"), rest, timed_out=status == "timeout")
 
-    def _go(self, plan: DockerPlan, context: Context, *, defer: bool) -> TaskResult | Deferral:
-        checkpoint_folder(plan)
-        client = self._client = connect(self.options)
-        self._store = context.get("task_state_store")
-        reap_orphans(client, self.log)  # before any GPU is taken: a dead worker's container may still hold it
-        earlier = self._earlier_container(client, plan)
-        if earlier is not None:
-            return self._reattach(client, plan, earlier, defer=defer)
-        for note in (*plan.notes, *plan.resources.notes):
-            self.log.warning("%s", note)
-        with (
-            task_image(client, plan, self.log) as image,  # a derived image stays until its container exists
-            self._host_gpus(plan) as allocation,
-            on_fault(plan.host, allocation.devices, self.log, positional=True),
-        ):
-            self._locks = allocation.fds  # an Xid or ECC error: its GPUs (0, 1, ... in the container) are quarantined
-            if allocation.cpu_fallback:
-                return self._run_container(client, plan, image, cpu_fallback=allocation.reason, defer=defer)
-            if allocation.devices:
-                ids = [device.id for device in allocation.devices]
-                self.log.info("GPUs %s from the host allocator (shared with the local backend's tasks)", ids)
-                plan = plan.on_devices(ids)
-            return self._run_gpu_container(client, plan, image, defer=defer)
-
-    def _host_gpus(self, plan: DockerPlan) -> Allocation:
-        """Devices from the host GPU allocator (which a task's ``devices`` only narrow) on a host whose GPUs are known.
-
-        Otherwise (a remote engine, or GPUs neither NVML nor ``[gpu] devices`` knows) Docker hands out GPUs by count.
-        """
-        resources = plan.request.resources
-        if not resources.requests_gpus or not plan.options.engine_is_local:
-            return Allocation(devices=[])
-        present = plan.host.present(resources.gpu_vendor)
-        if not present:
-            return Allocation(devices=[])
-        return plan.host.allocate(plan.request, backend=self.name, log=self.log, present=present)
-
-    def _run_gpu_container(self, client: Any, plan: DockerPlan, image: str, *, defer: bool) -> TaskResult | Deferral:
-        """Run with the GPU request; without an NVIDIA runtime, fail naming the fix or fall back to CPU."""
-        try:
-            return self._run_container(client, plan, image, cpu_fallback=None, defer=defer)
-        except NoGpuRuntime as err:
-            requested = plan.request.resources.describe().split(",")[0]
-            policy = plan.request.missing_gpu
-            if not policy.runs_on_cpu:
-                hint = " Waiting cannot help." if policy.waits else ""
-                raise GpuUnavailableError(
-                    f"Requested {requested}, but the Docker engine cannot start GPU containers: {err}. "
-                    f"{TOOLKIT_FIX}; or set on_missing_gpu='cpu' to run on CPU instead.{hint}"
-                ) from None
-            self.log.warning(
-                "Requested %s, but the Docker engine cannot start GPU containers (%s). on_missing_gpu='cpu': "
-                "running on CPU instead. To use the GPUs: %s.",
-                requested,
-                err,
-                TOOLKIT_FIX,
-            )
-            reason = f"the Docker engine cannot start GPU containers ({err})"
-            return self._run_container(client, plan, image, cpu_fallback=reason, defer=defer)
-
-    def _run_container(
-        self, client: Any, plan: DockerPlan, image: str, *, cpu_fallback: str | None, defer: bool
-    ) -> TaskResult | Deferral:
-        """Create and start the container; follow it to its end, or hand it to a trigger (``defer``).
-
-        :param cpu_fallback: why it runs on the CPU instead of its GPUs (``on_missing_gpu="cpu"``), or ``None``
-        """
-        files = self._files(plan, image, cpu_fallback)
-        lasting = defer or (plan.request.reattach and self._store is not None)  # may outlive this process
-        with TaskFiles(files, parent=f"{plan.host.state_dir}/docker-tasks") as task_files:
-            kwargs = plan.create_kwargs(image, cpu_fallback=cpu_fallback is not None)
-            mem_limit = kwargs["host_config"].get("mem_limit")
-            container_id = lifecycle.create(client, kwargs, task_files, plan, self.log, durable=lasting)
-            self._container_id, self._killed, self._stop_timeout = container_id, False, plan.stop_timeout
-            started = succeeded = handed_over = False
-            keeper: Keeper | None = None
-            try:
-                task_files.copy_in(client, container_id)
-                if lasting:
-                    durable.record(self._store, container_id, str(plan.options.engine_url), plan.try_number)
-                stream = (
-                    None if defer else client.attach(container_id, stdout=True, stderr=True, stream=True, demux=True)
-                )
-                lifecycle.start(client, container_id, image)
-                started = True
-                keeper = lifecycle.keep_locks(client, container_id, self._locks, self.log)
-                self.log.info("Started container %s from %s", container_id[:12], image)
-                if defer and (keeper is not None or not self._locks):
-                    handed_over = True
-                    return self._deferral(plan, container_id, mem_limit)
-                if defer:
-                    self.log.warning("Not deferred: no keeper holds the GPU locks, so this worker holds them itself.")
-                outcome = self._collect(client, container_id, mem_limit, stream)
-                succeeded = True
-                return outcome
-            finally:
-                self._container_id = None
-                if not handed_over and (not lasting or self._owns(plan, container_id)):
-                    lifecycle.cleanup(client, container_id, plan, self.log, started=started, succeeded=succeeded)
-                    if lasting:
-                        durable.forget(self._store)
-                    if keeper is not None:
-                        keeper.stop()  # (a container taken over keeps its keeper: it ends with the container)
-
     def _deferral(self, plan: DockerPlan, container_id: str, mem_limit: int | None) -> Deferral:
         """The trigger that waits for the container, reaching the engine as this worker did."""
         from airflow_gpu_provider.backends.docker.trigger import ENGINE_OPTIONS, DockerContainerTrigger
@@ -211,59 +145,96 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         )
         return Deferral(trigger, state)
 
-    def _earlier_container(self, client: Any, plan: DockerPlan) -> dict[str, Any] | None:
-        """The container an earlier try of this task instance left on this engine, to take over; else ``None``.
+    # ------------------------------------------------------------------ one container
+    def _launch(self, client: Any, plan: DockerPlan, *, defer: bool) -> launch.Started | Deferral:
+        """Image, GPUs, create, start (:func:`.launch.launch`); the container, or the deferral that watches it."""
+        self._killed, self._stop_timeout = False, plan.stop_timeout
+        lasting = defer or (plan.request.durable and self._store is not None)  # it may outlive this process
+        started = launch.launch(
+            client, plan, self._store, self.log, lasting=lasting, attach=not defer, created=self._created
+        )
+        if defer and (started.keeper is not None or not started.locks):
+            self._container_id = None
+            try:
+                with started.held:  # the keeper holds the GPU locks from now on
+                    return self._deferral(plan, started.container_id, started.mem_limit)
+            except BaseException:  # (the task's execution_timeout, say): the container is not handed over
+                self._release(client, plan, started.container_id, started, succeeded=False)
+                raise
+        if defer:
+            self.log.warning("Not deferred: no keeper holds the GPU locks, so this worker holds them itself.")
+        self._started = started
+        return started
 
-        With ``reattach=False`` (or one that never started) it is removed, and the task starts afresh.
-        """
+    def _created(self, container_id: str | None) -> None:
+        """The container being started (``None``: none), which :meth:`kill` stops."""
+        self._container_id = container_id
+
+    def _earlier(self, client: Any, plan: DockerPlan) -> tuple[str, str] | None:
+        """The container an earlier try of this task instance recorded on this engine, and its status; or ``None``."""
         container_id = durable.recorded(self._store, str(plan.options.engine_url))
         found = None if container_id is None else durable.find(client, container_id, plan.request.labels)
-        if container_id is None or found is None:
-            return None
-        if plan.request.reattach and found["State"].get("Status") != "created":
-            return found
-        self.log.warning(
-            "Removing container %s left by an earlier try of this task (reattach=False)", container_id[:12]
-        )
+        return None if container_id is None or found is None else (container_id, durable.status(found))
+
+    def _remove_earlier(self, client: Any, plan: DockerPlan) -> None:
+        """Remove the container an earlier try of this task instance recorded, which no try takes over; forget it."""
+        earlier = self._earlier(client, plan)
+        if earlier is None:
+            return
+        container_id, status = earlier
+        why = "durable=False" if not plan.request.durable else f"it is {status}: the task starts afresh"
+        self.log.warning("Removing container %s left by an earlier try of this task (%s)", container_id[:12], why)
         lifecycle.stop(client, container_id, plan.stop_timeout)
         durable.forget(self._store)
-        return None
 
-    def _reattach(self, client: Any, plan: DockerPlan, found: dict[str, Any], *, defer: bool) -> TaskResult | Deferral:
-        """Take over the container of an earlier try: defer to it, or follow it and collect its result."""
-        container_id, state = str(found["Id"]), found["State"]
-        mem_limit = found.get("HostConfig", {}).get("Memory") or None
-        ended = state.get("Status") in ("exited", "dead")
+    def _take_over(self, client: Any, plan: DockerPlan, container_id: str) -> int | None:
+        """An earlier try's container is this try's from now on (its record names this try); its memory limit."""
+        found = client.inspect_container(container_id)
+        ended = found["State"].get("Status") in ("exited", "dead")
         self.log.info(
-            "Reattached to container %s, %s by an earlier try of this task instance (reattach=True): its output "
-            "follows",
+            "Reattached to container %s, %s by an earlier try of this task instance (durable=True): its output follows",
             container_id[:12],
             "ended" if ended else "left running",
         )
-        durable.record(self._store, container_id, str(plan.options.engine_url), plan.try_number)  # this try's now
-        if defer and not ended:
-            return self._deferral(plan, container_id, mem_limit)
-        return self._follow(client, plan, container_id, mem_limit)
-
-    def _owns(self, plan: DockerPlan, container_id: str) -> bool:
-        """No later try took the container over: this try may remove it (``durable.owns``)."""
-        return durable.owns(self._store, container_id, plan.try_number, self.log)
+        durable.record(self._store, container_id, str(plan.options.engine_url), plan.try_number)
+        return found.get("HostConfig", {}).get("Memory") or None
 
     def _follow(
-        self, client: Any, plan: DockerPlan, container_id: str, mem_limit: int | None, rest: Any = None, **how: bool
+        self,
+        client: Any,
+        plan: DockerPlan,
+        container_id: str,
+        mem_limit: int | None,
+        stream: Any = None,
+        *,
+        own: launch.Started | None = None,
+        timed_out: bool = False,
     ) -> TaskResult:
-        """Log a container's output (the ``rest`` of it, else all), read its result, remove it (not this try's)."""
+        """Log a container's output (``stream``, else all of it from the engine), read its result, remove it.
+
+        :param own: the container is this try's own start (its files, its keeper: ended with it)
+        """
         self._container_id, self._killed, self._stop_timeout = container_id, False, plan.stop_timeout
         succeeded = False
         try:
-            outcome = self._collect(client, container_id, mem_limit, rest, **how)
+            outcome = self._collect(client, container_id, mem_limit, stream, timed_out=timed_out)
             succeeded = True
             return outcome
         finally:
             self._container_id = None
-            if self._owns(plan, container_id):
-                lifecycle.cleanup(client, container_id, plan, self.log, started=True, succeeded=succeeded)
+            self._release(client, plan, container_id, own, succeeded=succeeded)
+
+    def _release(
+        self, client: Any, plan: DockerPlan, container_id: str, own: launch.Started | None, *, succeeded: bool
+    ) -> None:
+        """Remove a container and forget it, unless a later try took it over (:func:`.durable.owns`)."""
+        lasting = own is None or own.lasting
+        if not lasting or durable.owns(self._store, container_id, plan.try_number, self.log):
+            lifecycle.cleanup(client, container_id, plan, self.log, started=True, succeeded=succeeded)
+            if lasting:
                 durable.forget(self._store)
+            if own is not None and own.keeper is not None:
+                own.keeper.stop()  # (a container taken over keeps its keeper: it ends with the container)
 
     def _collect(
         self, client: Any, container_id: str, mem_limit: int | None, stream: Any, *, timed_out: bool = False
@@ -277,18 +248,6 @@ class DockerBackend(Backend[DockerOptions, DockerPlan]):
         if self._killed:
             raise GpuTaskError(f"Container {container_id[:12]} was stopped because the task was killed.")
         return lifecycle.collect(client, container_id, mem_limit)
-
-    def _files(self, plan: DockerPlan, image: str, cpu_fallback: str | None) -> dict[str, bytes]:
-        """The runtime (precompiled by the worker's Python) and the envelope (with the summary it prints first)."""
-        # gpus None: the runtime asks nvidia-smi in the container (a CPU task gets NVIDIA_VISIBLE_DEVICES=void)
-        envelope = plan.request.runtime_envelope(
-            backend=self.name,
-            image=image,
-            gpus=None,
-            cpu_fallback=cpu_fallback is not None,
-            fallback_reason=cpu_fallback or "",
-        )
-        return {FILE_NAME: compiled(f"{CONTAINER_DIR}/{FILE_NAME}"), "envelope.json": json.dumps(envelope).encode()}
 
     def kill(self) -> None:
         """Called from ``on_kill``: stop the container (SIGTERM, then SIGKILL after ``stop_timeout``), remove it."""

@@ -1,12 +1,14 @@
 """Containers that outlive their worker on purpose: recorded in the task state store, reattached by a later try.
 
-A Docker task's container is recorded in its task instance's task state store (Airflow 3.3, AIP-103) as soon as it
-is created. When the task is deferred, or its worker dies (SIGKILL, a redeploy, a cleared task), the next try of the
-same task instance finds the record and takes the container over: it follows its output and collects its result if
-it still runs, or collects the result of one that has ended, instead of starting a second copy
-(``TaskRequest.reattach``; ``reattach=False`` removes it and starts afresh). The orphan reaper spares such a
-container while its task instance has not ended (:func:`task_instance_live`), and only the reapers of its own
-Airflow deployment judge it (:func:`deployment`): another deployment sharing the engine cannot ask about it.
+This is Airflow 3.3's durable contract (``ResumableJobMixin``, driven by ``operators/durable.py``) on a Docker
+engine. A task's container is recorded in its task instance's task state store (AIP-103) under :data:`KEY` as soon as
+it is created, before it starts (:func:`record`). When the task is deferred, or its worker dies (SIGKILL, a redeploy,
+a cleared task), the next try of the same task instance asks the recorded container's :func:`status`: one that runs
+(:func:`is_active`) is followed, its output logged and its result collected; one that ended with status 0
+(:func:`is_succeeded`) is collected; any other (failed, never started, gone) is removed and the task starts afresh,
+as ``durable=False`` always does. A try removes its container only while it :func:`owns` it. The orphan reaper spares
+a durable container while its task instance has not ended (:func:`task_instance_live`), and only the reapers of its
+own Airflow deployment judge it (:func:`deployment`): another deployment sharing the engine cannot ask about it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ UNFINISHED = ["null", "scheduled", "queued", "running", "restarting", "up_for_re
 _IDENTITY = ("dag_id", "task_id", "run_id", "map_index")
 #: the label naming the Airflow deployment whose task instance a durable container belongs to
 DEPLOYMENT_LABEL = docker_label("deployment")
+#: the engine's states of a container that still runs: a later try follows it
+ACTIVE = ("running", "restarting", "paused")
 
 
 def deployment() -> str:
@@ -43,10 +47,15 @@ def deployment() -> str:
     return hashlib.sha256(f"{api}\n{home}".encode()).hexdigest()[:16]
 
 
+def entry(container_id: str, engine: str, try_number: str) -> dict[str, Any]:
+    """What the task state store keeps of a container: its id, its engine and the try that follows it."""
+    return {"id": container_id, "engine": engine, "try": try_number}
+
+
 def record(state_store: Any, container_id: str, engine: str, try_number: str) -> None:
     """Keep the container of this try for the next one (nothing without a task state store)."""
     if state_store is not None:
-        state_store.set(KEY, {"id": container_id, "engine": engine, "try": try_number})
+        state_store.set(KEY, entry(container_id, engine, try_number))
 
 
 def owns(state_store: Any, container_id: str, try_number: str, log: logging.Logger) -> bool:
@@ -82,15 +91,39 @@ def forget(state_store: Any) -> None:
 
 def recorded(state_store: Any, engine: str) -> str | None:
     """The id of the container an earlier try of this task instance recorded on this engine, or ``None``."""
-    if state_store is None:
-        return None
-    value = state_store.get(KEY, default=None)
+    return None if state_store is None else recorded_id(state_store.get(KEY, default=None), engine)
+
+
+def recorded_id(value: Any, engine: str) -> str | None:
+    """The container id of a record (:func:`entry`) of this engine; ``None`` for anything else."""
     if not isinstance(value, dict) or value.get("engine") != engine:
         return None
     container_id = value.get("id")
     if not isinstance(container_id, str) or len(container_id) != 64:
         return None
     return container_id if all(c in "0123456789abcdef" for c in container_id) else None
+
+
+def status(found: Mapping[str, Any] | None) -> str:
+    """A recorded container's state in the engine's words: ``running``, ``exited 0``, ``exited 137``, ``created``...
+
+    ``missing`` when it is gone or is not this task instance's (:func:`find` found nothing).
+    """
+    if found is None:
+        return "missing"
+    state = found.get("State") or {}
+    name = str(state.get("Status") or "unknown")
+    return f"{name} {state.get('ExitCode')}" if name in ("exited", "dead") else name
+
+
+def is_active(state: str) -> bool:
+    """The container still runs: a later try follows it instead of starting another."""
+    return state in ACTIVE
+
+
+def is_succeeded(state: str) -> bool:
+    """The container ended with status 0: a later try collects its result."""
+    return state == "exited 0"
 
 
 def find(client: Any, container_id: str, labels: Mapping[str, str]) -> dict[str, Any] | None:

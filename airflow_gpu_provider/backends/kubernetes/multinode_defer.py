@@ -6,7 +6,7 @@ The Job and its Service are submitted as ``IndexedJobRun`` submits them; the wai
 pods have no XCom sidecar), turns a failure into the provider's typed error (the user's exception, an
 ``OOMKilled`` rank, the Job's own condition), and deletes the Job, its pods and the Service on every path.
 
-With ``TaskRequest.reattach`` the Job's name is kept in the task state store (Airflow 3.3+): a later try whose
+With ``TaskRequest.durable`` the Job's name is kept in the task state store (Airflow 3.3+): a later try whose
 worker died before the task deferred finds the Job still running and defers to it instead of submitting a second.
 
 What ``KubernetesJobTrigger`` cannot do, and what is done instead:
@@ -68,7 +68,7 @@ class DeferredJob:
 
     def start(self, context: Context) -> Deferral:
         """Submit the Job and its Service (or find the one an earlier try left running), then defer."""
-        store = context.get("task_state_store") if self.plan.reattach else None
+        store = context.get("task_state_store") if self.plan.durable else None
         hook = self._hook()
         layout = self._running_job(hook, store.get(JOB_STATE_KEY)) if store is not None else None
         deadline = _deadline(context)

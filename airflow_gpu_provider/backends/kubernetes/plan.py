@@ -41,7 +41,7 @@ class KubernetesPlan:
     :param cpu_fallback: the CPU-only plan to run when no GPU node takes the pod (``on_missing_gpu="cpu"``)
     :param num_nodes: pods of a multi-node launch (an Indexed Job), meeting on ``port``
     :param notes: what the plan could not give the task, for its log
-    :param reattach: a later try takes over the pod an earlier try left running (``TaskRequest.reattach``)
+    :param durable: a later try takes over the pod an earlier try left running (``TaskRequest.durable``)
     :param kueue_queue: the Kueue LocalQueue of the pod (or the Job), empty for none (:mod:`.kueue`)
     :param claim: with ``gpu_allocation="dra"``, the spec of the pod's GPU claim (:mod:`..pods.dra`): the operator
         creates its ResourceClaimTemplate with the pod, and the container has no extended-resource GPU limit
@@ -74,7 +74,7 @@ class KubernetesPlan:
     port: int = DEFAULT_RENDEZVOUS_PORT
     termination_grace_period: int = 30
     notes: tuple[str, ...] = ()
-    reattach: bool = True
+    durable: bool = True
     kueue_queue: str = ""
     claim: dict[str, Any] | None = None
     envelope: str = ""
@@ -208,7 +208,7 @@ def _pod(
         port=request.rendezvous_port or DEFAULT_RENDEZVOUS_PORT,
         termination_grace_period=round(conf.grace(options.termination_grace_period)),
         notes=notes,
-        reattach=request.reattach,
+        durable=request.durable,
         kueue_queue=queue,
         claim=claim,
         envelope=container.encode_envelope(envelope),

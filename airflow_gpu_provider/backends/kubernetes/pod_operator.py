@@ -38,8 +38,9 @@ from airflow_gpu_provider.task.result import result_value
 _API = ApiClient(configuration=Configuration())
 #: While a deferred pod runs, KubernetesPodTrigger writes its new log lines into the task's log this often.
 LOGGING_INTERVAL_S = 5
-#: KubernetesPodOperator's switch for taking over the pod of an earlier try: ``durable`` on Airflow 3.3+ (the pod's
-#: identity kept in the task state store, then a label search), ``reattach_on_restart`` before (the label search).
+#: KubernetesPodOperator's switch for taking over the pod of an earlier try: its ``durable=`` (cncf-kubernetes 10.21+)
+#: on Airflow 3.3+ (the pod's identity kept in the task state store, then a label search; the registry's "Durable"),
+#: ``reattach_on_restart`` before (the label search; ``durable`` only warns there that it does nothing).
 _DURABLE = "durable" in inspect.signature(KubernetesPodOperator.__init__).parameters and getattr(
     version_compat, "AIRFLOW_V_3_3_PLUS", False
 )
@@ -225,18 +226,18 @@ def build_operator(
         return _pod_operator(plan, options, security, deferrable=deferrable, execution_timeout=execution_timeout)
 
 
-def reattach_arguments(reattach: bool) -> dict[str, bool]:
-    """KubernetesPodOperator's arguments for ``TaskRequest.reattach`` (``False``: its opt-out, a new pod a try)."""
+def durable_arguments(durable: bool) -> dict[str, bool]:
+    """KubernetesPodOperator's arguments for ``TaskRequest.durable`` (``False``: its opt-out, a new pod a try)."""
     if _DURABLE:
-        return {"durable": reattach}  # it sets reattach_on_restart to the same value
-    return {} if reattach else {"reattach_on_restart": False}  # True is the default; the argument warns
+        return {"durable": durable}  # it sets reattach_on_restart to the same value
+    return {} if durable else {"reattach_on_restart": False}  # True is the default; the argument warns
 
 
 def _pod_operator(plan: KubernetesPlan, options: Any, security: Any, **mode: Any) -> GpuPodOperator:
     return GpuPodOperator(
         **mode,
         logging_interval=LOGGING_INTERVAL_S if mode.get("deferrable") else None,
-        **reattach_arguments(plan.reattach),
+        **durable_arguments(plan.durable),
         pod_security=options.pod_security,
         claim=plan.claim,
         envelope=plan.envelope,

@@ -119,7 +119,7 @@ class RayBackend(Backend[RayOptions, RayPlan]):
         durable.record(self._store, submission_id, durable.cluster_of(self.options), plan.try_number)
         self._job, self._killed, handed_over = submission_id, False, False
         try:
-            durable_job = defer or (plan.request.reattach and self._store is not None)  # may outlive this worker
+            durable_job = defer or (plan.request.durable and self._store is not None)  # may outlive this worker
             job.submit(client, plan, envelope, submission_id, self.log, durable=durable_job)
             if defer:
                 handed_over = True
@@ -191,7 +191,7 @@ class RayBackend(Backend[RayOptions, RayPlan]):
     def _earlier_job(self, client: Any, plan: RayPlan) -> Any:
         """The job an earlier try of this task instance left on this cluster, to take over; else ``None``.
 
-        With ``reattach=False`` it is stopped and deleted, and the task starts afresh.
+        With ``durable=False`` it is stopped and deleted, and the task starts afresh.
         """
         submission_id = durable.recorded(self._store, durable.cluster_of(self.options))
         if submission_id is None or job.status(client, submission_id) is None:
@@ -199,9 +199,9 @@ class RayBackend(Backend[RayOptions, RayPlan]):
         info = client.get_job_info(submission_id)
         if not durable.mine(info.metadata, plan.request.labels):
             return None
-        if plan.request.reattach:
+        if plan.request.durable:
             return info
-        self.log.warning("Stopping Ray job %s left by an earlier try of this task (reattach=False)", submission_id)
+        self.log.warning("Stopping Ray job %s left by an earlier try of this task (durable=False)", submission_id)
         job.stop(client, submission_id)
         job.delete(client, submission_id, self.log)
         durable.forget(self._store)

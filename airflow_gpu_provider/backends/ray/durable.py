@@ -2,8 +2,8 @@
 
 A Ray task's job is recorded in its task instance's task state store (Airflow 3.3, AIP-103) before it is submitted.
 When the task is deferred, or its worker dies, the next try of the same task instance finds the record and takes
-the job over (``TaskRequest.reattach``): it follows the job's log and collects its result instead of submitting a
-second copy; ``reattach=False`` stops it and starts afresh. The job's metadata names its task instance; a record
+the job over (``TaskRequest.durable``): it follows the job's log and collects its result instead of submitting a
+second copy; ``durable=False`` stops it and starts afresh. The job's metadata names its task instance; a record
 that points at another task's job is never followed.
 """
 

@@ -3,7 +3,7 @@
 A worker killed with SIGKILL cannot stop its job. Every job's metadata names its worker
 (:func:`.host.workers.worker_identity`) and whether a later try may take it over (``durable``); before a Ray task
 of this host submits its job, the running jobs of this host's dead workers that no try will take over
-(``reattach=False``) are stopped and deleted. A durable job is left to the next try of its task instance
+(``durable=False``) are stopped and deleted. A durable job is left to the next try of its task instance
 (``durable.py``), which reattaches to it; jobs of workers on other hosts are left to them.
 """
 

@@ -45,7 +45,10 @@ def test_on_kill_stops_the_container(docker_client):
         image=IMAGE,
         backend_options={"stop_timeout": 2},
     )
-    ti = SimpleNamespace(dag_id="docker_on_kill", task_id="killed", run_id="manual", try_number=1, map_index=-1)
+    # what Airflow's ResumableJobMixin reads of the task instance too (its metrics' tags)
+    ti = SimpleNamespace(
+        dag_id="docker_on_kill", task_id="killed", run_id="manual", try_number=1, map_index=-1, stats_tags={}
+    )
     errors: list[BaseException] = []
 
     def execute() -> None:

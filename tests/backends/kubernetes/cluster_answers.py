@@ -68,7 +68,7 @@ def kubeconfig_file(tmp_path: Any, monkeypatch: Any) -> Any:
     return path
 
 
-def planned(kubeconfig, *, policy="fail", reattach=True, num_nodes=1, conf=None, **options):
+def planned(kubeconfig, *, policy="fail", durable=True, num_nodes=1, conf=None, **options):
     """A Kubernetes backend and its plan: 4 GPUs and 8Gi, through the ``gke`` connection and a kubeconfig file."""
     request = TaskRequest(
         ResourceSettings(gpu_count=4, memory="8Gi"),
@@ -77,7 +77,7 @@ def planned(kubeconfig, *, policy="fail", reattach=True, num_nodes=1, conf=None,
         policy,  # type: ignore[arg-type]
         {"dag_id": "d", "task_id": "train", "run_id": "manual", "try_number": "1", "map_index": "-1"},
         num_nodes=num_nodes,
-        reattach=reattach,
+        durable=durable,
     )
     backend = BACKENDS["kubernetes"].create(
         {

@@ -1,6 +1,6 @@
 """The deferrable Kubernetes backend (``deferrable=True``): ``start`` defers to the cncf provider's own
 KubernetesPodTrigger, ``resume`` re-enters through KubernetesPodOperator's own ``trigger_reentry``, and a later try
-takes over the earlier try's pod through the task state store (or not, with ``reattach=False``).
+takes over the earlier try's pod through the task state store (or not, with ``durable=False``).
 
 The real KubernetesPodOperator, PodManager, hook and trigger run (the trigger to its first event, as the triggerer
 runs it); only the cluster's answers are canned (:mod:`cluster_answers`: the kubernetes client's methods, the
@@ -273,9 +273,9 @@ def test_a_later_try_takes_over_the_running_pod_of_an_earlier_try(kubeconfig, cl
     assert deferral.trigger.serialize()[1]["pod_name"] == earlier["metadata"]["name"]
 
 
-def test_reattach_false_reaches_kubernetes_pod_operator_and_starts_afresh(kubeconfig, cluster):
-    backend, plan = planned(kubeconfig, reattach=False)
-    assert plan.reattach is False
+def test_durable_false_reaches_kubernetes_pod_operator_and_starts_afresh(kubeconfig, cluster):
+    backend, plan = planned(kubeconfig, durable=False)
+    assert plan.durable is False
     operator = build_operator(plan, deferrable=True)
     assert operator.reattach_on_restart is False and operator.durable is False
     assert build_operator(planned(kubeconfig)[1]).reattach_on_restart is True

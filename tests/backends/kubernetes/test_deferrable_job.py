@@ -172,10 +172,10 @@ def test_an_earlier_tries_finished_job_is_removed_and_a_new_one_submitted(kubeco
     assert deferral.state["job"]["name"] == job["metadata"]["name"] != "train-earlier"
 
 
-def test_reattach_false_never_looks_for_an_earlier_job(kubeconfig, cluster):
+def test_durable_false_never_looks_for_an_earlier_job(kubeconfig, cluster):
     store = StateStore(**{JOB_STATE_KEY: {"name": "train-earlier", "namespace": "ml"}})
     cluster.job_status = k8s.V1JobStatus(active=2)
-    _, _, deferral, _ = started(kubeconfig, cluster, context(store), reattach=False)
+    _, _, deferral, _ = started(kubeconfig, cluster, context(store), durable=False)
     assert store.reads == [] and cluster.names("read_namespaced_job_status") == []
     [job] = cluster.jobs
     assert deferral.state["job"]["name"] == job["metadata"]["name"]
