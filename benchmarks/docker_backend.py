@@ -65,7 +65,7 @@ def quiet_logger(name: str) -> tuple[logging.Logger, Counter]:
 
 
 def context(task_id: str) -> dict:
-    ti = SimpleNamespace(dag_id="bench", task_id=task_id, run_id="bench", try_number=1, map_index=-1)
+    ti = SimpleNamespace(dag_id="bench", task_id=task_id, run_id="bench", try_number=1, map_index=-1, stats_tags={})
     return {"ti": ti}
 
 
