@@ -17,6 +17,7 @@ its tasks with another backend's run half (``executor`` runs like ``local``): it
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 from collections.abc import Mapping
@@ -83,7 +84,9 @@ class BackendInfo(NamedTuple):
         options_class = self.options_class()
         if isinstance(options, options_class):
             return options
-        return options_class.parse(options or {})  # type: ignore[arg-type]  # a mapping (or None)
+        if not options and (options is None or isinstance(options, Mapping)):
+            return _defaults(options_class)  # type: ignore[arg-type]  # a class is hashable (mypy reads the instances')
+        return options_class.parse(options)  # type: ignore[arg-type]  # a mapping
 
     def check(
         self,
@@ -133,6 +136,12 @@ class BackendInfo(NamedTuple):
     def create(self, options: Mapping[str, Any] | BackendOptions | None = None, log: Any = None) -> Backend[Any, Any]:
         """A backend instance for these options."""
         return self.backend_class()(self.parse_options(options), log or logging.getLogger(__name__))
+
+
+@functools.cache
+def _defaults(options_class: type[BackendOptions]) -> BackendOptions:
+    """A backend's default options, parsed once per process (they are frozen): most tasks give none."""
+    return options_class.parse({})
 
 
 def _load(path: str) -> Any:

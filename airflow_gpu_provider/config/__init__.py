@@ -34,6 +34,7 @@ __all__ = [
 ]
 
 _BY_NAME = {option.name: option for option in OPTIONS}
+_VARIABLES = {option.name: f"AIRFLOW__{SECTION.upper()}__{option.name.upper()}" for option in OPTIONS}
 
 
 def provider_config() -> dict[str, Any]:
@@ -126,7 +127,7 @@ def get(name: str) -> Any:
     ``AIRFLOW__GPU__<NAME>`` first (as Airflow does), then airflow.cfg, then the documented default. Cheap enough
     for every operator built while a DAG is parsed.
     """
-    text = os.environ.get(f"AIRFLOW__{SECTION.upper()}__{name.upper()}")
+    text = os.environ.get(_VARIABLES[name])
     return _typed(_BY_NAME[name], text) if text is not None else _from_config_file(name)
 
 

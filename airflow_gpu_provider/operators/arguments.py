@@ -95,8 +95,24 @@ def resources_of(owner: str, given: Mapping[str, Any]) -> tuple[ResourceSettings
     shortcuts = {name: given[name] for name in RESOURCE_SHORTCUTS if given.get(name) is not None}
     templated = {name: value for name, value in shortcuts.items() if is_template(value)}
     concrete = {name: value for name, value in shortcuts.items() if name not in templated}
+    if resources is None and all(type(value) in _PLAIN for value in concrete.values()):
+        return _from_shortcuts(tuple((name, type(value), value) for name, value in concrete.items())), templated
     settings = resources or ResourceSettings()
     return (settings.with_overrides(**concrete) if concrete else settings), templated
+
+
+_PLAIN = (str, int, float, bool)
+
+
+@functools.lru_cache(maxsize=256)
+def _from_shortcuts(shortcuts: tuple[tuple[str, type, Any], ...]) -> ResourceSettings:
+    """The resources of plain shortcut values (``gpu_count=1, memory="8Gi"``), checked once per process.
+
+    The tasks of a DAG mostly ask alike, and the settings are immutable: one object serves them all. Each value's
+    type is part of the key (``True`` is no ``1``); an error is raised again for every task that makes it.
+    """
+    overrides = {name: value for name, _, value in shortcuts}
+    return ResourceSettings().with_overrides(**overrides) if overrides else ResourceSettings()
 
 
 def image_of(owner: str, given: Mapping[str, Any]) -> ImageSettings:
@@ -283,5 +299,6 @@ def check_payload(owner: str, arguments: Mapping[str, Any], *, complete: bool = 
         return None
     shipped = shipped_callable(function, owner=owner)
     op_args, op_kwargs = arguments.get("op_args") or [], arguments.get("op_kwargs") or {}
-    check_call_arguments(owner, function, op_args, op_kwargs, shipped.signature, complete=complete)
+    if complete or op_args or op_kwargs:  # no arguments yet, and more may come: nothing to bind
+        check_call_arguments(owner, function, op_args, op_kwargs, shipped.signature, complete=complete)
     return shipped

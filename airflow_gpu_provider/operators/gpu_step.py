@@ -146,12 +146,12 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         self.shipped = check_payload(spec.owner, given)
         self.python_callable, self.command = python_callable, command
         self.op_args, self.op_kwargs = list(op_args or []), dict(op_kwargs or {})
-        # the templated arguments, rendered when the task starts (the settled values are in task_spec)
-        self.backend = backend if backend is not None else spec.backend
-        self.on_missing_gpu = on_missing_gpu if on_missing_gpu is not None else spec.on_missing_gpu
+        # the templated arguments as given, rendered when the task starts (the settled values are in task_spec); one
+        # not given, or empty, is None, which Airflow's serialisation of the DAG leaves out
+        self.backend, self.on_missing_gpu = backend, on_missing_gpu
         self.checkpoint = spec.checkpoint  # as checked (a path-like as text); a template is rendered when it starts
-        self.resource_overrides = dict(spec.templated)
-        self.environment = check_environment(spec.owner, "environment", environment or {})
+        self.resource_overrides = dict(spec.templated) or None
+        self.environment = check_environment(spec.owner, "environment", environment or {}) or None
         with airflow_checks(spec.owner, "BaseOperator(...)"):
             super().__init__(**spec.placed(kwargs))
         self.durable = spec.durable  # Airflow's ResumableJobMixin attribute (its own __init__ leaves its default)

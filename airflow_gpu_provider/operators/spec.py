@@ -205,8 +205,8 @@ class TaskSpec(NamedTuple):
         *,
         backend: str | None,
         on_missing_gpu: str | None,
-        overrides: Mapping[str, Any],
-        environment: Mapping[str, str],
+        overrides: Mapping[str, Any] | None,
+        environment: Mapping[str, str] | None,
     ) -> TaskSpec:
         """The spec once templates are rendered: only what a template gave is checked (the rest was, at parse).
 
@@ -221,7 +221,8 @@ class TaskSpec(NamedTuple):
             spec = spec._replace(image=image)
         if self.templated:
             with check.named(self.owner):
-                resources = self.resources.with_overrides(**{k: overrides.get(k, v) for k, v in self.templated.items()})
+                rendered = overrides or {}
+                resources = self.resources.with_overrides(**{k: rendered.get(k, v) for k, v in self.templated.items()})
             check.check_accelerator(self.owner, resources)
             spec = spec._replace(resources=resources, templated=_NONE)
             if spec.on_oom is not None:

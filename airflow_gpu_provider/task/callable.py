@@ -20,7 +20,8 @@ import textwrap
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any, NamedTuple
+from types import CodeType
+from typing import Any
 
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.runtime.protocol import function_tree
@@ -46,18 +47,50 @@ CONTEXT_VALUES: dict[str, Callable[[Mapping[str, Any]], Any]] = {
 }
 
 
-class ShippedCallable(NamedTuple):
-    """A function reduced to what the runtime needs to rebuild it (and its signature, for the worker's checks)."""
+class ShippedCallable:
+    """A function reduced to what the runtime needs to rebuild it (and its signature, for the worker's checks).
 
-    name: str
-    source: str
-    filename: str
-    first_line: int
-    context_params: tuple[str, ...]
-    signature: inspect.Signature
-    annotations_future: bool = False  # the DAG file has ``from __future__ import annotations``: the runtime too
+    Its source (decorators removed), the line of its ``def`` and its file are read from the DAG file when first
+    asked for: when the task starts, or at parse where a check needs the source.
+    """
+
+    __slots__ = ("_code", "_text", "annotations_future", "context_params", "name", "signature")
+
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        context_params: tuple[str, ...],
+        signature: inspect.Signature,
+        annotations_future: bool,
+        text: tuple[str, int, str] | None = None,
+    ) -> None:
+        # its code, not the function: the cache of shipped functions is keyed weakly by the function
+        self._code, self.name, self.context_params = function.__code__, function.__name__, context_params
+        self.signature, self.annotations_future, self._text = signature, annotations_future, text
+
+    def _read(self) -> tuple[str, int, str]:
+        if self._text is None:
+            _, source, first_line = _function_source(self._code, f"python_callable {self.name!r}")
+            self._text = source, first_line, inspect.getsourcefile(self._code) or "<gpu task>"
+        return self._text
+
+    @property
+    def source(self) -> str:
+        """The function's source, decorators removed and dedented."""
+        return self._read()[0]
+
+    @property
+    def first_line(self) -> int:
+        """The line of its ``def`` in its file."""
+        return self._read()[1]
+
+    @property
+    def filename(self) -> str:
+        """Its file."""
+        return self._read()[2]
 
 
+@functools.cache
 def known_context_keys() -> frozenset[str]:
     """The keys of Airflow's task context (a parameter of that name is filled in when the task runs)."""
     from airflow.sdk.definitions.context import Context
@@ -87,6 +120,23 @@ def _global_reads(source: str, name: str, annotations_future: bool) -> set[str]:
     return reads
 
 
+def _names(function: Callable[..., Any]) -> set[str] | None:
+    """Every name the function's compiled code (nested code included) loads, stores or takes an attribute of.
+
+    A superset of what :func:`_global_reads` finds in its body; ``None`` for a closure (it reads from outside).
+    """
+    code = function.__code__
+    if code.co_freevars:
+        return None
+    names: set[str] = set()
+    pending = [code]
+    while pending:
+        current = pending.pop()
+        names.update(current.co_names)
+        pending.extend(c for c in current.co_consts if isinstance(c, type(code)))
+    return names
+
+
 @functools.lru_cache(maxsize=32)
 def _file_functions(filename: str, mtime_ns: int) -> dict[int, ast.FunctionDef]:
     """Every function of a source file by its first line (decorators included), parsed once per file."""
@@ -108,32 +158,34 @@ def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
             yield from _statements(part.body)
 
 
-def _function_source(function: Callable[..., Any], owner: str) -> tuple[ast.FunctionDef, str, int]:
-    """The function's AST node, its source without decorators (dedented), and the line of its ``def``."""
-    filename = inspect.getsourcefile(function)
+def _function_source(function: Callable[..., Any] | CodeType, owner: str) -> tuple[ast.FunctionDef, str, int]:
+    """A function's (or its code's) AST node, its source without decorators (dedented), the line of its ``def``."""
+    code = function if isinstance(function, CodeType) else function.__code__
+    filename = inspect.getsourcefile(code)
     node = None
     if filename is not None:
         try:
             linecache.checkcache(filename)
-            node = _file_functions(filename, os.stat(filename).st_mtime_ns)[function.__code__.co_firstlineno]
+            node = _file_functions(filename, os.stat(filename).st_mtime_ns)[code.co_firstlineno]
         except (OSError, SyntaxError, KeyError):
             node = None
-    if filename is not None and node is not None:
+    if filename is not None and node is not None and node.name == code.co_name:
         lines = linecache.getlines(filename)[node.lineno - 1 : node.end_lineno]
         return node, textwrap.dedent("".join(lines)), node.lineno
-    try:  # not in a readable file we could parse (e.g. defined interactively): ask inspect
-        lines, start = inspect.getsourcelines(function)
-    except (OSError, TypeError) as err:
+    try:  # not in a file we could parse (e.g. defined interactively), or it changed since: ask inspect
+        lines, start = inspect.getsourcelines(code)
+        text = textwrap.dedent("".join(lines))
+        parsed = ast.parse(text).body[0]
+        if not isinstance(parsed, ast.FunctionDef) or parsed.name != code.co_name:
+            raise OSError(f"{filename}:{code.co_firstlineno} holds other code: the file changed since it was loaded")
+    except (OSError, TypeError, SyntaxError, IndexError) as err:
         raise InvalidSettingError(
             owner,
             "python_callable",
-            function.__name__,
+            code.co_name,
             f"its source is not available ({err})",
             "a function defined in a file",
         ) from None
-    text = textwrap.dedent("".join(lines))
-    parsed = ast.parse(text).body[0]
-    assert isinstance(parsed, ast.FunctionDef)
     body = "\n".join(text.splitlines()[parsed.lineno - 1 : parsed.end_lineno]) + "\n"
     return parsed, body, start + parsed.lineno - 1
 
@@ -159,25 +211,15 @@ def shipped_callable(function: Callable[..., Any], *, owner: str) -> ShippedCall
         raise InvalidSettingError(owner, "python_callable", function, "only plain functions can be shipped", accepted)
     if inspect.iscoroutinefunction(function):
         raise InvalidSettingError(owner, "python_callable", name, "async functions are not supported", accepted)
-    node, source, first_line = _function_source(function, owner)
-    filename = inspect.getsourcefile(function) or "<gpu task>"
-
     future = bool(function.__code__.co_flags & __future__.annotations.compiler_flag)
-    free = _global_reads(source, node.name, future) - set(dir(builtins))
-    outside = sorted(n for n in free if n in function.__globals__ or n in function.__code__.co_freevars)
-    if outside:
-        err = InvalidSettingError(
-            owner,
-            "python_callable",
-            name,
-            f"it uses {', '.join(map(repr, outside))} from outside the function; only the function's source "
-            "travels to the GPU process, container or pod",
-            "import or define those names inside the function body, or pass values as arguments",
-        )
-        used = min((n.lineno for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in outside), default=None)
-        err.source_line = (filename, first_line + (used - node.lineno if used else 0))  # the line that reads it
-        raise err
-
+    names, text = _names(function), None
+    # A function without defaults (evaluated outside it) that names nothing of its module and is no closure reads
+    # nothing from outside: its source waits until the task starts (a parse does not need it)
+    if names is None or function.__defaults__ or function.__kwdefaults__ or not names.isdisjoint(function.__globals__) \
+            or not linecache.getlines(function.__code__.co_filename):  # fmt: skip
+        node, source, first_line = _function_source(function, owner)
+        text = source, first_line, inspect.getsourcefile(function) or "<gpu task>"
+        _refuse_outside_names(function, owner, names, node, text)
     signature = inspect.signature(function)
     context_keys = known_context_keys()
     context_params = tuple(p for p in signature.parameters if p in context_keys)
@@ -191,10 +233,42 @@ def shipped_callable(function: Callable[..., Any], *, owner: str) -> ShippedCall
             "leave the worker",
             f"context values that travel as JSON: {', '.join(sorted(CONTEXT_VALUES))}",
         )
-    shipped = _SHIPPED[function] = ShippedCallable(
-        name, source, filename, first_line, context_params, signature, future
-    )
+    shipped = _SHIPPED[function] = ShippedCallable(function, context_params, signature, future, text)
     return shipped
+
+
+def _refuse_outside_names(
+    function: Callable[..., Any],
+    owner: str,
+    names: set[str] | None,
+    node: ast.FunctionDef,
+    text: tuple[str, int, str],
+) -> None:
+    """Refuse a function that reads names from outside it (its module's, a closure's), naming the first such line.
+
+    :param names: what its code names (:func:`_names`); its defaults' names are added from ``node``
+    """
+    defaults = [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]
+    if names is not None and names.union(
+        n.id for d in defaults for n in ast.walk(d) if isinstance(n, ast.Name)
+    ).isdisjoint(function.__globals__):
+        return  # nothing it names is its module's: no scope analysis needed
+    source, first_line, filename = text
+    future = bool(function.__code__.co_flags & __future__.annotations.compiler_flag)
+    free = _global_reads(source, node.name, future) - set(dir(builtins))
+    outside = sorted(n for n in free if n in function.__globals__ or n in function.__code__.co_freevars)
+    if outside:
+        err = InvalidSettingError(
+            owner,
+            "python_callable",
+            function.__name__,
+            f"it uses {', '.join(map(repr, outside))} from outside the function; only the function's source "
+            "travels to the GPU process, container or pod",
+            "import or define those names inside the function body, or pass values as arguments",
+        )
+        used = min((n.lineno for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in outside), default=None)
+        err.source_line = (filename, first_line + (used - node.lineno if used else 0))  # the line that reads it
+        raise err
 
 
 def check_command(owner: str, command: object) -> None:

@@ -12,10 +12,11 @@ The same source gives the same bytes on every machine: files in path order, stor
 compresses the whole archive once), dated 1980-01-01, mode 0644, no ``__pycache__``. So the archive's digest,
 and every cache key built on it (a derived image's tag), changes only when the runtime's source does.
 
-The local backend's copy of the archive (``host/state.py``, one per worker host) is :func:`compiled`: the same
-members, then each module compiled by the worker's Python beside its source, where zipimport looks for it, so a task
-process does not compile the runtime again (about 30 ms of CPU each). They are checked against their source's hash
-when imported; another Python (another magic number) compiles the sources as it would without them.
+The local backend's copy of the archive (``host/state.py``, one per worker host) and the one a Docker container gets
+are :func:`compiled`: the same members, then each module compiled by the worker's Python beside its source, where
+zipimport looks for it, so a task process does not compile the runtime again (about 30 ms of CPU each). They are
+checked against their source's hash when imported; another Python (another magic number: an image's own) compiles
+the sources as it would without them.
 """
 
 from __future__ import annotations
@@ -83,10 +84,12 @@ def entries() -> bytes:
     return data[: int.from_bytes(data[-6:-2], "little")]  # no comment: the end record is the last 22 bytes
 
 
+@functools.cache
 def compiled(path: str) -> bytes:
     """The archive with each module compiled by this Python (a ``.pyc`` beside each ``.py``), to be written at ``path``.
 
-    The sources come first, byte for byte the archive's (:func:`entries`), then the compiled modules, each checked
+    Built once per process and path (the local backend's copy, a Docker container's ``/airflow-gpu``). The sources
+    come first, byte for byte the archive's (:func:`entries`), then the compiled modules, each checked
     against its source's hash when imported (PEP 552), with the file names zipimport gives the sources.
     """
     import importlib.util

@@ -175,10 +175,14 @@ def test_an_upload_into_a_writable_host_folder_is_checked_and_refused_unseen():
 
 
 def test_the_providers_own_upload_is_one_the_plugin_accepts(tmp_path):
-    with TaskFiles({"envelope.json": b"{}", "runtime.pyz": b"PK" * 1000}, parent=tmp_path / "files") as files:
+    from airflow_gpu_provider.task import runtime_zip
+
+    mounted = {"envelope.json": b"{}", "runtime.pyz": runtime_zip.compiled("/airflow-gpu/runtime.pyz")}
+    with TaskFiles(mounted, parent=tmp_path / "files") as files:
         archive = files.archive()
     check_archive(archive)  # regular files and a folder of the worker's, permission bits only
     assert len(archive) < 2**20  # the engine shows a plugin bodies under 1 MiB only
+    assert runtime_zip.archive() in archive  # the runtime uploaded as its plain archive, the smaller one
     with pytest.raises(UnsafePathError, match="setuid"):
         check_archive(_archive(mode=0o2755))
 

@@ -184,3 +184,30 @@ def test_annotations_in_the_body_are_read_unless_the_dag_file_defers_them(tmp_pa
     else:  # evaluated in the body (not in the signature, which is never evaluated)
         with pytest.raises(InvalidSettingError, match="it uses 'pathlib' from outside the function"):
             shipped_callable(train, owner="t")
+
+
+def test_a_shipped_function_is_read_when_asked_and_not_kept_alive_by_the_cache(tmp_path, monkeypatch):
+    """The parse path reads no source of a self-contained function; the cache of shipped functions is weak."""
+    import gc
+    import importlib
+    import sys
+    import weakref
+
+    (tmp_path / "lazy_source.py").write_text("def step(n):\n    import math\n    return math.sqrt(n)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    step = importlib.import_module("lazy_source").step
+    shipped = shipped_callable(step, owner="t")
+    (tmp_path / "lazy_source.py").write_text("def step(n):\n    import math\n    return math.sqrt(n)  # read\n")
+    assert shipped.source.endswith("# read\n")  # read now, when the task starts (the worker's file)
+    assert (shipped.first_line, shipped.filename) == (1, str(tmp_path / "lazy_source.py"))
+    alive = weakref.ref(step)
+    del step, sys.modules["lazy_source"]
+    gc.collect()
+    assert alive() is None
+    assert shipped.source.startswith("def step(n):")  # what it read stays
+
+    (tmp_path / "lazy_other.py").write_text("def step(n):\n    return n\n")
+    other = shipped_callable(importlib.import_module("lazy_other").step, owner="t")
+    (tmp_path / "lazy_other.py").write_text("def renamed(n):\n    return n\n\n\n")  # changed before the task starts
+    with pytest.raises(InvalidSettingError, match="lazy_other.py:1 holds other code: the file changed"):
+        other.source  # noqa: B018 - read now: never another function's source

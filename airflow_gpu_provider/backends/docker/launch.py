@@ -19,12 +19,12 @@ from airflow_gpu_provider.backends.docker import durable, lifecycle
 from airflow_gpu_provider.backends.docker.files import TaskFiles
 from airflow_gpu_provider.backends.docker.images.task_image import task_image
 from airflow_gpu_provider.backends.docker.lifecycle import NoGpuRuntime
-from airflow_gpu_provider.backends.docker.plan import DockerPlan
+from airflow_gpu_provider.backends.docker.plan import CONTAINER_DIR, DockerPlan
 from airflow_gpu_provider.exceptions import GpuUnavailableError
 from airflow_gpu_provider.host.allocator import Allocation
 from airflow_gpu_provider.host.keeper import Keeper
 from airflow_gpu_provider.host.quarantine import on_fault
-from airflow_gpu_provider.task.runtime_zip import FILE_NAME, archive
+from airflow_gpu_provider.task.runtime_zip import FILE_NAME, compiled
 
 TOOLKIT_FIX = (
     "Install the NVIDIA Container Toolkit on the Docker host and register it with Docker "
@@ -174,7 +174,7 @@ def _start(
 
 
 def _files(plan: DockerPlan, image: str, cpu_fallback: str | None) -> dict[str, bytes]:
-    """The runtime and the envelope (with the resource summary the runtime prints first)."""
+    """The runtime (precompiled by the worker's Python) and the envelope (with the summary the runtime prints first)."""
     # gpus None: the runtime asks nvidia-smi in the container (a CPU task gets NVIDIA_VISIBLE_DEVICES=void)
     envelope = plan.request.runtime_envelope(
         backend="docker",
@@ -183,4 +183,4 @@ def _files(plan: DockerPlan, image: str, cpu_fallback: str | None) -> dict[str, 
         cpu_fallback=cpu_fallback is not None,
         fallback_reason=cpu_fallback or "",
     )
-    return {FILE_NAME: archive(), "envelope.json": json.dumps(envelope).encode()}
+    return {FILE_NAME: compiled(f"{CONTAINER_DIR}/{FILE_NAME}"), "envelope.json": json.dumps(envelope).encode()}

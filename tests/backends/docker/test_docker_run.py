@@ -261,8 +261,14 @@ def test_files_through_the_docker_api_when_not_mounted(task_log, state_dir, monk
 
 
 def test_worker_folder_is_private_read_only_and_removed(task_log, state_dir):
+    """... and the runtime in it was compiled by the worker's Python: an image of the same version imports it so."""
+    import sys
+
     result = run(task_log, request(call(probe_the_task_folder)))
+    runtime = result.return_value.pop("runtime")
     assert result.return_value == {"write": "refused", "inputs": ["envelope.json", "runtime.pyz"]}
+    same_python = tuple(runtime["python"]) == sys.version_info[:2]
+    assert runtime["protocol"] == "/airflow-gpu/runtime.pyz/airflow_gpu_runtime/protocol.py" + "c" * same_python
     parent = state_dir / "docker-tasks"
     assert parent.stat().st_mode & 0o777 == 0o700  # no other user of the host reaches the task's files
     assert list(parent.iterdir()) == []
@@ -270,6 +276,7 @@ def test_worker_folder_is_private_read_only_and_removed(task_log, state_dir):
 
 def probe_the_task_folder() -> dict:
     import os
+    import sys
 
     try:  # a setuid binary, a planted module, a symlink: the container cannot put anything into a host path
         with open("/airflow-gpu/planted.py", "w") as handle:
@@ -277,7 +284,9 @@ def probe_the_task_folder() -> dict:
         write = "allowed"
     except OSError:
         write = "refused"
-    return {"write": write, "inputs": sorted(os.listdir("/airflow-gpu"))}
+    protocol = sys.modules["airflow_gpu_runtime.protocol"].__file__  # the runtime's, in this process
+    runtime = {"protocol": protocol, "python": sys.version_info[:2]}
+    return {"write": write, "inputs": sorted(os.listdir("/airflow-gpu")), "runtime": runtime}
 
 
 def privileges() -> dict:
