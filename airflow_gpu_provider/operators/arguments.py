@@ -33,9 +33,7 @@ RESOURCE_SHORTCUTS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(R
 #: The image fields a task may give one by one (``requirements=[...]``).
 IMAGE_SHORTCUTS: tuple[str, ...] = ("parent_image", "requirements", "python_package_installer")
 #: How a try runs: what :func:`run_options` settles.
-RUN_OPTIONS: tuple[str, ...] = (
-    "checkpoint", "resume", "deferrable", "durable", "reattach", "wait_timeout", "right_size"
-)  # fmt: skip
+RUN_OPTIONS = ("checkpoint", "resume", "deferrable", "durable", "reattach", "wait_timeout", "right_size")
 _BOOLEAN = "True or False"
 
 
@@ -214,10 +212,8 @@ class RunOptions(NamedTuple):
 def run_options(owner: str, given: Mapping[str, Any]) -> RunOptions:
     """How a try runs, checked: each of :data:`RUN_OPTIONS`.
 
-    ``right_size`` is a boolean (default ``False``); its backend is checked where the spec meets it (``_on_backend``).
-
-    ``deferrable``'s default is Airflow's ``[operators] default_deferrable``; ``reattach`` is ``durable``'s
-    deprecated name.
+    ``right_size``'s backend is checked where the spec meets it (``_on_backend``); ``deferrable``'s default is
+    ``[operators] default_deferrable``; ``reattach`` is ``durable``'s deprecated name.
     """
     from airflow_gpu_provider.checkpoint.location import check_root
 
