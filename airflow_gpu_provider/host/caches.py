@@ -51,18 +51,28 @@ def _open_current(path: Path, operation: int) -> int | None:
 
 
 @contextlib.contextmanager
-def using(folder: str | os.PathLike[str], key: str) -> Iterator[int]:
+def using(folder: str | os.PathLike[str], key: str, *, exists: Callable[[], bool] | None = None) -> Iterator[int]:
     """Hold entry ``key`` as in use (a shared flock on its use file) and mark it used now; yield the descriptor.
 
     Pass the descriptor on to the processes that use the entry: the lock lasts as long as any of them.
+
+    :param exists: whether the entry is there: when the block fails and it is not (its build failed), the use file
+        goes too, unless a task still holds it (a holder nested in this one leaves it to the outermost)
     """
     fd = _open_current(use_file(private_dir(folder), key), fcntl.LOCK_SH)
     assert fd is not None  # a blocking lock is never busy
     try:
         os.utime(fd)
         yield fd
-    finally:
+    except BaseException:
         os.close(fd)
+        fd = -1
+        if exists is not None and not exists():
+            drop(folder, key)
+        raise
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def evict(

@@ -21,8 +21,11 @@ RAY = {"backend": "ray", "backend_options": {"address": ADDRESS, "accelerator_la
 ON_HEAD = {**RAY, "backend_options": {"address": ADDRESS, "label_selector": {"gpu-model": "A100"}}}
 
 
-def where() -> dict:
+def where(run: str = "") -> dict:
     """What the job sees: its GPUs, its node (the address of the raylet it runs beneath), when it ran.
+
+    ``run`` (the run's id) makes two runs' jobs differ: the tests' two nodes share one folder for the jobs'
+    working_dirs, which Ray names by their content (tests/backends/ray/ray_cluster.py).
 
     With ``BARRIER`` (a folder), it first waits until another job has started too: two jobs that Ray can run at once
     then run at once, however late their workers start.
@@ -41,6 +44,7 @@ def where() -> dict:
             pid = int(handle.read().rsplit(")", 1)[1].split()[1])
     barrier = os.environ.get("BARRIER")
     if barrier:  # a run of two: each waits (3 min at most) for the other to have started too
+        os.makedirs(barrier, exist_ok=True)
         open(os.path.join(barrier, str(os.getpid())), "w").close()
         deadline = time.time() + 180
         while len(os.listdir(barrier)) < 2 and time.time() < deadline:
@@ -85,7 +89,7 @@ def grows(megabytes: int) -> dict:
     return {"held_mb": len(blocks), "memory": memory}
 
 
-with DAG("ray_basics", schedule=None, start_date=START):
+with DAG("ray_basics", schedule=None, start_date=START):  # what one worker checks in one run, task by task
     GpuStepOperator(
         task_id="one_gpu", python_callable=uses_project_code, gpu_count=1, modules=["plmod", "plpkg"], **RAY
     )
@@ -100,39 +104,46 @@ with DAG("ray_basics", schedule=None, start_date=START):
     )
     GpuStepOperator(task_id="second_model", python_callable=where, accelerator=["B200", "H100"], **RAY)
     GpuStepOperator(task_id="no_such_model", python_callable=where, accelerator="B200", on_missing_gpu="cpu", **RAY)
-
-for _name, _count, _arguments in (("ray_two_gpus", 2, RAY), ("ray_half_gpu", 0.5, ON_HEAD)):
-    with DAG(_name, schedule=None, start_date=START):
-        GpuStepOperator(
-            task_id="task",
-            python_callable=where,
-            gpu_count=_count,
-            image=ImageSettings(environment={"SLEEP": "3", "BARRIER": os.environ.get("AIRFLOW_GPU_TEST_BARRIER", "")}),
-            **_arguments,
-        )
-
-with DAG("ray_sleeps", schedule=None, start_date=START):
-    GpuStepOperator(task_id="task", python_callable=sleeps, gpu_count=1, **RAY)
-
-with DAG("ray_timeout", schedule=None, start_date=START):
+    GpuStepOperator(task_id="deferred", python_callable=where, gpu_count=1, deferrable=True, **RAY)
     GpuStepOperator(
-        task_id="task", python_callable=sleeps, execution_timeout=datetime.timedelta(seconds=10), gpu_count=1, **RAY
+        task_id="timeout", python_callable=sleeps, execution_timeout=datetime.timedelta(seconds=10), gpu_count=1, **RAY
     )
-
-with DAG("ray_deferred", schedule=None, start_date=START):
-    GpuStepOperator(task_id="task", python_callable=where, gpu_count=1, deferrable=True, **RAY)
-
-with DAG(
-    "ray_oom_escalation", schedule=None, start_date=START, default_args={"retries": 1, "retry_delay": datetime.timedelta(0)}
-):  # fmt: skip
     GpuStepOperator(
         task_id="grow",
         python_callable=grows,
         op_args=[160],
         memory="64Mi",
         on_oom=OomEscalation(memory=["512Mi"]),
+        retries=1,
+        retry_delay=datetime.timedelta(0),
         **RAY,
     )
+
+with DAG("ray_at_once", schedule=None, start_date=START):  # run by two workers at once: their tasks meet
+    _barrier = os.environ.get("AIRFLOW_GPU_TEST_BARRIER", "")
+    _two = GpuStepOperator(
+        task_id="two_gpus",
+        python_callable=where,
+        op_args=["{{ run_id }}"],
+        gpu_count=2,
+        image=ImageSettings(environment={"SLEEP": "3", "BARRIER": _barrier and f"{_barrier}/two_gpus"}),
+        **RAY,
+    )
+    _half = GpuStepOperator(
+        task_id="half_gpu",
+        python_callable=where,
+        op_args=["{{ run_id }}"],
+        gpu_count=0.5,
+        image=ImageSettings(environment={"SLEEP": "3", "BARRIER": _barrier and f"{_barrier}/half_gpu"}),
+        **ON_HEAD,
+    )
+    _two >> _half
+
+with DAG("ray_sleeps", schedule=None, start_date=START):
+    GpuStepOperator(task_id="task", python_callable=sleeps, gpu_count=1, **RAY)
+
+with DAG("ray_durable_sleeps", schedule=None, start_date=START):  # its job outlives a killed worker, by design
+    GpuStepOperator(task_id="task", python_callable=sleeps, durable=True, **RAY)
 
 with DAG("ray_accelerate", schedule=None, start_date=START, params={"script": "", "out": ""}):
     # accelerate's own test script, one process on each node (at world size 4 on CPU its split_between_processes

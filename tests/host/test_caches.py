@@ -8,6 +8,8 @@ import shutil
 import threading
 import time
 
+import pytest
+
 from airflow_gpu_provider.host import caches
 
 log = logging.getLogger("test.caches")
@@ -65,3 +67,19 @@ def test_a_task_that_waited_on_a_removed_entry_looks_again(tmp_path):
     inode, exists = got[0]
     assert inode == caches.use_file(tmp_path, "a").stat().st_ino  # a new use file, not the removed one
     assert not exists  # so it builds the entry again, under its own lock
+
+
+def test_a_failed_build_held_twice_leaves_no_use_file(tmp_path):
+    """The local backend holds its venv's use file around the build that holds it too: the outermost removes it."""
+    exists = (tmp_path / "a").is_dir
+    with (
+        pytest.raises(RuntimeError),
+        caches.using(tmp_path, "a", exists=exists),
+        caches.using(tmp_path, "a", exists=exists),
+    ):
+        raise RuntimeError("the build failed")
+    assert not caches.use_file(tmp_path, "a").exists()
+    (tmp_path / "b").mkdir()
+    with pytest.raises(RuntimeError), caches.using(tmp_path, "b", exists=(tmp_path / "b").is_dir):
+        raise RuntimeError("the task failed, its entry built")
+    assert caches.use_file(tmp_path, "b").exists()  # an entry that is there keeps its last use

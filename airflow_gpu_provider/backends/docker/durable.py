@@ -8,43 +8,26 @@ a cleared task), the next try of the same task instance asks the recorded contai
 (:func:`is_succeeded`) is collected; any other (failed, never started, gone) is removed and the task starts afresh,
 as ``durable=False`` always does. A try removes its container only while it :func:`owns` it. The orphan reaper spares
 a durable container while its task instance has not ended (:func:`task_instance_live`), and only the reapers of its
-own Airflow deployment judge it (:func:`deployment`): another deployment sharing the engine cannot ask about it.
+own Airflow deployment judge it (:func:`.host.workers.deployment`): another deployment sharing the engine cannot ask about it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 from collections.abc import Mapping
 from typing import Any
 
 from docker.errors import NotFound
 
+from airflow_gpu_provider.host import workers
 from airflow_gpu_provider.task.labels import PROVIDER, docker_label
 
 KEY = "airflow_gpu_provider.docker_container"
-#: the states of a task instance that has not ended (a try runs, is deferred, or another try will come)
-UNFINISHED = ["null", "scheduled", "queued", "running", "restarting", "up_for_retry", "up_for_reschedule", "deferred"]
 _IDENTITY = ("dag_id", "task_id", "run_id", "map_index")
 #: the label naming the Airflow deployment whose task instance a durable container belongs to
 DEPLOYMENT_LABEL = docker_label("deployment")
 #: the engine's states of a container that still runs: a later try follows it
 ACTIVE = ("running", "restarting", "paused")
-
-
-def deployment() -> str:
-    """The Airflow deployment of this worker: a digest of the Execution API it reports to and its ``AIRFLOW_HOME``.
-
-    Two deployments sharing one Docker engine (staging and production on one GPU host; parallel test runs) each
-    ask their own API whether a durable container's task instance has ended: the other's would answer "no such
-    task instance" and remove a container a later try is about to reattach to.
-    """
-    from airflow.configuration import conf
-
-    api = conf.get("core", "execution_api_server_url", fallback="") or conf.get("api", "base_url", fallback="")
-    home = os.environ.get("AIRFLOW_HOME", "~/airflow")
-    return hashlib.sha256(f"{api}\n{home}".encode()).hexdigest()[:16]
 
 
 def entry(container_id: str, engine: str, try_number: str) -> dict[str, Any]:
@@ -141,22 +124,5 @@ def find(client: Any, container_id: str, labels: Mapping[str, str]) -> dict[str,
 
 
 def task_instance_live(labels: Mapping[str, str], log: logging.Logger) -> bool:
-    """Whether the task instance a container's labels name has not ended (asked through the Task SDK).
-
-    Outside a task (no supervisor to ask), or when Airflow cannot answer, it counts as live: a container is never
-    removed on a guess; the next task that can ask removes it.
-    """
-    try:
-        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
-
-        count = RuntimeTaskInstance.get_ti_count(
-            dag_id=labels[docker_label("dag_id")],
-            map_index=int(labels.get(docker_label("map_index"), "-1")),
-            task_ids=[labels[docker_label("task_id")]],
-            run_ids=[labels[docker_label("run_id")]],
-            states=UNFINISHED,
-        )
-    except Exception as err:  # noqa: BLE001 - no supervisor, an API error, a label that is not ours
-        log.info("Cannot tell whether the task instance of a durable container has ended (%s): it is kept.", err)
-        return True
-    return bool(count)
+    """Whether the task instance a container's labels name has not ended (:func:`.host.workers.task_instance_live`)."""
+    return workers.task_instance_live({k: labels[docker_label(k)] for k in _IDENTITY if docker_label(k) in labels}, log)

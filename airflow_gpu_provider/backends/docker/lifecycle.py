@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 from docker.errors import APIError, NotFound
 from docker.utils import format_environment
 
-from airflow_gpu_provider.backends.docker.durable import DEPLOYMENT_LABEL, deployment
+from airflow_gpu_provider.backends.docker.durable import DEPLOYMENT_LABEL
 from airflow_gpu_provider.backends.docker.files import TaskFiles, read_result
 from airflow_gpu_provider.backends.docker.orphans import AUTO_REMOVE_LABEL, DURABLE_LABEL, WORKER_LABEL
 from airflow_gpu_provider.exceptions import OOM_REMEDY, GpuTaskError, HostOutOfMemoryError
 from airflow_gpu_provider.host.keeper import Keeper
-from airflow_gpu_provider.host.workers import worker_identity
+from airflow_gpu_provider.host.workers import deployment, worker_identity
 from airflow_gpu_provider.policy import Policy
 from airflow_gpu_provider.policy.engine import check_create
 from airflow_gpu_provider.settings.units import format_bytes

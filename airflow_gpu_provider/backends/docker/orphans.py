@@ -17,8 +17,8 @@ from typing import Any
 
 from docker.errors import APIError, NotFound
 
-from airflow_gpu_provider.backends.docker.durable import DEPLOYMENT_LABEL, deployment, task_instance_live
-from airflow_gpu_provider.host.workers import is_dead
+from airflow_gpu_provider.backends.docker.durable import DEPLOYMENT_LABEL, task_instance_live
+from airflow_gpu_provider.host.workers import deployment, is_dead
 from airflow_gpu_provider.task.labels import docker_label
 
 WORKER_LABEL = docker_label("worker")

@@ -20,10 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.backends.base import Backend
 from airflow_gpu_provider.backends.local.process import TaskProcess, reap_orphans
-from airflow_gpu_provider.backends.local.venv import ensure_venv, venv_key
+from airflow_gpu_provider.backends.local.venv import ensure_venv, venv_in_use
 from airflow_gpu_provider.backends.options import WorkerOptions
 from airflow_gpu_provider.checkpoint.location import checkpoint_environment
-from airflow_gpu_provider.host import caches
 from airflow_gpu_provider.host.allocator import HostGpus
 from airflow_gpu_provider.host.quarantine import on_fault
 from airflow_gpu_provider.host.state import runtime_file, task_folder
@@ -102,7 +101,7 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
             yield Path(sys.executable), name, []
             return
         venvs = Path(plan.host.state_dir) / "venvs"
-        with caches.using(venvs, venv_key(image)) as in_use:  # never removed while a process of the task lives
+        with venv_in_use(venvs, image) as in_use:  # never removed while a process of the task lives
             python = ensure_venv(image, venvs, self.log, runtime=runtime, cache_size=plan.cache_size)
             yield python, f"{name} + venv {python.parent.parent.name}", [in_use]
 

@@ -171,16 +171,17 @@ def ensure_venv(
     :param cache_size: bytes the venvs of ``cache_dir`` may take (``[gpu] cache_size``; 0: no limit)
     :raises UntrustedStateError: when the cache folder, the venv or its marker is not the worker's own
     """
-    root, key = private_dir(cache_dir), venv_key(image)
-    try:
-        with caches.using(root, key):  # never removed while this task looks it up, builds it or uses it
-            python = _ensure(image, root, log, runtime)
-            caches.evict(root, _sizes(root), cache_size, _remover(root), what="cached virtualenv", log=log)
-            return python
-    except BaseException:
-        if not (root / key).is_dir():
-            caches.drop(root, key)  # the build failed: no venv, no use file (unless another task waits for it)
-        raise
+    root = private_dir(cache_dir)
+    with venv_in_use(root, image):  # never removed while this task looks it up, builds it or uses it
+        python = _ensure(image, root, log, runtime)
+        caches.evict(root, _sizes(root), cache_size, _remover(root), what="cached virtualenv", log=log)
+        return python
+
+
+def venv_in_use(cache_dir: str | os.PathLike[str], image: ImageSettings) -> contextlib.AbstractContextManager[int]:
+    """Hold the venv of ``image`` as in use (:func:`.host.caches.using`); a failed build leaves no use file."""
+    root, key = Path(cache_dir), venv_key(image)
+    return caches.using(root, key, exists=(root / key).is_dir)
 
 
 def _ensure(image: ImageSettings, root: Path, log: logging.Logger, runtime: Path | None) -> Path:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_gpu_provider.backends.ray.plan import DRIVER, ENVELOPE, NODES, REAPER, RayPlan
+from airflow_gpu_provider.backends.ray.reaper import ON_WORKER as CHECKPOINT_ON_WORKER
 from airflow_gpu_provider.exceptions import GpuTaskError, RemoteTaskError
 from airflow_gpu_provider.runtime.protocol import RESULT_MARKER
 from airflow_gpu_provider.task.output import LineSplitter, TaskLog
@@ -34,9 +36,11 @@ def submit(
     """Submit the job with its ``working_dir``: the runtime, the envelope, the reaper and the node driver (nodes).
 
     Ray uploads the folder when the job is submitted (once per content hash); the worker's copy is removed then.
-    The job's metadata names its task instance, its worker and whether a later try may take it over (``durable``).
+    A checkpoint folder the worker made is named to the reaper, which fails the job on a node that lacks it.
+    The job's metadata names its task instance, its worker, whether a later try may take it over (``durable``) and
+    the Airflow deployment that can tell whether its task instance has ended (``orphans.py``).
     """
-    from airflow_gpu_provider.host.workers import worker_identity
+    from airflow_gpu_provider.host.workers import deployment, worker_identity
 
     folder = Path(tempfile.mkdtemp(prefix="airflow-gpu-ray-"))
     try:
@@ -48,11 +52,19 @@ def submit(
             (folder / NODES).write_text(json.dumps(spec))
             shutil.copyfile(Path(__file__).with_name("nodes.py"), folder / DRIVER)
         runtime_env = {**plan.runtime_env, "working_dir": str(folder)}
+        location = plan.request.checkpoint
+        if location is not None and not location.is_uri and os.path.isdir(location.path):  # each node checks it
+            runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), CHECKPOINT_ON_WORKER: location.path}
         client.submit_job(
             entrypoint=plan.entrypoint,
             runtime_env=runtime_env,
             submission_id=submission_id,
-            metadata={**plan.metadata, "worker": worker_identity(), "durable": str(durable).lower()},
+            metadata={
+                **plan.metadata,
+                "worker": worker_identity(),
+                "durable": str(durable).lower(),
+                "deployment": deployment(),
+            },
             **plan.submit,
         )
     finally:

@@ -7,6 +7,11 @@ Shipped in the job's ``working_dir`` and run there with the node's Python (stand
 When the runtime ends, or Ray stops the job (SIGTERM to the entrypoint's process group), every process left beneath
 it gets SIGTERM, then SIGKILL after the grace (``AIRFLOW_GPU_KILL_GRACE``, 2 s): a job leaves no process on its node,
 as a container leaves none on its host. Its exit status is the runtime's.
+
+First it checks that the node reaches the task's checkpoint folder where the worker made it
+(``AIRFLOW_GPU_CHECKPOINT_ON_WORKER``, set by ``job.submit``): a node that lacks it does not share the worker's file
+system at that path, and the job fails at once, saying so, rather than checkpoint to a disk of its own that the next
+try, on another node, would never see.
 """
 
 from __future__ import annotations
@@ -20,6 +25,19 @@ import sys
 import time
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+ON_WORKER = "AIRFLOW_GPU_CHECKPOINT_ON_WORKER"  # the checkpoint folder the worker made: every node must see it
+
+
+def unreached_checkpoint() -> str | None:
+    """Why this node cannot run the task: the checkpoint folder the worker made is not here; else ``None``."""
+    folder = os.environ.get(ON_WORKER, "")
+    if not folder or os.path.isdir(folder):
+        return None
+    return (
+        f"[gpu] error: the task's checkpoint folder {folder}, made by the Airflow worker, is not on this Ray node: "
+        "the checkpoint root is not a file system that every node mounts at the same path. Mount it on every node "
+        "at that path, or make checkpoint= (or [gpu] checkpoint_root) an object-storage URI (docs/ray.md)."
+    )
 
 
 def _descendants() -> list[int]:
@@ -64,6 +82,10 @@ def stop_all(grace: float) -> None:
 
 def main(argv: list[str]) -> int:
     """Run the runtime beneath this subreaper; stop what it left; exit with its status."""
+    refused = unreached_checkpoint()
+    if refused is not None:
+        print(refused, file=sys.stderr, flush=True)
+        return 2
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
     grace = float(os.environ.get("AIRFLOW_GPU_KILL_GRACE", "2"))

@@ -8,6 +8,11 @@ clusters. The second node has an address of its own (127.0.0.2; Ray replaces 127
 host's address): Ray tells nodes apart by address where it fetches a job's log from the node that ran it. ``ray start --block`` keeps each node under its own process (a session of its own): a
 node is stopped by signalling that process group, never by a global ``ray stop``, which would end every cluster
 of this user.
+
+One temp dir for both nodes has a cost: their runtime_env agents unpack a job's ``working_dir`` into the same
+folder, each as its own, and one removes it (to unpack it afresh, or once its own job has ended) while the other
+node's job runs there. Ray names that folder by the ``working_dir``'s content hash: tests that run two jobs at once
+give them different arguments (different envelopes), as two different task runs have on a real cluster anyway.
 """
 
 from __future__ import annotations
@@ -82,6 +87,8 @@ class RayCluster:
         # the test process's CUDA_VISIBLE_DEVICES="" (conftest) would leave Ray no device for its logical GPUs
         environment = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
         environment["RAY_USAGE_STATS_ENABLED"] = "0"
+        # a runtime_env that fails to install fails once, not three times (each a fresh venv and resolve: ~1 min)
+        environment["RUNTIME_ENV_RETRY_TIMES"] = "1"
         # a job's `python` is the nodes' Python, as on a cluster whose image or venv has Ray: this one's
         environment["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
         with log.open("wb") as out:
@@ -119,9 +126,9 @@ class RayCluster:
         for process in reversed(self.processes):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
-        for process in reversed(self.processes):
+        for process in reversed(self.processes):  # a node's graceful stop takes ~30 s: its group goes at 10 s
             try:
-                process.wait(timeout=30)
+                process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)

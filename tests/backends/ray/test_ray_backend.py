@@ -1,7 +1,8 @@
 """The Ray backend on a real two-node Ray cluster (``ray_cluster.py``: 2 logical GPUs per node), through Airflow.
 
-Each test runs its DAG (tests/dags/ray_dags.py) in a worker process (``dag.test()``, the real task runner) and
-checks what the job saw, what came back, and that no job of the provider is left on the cluster.
+Each test runs a DAG of tests/dags/ray_dags.py in a worker process (``dag.test()``, the real task runner) and checks
+what the jobs saw, what came back, and that no job of the provider is left on the cluster. A worker's start (Airflow,
+the DAG bundle synced) is the dearest step here: one DAG checks several things, task by task.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import importlib.util
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import threading
 import time
@@ -24,7 +26,7 @@ DAG_FILE = Path(__file__).resolve().parents[2] / "dags" / "ray_dags.py"
 
 
 def _run(dag_id: str, **kwargs) -> tuple[dict, str]:
-    log, _ = start_worker(DAG_FILE, dag_id, **kwargs).communicate(timeout=400)
+    log, _ = start_worker(DAG_FILE, dag_id, **kwargs).communicate(timeout=600)
     return worker_result(log), log
 
 
@@ -36,17 +38,35 @@ def _in_background(dag_id: str, **kwargs) -> tuple[subprocess.Popen, list[str]]:
 
 
 def _ended(worker: subprocess.Popen, log: list[str]) -> str:
-    worker.wait(timeout=300)
+    worker.wait(timeout=400)
     deadline = time.monotonic() + 30
     while not log and time.monotonic() < deadline:
         time.sleep(0.1)
     return log[0]
 
 
-def _at_once(dag_id: str, barrier: Path) -> list[tuple[dict, str]]:
-    """Two runs of the DAG in two workers at the same time (their functions wait for each other: ``barrier``)."""
-    env = {"AIRFLOW_GPU_TEST_BARRIER": str(barrier)}
-    workers = [_in_background(dag_id, logical_date=f"2024-02-0{day}T00:00:00+00:00", env=env) for day in (1, 2)]
+def _own_database(folder: Path) -> dict[str, str]:
+    """A worker's own copy of the session's migrated metadata DB (SQLite): the variable that points it there.
+
+    Two workers on one SQLite file take turns for its write lock (each dag.test() syncs the whole DAG bundle, then
+    its task instance writes its heartbeats, state store and XComs), and one gives up after SQLite's busy timeout:
+    two Airflow workers of a deployment never share a SQLite file, nor do these.
+    """
+    source = Path(os.environ["AIRFLOW_HOME"]) / "airflow.db"
+    target = folder / "airflow.db"
+    with sqlite3.connect(source) as original, sqlite3.connect(target) as copy:
+        original.backup(copy)
+    return {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{target}"}
+
+
+def _at_once(dag_id: str, folder: Path) -> list[tuple[dict, str]]:
+    """Two runs of the DAG in two workers at the same time (their functions wait for each other: a barrier)."""
+    workers = []
+    for day in (1, 2):
+        home = folder / f"worker{day}"
+        home.mkdir()
+        env = {"AIRFLOW_GPU_TEST_BARRIER": str(folder / "barrier"), **_own_database(home)}
+        workers.append(_in_background(dag_id, logical_date=f"2024-02-0{day}T00:00:00+00:00", env=env))
     return [(worker_result(log), log) for log in (_ended(*worker) for worker in workers)]
 
 
@@ -57,9 +77,36 @@ def _no_job_left(address: str) -> None:
     assert left == [], [(j.submission_id, j.status) for j in left]
 
 
-def test_gpus_project_code_a_requirement_and_models(ray_cluster_address):
+def _end_task_instance(dag_id: str, state: str) -> None:
+    """Mark the DAG's task instances ended, as a user does in the UI."""
+    from airflow.models import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        session.query(TaskInstance).filter(TaskInstance.dag_id == dag_id).update({"state": state})
+
+
+def test_gpus_code_requirements_models_deferral_timeout_oom_and_a_durable_job_whose_task_ended(ray_cluster_address):
+    # a durable job's worker dies; its task instance is then marked failed (no try will take the job over)
+    worker, _ = _in_background("ray_durable_sleeps")
+    deadline = time.monotonic() + 300
+    while not (running := [j for j in jobs(ray_cluster_address) if str(j.status) == "RUNNING"]):
+        assert time.monotonic() < deadline and worker.poll() is None, "the durable task's job never started"
+        time.sleep(0.5)
+    worker.kill()
+    worker.wait()
+    [durable] = running
+    assert durable.metadata["durable"] == "true" and str(durable.status) == "RUNNING"
+    _end_task_instance("ray_durable_sleeps", "failed")
+
+    # the next Ray task on this host stops it before it submits its own job; then each task of ray_basics
+    started = time.monotonic()
     result, log = _run("ray_basics")
-    assert set(result["states"].values()) == {"success"}, log[-4000:]
+    assert f"Stopped Ray job {durable.submission_id}, whose task instance has ended" in log, log[-4000:]
+    states = {"timeout": "failed"} | dict.fromkeys(
+        ("one_gpu", "requirement", "second_model", "no_such_model", "deferred", "grow"), "success"
+    )
+    assert result["states"] == states, log[-6000:]
     xcom = result["xcom"]
     assert xcom["one_gpu"]["gpus"] in ("0", "1")  # one GPU id
     assert xcom["one_gpu"]["plmod"] == 42 and xcom["one_gpu"]["layers"]  # modules= shipped in the working_dir
@@ -68,60 +115,48 @@ def test_gpus_project_code_a_requirement_and_models(ray_cluster_address):
     assert xcom["no_such_model"]["gpus"] == "" and xcom["no_such_model"]["resources"]["cpu_fallback"] is True
     assert "the Ray cluster has 0 node(s) that could run it" in log and "running on CPU instead" in log
     assert "ended SUCCEEDED on node 127.0.0.2" in log
+    # deferrable=True: the trigger watched the job (dag.test() runs it in line), its result came back
+    assert xcom["deferred"]["gpus"] in ("0", "1")
+    assert "Deferred: the triggerer watches Ray job" in log and "running trigger in line" in log
+    # execution_timeout=10s stopped the job (no job is left below)
+    assert "AirflowTaskTimeout" in log
+    # an OOM on the first rung (64 MiB), then the next try on the next one
+    assert xcom["grow"] == {"held_mb": 160, "memory": 512 * 2**20}
+    assert "ran out of host memory" in log
+    print(f"ray_basics ran in {time.monotonic() - started:.0f}s")
     _no_job_left(ray_cluster_address)
 
 
-def test_two_tasks_of_two_gpus_run_at_once_on_the_two_nodes(ray_cluster_address, tmp_path):
-    (first, log1), (second, log2) = _at_once("ray_two_gpus", tmp_path)
-    assert first["states"] == second["states"] == {"task": "success"}, (log1 + log2)[-4000:]
-    one, two = first["xcom"]["task"], second["xcom"]["task"]
+def test_two_gpus_tasks_run_at_once_on_the_two_nodes_and_two_half_gpu_tasks_share_one_gpu(
+    ray_cluster_address, tmp_path
+):
+    (first, log1), (second, log2) = _at_once("ray_at_once", tmp_path)
+    both = {"two_gpus": "success", "half_gpu": "success"}
+    assert first.get("states") == both, log1[-6000:]
+    assert second.get("states") == both, log2[-6000:]
+    one, two = first["xcom"]["two_gpus"], second["xcom"]["two_gpus"]
     assert sorted(one["gpus"].split(",")) == sorted(two["gpus"].split(",")) == ["0", "1"]
     assert one["node"] != two["node"] and "127.0.0.2" in (one["node"], two["node"])  # one on each node
     assert max(one["start"], two["start"]) < min(one["end"], two["end"])  # at once
 
-
-def test_two_half_gpu_tasks_share_one_gpu(ray_cluster_address, tmp_path):
-    (first, log1), (second, log2) = _at_once("ray_half_gpu", tmp_path)
-    assert first["states"] == second["states"] == {"task": "success"}, (log1 + log2)[-4000:]
-    one, two = first["xcom"]["task"], second["xcom"]["task"]
+    one, two = first["xcom"]["half_gpu"], second["xcom"]["half_gpu"]
     assert one["gpus"] == two["gpus"] and one["gpus"] in ("0", "1")  # the same GPU
     assert one["node"] == two["node"] != "127.0.0.2"  # the head: label_selector gpu-model=A100
     assert max(one["start"], two["start"]) < min(one["end"], two["end"])  # at once
     assert one["resources"]["gpu_count"] == 0.5
+    _no_job_left(ray_cluster_address)
 
 
-def test_on_kill_and_a_timeout_stop_the_job(ray_cluster_address):
+def test_on_kill_stops_the_job(ray_cluster_address):
     worker, output = _in_background("ray_sleeps")
     deadline = time.monotonic() + 300
     while not any(str(j.status) == "RUNNING" for j in jobs(ray_cluster_address)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert jobs(ray_cluster_address), "the task's job never started"
-    time.sleep(2)
+    time.sleep(1)
     worker.send_signal(signal.SIGTERM)  # as Airflow ends a task: on_kill
     log = _ended(worker, output)
     assert "Stopping Ray job" in log, log[-4000:]
-    _no_job_left(ray_cluster_address)
-
-    started = time.monotonic()
-    result, log = _run("ray_timeout")
-    assert result["states"] == {"task": "failed"}, log[-4000:]
-    assert "AirflowTaskTimeout" in log and time.monotonic() - started < 120
-    _no_job_left(ray_cluster_address)
-
-
-def test_a_deferred_task_ends_with_its_result(ray_cluster_address):
-    result, log = _run("ray_deferred")
-    assert result["states"] == {"task": "success"}, log[-4000:]
-    assert result["xcom"]["task"]["gpus"] in ("0", "1")
-    assert "Deferred: the triggerer watches Ray job" in log and "running trigger in line" in log
-    _no_job_left(ray_cluster_address)
-
-
-def test_an_out_of_memory_try_climbs_the_ladder(ray_cluster_address):
-    result, log = _run("ray_oom_escalation")
-    assert result["states"] == {"grow": "success"}, log[-4000:]
-    assert result["xcom"]["grow"] == {"held_mb": 160, "memory": 512 * 2**20}
-    assert "ran out of host memory" in log  # the first try, on the first rung (64 MiB)
     _no_job_left(ray_cluster_address)
 
 

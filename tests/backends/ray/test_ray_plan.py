@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from airflow_gpu_provider import ImageSettings, ResourceSettings
 from airflow_gpu_provider.backends import BACKENDS
+from airflow_gpu_provider.backends.ray import job
 from airflow_gpu_provider.backends.ray.capacity import label_matches
 from airflow_gpu_provider.backends.ray.connection import client_settings
 from airflow_gpu_provider.backends.ray.options import RayOptions, ray_accelerator_type
 from airflow_gpu_provider.backends.ray.plan import plan_job
+from airflow_gpu_provider.backends.ray.reaper import ON_WORKER
 from airflow_gpu_provider.backends.ray.trigger import RayJobTrigger
 from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
@@ -131,3 +137,19 @@ def test_the_trigger_serialises_what_the_triggerer_needs():
     assert path == "airflow_gpu_provider.backends.ray.trigger.RayJobTrigger"
     assert json.loads(json.dumps(arguments)) == arguments
     assert RayJobTrigger(**arguments).serialize() == (path, arguments)
+
+
+def test_a_node_without_the_checkpoint_folder_the_worker_made_refuses_the_task(tmp_path):
+    """The reaper, first on every node: a folder the worker made that the node lacks is a file system not shared."""
+    reaper = Path(job.__file__).with_name("reaper.py")
+    run = [sys.executable, str(reaper), "-c", "print('the task ran')"]
+    missing = {**os.environ, ON_WORKER: str(tmp_path / "not-on-this-node")}
+    refused = subprocess.run(run, env=missing, capture_output=True, text=True, timeout=60, check=False)
+    assert refused.returncode == 2 and "the task ran" not in refused.stdout
+    assert (
+        f"checkpoint folder {tmp_path / 'not-on-this-node'}, made by the Airflow worker, is not on this Ray node"
+        in (refused.stderr)
+    )
+    shared = {**os.environ, ON_WORKER: str(tmp_path)}
+    ran = subprocess.run(run, env=shared, capture_output=True, text=True, timeout=60, check=False)
+    assert ran.returncode == 0 and "the task ran" in ran.stdout
