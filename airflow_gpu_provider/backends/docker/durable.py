@@ -8,7 +8,8 @@ a cleared task), the next try of the same task instance asks the recorded contai
 (:func:`is_succeeded`) is collected; any other (failed, never started, gone) is removed and the task starts afresh,
 as ``durable=False`` always does. A try removes its container only while it :func:`owns` it. The orphan reaper spares
 a durable container while its task instance has not ended (:func:`task_instance_live`), and only the reapers of its
-own Airflow deployment judge it (:func:`.host.workers.deployment`): another deployment sharing the engine cannot ask about it.
+own Airflow deployment judge it (:func:`.host.workers.deployment`): another deployment sharing the engine cannot
+ask about it.
 """
 
 from __future__ import annotations
