@@ -77,6 +77,24 @@ def test_a_policy_the_task_gives_is_kept_and_any_other_is_airflows():
     assert GpuStepOperator.retry_policy is None  # the class's default, as BaseOperator's
 
 
+def _echo(value):
+    return value
+
+
+def test_a_mapped_gpu_task_runs_with_the_default_policy_too():
+    """The worker runs a mapped task's unmapped operator: built by ``__init__``, it gets ``GpuRetryPolicy()``."""
+    from airflow.sdk import DAG
+
+    with DAG("mapped_retry_policy", schedule=None):
+        mapped = GpuStepOperator.partial(task_id="m", python_callable=_echo).expand(op_args=[[1], [2]])
+        theirs = GpuStepOperator.partial(
+            task_id="n", python_callable=_echo, retry_policy=GpuRetryPolicy(application="fail")
+        )
+        given = theirs.expand(op_args=[[1]])
+    assert mapped.unmap({"op_args": [1], "params": {}}).retry_policy == GpuRetryPolicy()
+    assert given.unmap({"op_args": [1], "params": {}}).retry_policy == GpuRetryPolicy(application="fail")
+
+
 def test_it_serialises_with_the_dag():
     from airflow.serialization.serialized_objects import DagSerialization
 
