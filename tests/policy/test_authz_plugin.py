@@ -163,7 +163,8 @@ def test_an_upload_into_a_writable_host_folder_is_checked_and_refused_unseen():
     uri = f"/v1.41/containers/{ID}/archive?path=%2F"
     assert ask("PUT", uri, raw=_archive(), containers=mounted) == (True, "")
     for archive, reason in [
-        (_archive(mode=0o4755), "setuid"), (_archive(owner=(4242, 4242)), "not the worker's"),
+        (_archive(mode=0o4755), "setuid"), (_archive(mode=0o666), "world-writable"),
+        (_archive(owner=(4242, 4242)), "not the worker's"),
         (_archive(kind=tarfile.CHRTYPE), "device"), (_archive(kind=tarfile.SYMTYPE), "link"),
         (_archive(pax={"uid": "0"}), "pax"), (b"\x1f\x8b" + b"\x00" * 100, "plain tar"),
     ]:  # fmt: skip

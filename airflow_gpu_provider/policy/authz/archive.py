@@ -5,8 +5,8 @@ container's filesystem with its mounts: a setuid file or a device node written t
 on the host as root's (measured: a ``04755`` root-owned file appeared in the host folder). Such an upload is allowed
 only when the plugin sees the archive (the engine shows a plugin only ``application/json`` bodies under 1 MiB: the
 provider labels its uploads so) and it holds what the container's own user could have written: regular files and
-folders, permission bits only, owned by the worker's uid and gid. The archive is read strictly, uncompressed, with
-no extended headers, so the engine's Go reader cannot see another archive.
+folders, permission bits only and none world-writable, owned by the worker's uid and gid. The archive is read
+strictly, uncompressed, with no extended headers, so the engine's Go reader cannot see another archive.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ def _check_member(member: tarfile.TarInfo, owner: tuple[int, int]) -> None:
         raise UnsafePathError(where, "a link, device, FIFO or sparse file: only regular files and folders")
     if member.mode & ~0o777:
         raise UnsafePathError(where, f"mode {member.mode:o}: setuid, setgid and sticky bits are refused")
+    if member.mode & 0o002:  # on the host, any local user could change what the task reads
+        raise UnsafePathError(where, f"mode {member.mode:o}: world-writable files and folders are refused")
     if (member.uid, member.gid) != owner:
         raise UnsafePathError(where, f"owned by {member.uid}:{member.gid}, not the worker's {owner[0]}:{owner[1]}")
     components("/" + member.name.lstrip("/"))  # no '.' or '..' (the engine refuses a breakout too)
