@@ -17,7 +17,9 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -242,3 +244,57 @@ def wait_for_port(port: int, timeout: float, cluster: Cluster) -> None:
         assert not dead, f"{dead} exited while waiting for port {port}:\n{cluster.logs()}"
         time.sleep(0.5)
     raise AssertionError(f"nothing listens on port {port} after {timeout}s:\n{cluster.logs()}")
+
+
+@contextlib.contextmanager
+def reattach_cluster(tmp_path: Path, root_mode: int = 0o700) -> Iterator[Cluster]:
+    """A CeleryExecutor Airflow running ``tests/dags/reattach_dags.py``, without workers yet (:func:`celery_worker`).
+
+    A dead worker's task instance is failed and retried 10 s after its last heartbeat. ``cluster.root`` is the
+    checkpoint root the DAG's runs are allowed (``root_mode``: who besides the worker reads it).
+    """
+    from conftest import REPO
+
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    shutil.copy(REPO / "tests" / "dags" / "reattach_dags.py", dags)
+    home = tmp_path / "home"
+    home.mkdir()
+    root = Path(tempfile.mkdtemp(prefix="reattach-root-"))
+    root.chmod(root_mode)
+    cluster = Cluster(
+        home,
+        dags,
+        {
+            "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+            "AIRFLOW__GPU__DEVICES": "none",
+            "AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS": str(root),
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "10",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
+        },
+    )
+    cluster.root = root  # type: ignore[attr-defined]
+    try:
+        broker = cluster.start_redis()
+        cluster.env["AIRFLOW__CELERY__BROKER_URL"] = f"{broker}/0"
+        cluster.env["AIRFLOW__CELERY__RESULT_BACKEND"] = f"redis://{broker.split('://')[1]}/1"
+        cluster.start_airflow()
+        yield cluster
+    finally:
+        leftovers = cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+        assert leftovers == [], leftovers
+
+
+def celery_worker(cluster: Cluster, name: str) -> None:
+    """Start a Celery worker of one slot, named ``name``."""
+    cluster.start(
+        name,
+        [*AIRFLOW, "celery", "worker", "--concurrency", "1", "--skip-serve-logs", "--celery-hostname", f"{name}@%h"],
+    )
+
+
+def try_log(cluster: Cluster, dag_id: str, try_number: int) -> str:
+    """The log of a try of the DAG's task (one task per DAG), or "" before it exists."""
+    logs = sorted((cluster.home / "logs").glob(f"dag_id={dag_id}/**/attempt={try_number}.log"))
+    return logs[0].read_text(errors="replace") if logs else ""

@@ -9,15 +9,11 @@ file in the task's checkpoint folder, and the function returns how many lines it
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import tempfile
-from pathlib import Path
 
 import psutil
 import pytest
-from cluster import AIRFLOW, Cluster
-from conftest import REPO
+from cluster import Cluster, celery_worker, reattach_cluster, try_log
 
 pytest.importorskip("airflow.providers.celery", reason="the Celery provider is not installed (the dev extra has it)")
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.usefixtures("no_leaks")]
@@ -26,48 +22,16 @@ DAG_ID = "reattach_after_worker_kill"
 
 @pytest.fixture
 def cluster(tmp_path):
-    dags = tmp_path / "dags"
-    dags.mkdir()
-    shutil.copy(REPO / "tests" / "dags" / "reattach_dags.py", dags)
-    home = tmp_path / "home"
-    home.mkdir()
-    root = Path(tempfile.mkdtemp(prefix="reattach-root-"))
-    root.chmod(0o700)
-    cluster = Cluster(
-        home,
-        dags,
-        {
-            "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
-            "AIRFLOW__GPU__DEVICES": "none",
-            "AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS": str(root),
-            # a dead worker's task instance is failed (and retried) 10 s after its last heartbeat
-            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "10",
-            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
-        },
-    )
-    cluster.root = root  # type: ignore[attr-defined]
-    try:
-        broker = cluster.start_redis()
-        cluster.env["AIRFLOW__CELERY__BROKER_URL"] = f"{broker}/0"
-        cluster.env["AIRFLOW__CELERY__RESULT_BACKEND"] = f"redis://{broker.split('://')[1]}/1"
-        cluster.start_airflow()
+    with reattach_cluster(tmp_path, root_mode=0o700) as cluster:
         yield cluster
-    finally:
-        leftovers = cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
-        assert leftovers == [], leftovers
 
 
 def _worker(cluster: Cluster, name: str) -> None:
-    cluster.start(
-        name,
-        [*AIRFLOW, "celery", "worker", "--concurrency", "1", "--skip-serve-logs", "--celery-hostname", f"{name}@%h"],
-    )
+    celery_worker(cluster, name)
 
 
 def _task_log(cluster: Cluster, try_number: int) -> str:
-    logs = sorted((cluster.home / "logs").glob(f"dag_id={DAG_ID}/**/attempt={try_number}.log"))
-    return logs[0].read_text(errors="replace") if logs else ""
+    return try_log(cluster, DAG_ID, try_number)
 
 
 def test_a_killed_workers_container_is_taken_over_by_the_next_try(cluster, docker_client):
