@@ -41,7 +41,6 @@ BASE_IMAGE = os.environ.get("AIRFLOW_GPU_TEST_BASE_IMAGE", "airflow-gpu-base:boo
 TEST_REPOSITORY = "airflow-gpu-test-derived"
 REQUIRE_DOCKER = os.environ.get("AIRFLOW_GPU_REQUIRE_DOCKER") == "1"
 TASK_LABEL = "airflow-gpu-provider"
-DERIVED_LABEL = "airflow-gpu-provider.derived"
 
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[3] / "docker" / "base" / "build.sh"
@@ -227,15 +226,16 @@ def container_ids(client: Any) -> set[str]:
     process a test killed). Other users of the same engine, and other live test sessions, are left out: their
     containers are neither counted nor touched.
     """
+    from airflow_gpu_provider.backends.docker.images.builds import build_containers
     from airflow_gpu_provider.host.workers import is_dead, worker_identity
 
     found = set()
-    for label in (TASK_LABEL, DERIVED_LABEL):
-        for container in client.containers(all=True, filters={"label": label}):
-            labels = container.get("Labels") or {}
-            owner = labels.get(f"{TASK_LABEL}.worker") or labels.get(f"{TASK_LABEL}.builder")
-            if owner is not None and (owner == worker_identity() or is_dead(owner)):
-                found.add(container["Id"])
+    # builds' containers only: every container of a derived image inherits its labels (another session's too)
+    for container in client.containers(all=True, filters={"label": TASK_LABEL}) + build_containers(client):
+        labels = container.get("Labels") or {}
+        owner = labels.get(f"{TASK_LABEL}.worker") or labels.get(f"{TASK_LABEL}.builder")
+        if owner is not None and (owner == worker_identity() or is_dead(owner)):
+            found.add(container["Id"])
     return found
 
 

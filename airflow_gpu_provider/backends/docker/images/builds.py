@@ -7,6 +7,10 @@ container and image a build makes carries ``airflow-gpu-provider.builder=<worker
 Dockerfile by a ``LABEL`` right after ``FROM`` (:func:`.recipe.with_labels`). Before a build, the containers of the
 dead builders of this host are removed, then their untagged images, children first; an image that another image is
 built on stays with it, and the builders of other hosts sharing a remote engine are left to them.
+
+Every container of a finished derived image inherits the image's label too: a task's container, a pod run in
+Docker, anyone's. Such a container is no build's (:func:`build_containers`): its builder having died long ago is the
+normal case (a worker builds an image once, later tasks reuse it), and it is never removed here.
 """
 
 from __future__ import annotations
@@ -36,10 +40,29 @@ def _untagged(image: dict[str, Any]) -> bool:
     return not [tag for tag in image.get("RepoTags") or () if tag != "<none>:<none>"]
 
 
+def build_containers(client: Any) -> list[dict[str, Any]]:
+    """The containers that builds made (step and install containers), whoever's; not those of finished images.
+
+    A container whose builder label is the one of the tagged derived image it runs only inherited it: it is a
+    container of that image, not a build's. An install container runs the parent image under its own builder's
+    label, a build step an untagged step image: both are builds'.
+    """
+    finished = {
+        image["Id"]: (image.get("Labels") or {}).get(BUILDER_LABEL)
+        for image in client.images(filters={"label": BUILDER_LABEL})  # top-level images, not the steps'
+        if not _untagged(image)
+    }
+    return [
+        container
+        for container in client.containers(all=True, filters={"label": BUILDER_LABEL})
+        if finished.get(container.get("ImageID", "")) != (container.get("Labels") or {}).get(BUILDER_LABEL)
+    ]
+
+
 def reap_dead_builds(client: Any, log: logging.Logger) -> list[str]:
     """Remove what the builds of this host's dead workers left: containers, then untagged images; their ids."""
     reaped = []
-    for container in client.containers(all=True, filters={"label": BUILDER_LABEL}):
+    for container in build_containers(client):
         if _dead(container):
             with contextlib.suppress(NotFound, APIError):
                 client.remove_container(container["Id"], force=True, v=True)
