@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -22,6 +23,7 @@ from shipped_runtime import shipped
 from airflow_gpu_provider.backends.kubernetes.container import ENVELOPE_ENV
 from airflow_gpu_provider.backends.kubernetes.multinode import COMPLETION_INDEX
 from airflow_gpu_provider.backends.kubernetes.multinode_run import result_from_log
+from airflow_gpu_provider.runtime.protocol import RESULT_MARKER
 
 DAG_FILE = REPO / "tests" / "dags" / "accelerate_dags.py"
 pytestmark = pytest.mark.usefixtures("airflow_home")
@@ -33,6 +35,36 @@ def render(task_id: str) -> tuple[dict, dict]:
     assert (service["kind"], job["kind"]) == ("Service", "Job")
     job["envelope"] = secret_value(secret)  # what the kubelet sets AIRFLOW_GPU_ENVELOPE to
     return service, job
+
+
+def wait_as_the_job_controller(names: list[str], timeout_s: float) -> list[int]:
+    """Each node's exit status; once one fails the others are stopped, as a Job with backoffLimit 0 ends its pods.
+
+    Without that, node 0's torch elastic agent would wait out its 300 s exit barrier for the failed node's agent.
+    """
+    waits = {name: subprocess.Popen(["docker", "wait", name], stdout=subprocess.PIPE, text=True) for name in names}
+    codes: dict[str, int] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(codes) < len(names):
+            assert time.monotonic() < deadline, f"the nodes still ran after {timeout_s:g}s"
+            for name, wait in waits.items():
+                if name not in codes and wait.poll() is not None:
+                    status = wait.communicate()[0].strip()
+                    codes[name] = int(status) if status else -1  # -1: the container was gone
+                    if codes[name]:
+                        subprocess.run(["docker", "stop", "-t", "5", *names], capture_output=True, check=False)
+            time.sleep(0.2)
+    finally:
+        for wait in waits.values():
+            wait.kill()
+    return [codes[name] for name in names]
+
+
+def shown(log: subprocess.CompletedProcess[str]) -> str:
+    """A node's log in a failure message: its stderr whole (the ranks' last words), its output but the result line."""
+    output = "\n".join(line for line in log.stdout.splitlines() if not line.startswith(RESULT_MARKER))
+    return f"{output[-2000:]}\n--- stderr ---\n{log.stderr[-8000:]}"
 
 
 def test_two_nodes_times_four_gpus_bf16_job_service_and_command_lines():
@@ -116,6 +148,8 @@ def test_the_jobs_container_runs_as_two_nodes(monkeypatch, torch_image):
                 "airflow-gpu-provider-test=pod-in-docker",
                 "--shm-size",
                 "1g",
+                "-e",
+                "PYTHONFAULTHANDLER=1",  # a rank killed by SIGABRT or SIGSEGV prints each thread's Python stack
             ]
             if rank == 0:
                 argv += ["--network-alias", variables["MASTER_ADDR"]]
@@ -123,17 +157,16 @@ def test_the_jobs_container_runs_as_two_nodes(monkeypatch, torch_image):
                 argv += ["-e", f"{key}={rank if key == 'NODE_RANK' else value}"]
             argv += ["--entrypoint", main["command"][0], main["image"], *main["command"][1:], *main["args"]]
             subprocess.run(argv, check=True, capture_output=True)
-        codes = [
-            int(subprocess.run(["docker", "wait", n], capture_output=True, text=True, timeout=600, check=True).stdout)
-            for n in names
-        ]
-        logs = [subprocess.run(["docker", "logs", n], capture_output=True, text=True, check=True) for n in names]
+        codes = wait_as_the_job_controller(names, timeout_s=540)
+        logs = [subprocess.run(["docker", "logs", n], capture_output=True, text=True, check=False) for n in names]
     finally:
         subprocess.run(["docker", "rm", "-f", *names], capture_output=True, check=False)
         subprocess.run(["docker", "network", "rm", network], capture_output=True, check=False)
-    assert codes == [0, 0], [log.stdout[-3000:] + log.stderr[-3000:] for log in logs]
+    assert codes == [0, 0], "\n\n".join(
+        f"=== node {rank}: exit {code}\n{shown(log)}" for rank, (code, log) in enumerate(zip(codes, logs))
+    )
     result = result_from_log(logs[0].stdout)
-    assert result is not None and result["ok"], logs[0].stdout[-3000:]
+    assert result is not None and result["ok"], shown(logs[0])
     assert result["return_value"]["world_size"] == 2  # one process on each "node", seen by the ranks
     assert result["return_value"]["ranks"] == [0, 1]
     assert result["return_value"]["backend"] == "gloo"
