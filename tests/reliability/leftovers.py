@@ -1,38 +1,34 @@
-"""What one run of the failure matrix left behind: only its own, so that it holds beside other runs on a busy host.
+"""What one cell of the failure matrix left behind: only its own, so that it holds beside other cells and runs.
 
-A run has a token (:data:`RUN`). Its workers carry it in their environment (:data:`RUN_VARIABLE`), and every process
-they start inherits it; their identities (``host:pid:start``) are recorded, and the provider labels what a worker
-makes with its identity (task containers: ``airflow-gpu-provider.worker``; build containers and images:
-``airflow-gpu-provider.builder``); the pod-in-docker containers of its Kubernetes cells carry the run's label; its
-temp folders go in the run's own folder; its GPU locks in each cell's state dir. A process that clears its
-environment is named by the scenario that started it (a file in :data:`PIDS`: its pid and start time); an image
-only this run builds is known by its requirements hash (:data:`REQUIREMENTS`).
-Its Ray cells' jobs name their worker in their metadata; the Ray cluster is the matrix's own (its actors and placement
-groups that appear during a cell are the cell's). Other runs' processes, containers, images and folders are never
-counted.
+Each cell has a :class:`Scope`: a token (:attr:`Scope.token`), which its workers carry in their environment
+(:data:`RUN_VARIABLE`) and every process they start inherits; its workers' identities (``host:pid:start``), with
+which the provider labels what a worker makes (task containers: ``airflow-gpu-provider.worker``; build containers
+and images: ``airflow-gpu-provider.builder``); the pod-in-docker containers of a Kubernetes cell carry the token as a
+label; its temp folders go in the cell's own folder; its GPU locks in its state dir. A process that clears its
+environment is named by the scenario that started it (a file in :attr:`Scope.pids`: its pid and start time); an
+image only this cell builds is known by its requirements hash (:attr:`Scope.requirements`). A Ray cell's jobs name
+their worker in their metadata; the Ray cluster is the matrix's own, and its Ray cells run one at a time (only they
+start anything on it): the actors and placement groups that appear during a Ray cell are that cell's. Other cells'
+and runs' processes, containers, images and folders are never counted.
 """
 
 from __future__ import annotations
 
 import atexit
-import os
 import shutil
 import socket
 import tempfile
+import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from airflow_gpu_provider.host.workers import started_at
 
-RUN = uuid.uuid4().hex
 RUN_VARIABLE = "AIRFLOW_GPU_MATRIX_RUN"
 RUN_LABEL = "airflow-gpu-provider-test.run"
-FOLDER = Path(tempfile.mkdtemp(prefix="airflow-gpu-matrix-"))
-TMP = FOLDER / "tmp"  # the workers' TMPDIR, and the pod-in-docker volumes' parent
-PIDS = FOLDER / "pids"  # processes a scenario started that carry nothing of the run
-TMP.mkdir()
-PIDS.mkdir()
+FOLDER = Path(tempfile.mkdtemp(prefix="airflow-gpu-matrix-"))  # the cells' folders
 atexit.register(shutil.rmtree, FOLDER, ignore_errors=True)
 LEFTOVERS = (
     "processes",
@@ -46,14 +42,40 @@ LEFTOVERS = (
 )
 DEVICES = ("0", "1")
 TMP_PREFIXES = ("airflow-gpu-netrc-", "airflow-gpu-ranks-", "pod-in-docker-", "airflow-gpu-ray-", "airflow-gpu-node-")
-WORKERS: set[str] = set()  # the identities of this run's workers (host:pid:start)
-REQUIREMENTS: set[str] = set()  # requirements hashes of images only this run builds (its own index's URL in them)
 WORKER_LABELS = ("airflow-gpu-provider.worker", "airflow-gpu-provider.builder")
 
 
-def add_worker(pid: int) -> None:
-    """Record a worker of this run, by its identity (as :func:`~airflow_gpu_provider.host.workers.worker_identity`)."""
-    WORKERS.add(f"{socket.gethostname()}:{pid}:{started_at(pid)}")
+@dataclass
+class Scope:
+    """What one cell owns, to count its leftovers by.
+
+    :param ray_address: the Jobs API of the matrix's Ray cluster, for a Ray cell (its jobs, actors and placement
+        groups are counted); empty for the other cells (they start nothing on the cluster)
+    """
+
+    ray_address: str = ""
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    folder: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(dir=FOLDER)))
+    workers: set[str] = field(default_factory=set)  # its workers' identities (host:pid:start)
+    requirements: set[str] = field(default_factory=set)  # hashes of images only it builds (its own index's URL)
+
+    def __post_init__(self) -> None:
+        self.tmp.mkdir(exist_ok=True)
+        self.pids.mkdir(exist_ok=True)
+
+    @property
+    def tmp(self) -> Path:
+        """Its workers' TMPDIR, and the pod-in-docker volumes' parent."""
+        return self.folder / "tmp"
+
+    @property
+    def pids(self) -> Path:
+        """Processes a scenario started that carry nothing of the cell."""
+        return self.folder / "pids"
+
+    def add_worker(self, pid: int) -> None:
+        """Record a worker, by its identity (as :func:`~airflow_gpu_provider.host.workers.worker_identity`)."""
+        self.workers.add(f"{socket.gethostname()}:{pid}:{started_at(pid)}")
 
 
 def _running(pid: int) -> bool:
@@ -63,10 +85,10 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _processes() -> set[str]:
-    """The processes of this run that still run: those with its token, and those its scenarios named."""
+def _processes(scope: Scope) -> set[str]:
+    """The cell's processes that still run: those with its token, and those its scenario named."""
     found = set()
-    marker = f"{RUN_VARIABLE}={RUN}".encode()
+    marker = f"{RUN_VARIABLE}={scope.token}".encode()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
@@ -74,7 +96,7 @@ def _processes() -> set[str]:
                     found.add(f"pid {entry.name}")
             except OSError:
                 continue
-    for named in PIDS.iterdir():
+    for named in scope.pids.iterdir():
         if started_at(int(named.name)) == named.read_text().strip() and _running(int(named.name)):
             found.add(f"pid {named.name} (no token)")
     return found
@@ -91,25 +113,25 @@ def _client() -> Any:
     return client
 
 
-def _ours(labels: dict[str, str] | None) -> bool:
+def _ours(scope: Scope, labels: dict[str, str] | None) -> bool:
     labels = labels or {}
-    if labels.get("airflow-gpu-provider.requirements-hash") in REQUIREMENTS:
+    if labels.get("airflow-gpu-provider.requirements-hash") in scope.requirements:
         return True
-    return labels.get(RUN_LABEL) == RUN or any(labels.get(label) in WORKERS for label in WORKER_LABELS)
+    return labels.get(RUN_LABEL) == scope.token or any(labels.get(label) in scope.workers for label in WORKER_LABELS)
 
 
-def _containers(client: Any) -> set[str]:
+def _containers(scope: Scope, client: Any) -> set[str]:
     if client is None:
         return set()
-    return {f"container {c['Id'][:12]}" for c in client.containers(all=True) if _ours(c.get("Labels"))}
+    return {f"container {c['Id'][:12]}" for c in client.containers(all=True) if _ours(scope, c.get("Labels"))}
 
 
-def _images(client: Any) -> set[str]:
-    """Images this run's builds left: untagged ones that no image is built on (a failed or killed build's)."""
+def _images(scope: Scope, client: Any) -> set[str]:
+    """Images the cell's builds left: untagged ones that no image is built on (a failed or killed build's)."""
     if client is None:
         return set()
     found = client.images(all=True, filters={"dangling": True, "label": "airflow-gpu-provider.derived"})
-    return {f"image {i['Id'].split(':')[-1][:12]}" for i in found if _ours(i.get("Labels"))}
+    return {f"image {i['Id'].split(':')[-1][:12]}" for i in found if _ours(scope, i.get("Labels"))}
 
 
 def _locks(state_dir: Path) -> set[str]:
@@ -120,15 +142,15 @@ def _locks(state_dir: Path) -> set[str]:
     return {f"GPU {d}: {holder}" for d in DEVICES if (holder := allocator.holder_of(Device(d))) is not None}
 
 
-def _temp_dirs(state_dir: Path) -> set[str]:
+def _temp_dirs(scope: Scope, state_dir: Path) -> set[str]:
     found = {str(p) for folder in ("tasks", "docker-tasks", "venvs") for p in (state_dir / folder).glob("*")}
-    return found | {str(p) for prefix in TMP_PREFIXES for p in TMP.glob(f"{prefix}*")}
+    return found | {str(p) for prefix in TMP_PREFIXES for p in scope.tmp.glob(f"{prefix}*")}
 
 
-def _ray() -> dict[str, set[str]]:
-    """This run's jobs the Ray cluster still lists; the cluster's live actors and placement groups (the matrix's own
-    cluster: what appeared during a cell is the cell's)."""
-    address = os.environ.get("AIRFLOW_GPU_TEST_RAY_ADDRESS")
+def _ray(scope: Scope) -> dict[str, set[str]]:
+    """A Ray cell's jobs the cluster still lists; the cluster's live actors and placement groups (the matrix's own
+    cluster, one Ray cell at a time: what appeared during the cell is the cell's)."""
+    address = scope.ray_address
     if not address:
         return {"Ray jobs": set(), "Ray actors": set(), "placement groups": set()}
     from ray.job_submission import JobSubmissionClient
@@ -139,21 +161,32 @@ def _ray() -> dict[str, set[str]]:
     groups = list_placement_groups(address=address, filters=[("state", "!=", "REMOVED")], timeout=30)
     return {
         "Ray jobs": {
-            f"job {j.submission_id} ({j.status})" for j in jobs if (j.metadata or {}).get("worker") in WORKERS
+            f"job {j.submission_id} ({j.status})" for j in jobs if (j.metadata or {}).get("worker") in scope.workers
         },
         "Ray actors": {f"actor {a.actor_id[:12]} ({a.class_name})" for a in actors},
         "placement groups": {f"placement group {g.placement_group_id[:12]}" for g in groups},
     }
 
 
-def snapshot(state_dir: Path) -> dict[str, set[str]]:
-    """Everything of this run that counts as a leftover, as it is now."""
+def snapshot(scope: Scope, state_dir: Path) -> dict[str, set[str]]:
+    """Everything of the cell that counts as a leftover, as it is now."""
     client = _client()
     return {
-        "processes": _processes(),
-        "containers": _containers(client),
+        "processes": _processes(scope),
+        "containers": _containers(scope, client),
         "GPU locks": _locks(state_dir),
-        "temp dirs": _temp_dirs(state_dir),
-        "images": _images(client),
-        **_ray(),
+        "temp dirs": _temp_dirs(scope, state_dir),
+        "images": _images(scope, client),
+        **_ray(scope),
     }
+
+
+def settle(scope: Scope, state_dir: Path, before: dict[str, set[str]], timeout: float = 10) -> dict[str, list[str]]:
+    """What appeared since ``before`` and is still there (a removal in flight gets ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        after = snapshot(scope, state_dir)
+        left = {name: sorted(after[name] - before[name]) for name in LEFTOVERS}
+        if not any(left.values()) or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)

@@ -1,62 +1,40 @@
 """The failure matrix: every backend through every way a task can end, and what each one leaves behind.
 
 Local and Docker cells run a real Airflow worker (``worker.py``: ``dag.test()``, the real task runner) on a DAG of
-``tests/dags/reliability_dags.py``, in a fresh state dir with two configured GPUs. The matrix signals that worker
-as Airflow would (SIGTERM: on_kill) or as the kernel would (SIGKILL, then a re-run of the task on the same host).
+``tests/dags/reliability/reliability_dags.py``, in a place of the cell's own (``places.py``: a fresh state dir with
+two configured GPUs, a copy of the tests' Airflow DB). The matrix signals that worker as Airflow would (SIGTERM:
+on_kill) or as the kernel would (SIGKILL, then a re-run of the task on the same host) once the scenario's function
+runs (it says so).
 Kubernetes cells render the task's pod with the real provider code and run its containers in Docker
 (``pod_in_docker``); the cells that need a Kubernetes API server are reported as not run, with the reason. Ray
 cells run a real worker whose task is a job on the tests' two-node Ray cluster (tests/backends/ray/ray_cluster.py).
 
 After each cell the leftovers are counted against a snapshot taken before it: processes, containers, held GPU
 locks, task folders and temp dirs, images (a failed or killed build's steps), and the Ray cluster's jobs, actors and
-placement groups. Every count must be 0. Only this run's own are counted (``leftovers.py``: a token of the run, its
-workers' identities, its labels and folders), so the matrix holds while other provider tasks run on the same host
-and engine.
+placement groups. Every count must be 0. Only the cell's own are counted (``leftovers.py``: a token of the cell, its
+workers' identities, its labels and folders), so the matrix holds while other cells (``lanes.py``) and other
+provider tasks run on the same host and engine.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import socket
-import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(TESTS / "dags"))
 sys.path.insert(0, str(TESTS / "backends" / "kubernetes"))
 sys.path.insert(0, str(TESTS))
 
-from reliability.leftovers import (  # noqa: E402
-    DEVICES,
-    LEFTOVERS,
-    PIDS,
-    REQUIREMENTS,
-    RUN,
-    RUN_LABEL,
-    RUN_VARIABLE,
-    TMP,
-    add_worker,
-    snapshot,
-)
-from reliability_dags import (  # noqa: E402
-    INDEX_VARIABLE,
-    PIDS_VARIABLE,
-    PRIVATE_PACKAGE,
-    SCENARIOS,
-    dag_id,
-    operator_arguments,
-)
+from reliability.leftovers import LEFTOVERS, RUN_LABEL, settle, snapshot  # noqa: E402
+from reliability.places import Place, Setup, run_worker  # noqa: E402
+from reliability_dags import INDEX_VARIABLE, PRIVATE_PACKAGE, SCENARIOS, dag_id, operator_arguments  # noqa: E402
 
 #: ``docker-deferred``: the Docker backend with ``deferrable=True`` (``dag.test()`` runs its trigger in line)
 BACKENDS = ("local", "docker", "docker-deferred", "kubernetes", "ray")
-WORKER_TIMEOUT = 240
 BUILD_KILLED = "worker SIGKILL in image build"
 
 #: scenario -> (state the task must end in, what its log must show: one pattern per backend, or one for all)
@@ -148,103 +126,8 @@ class Cell:
         return {name: len(self.leftovers.get(name, ())) for name in LEFTOVERS}
 
 
-# ----------------------------------------------------------------------------------------------- leftovers
-def _settle(state_dir: Path, before: dict[str, set[str]], timeout: float = 10) -> dict[str, list[str]]:
-    """What appeared since ``before`` and is still there (a removal in flight gets ``timeout`` seconds)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        after = snapshot(state_dir)
-        left = {name: sorted(after[name] - before[name]) for name in LEFTOVERS}
-        if not any(left.values()) or time.monotonic() > deadline:
-            return left
-        time.sleep(0.5)
-
-
-# ----------------------------------------------------------------------------------------------- workers
-def _environment(state_dir: Path, extra: dict[str, str]) -> dict[str, str]:
-    return {
-        **os.environ,
-        "AIRFLOW__GPU__DEVICES": ",".join(DEVICES),
-        "AIRFLOW__GPU__STATE_DIR": str(state_dir),
-        "AIRFLOW__GPU__POOL": "",
-        RUN_VARIABLE: RUN,  # every process of the run inherits it: what the matrix counts
-        PIDS_VARIABLE: str(PIDS),
-        "TMPDIR": str(TMP),
-        **extra,
-    }
-
-
-def _started(backend: str, worker_pid: int) -> bool:
-    """Whether the worker's task runs: its task process (local), its container (Docker) or its job (Ray)."""
-    identity = f"{socket.gethostname()}:{worker_pid}:"
-    if backend == "ray":
-        from ray.job_submission import JobSubmissionClient
-
-        jobs = JobSubmissionClient(os.environ["AIRFLOW_GPU_TEST_RAY_ADDRESS"]).list_jobs()
-        return any(
-            str(j.status) == "RUNNING" and (j.metadata or {}).get("worker", "").startswith(identity) for j in jobs
-        )
-    if backend == "local":
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    if f"AIRFLOW_GPU_TASK={identity}".encode() in (entry / "environ").read_bytes():
-                        return True
-                except OSError:
-                    continue
-        return False
-    done = subprocess.run(
-        ["docker", "ps", "--filter", "label=airflow-gpu-provider.worker", "--format",
-         '{{.Label "airflow-gpu-provider.worker"}}'],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    return any(label.startswith(identity) for label in done.stdout.split())
-
-
-def run_worker(
-    backend: str,
-    scenario: str,
-    state_dir: Path,
-    *,
-    interrupt: signal.Signals | None = None,
-    started: Callable[[int], bool] | None = None,
-    environment: dict[str, str] | None = None,
-) -> tuple[str, str]:
-    """Run one cell's DAG in a worker process; ``interrupt`` it once its task runs. Return (task state, log).
-
-    :param started: whether the worker (its pid) is where it is to be interrupted (default: its task runs)
-    """
-    worker = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("worker.py")), dag_id(backend, scenario)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=_environment(state_dir, environment or {}),
-    )
-    add_worker(worker.pid)
-    output: list[bytes] = []  # read meanwhile: a worker whose pipe is full would stop before its task starts
-    reader = threading.Thread(target=lambda: output.append(worker.communicate()[0]), daemon=True)
-    reader.start()
-    try:
-        if interrupt is not None:
-            ready = started or (lambda pid: _started(backend, pid))
-            deadline = time.monotonic() + 120
-            while not ready(worker.pid) and worker.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.1)
-            time.sleep(2)  # into the scenario's function
-            worker.send_signal(interrupt)
-        worker.wait(timeout=WORKER_TIMEOUT)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
-        reader.join(timeout=60)
-    out = b"".join(output)
-    log = out.decode(errors="replace")
-    found = re.findall(r"^MATRIX-STATE (\S+)$", log, flags=re.MULTILINE)
-    return (found[-1] if found else f"worker exit {worker.returncode}"), log
-
-
-def _build_killed(backend: str, state_dir: Path) -> tuple[str, str, str]:
+# ----------------------------------------------------------------------------------------------- cells
+def _build_killed(place: Place, backend: str) -> tuple[str, str, str]:
     """A worker killed while its image's install runs (a slow index), then the task again: (state, log, note).
 
     The task runs again with a rotated token (another index): nothing it builds can reuse what the killed build left.
@@ -254,21 +137,22 @@ def _build_killed(backend: str, state_dir: Path) -> tuple[str, str, str]:
 
     from airflow_gpu_provider import ImageSettings
 
-    wheels, host = TMP / "private-wheels", docker_host_address()
+    wheels, host = place.scope.tmp / "private-wheels", docker_host_address()
     make_wheel(wheels, "airflow_gpu_private", "1.0", "SECRET_PACKAGE = True\n")
     with private_index(wheels, delay=60) as slow, private_index(wheels, password="rotated-token") as rotated:
         for index in (slow, rotated):
-            REQUIREMENTS.add(ImageSettings(requirements=[PRIVATE_PACKAGE], index_url=index.url(host)).requirements_hash)
+            requirements = ImageSettings(requirements=[PRIVATE_PACKAGE], index_url=index.url(host)).requirements_hash
+            place.scope.requirements.add(requirements)
         killed, first = run_worker(
-            backend, BUILD_KILLED, state_dir, interrupt=signal.SIGKILL, environment={INDEX_VARIABLE: slow.url(host)},
-            started=lambda _: slow.requests > 0,  # the build's installer asks the index
+            place, backend, BUILD_KILLED, interrupt=signal.SIGKILL, environment={INDEX_VARIABLE: slow.url(host)},
+            started=lambda: slow.requests > 0,  # the build's installer asks the index
         )  # fmt: skip
-        state, rerun = run_worker(backend, BUILD_KILLED, state_dir, environment={INDEX_VARIABLE: rotated.url(host)})
+        state, rerun = run_worker(place, backend, BUILD_KILLED, environment={INDEX_VARIABLE: rotated.url(host)})
     note = f"killed worker: {killed}; then the task ran again, its token rotated"
     return state, f"{first}\n--- re-run ---\n{rerun}", note
 
 
-def _run_kubernetes(scenario: str) -> tuple[str, str]:
+def _run_kubernetes(place: Place, scenario: str) -> tuple[str, str]:
     """Render the cell's pod with the real provider code and run its containers in Docker."""
     from airflow.sdk import DAG
     from pod_in_docker import run_pod
@@ -279,7 +163,7 @@ def _run_kubernetes(scenario: str) -> tuple[str, str]:
 
     with DAG(dag_id("kubernetes", scenario), schedule=None):
         task = GpuStepOperator(**operator_arguments("kubernetes", scenario))
-    run = run_pod(task.render_manifests(), labels={RUN_LABEL: RUN}, tmp=TMP)
+    run = run_pod(task.render_manifests(), labels={RUN_LABEL: place.scope.token}, tmp=place.scope.tmp)
     log = "\n".join(f"--- {name} (exit {run.exit_codes[name]})\n{text}" for name, text in run.logs.items())
     failed_init = [name for name, code in run.exit_codes.items() if code != 0 and name != "base"]
     if failed_init or "base" not in run.exit_codes:
@@ -291,37 +175,46 @@ def _run_kubernetes(scenario: str) -> tuple[str, str]:
     return "success", log
 
 
-def run_cell(backend: str, scenario: str, work: Path) -> Cell:
+def run_cell(backend: str, scenario: str, setup: Setup) -> Cell:
     """Run one cell and count its leftovers."""
-    expected_state, pattern = EXPECTED[scenario]
-    cell = Cell(backend, scenario, expected_state=expected_state)
+    cell = Cell(backend, scenario, expected_state=EXPECTED[scenario][0])
     if (backend, scenario) in NOT_RUN:
         cell.note = NOT_RUN[backend, scenario]
         return cell
-    state_dir = work / f"{backend}-{dag_id(backend, scenario)}"
-    before = snapshot(state_dir)
+    place = Place.of(setup, backend, f"{backend}-{dag_id(backend, scenario)}")
+    try:
+        _run(cell, place)
+    finally:
+        place.close()
+    return cell
+
+
+def _run(cell: Cell, place: Place) -> None:
+    """Run the cell in its place; what it ended in, its log, and what it left."""
+    backend, scenario = cell.backend, cell.scenario
+    before = snapshot(place.scope, place.state_dir)
     started = time.monotonic()
     if backend == "kubernetes":
-        cell.state, cell.log = _run_kubernetes(scenario)
+        cell.state, cell.log = _run_kubernetes(place, scenario)
     elif scenario == "on_kill":
-        cell.state, cell.log = run_worker(backend, scenario, state_dir, interrupt=signal.SIGTERM)
+        cell.state, cell.log = run_worker(place, backend, scenario, interrupt=signal.SIGTERM)
     elif scenario == "worker SIGKILL":
-        killed, first = run_worker(backend, scenario, state_dir, interrupt=signal.SIGKILL)
+        killed, first = run_worker(place, backend, scenario, interrupt=signal.SIGKILL)
         cell.note = f"killed worker: {killed}; then the task ran again"
-        cell.state, rerun = run_worker(backend, "success", state_dir)  # the retry, on the same host
+        cell.state, rerun = run_worker(place, backend, "success")  # the retry, on the same host
         cell.log = f"{first}\n--- re-run ---\n{rerun}"
     elif scenario == BUILD_KILLED:
-        cell.state, cell.log, cell.note = _build_killed(backend, state_dir)
+        cell.state, cell.log, cell.note = _build_killed(place, backend)
     else:
-        cell.state, cell.log = run_worker(backend, scenario, state_dir)
+        cell.state, cell.log = run_worker(place, backend, scenario)
     cell.seconds = time.monotonic() - started
+    pattern = EXPECTED[scenario][1]
     if isinstance(pattern, dict):  # the deferred Docker column shows what the Docker column shows
         wanted = pattern.get(backend, pattern.get(backend.removesuffix("-deferred"), ""))
     else:
         wanted = pattern
     cell.evidence = not wanted or re.search(wanted, cell.log) is not None
-    cell.leftovers = _settle(state_dir, before)
-    return cell
+    cell.leftovers = settle(place.scope, place.state_dir, before)
 
 
 def cells(backends: tuple[str, ...] = BACKENDS) -> list[tuple[str, str]]:

@@ -126,9 +126,10 @@ class RayCluster:
         for process in reversed(self.processes):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
-        for process in reversed(self.processes):  # a node's graceful stop takes ~30 s: its group goes at 10 s
+        deadline = time.monotonic() + 10  # a node's graceful stop takes ~30 s: its group goes 10 s after SIGTERM
+        for process in reversed(self.processes):  # (one deadline for both: they stop side by side)
             try:
-                process.wait(timeout=10)
+                process.wait(timeout=max(deadline - time.monotonic(), 0))
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)

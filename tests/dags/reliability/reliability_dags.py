@@ -2,6 +2,8 @@
 
 ``reliability_<backend>_<scenario>``: one GpuStepOperator that asks for a GPU of the host's configured inventory
 (``AIRFLOW__GPU__DEVICES``, set by the matrix) and does what the scenario says. No retries: one try per run.
+A matrix worker names its DAG in ``AIRFLOW_GPU_MATRIX_DAG``: the file then defines only that one (its parse, and
+``dag.test()``'s parse of the matrix's bundle, this folder, cost one DAG instead of ~55). Without it, every DAG.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ MISSING_PACKAGE = "airflow-gpu-provider-no-such-package==0.0.1"
 PIDS_VARIABLE = "AIRFLOW_GPU_MATRIX_PIDS"
 #: Set by the matrix: a password-protected index (credentials in the URL) that answers as slowly as it is told
 INDEX_VARIABLE = "AIRFLOW_GPU_MATRIX_INDEX"
+#: Set by the matrix for its workers: the one DAG the file defines (unset: all of them)
+DAG_VARIABLE = "AIRFLOW_GPU_MATRIX_DAG"
 #: Set by the matrix: the Jobs API of its Ray cluster (tests/backends/ray/ray_cluster.py)
 RAY_VARIABLE = "AIRFLOW_GPU_TEST_RAY_ADDRESS"
 #: What a Ray job gets of its worker's environment, so that the matrix finds its processes and files
@@ -177,5 +181,7 @@ for _backend in ("local", "docker", "docker-deferred", "ray"):
     for _scenario in SCENARIOS:
         if (_backend, _scenario) == ("ray", "worker SIGKILL in image build"):
             continue  # an index URL with credentials is refused at parse on Ray (docs/ray.md)
+        if os.environ.get(DAG_VARIABLE, dag_id(_backend, _scenario)) != dag_id(_backend, _scenario):
+            continue  # a matrix worker's parse: only its own DAG
         with DAG(dag_id(_backend, _scenario), schedule=None, start_date=START, tags=["reliability"]):
             GpuStepOperator(**operator_arguments(_backend, _scenario))
