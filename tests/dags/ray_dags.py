@@ -161,3 +161,13 @@ with DAG("ray_accelerate", schedule=None, start_date=START, params={"script": ""
         cpu_count=2,
         **RAY,
     )
+    AccelerateOperator(  # node 1's rank fails once all ranks are done: node 0's is stopped, not left waiting
+        task_id="node_1_fails",
+        script=str(Path(__file__).resolve().parents[1] / "scripts" / "accelerate_script.py"),
+        script_args=["--epochs", "1", "--out", "{{ params.out }}/fails", "--fail-rank", "1"],
+        num_machines=2,
+        num_processes=2,
+        cpu=True,
+        retries=0,
+        **RAY,
+    )

@@ -10,12 +10,14 @@ from accelerate import Accelerator
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, required=True)
 parser.add_argument("--out", required=True)
+parser.add_argument("--fail-rank", type=int, default=-1, help="this process fails after the training, as a rank can")
 args = parser.parse_args()
 
 accelerator = Accelerator()
 model = accelerator.prepare(torch.nn.Linear(4, 1))
 for _ in range(args.epochs):
     accelerator.wait_for_everyone()
+os.makedirs(args.out, exist_ok=True)
 with open(os.path.join(args.out, f"rank{accelerator.process_index}.json"), "w") as handle:
     json.dump(
         {
@@ -27,3 +29,5 @@ with open(os.path.join(args.out, f"rank{accelerator.process_index}.json"), "w") 
         },
         handle,
     )
+if accelerator.process_index == args.fail_rank:
+    raise SystemExit(f"rank {args.fail_rank} fails on purpose after its training")

@@ -5,8 +5,8 @@ of the provider. It reserves one bundle per node in a ``STRICT_SPREAD`` placemen
 task's label selector on every bundle), finds the first node's address and a free port there (the rendezvous),
 then runs the runtime on every bundle, as a Ray task holding the bundle's resources, with ``NODE_RANK``,
 ``NUM_NODES``, ``MASTER_ADDR`` and ``MASTER_PORT`` (the launcher's rank arguments). Its last line is the result: rank
-0's, or the error of a node that failed while rank 0 did not. The placement group is removed on every path (and
-by Ray with the job, should the driver be killed).
+0's, or the error of the node that failed first (the other nodes are then stopped). The placement group is removed
+on every path (and by Ray with the job, should the driver be killed).
 """
 
 from __future__ import annotations
@@ -67,11 +67,28 @@ def _rank(rank: int, spec: dict[str, Any], address: str, port: int) -> dict[str,
     return {"rank": rank, "status": status, "result": result, "node": ray.get_runtime_context().get_node_id()}
 
 
-def _merged(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
-    """Rank 0's result, unless it succeeded while another node failed: then that node's."""
-    first = outcomes[0]
-    failed = [o for o in outcomes[1:] if o["status"] != 0 or not (o["result"] or {}).get("ok", False)]
-    chosen = failed[0] if (first["result"] or {}).get("ok") and first["status"] == 0 and failed else first
+def _failed(outcome: dict[str, Any]) -> bool:
+    return bool(outcome["status"] != 0 or not (outcome["result"] or {}).get("ok", False))
+
+
+def _outcomes(ranks: list[Any]) -> dict[str, Any]:
+    """Rank 0's result, or that of the node that failed first; once one fails, the others are stopped.
+
+    As a Job with backoffLimit 0 ends its pods: otherwise a node whose ranks are done waits out torch elastic's exit
+    barrier (300 s) for the failed node's agent, and the task's failure is reported minutes late.
+    """
+    pending, outcomes = list(ranks), []
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        outcomes.append(ray.get(done[0]))
+        if _failed(outcomes[-1]) and pending:
+            print(f"[gpu] node {outcomes[-1]['rank']} failed: stopping the other nodes", flush=True)
+            for ref in pending:
+                ray.cancel(ref, force=True)  # the rank's Ray worker dies, and with it its runtime (prctl above)
+            ray.wait(pending, num_returns=len(pending), timeout=60)
+            break
+    failed = [o for o in outcomes if _failed(o)]
+    chosen = failed[0] if failed else next(o for o in outcomes if o["rank"] == 0)
     result = chosen["result"] or {"ok": False, "exit_status": chosen["status"] or 1}
     return {**result, "node": chosen["node"], "node_rank": chosen["rank"]}
 
@@ -112,7 +129,7 @@ def main(spec_file: str) -> int:
             ).remote(index, spec, address, port)
             for index in range(count)
         ]
-        result = _merged(ray.get(ranks))
+        result = _outcomes(ranks)
         print(MARKER + json.dumps(result), flush=True)
         return 0 if result.get("ok") else 1
     finally:

@@ -161,12 +161,17 @@ def test_on_kill_stops_the_job(ray_cluster_address):
 
 
 def test_accelerate_on_two_nodes_runs_its_own_test_script_and_a_world_of_4(ray_cluster_address, tmp_path):
+    """And a node whose rank fails after the training: the other node is stopped, not left in torch's exit barrier."""
     spec = importlib.util.find_spec("accelerate")
     assert spec is not None and spec.origin is not None
     script = os.path.join(os.path.dirname(spec.origin), "test_utils", "scripts", "test_script.py")
     result, log = _run("ray_accelerate", conf={"script": script, "out": str(tmp_path)})
-    assert result["states"] == {"test_script": "success", "world_size_4": "success"}, log[-6000:]
-    assert log.count("2 nodes reserved (STRICT_SPREAD)") == 2
+    states = {"test_script": "success", "world_size_4": "success", "node_1_fails": "failed"}
+    assert result["states"] == states, log[-6000:]
+    assert log.count("2 nodes reserved (STRICT_SPREAD)") == 3
+    assert "rank 1 fails on purpose after its training" in log, log[-6000:]
+    assert "[gpu] node 1 failed: stopping the other nodes" in log, log[-6000:]  # not 300 s in the exit barrier
+    assert sorted(path.name for path in (tmp_path / "fails").iterdir()) == ["rank0.json", "rank1.json"]
     assert "**Training integration test**" in log and "Num processes: 2" in log  # accelerate's script, to its end
     ranks = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("rank*.json"))]
     assert sorted(r["rank"] for r in ranks) == [0, 1, 2, 3] and {r["world_size"] for r in ranks} == {4}
