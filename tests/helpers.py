@@ -16,6 +16,23 @@ def dag_bag(path: str | Path) -> Any:
     return DagBag(dag_folder=str(path))
 
 
+def database_copy(source: Path, target: Path) -> dict[str, str]:
+    """A copy of a migrated SQLite metadata DB for one worker, and the variable that points a worker at it.
+
+    Two Airflow workers of a deployment never share a SQLite file (each takes turns for its write lock, and one gives
+    up after SQLite's busy timeout): workers that run side by side in a test each get a copy.
+    """
+    import sqlite3
+
+    original, copy = sqlite3.connect(source), sqlite3.connect(target)
+    try:
+        original.backup(copy)
+    finally:
+        original.close()
+        copy.close()
+    return {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{target}"}
+
+
 def load_dag(path: str | Path, dag_id: str) -> Any:
     """Parse one DAG file with a real DagBag and return one of its DAGs (no import errors allowed)."""
     bag = dag_bag(path)

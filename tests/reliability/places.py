@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ TESTS = Path(__file__).resolve().parents[1]
 DAGS = TESTS / "dags" / "reliability"  # the matrix's DAG file, alone in its folder
 sys.path.insert(0, str(DAGS))
 
+from helpers import database_copy  # noqa: E402
 from reliability.leftovers import DEVICES, RUN_VARIABLE, Scope  # noqa: E402
 from reliability_dags import DAG_VARIABLE, PIDS_VARIABLE, RAY_VARIABLE, dag_id  # noqa: E402
 
@@ -66,16 +66,10 @@ class Place:
         ray = backend == "ray"
         scope = Scope(ray_address=setup.ray_address if ray else "")
         database = setup.work / f"{name}.db"
-        source, copy = sqlite3.connect(setup.database), sqlite3.connect(database)
-        try:
-            source.backup(copy)
-        finally:
-            source.close()
-            copy.close()
         environment = {
             **setup.environment,
             **({RAY_VARIABLE: setup.ray_address} if ray else {}),
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{database}",
+            **database_copy(setup.database, database),
             "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(BUNDLE),
             "AIRFLOW__GPU__DEVICES": ",".join(DEVICES),
             "AIRFLOW__GPU__STATE_DIR": str(setup.work / name),

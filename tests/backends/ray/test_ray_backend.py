@@ -11,7 +11,6 @@ import importlib.util
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import threading
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from backends.ray.ray_cluster import jobs
-from helpers import start_worker, worker_result
+from helpers import database_copy, start_worker, worker_result
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("airflow_home", "ray_cluster_address")]
 DAG_FILE = Path(__file__).resolve().parents[2] / "dags" / "ray_dags.py"
@@ -45,27 +44,16 @@ def _ended(worker: subprocess.Popen, log: list[str]) -> str:
     return log[0]
 
 
-def _own_database(folder: Path) -> dict[str, str]:
-    """A worker's own copy of the session's migrated metadata DB (SQLite): the variable that points it there.
-
-    Two workers on one SQLite file take turns for its write lock (each dag.test() syncs the whole DAG bundle, then
-    its task instance writes its heartbeats, state store and XComs), and one gives up after SQLite's busy timeout:
-    two Airflow workers of a deployment never share a SQLite file, nor do these.
-    """
-    source = Path(os.environ["AIRFLOW_HOME"]) / "airflow.db"
-    target = folder / "airflow.db"
-    with sqlite3.connect(source) as original, sqlite3.connect(target) as copy:
-        original.backup(copy)
-    return {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{target}"}
-
-
 def _at_once(dag_id: str, folder: Path) -> list[tuple[dict, str]]:
     """Two runs of the DAG in two workers at the same time (their functions wait for each other: a barrier)."""
     workers = []
     for day in (1, 2):
         home = folder / f"worker{day}"
         home.mkdir()
-        env = {"AIRFLOW_GPU_TEST_BARRIER": str(folder / "barrier"), **_own_database(home)}
+        env = {
+            "AIRFLOW_GPU_TEST_BARRIER": str(folder / "barrier"),
+            **database_copy(Path(os.environ["AIRFLOW_HOME"]) / "airflow.db", home / "airflow.db"),
+        }
         workers.append(_in_background(dag_id, logical_date=f"2024-02-0{day}T00:00:00+00:00", env=env))
     return [(worker_result(log), log) for log in (_ended(*worker) for worker in workers)]
 
