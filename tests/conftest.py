@@ -32,6 +32,7 @@ pytest_plugins = (
     "backends.kubernetes.api_calls",  # every Kubernetes API call, recorded for the RBAC check
     "backends.kubernetes.cluster_answers",
     "backends.ray.ray_cluster",
+    "backends.slurm.slurm_cluster",
     "reliability.report",
 )
 _HOME = Path(tempfile.mkdtemp(prefix="airflow-gpu-tests-"))
