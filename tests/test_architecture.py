@@ -55,7 +55,7 @@ ABOVE_BACKENDS = (
     "get_provider_info",
 )
 #: Packages under backends/ that several backends share; not backends (no registry entry).
-SHARED = ("pods",)
+SHARED = ("pods", "jobs")
 
 
 def _module_name(path: Path) -> str:

@@ -109,7 +109,7 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
         if earlier is not None and durable.is_active(earlier[1]):
             return self._deferral(plan, earlier[0], self._take_over(client, plan, earlier[0]))
         if earlier is not None and durable.is_succeeded(earlier[1]):
-            return self.follow(plan, durable.entry(earlier[0], str(plan.options.engine_url), ""), context)
+            return self.follow(plan, durable.RECORD.entry(earlier[0], str(plan.options.engine_url), ""), context)
         self._remove_earlier(client, plan)
         started = self._launch(client, plan, defer=True)
         return started if isinstance(started, Deferral) else self.follow(plan, started.record, context)
@@ -120,7 +120,7 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
         self._store = context.get("task_state_store")
         container_id, status = str(state["container_id"]), (event or {}).get("status")
         if status == "missing":
-            durable.forget(self._store)
+            durable.RECORD.forget(self._store)
             raise GpuTaskError(
                 f"Container {container_id[:12]} was removed while the task was deferred (by hand, or by another "
                 "tool): its output and result are lost."
@@ -185,7 +185,7 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
         why = "durable=False" if not plan.request.durable else f"it is {status}: the task starts afresh"
         self.log.warning("Removing container %s left by an earlier try of this task (%s)", container_id[:12], why)
         lifecycle.stop(client, container_id, plan.stop_timeout)
-        durable.forget(self._store)
+        durable.RECORD.forget(self._store)
 
     def _take_over(self, client: Any, plan: DockerPlan, container_id: str) -> int | None:
         """An earlier try's container is this try's from now on (its record names this try); its memory limit."""
@@ -196,7 +196,7 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
             container_id[:12],
             "ended" if ended else "left running",
         )
-        durable.record(self._store, container_id, str(plan.options.engine_url), plan.try_number)
+        durable.RECORD.record(self._store, container_id, str(plan.options.engine_url), plan.try_number)
         return found.get("HostConfig", {}).get("Memory") or None
 
     def _follow(
@@ -227,12 +227,12 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
     def _release(
         self, client: Any, plan: DockerPlan, container_id: str, own: launch.Started | None, *, succeeded: bool
     ) -> None:
-        """Remove a container and forget it, unless a later try took it over (:func:`.durable.owns`)."""
+        """Remove a container and forget it, unless a later try took it over (:meth:`.JobRecord.owns`)."""
         lasting = own is None or own.lasting
-        if not lasting or durable.owns(self._store, container_id, plan.try_number, self.log):
+        if not lasting or durable.RECORD.owns(self._store, container_id, plan.try_number, self.log):
             lifecycle.cleanup(client, container_id, plan, self.log, started=True, succeeded=succeeded)
             if lasting:
-                durable.forget(self._store)
+                durable.RECORD.forget(self._store)
             if own is not None and own.keeper is not None:
                 own.keeper.stop()  # (a container taken over keeps its keeper: it ends with the container)
 

@@ -36,7 +36,7 @@ TOOLKIT_FIX = (
 class Started:
     """A container a try created and started.
 
-    :param record: what the task state store keeps of it (:func:`.durable.entry`)
+    :param record: what the task state store keeps of it (:meth:`.JobRecord.entry`)
     :param stream: its attached output (``None``: read from the engine when followed)
     :param keeper: the process that holds its GPU locks as long as it runs (:mod:`~...host.keeper`)
     :param locks: the descriptors of its GPU locks
@@ -152,22 +152,22 @@ def _start(
     mem_limit = kwargs["host_config"].get("mem_limit")
     container_id = lifecycle.create(client, kwargs, task_files, plan, log, durable=lasting)
     created(container_id)
-    record = durable.entry(container_id, str(plan.options.engine_url), plan.try_number)
+    record = durable.RECORD.entry(container_id, str(plan.options.engine_url), plan.try_number)
     started = False
     try:
         task_files.copy_in(client, container_id)
         if lasting:  # before the start: a worker killed from now on leaves a container the next try finds
-            durable.record(store, container_id, record["engine"], plan.try_number)
+            durable.RECORD.record(store, container_id, record["engine"], plan.try_number)
         stream = client.attach(container_id, stdout=True, stderr=True, stream=True, demux=True) if attach else None
         lifecycle.start(client, container_id, image)
         started = True
         keeper = lifecycle.keep_locks(client, container_id, locks, log)
         log.info("Started container %s from %s", container_id[:12], image)
     except BaseException:
-        if not lasting or durable.owns(store, container_id, plan.try_number, log):
+        if not lasting or durable.RECORD.owns(store, container_id, plan.try_number, log):
             lifecycle.cleanup(client, container_id, plan, log, started=started, succeeded=False)
             if lasting:
-                durable.forget(store)
+                durable.RECORD.forget(store)
         created(None)
         raise
     return Started(container_id, record, mem_limit, stream, keeper, list(locks), lasting, held)

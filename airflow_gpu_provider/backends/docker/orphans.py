@@ -17,14 +17,16 @@ from typing import Any
 
 from docker.errors import APIError, NotFound
 
-from airflow_gpu_provider.backends.docker.durable import DEPLOYMENT_LABEL, task_instance_live
-from airflow_gpu_provider.host.workers import deployment, is_dead
+from airflow_gpu_provider.backends.jobs.orphans import IDENTITY, orphaned
+from airflow_gpu_provider.host.workers import deployment
 from airflow_gpu_provider.task.labels import docker_label
 
 WORKER_LABEL = docker_label("worker")
 AUTO_REMOVE_LABEL = docker_label("auto-remove")
 DURABLE_LABEL = docker_label("durable")
 _ENDED = ("exited", "dead")
+#: the labels that carry what the job wing's orphan rule reads (``jobs/orphans.py``)
+_MARKS = {name: docker_label(name) for name in ("worker", "durable", "deployment", *IDENTITY)}
 
 
 def reap_orphans(client: Any, log: logging.Logger) -> list[str]:
@@ -33,13 +35,9 @@ def reap_orphans(client: Any, log: logging.Logger) -> list[str]:
     for container in client.containers(all=True, filters={"label": WORKER_LABEL}):
         labels = container["Labels"]
         kept = container.get("State") in _ENDED and labels.get(AUTO_REMOVE_LABEL) in ("never", "success")
-        if not is_dead(labels.get(WORKER_LABEL, "")) or kept:
+        marks = {name: labels[label] for name, label in _MARKS.items() if label in labels}
+        if kept or orphaned(marks, log, ours) is None:
             continue
-        if labels.get(DURABLE_LABEL) == "true":
-            if labels.get(DEPLOYMENT_LABEL, ours) != ours:
-                continue  # another Airflow's task instance: only its own workers can tell whether it has ended
-            if task_instance_live(labels, log):
-                continue  # its task instance goes on: a later try or the deferred task's resume takes it over
         with contextlib.suppress(NotFound, APIError):
             client.remove_container(container["Id"], force=True)
             reaped.append(container["Id"])

@@ -13,10 +13,10 @@ blocking stream that may stay silent for hours must not hold one of the loop's w
 context: the triggerer writes its lines into the task's log (Airflow 3 shows a trigger's log in its task's), each
 at the time it was read. The event says whether all of it was logged, or until when: the resume logs only the rest.
 
-A user who ends the deferred task (mark failed or success, clear) ends its container too: Airflow 3.3's triggerer
-calls :meth:`DockerContainerTrigger.on_kill` for such an action (not on a triggerer restart, which only moves the
-trigger). Before 3.3 nothing is called: the container runs to its end, and the orphan reaper removes it once its task
-instance has ended (docs/deferrable.md).
+The decision loop and ``on_kill`` are the job wing's (``backends/jobs/trigger.py``). A user who ends the deferred
+task (mark failed or success, clear) ends its container too: Airflow 3.3's triggerer calls ``on_kill`` for such an
+action (not on a triggerer restart, which only moves the trigger). Before 3.3 nothing is called: the container runs
+to its end, and the orphan reaper removes it once its task instance has ended (docs/deferrable.md).
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import TriggerEvent
+
+from airflow_gpu_provider.backends.jobs.trigger import JobTrigger, Look
 
 _ENDED = ("exited", "dead")
 ENGINE_OPTIONS = ("docker_url", "api_version", "timeout")  # what a trigger takes to reach the engine, nothing more
@@ -41,7 +43,7 @@ def _settle(future: asyncio.Future[bool], value: bool) -> None:
         future.set_result(value)
 
 
-class DockerContainerTrigger(BaseTrigger):
+class DockerContainerTrigger(JobTrigger):
     """Fire when the container has ended (``exited``), is gone (``missing``) or at ``deadline`` (``timeout``).
 
     :param container_id: the task's container
@@ -54,6 +56,8 @@ class DockerContainerTrigger(BaseTrigger):
     :param stop_timeout: the grace between SIGTERM and SIGKILL when a user ends the task (``on_kill``)
     """
 
+    noun = "container"
+
     def __init__(
         self,
         container_id: str,
@@ -64,37 +68,33 @@ class DockerContainerTrigger(BaseTrigger):
         state: dict[str, Any] | None = None,
         stop_timeout: float = 10.0,
     ) -> None:
-        super().__init__()
-        self.container_id = container_id
-        self.engine = dict(engine)
-        self.poll_interval = poll_interval
-        self.deadline = deadline
-        self.state = dict(state or {})
+        super().__init__(container_id, engine, poll_interval, deadline, state=state)
         self.stop_timeout = stop_timeout
         self._stream: Any = None  # the container's output, while a thread reads it
+        self._client_now: Any = None  # the client of the looks
+        self._followed: asyncio.Future[bool] | None = None  # the output read to its end (True), or not
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        """The classpath and the arguments the triggerer rebuilds the trigger from."""
-        arguments = {
-            "container_id": self.container_id,
-            "engine": self.engine,
+    def arguments(self) -> dict[str, Any]:
+        """The container, the engine and the grace (the names a stored row of an earlier release has)."""
+        return {
+            "container_id": self.job_id,
+            "engine": self.where,
             "poll_interval": self.poll_interval,
             "deadline": self.deadline,
             "state": self.state,
             "stop_timeout": self.stop_timeout,
         }
-        return f"{type(self).__module__}.{type(self).__qualname__}", arguments
 
     def _client(self) -> Any:
         from airflow_gpu_provider.backends.docker.client import connect
         from airflow_gpu_provider.backends.docker.options import DockerOptions
 
-        reach = {name: self.engine[name] for name in ENGINE_OPTIONS if self.engine.get(name) is not None}
+        reach = {name: self.where[name] for name in ENGINE_OPTIONS if self.where.get(name) is not None}
         return connect(DockerOptions.parse(reach), login=False)
 
-    def _event(self, status: str, output: dict[str, Any], **details: Any) -> TriggerEvent:
-        payload = {"status": status, "container_id": self.container_id, "output": output, **details}
-        return TriggerEvent({**payload, "state": {"phase": "run", "backend": self.state}})
+    def event(self, status: str, **details: Any) -> TriggerEvent:
+        """The event, naming the container as events of earlier releases did."""
+        return super().event(status, container_id=self.job_id, **details)
 
     def _log_output(self, loop: asyncio.AbstractEventLoop, done: asyncio.Future[bool]) -> None:
         """Log the container's output, all of it from its start, as it comes (a thread's); ``done``: read to its end.
@@ -106,85 +106,67 @@ class DockerContainerTrigger(BaseTrigger):
         whole, client = False, None
         try:
             client = self._client()
-            self._stream = client.logs(self.container_id, stdout=True, stderr=True, stream=True, follow=True)
+            self._stream = client.logs(self.job_id, stdout=True, stderr=True, stream=True, follow=True)
             chunks = ((chunk, None) for chunk in self._stream)  # as lifecycle.output reads them
             log_lines(chunks, self.log)  # type: ignore[arg-type]  # Airflow's logger takes what logging's does
             whole = True
         except Exception as exc:  # noqa: BLE001 - the resume logs what was not logged here
-            self.log.warning("Stopped reading the output of container %s: %s", self.container_id[:12], exc)
+            self.log.warning("Stopped reading the output of container %s: %s", self.job_id[:12], exc)
         finally:
             if client is not None:
                 client.close()
             with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits for it
                 loop.call_soon_threadsafe(_settle, done, whole)
 
-    async def _output(self, followed: asyncio.Future[bool], *, ended: bool) -> dict[str, Any]:
+    async def details(self, status: str) -> dict[str, Any]:
         """What the event says of the output: all of it ``logged``, logged ``until`` a time, or nothing known."""
-        if ended:  # the rest is still being read
+        followed = self._followed
+        assert followed is not None  # run() made it
+        if status == "exited":  # the rest is still being read
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(followed), DRAIN_S)
         if followed.done():
-            return {"logged": True} if followed.result() else {}
-        return {"until": time.time()}
+            return {"output": {"logged": True} if followed.result() else {}}
+        return {"output": {"until": time.time()}}
 
-    def _state(self, client: Any) -> dict[str, Any] | None:
-        """The container's ``State``, or ``None`` when it is gone (in a thread: docker-py and its import block)."""
+    def look(self) -> Look:
+        """The container's state (in a thread: docker-py and its import block)."""
         from docker.errors import NotFound
 
         try:
-            return dict(client.inspect_container(self.container_id)["State"])
+            state = dict(self._client_now.inspect_container(self.job_id)["State"])
         except NotFound:
-            return None
+            return Look("missing")
+        if state.get("Status") in _ENDED:
+            return Look(
+                "exited", details={"exit_code": state.get("ExitCode"), "oom_killed": bool(state.get("OOMKilled"))}
+            )
+        return Look()
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Log the container's output as it comes; look at the container every ``poll_interval`` s until it ends."""
-        client = await asyncio.to_thread(self._client)
-        self.log.info(
-            "Watching container %s every %ss until it ends; its output follows as it is written",
-            self.container_id[:12],
-            self.poll_interval,
-        )
+        self._client_now = await asyncio.to_thread(self._client)
+        self.log.info("Its output follows as it is written")
         loop = asyncio.get_running_loop()
-        followed: asyncio.Future[bool] = loop.create_future()
+        self._followed = loop.create_future()
         reader = contextvars.copy_context()  # the trigger's: the triggerer routes its log lines to the task's log
         threading.Thread(
-            target=reader.run, args=(self._log_output, loop, followed), name="docker-output", daemon=True
+            target=reader.run, args=(self._log_output, loop, self._followed), name="docker-output", daemon=True
         ).start()
         try:
-            while True:
-                state = await asyncio.to_thread(self._state, client)
-                if state is None:
-                    yield self._event("missing", await self._output(followed, ended=False))
-                    return
-                if state.get("Status") in _ENDED:
-                    output = await self._output(followed, ended=True)
-                    yield self._event(
-                        "exited", output, exit_code=state.get("ExitCode"), oom_killed=bool(state.get("OOMKilled"))
-                    )
-                    return
-                if self.deadline is not None and time.time() >= self.deadline:
-                    yield self._event("timeout", await self._output(followed, ended=False))
-                    return
-                delay = self.poll_interval
-                if self.deadline is not None:
-                    delay = min(delay, max(self.deadline - time.time(), 0.01))
-                await asyncio.sleep(delay)
+            async for event in super().run():
+                yield event
         finally:
             if self._stream is not None:
                 await asyncio.to_thread(self._stream.close)  # the reading thread ends (a trigger moved elsewhere)
-            client.close()
+            self._client_now.close()
 
-    def _stop(self) -> None:
-        """Stop and remove the container (in a thread, as every docker-py call here)."""
+    def stop(self) -> None:
+        """Stop and remove the container (SIGTERM, SIGKILL after ``stop_timeout``; in a thread)."""
         from airflow_gpu_provider.backends.docker.lifecycle import stop
 
         client = self._client()
         try:
-            stop(client, self.container_id, self.stop_timeout)
+            stop(client, self.job_id, self.stop_timeout)
         finally:
             client.close()
-
-    async def on_kill(self) -> None:
-        """A user ended the deferred task: stop its container (SIGTERM, SIGKILL after ``stop_timeout``), remove it."""
-        self.log.warning("The task was ended by a user: stopping container %s", self.container_id[:12])
-        await asyncio.to_thread(self._stop)

@@ -153,7 +153,7 @@ def test_a_recorded_container_of_another_task_instance_is_never_taken_over(docke
             set = staticmethod(store.__setitem__)
             delete = staticmethod(store.pop)
 
-        durable.record(Store, created, "unix://var/run/docker.sock", "1")
+        durable.RECORD.record(Store, created, "unix://var/run/docker.sock", "1")
         assert durable.recorded(Store, "unix://var/run/docker.sock") == created
         assert durable.recorded(Store, "tcp://elsewhere:2376") is None  # another engine's record
         store[durable.KEY] = {"id": "../../etc", "engine": "unix://var/run/docker.sock"}
