@@ -35,9 +35,10 @@ PACKAGE = REPO / "airflow_gpu_provider"
 NAME = "airflow_gpu_provider"
 MAX_LINES = 300
 RUNTIME = f"{NAME}.runtime"
-#: What the worker runs of the runtime in its own process: the protocol, and the CUDA helpers (CudaHook and the
+#: What the worker runs of the runtime in its own process: the protocol, the pinned subreaper (the local supervisor's
+#: and a job's entrypoint's: one code), and the CUDA helpers (CudaHook and the
 #: host's GPU inventory must run the very code the task process runs). Everything else runs from the archive.
-WORKER_IMPORTS_OF_THE_RUNTIME = {f"{RUNTIME}.protocol", f"{RUNTIME}.cuda"}
+WORKER_IMPORTS_OF_THE_RUNTIME = {f"{RUNTIME}.protocol", f"{RUNTIME}.cuda", f"{RUNTIME}.reaper"}
 #: The task's own packages, which the runtime uses inside a function when the task's environment has them.
 TASK_PACKAGES = {"torch", "pynvml", "fsspec", "accelerate"}
 ABOVE_BACKENDS = (

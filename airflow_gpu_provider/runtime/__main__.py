@@ -36,6 +36,7 @@ from .protocol import (
     LAUNCHER,
     PREFIX,
     RANK_RESULTS,
+    REAP,
     RESOURCES_ENV,
     load_envelope,
     rank_result_path,
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 USAGE = (
     f"usage: runtime.pyz ENVELOPE RESULT  |  runtime.pyz ENVELOPE {RANK_RESULTS} DIR  |  "
     f"runtime.pyz {INSTALL} [OPTIONS] TARGET INSTALLER [INDEX ARGS...] -- REQUIREMENTS...  |  "
-    f"runtime.pyz {LAUNCHER} FAILURES MODULE ARGS..."
+    f"runtime.pyz {LAUNCHER} FAILURES MODULE ARGS...  |  runtime.pyz {REAP} ENVELOPE RESULT"
 )
 
 
@@ -160,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         from .install import install_main
 
         return install_main(argv[1:])
+    if argv[:1] == [REAP] and len(argv) == 3:  # a job's entrypoint: the runtime beneath the pinned subreaper
+        from .launch import runtime_script
+        from .reaper import reap_main
+
+        return reap_main(runtime_script(), argv[1:])
     if argv[:1] == [LAUNCHER] and len(argv) >= 3:
         from .launcher import launcher_main
 

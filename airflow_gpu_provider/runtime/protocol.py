@@ -10,6 +10,9 @@ as ``airflow_gpu_runtime``; any image with ``python3`` runs it::
     python3 runtime.pyz launcher FAILURES MODULE ARGS...
                                                         a launch's launcher (started by the runtime itself), which
                                                         names its failed ranks in FAILURES (``launcher.py``)
+    python3 runtime.pyz reap ENVELOPE RESULT            the task process beneath the pinned subreaper, which
+                                                        stops what it leaves running (a job's entrypoint:
+                                                        ``reaper.py``)
 
 ``python3 -m airflow_gpu_runtime`` (the archive on ``PYTHONPATH``) runs the same. ``ENVELOPE`` is a JSON file
 path, or ``env:NAME`` for base64 JSON in an environment variable. ``RESULT`` is where the result envelope goes: a
@@ -98,6 +101,7 @@ RESULT_MARKER = f"{PREFIX} result: "
 RANK_RESULTS = "--rank-results"
 INSTALL = "install"  # the first argument of ``runtime.pyz install ...``
 LAUNCHER = "launcher"  # the first argument of ``runtime.pyz launcher FAILURES MODULE ARGS...``
+REAP = "reap"  # ``runtime.pyz reap ENVELOPE RESULT``: the task process beneath the pinned subreaper (reaper.py)
 RESOURCES_ENV = "AIRFLOW_GPU_RESOURCES"  # the resources the task runs with, as JSON (the summary's "effective")
 CHECKPOINT_ENV = "AIRFLOW_GPU_CHECKPOINT_DIR"  # the task's checkpoint folder (set by the backend): a path or a URI
 RESUME_FROM_ENV = "AIRFLOW_GPU_RESUME_FROM"  # with "resume": the newest checkpoint found there, loaded after prepare()

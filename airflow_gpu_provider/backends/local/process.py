@@ -27,8 +27,9 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from airflow_gpu_provider.backends.local.supervisor import KILL_WAIT, MODULE, SCRIPT, STOP_NOW, Pinned
+from airflow_gpu_provider.backends.local.supervisor import KILL_WAIT, MODULE, SCRIPT, STOP_NOW
 from airflow_gpu_provider.host.workers import is_dead, worker_identity
+from airflow_gpu_provider.runtime.reaper import Pinned
 from airflow_gpu_provider.task.output import log_output
 
 TOKEN_VARIABLE = "AIRFLOW_GPU_TASK"  # noqa: S105 - the name of a variable, not a secret

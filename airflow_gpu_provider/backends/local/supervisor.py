@@ -13,7 +13,8 @@ of them is left (``waitpid``, which reaps their zombies meanwhile): once it has 
 When the task process ends, when the worker asks (SIGTERM: ``on_kill``) or when the worker dies, every descendant is
 stopped: SIGTERM, then SIGKILL after the grace period, until the supervisor has no child. Only then does it exit, and
 the GPU locks go with it. A descendant is signalled through a pidfd, after it was pinned and found still to be a
-child of a pinned descendant (or of the supervisor): a pid that another process reuses is never signalled. SIGUSR1
+child of a pinned descendant (or of the supervisor): a pid that another process reuses is never signalled (the pinned
+subreaper, ``runtime/reaper.py``, which a job's entrypoint runs too, loaded here by its path). SIGUSR1
 stops the task at once, without a grace period (the next task stopping what a dead worker left).
 
 The supervisor tells the worker on the status descriptor, one line each: ``exit N`` (the task process's status, as
@@ -24,7 +25,6 @@ The supervisor tells the worker on the status descriptor, one line each: ``exit 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import select
 import signal
@@ -32,146 +32,24 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+if __package__:
+    from airflow_gpu_provider.runtime import reaper
+else:  # run as a script (python -I -S): the pinned subreaper by its path, with nothing else of the package
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location(
+        "airflow_gpu_reaper", os.path.join(os.path.dirname(__file__), "..", "..", "runtime", "reaper.py")
+    )
+    assert _spec is not None and _spec.loader is not None
+    reaper = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(reaper)
+
+Pinned, started_at, signal_descendants = reaper.Pinned, reaper.started_at, reaper.signal_descendants
 SCRIPT = os.path.abspath(__file__)
 MODULE = "airflow_gpu_provider/backends/local/supervisor.py"  # how a supervisor is told in a process's command line
 PREFIX = "[gpu]"  # the runtime's (runtime/protocol.py): the supervisor imports nothing of the provider
-PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 KILL_WAIT = 30.0  # SIGKILL is not instant for a process in the GPU driver
 STOP_NOW = signal.SIGUSR1
-
-
-def started_at(pid: int) -> str | None:
-    """The start time of a process (clock ticks after boot), or ``None`` when it is gone (as ``host/workers.py``)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()[19].decode()
-    except OSError:
-        return None
-
-
-def _stat(pid: int) -> tuple[str, int] | None:
-    """A process's state letter and parent pid, or ``None`` when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            fields = handle.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return None
-    return fields[0].decode(), int(fields[1])
-
-
-def _children() -> dict[int, list[int]]:
-    """``{parent pid: [child pids]}`` of every process this user may see."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit() and (stat := _stat(int(name))) is not None:
-            children.setdefault(stat[1], []).append(int(name))
-    return children
-
-
-def _pidfds() -> bool:
-    """Whether this kernel has pidfds (Linux >= 5.3)."""
-    try:
-        os.close(os.pidfd_open(os.getpid()))
-    except (OSError, AttributeError):
-        return False
-    return True
-
-
-PIDFDS = _pidfds()
-
-
-class Pinned:
-    """One process, pinned by a pidfd: its pid may be reused by another process, the pidfd never names that one.
-
-    On a kernel without pidfds (Linux < 5.3) it holds the pid and its start time, and a pid reused between a check
-    and a signal could be signalled (best effort there).
-
-    :raises ProcessLookupError: when the process is gone
-    """
-
-    def __init__(self, pid: int) -> None:
-        self.pid, self.handle, self.start = pid, -1, started_at(pid)
-        if PIDFDS:
-            try:
-                self.handle = os.pidfd_open(pid)
-            except OSError:
-                raise ProcessLookupError(pid) from None
-        elif self.start is None:
-            raise ProcessLookupError(pid)
-
-    def exists(self) -> bool:
-        """Whether the process has not been reaped yet (a zombie still exists)."""
-        try:
-            self.send(0)
-        except ProcessLookupError:
-            return False
-        return True
-
-    def ended(self) -> bool:
-        """Whether the process has exited (a zombie has), reaped or not."""
-        if self.handle >= 0:
-            return bool(select.select([self.handle], [], [], 0)[0])  # a pidfd is readable once it has exited
-        stat = _stat(self.pid)
-        return stat is None or stat[0] == "Z" or started_at(self.pid) != self.start
-
-    def send(self, sig: int) -> None:
-        """Signal it (0: no signal, only the check).
-
-        :raises ProcessLookupError: when it has been reaped
-        """
-        if self.handle >= 0:
-            signal.pidfd_send_signal(self.handle, sig)
-        elif PIDFDS or self.start is None or started_at(self.pid) != self.start:  # let go, or gone
-            raise ProcessLookupError(self.pid)
-        else:
-            os.kill(self.pid, sig)
-
-    def close(self) -> None:
-        """Let it go: it is never signalled again (the pidfd closed)."""
-        handle, self.handle, self.start = self.handle, -1, None  # first: a signal handler sees it let go
-        if handle >= 0:
-            os.close(handle)
-
-
-def signal_descendants(sig: int) -> list[int]:
-    """Send ``sig`` to every descendant of this process; return those that are not zombies.
-
-    Each pid is pinned first (:class:`Pinned`), then its parent read from ``/proc``: it is signalled only when it and
-    its parent (this process or a descendant pinned before it) still exist after that read, so the read was theirs.
-    """
-    me, children = os.getpid(), _children()
-    pinned: dict[int, Pinned] = {}
-    running = []
-    queue = list(children.get(me, ()))
-    try:
-        while queue:
-            pid = queue.pop()
-            try:
-                process = Pinned(pid)
-            except ProcessLookupError:
-                continue
-            stat = _stat(pid)
-            parent = pinned.get(-1 if stat is None else stat[1])
-            if stat is None or not process.exists() or (stat[1] != me and (parent is None or not parent.exists())):
-                process.close()  # not (any more) the process that the snapshot saw beneath us
-                continue
-            pinned[pid] = process
-            with contextlib.suppress(ProcessLookupError):
-                process.send(sig)
-            if stat[0] != "Z":
-                running.append(pid)
-            queue.extend(children.get(pid, ()))
-    finally:
-        for process in pinned.values():
-            process.close()
-    return running
-
-
-def become_subreaper() -> None:
-    """Make this process the subreaper of its descendants (Linux >= 3.4)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
 
 
 class Supervisor:
@@ -181,7 +59,7 @@ class Supervisor:
     :param report: writes one status line to the worker
     """
 
-    def __init__(self, grace: float, worker: Pinned | None, report: Callable[[str], None]) -> None:
+    def __init__(self, grace: float, worker: reaper.Pinned | None, report: Callable[[str], None]) -> None:
         self.grace, self.worker, self.report = grace, worker, report
         self.requests: set[int] = set()
         self.task_pid = 0
@@ -257,7 +135,7 @@ class Supervisor:
             print(f"{PREFIX} {message}", file=sys.stderr, flush=True)
 
 
-def _pin_worker(identity: str) -> Pinned | None:
+def _pin_worker(identity: str) -> reaper.Pinned | None:
     """The worker ``host:pid:start``, or ``None`` when it has exited already."""
     pid, start = identity.split(":")[1:]
     try:
@@ -281,7 +159,7 @@ def main(argv: list[str]) -> int:
         with contextlib.suppress(OSError):
             os.write(status, f"{line}\n".encode())
 
-    become_subreaper()
+    reaper.become_subreaper()
     supervisor = Supervisor(float(options["--grace"]), _pin_worker(options["--worker"]), report)
     if supervisor.worker is None:
         return 1  # the worker died before its task started: there is nothing to run it for
