@@ -1,15 +1,15 @@
 """The package's shape, as docs/architecture.md draws it, checked over its source (the AST of every module).
 
 - no import cycle between files, lazy and type-checking imports included;
-- backends depend on ``task/``, ``host/``, ``settings/``, ``checkpoint/location``, the shared ``backends/pods/``
-  and the runtime's protocol, never on each other nor on what uses them (operators, decorators, pools, the
-  escalation of tries, telemetry, the listeners, the render CLI);
+- every module imports only from its own floor and those below (``import_graph.FLOORS``: settings -> config ->
+  policy -> task -> host -> backends -> escalation -> telemetry -> listeners -> operators -> decorators);
+- backends never import each other (the shared ``backends/pods/`` and ``backends/jobs/`` are not backends);
 - DAG parsing needs only each backend's options half (and its placement): an options module imports no run-time
   module;
 - every registry entry names a backend package whose halves exist and agree with it (the executor backend runs
   with the local run half, on options of the same shape);
 - the runtime (``runtime/``) imports only the standard library and itself (relatively: it is shipped under another
-  name), the worker imports only its protocol and its CUDA helpers, and its archive is the same bytes every time;
+  name), the worker imports only its protocol, its pinned subreaper and its CUDA helpers, and its archive is the same bytes every time;
 - modules stay small: nothing over 300 lines, the runtime's modules included.
 """
 
@@ -21,18 +21,16 @@ import os
 import shutil
 import sys
 from collections.abc import Iterator
-from pathlib import Path
+
 
 import pytest
-from conftest import REPO
+from import_graph import FLOORS, GRAPH, MODULES, NAME, SHARED, floor_of
 
 from airflow_gpu_provider.backends import BACKENDS
 from airflow_gpu_provider.backends.base import Backend
 from airflow_gpu_provider.backends.options import BackendOptions
 from airflow_gpu_provider.task import runtime_zip
 
-PACKAGE = REPO / "airflow_gpu_provider"
-NAME = "airflow_gpu_provider"
 MAX_LINES = 300
 RUNTIME = f"{NAME}.runtime"
 #: What the worker runs of the runtime in its own process: the protocol, the pinned subreaper (the local supervisor's
@@ -41,57 +39,6 @@ RUNTIME = f"{NAME}.runtime"
 WORKER_IMPORTS_OF_THE_RUNTIME = {f"{RUNTIME}.protocol", f"{RUNTIME}.cuda", f"{RUNTIME}.reaper"}
 #: The task's own packages, which the runtime uses inside a function when the task's environment has them.
 TASK_PACKAGES = {"torch", "pynvml", "fsspec", "accelerate"}
-ABOVE_BACKENDS = (
-    "operators",
-    "decorators",
-    "pools",
-    "escalation",
-    "telemetry",
-    "checkpoint.mixin",
-    "checkpoint.cleanup",
-    "hooks.cuda_cache",
-    "render",
-    "plugin",
-    "params",
-    "get_provider_info",
-)
-#: Packages under backends/ that several backends share; not backends (no registry entry).
-SHARED = ("pods", "jobs")
-
-
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(REPO).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-MODULES = {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
-
-
-def _imports(module: str) -> Iterator[str]:
-    """Every module of the package that ``module`` imports, anywhere in the file."""
-    path = MODULES[module]
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join(
-                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
-                )
-            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
-        else:
-            continue
-        for name in targets:
-            found = name
-            while found and found not in MODULES:  # `import a.b.c` names a module or one of its packages
-                found = found.rpartition(".")[0]
-            if found.startswith(NAME) and found != module:
-                yield found
-
-
-GRAPH = {module: set(_imports(module)) for module in MODULES}
 
 
 def _cycles() -> list[list[str]]:
@@ -141,17 +88,33 @@ def _backend_of(module: str) -> str | None:
     return parts[2] if len(parts) > 3 and parts[1] == "backends" and parts[2] not in SHARED else None
 
 
+def test_every_module_imports_only_its_floor_and_those_below():
+    """settings -> config -> policy -> task -> host -> backends -> escalation -> telemetry -> ... -> operators."""
+    assert all(floor_of(module) >= 0 for module in MODULES)
+    upward = [
+        f"{module} (floor {FLOORS[floor_of(module)]}) imports {target} (floor {FLOORS[floor_of(target)]})"
+        for module in MODULES
+        for target in GRAPH[module]
+        if floor_of(target) > floor_of(module)
+    ]
+    assert upward == []
+
+
+def test_the_floors_are_read_as_written():
+    assert floor_of(f"{NAME}.checkpoint.location") < floor_of(f"{NAME}.task.request")  # a task's folder
+    assert floor_of(f"{NAME}.checkpoint.mixin") > floor_of(f"{NAME}.backends.docker.backend")  # uses backends
+    assert floor_of(f"{NAME}.hooks.cuda_cache") > floor_of(f"{NAME}.hooks.cuda")
+    assert floor_of(NAME) == len(FLOORS) - 1 and floor_of(f"{NAME}.runtime.reaper") == 0
+
+
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
-def test_a_backend_imports_no_other_backend_and_nothing_above_it(backend):
+def test_a_backend_imports_no_other_backend(backend):
     own = [m for m in MODULES if _backend_of(m) == backend]
     assert own, f"backends/{backend}/ is empty"
     for module in own:
         for target in GRAPH[module]:
             other = _backend_of(target)
             assert other in (None, backend), f"{module} imports {target}: backends never import each other"
-            assert not target.startswith(tuple(f"{NAME}.{above}" for above in ABOVE_BACKENDS)), (
-                f"{module} imports {target}, which uses the backends"
-            )
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))

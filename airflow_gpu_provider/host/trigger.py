@@ -21,7 +21,7 @@ from airflow.triggers.base import BaseTrigger, StartTriggerArgs, TriggerEvent
 from airflow_gpu_provider.host.waiting import free_count
 
 if TYPE_CHECKING:
-    from airflow_gpu_provider.operators.spec import TaskSpec
+    from airflow_gpu_provider.settings.resources import ResourceSettings
 
 
 class GpuFreeTrigger(BaseTrigger):
@@ -141,31 +141,15 @@ class GpuStartTrigger(GpuFreeTrigger):
             yield event
 
 
-def start_args(spec: TaskSpec) -> StartTriggerArgs | None:
+def start_args(resources: ResourceSettings, wait_timeout: float | None) -> StartTriggerArgs:
     """Airflow's ``start_trigger_args`` of a task that starts by waiting for its GPUs (:class:`GpuStartTrigger`).
 
-    ``None`` (the task starts on a worker, and defers a wait from there) unless: Airflow 3.3 or later; the task's
-    ``on_missing_gpu="wait"`` and ``deferrable`` are settled; its GPUs come from a host allocator (local, Docker on
-    the local engine) and are not templated; and ``[triggerer] queues_enabled`` is off. With trigger queues, a
-    trigger that Airflow creates for ``start_from_trigger`` has no queue (3.3.2), so a GPU host's triggerer
-    (``--queues gpu-host-1``) would never run it, and a queue-less one may be another host's.
-    The trigger's event comes back to ``execute_complete`` as a deferred wait's does: it starts the task.
+    Whether a task starts so is the task's (``TaskSpec.starts_in_triggerer``); the trigger's event comes back to
+    ``execute_complete`` as a deferred wait's does: it starts the task.
     """
-    from airflow import __version__
-    from airflow.configuration import conf
-    from packaging.version import Version
-
-    if Version(Version(__version__).base_version) < Version("3.3"):
-        return None
-    if not (spec.deferrable and spec.on_missing_gpu == "wait" and spec.backend and spec.info.host_gpus):
-        return None
-    if spec.templated or not spec.resources.requests_gpus or not getattr(spec.options, "engine_is_local", True):
-        return None
-    if conf.getboolean("triggerer", "queues_enabled", fallback=False):
-        return None
     return StartTriggerArgs(
         trigger_cls=f"{GpuStartTrigger.__module__}.{GpuStartTrigger.__qualname__}",
-        trigger_kwargs={"gpus": spec.resources.to_dict(), "limit": spec.wait_timeout},
+        trigger_kwargs={"gpus": resources.to_dict(), "limit": wait_timeout},
         next_method="execute_complete",
         next_kwargs=None,
         timeout=None,

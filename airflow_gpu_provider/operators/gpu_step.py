@@ -155,11 +155,11 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         with airflow_checks(spec.owner, "BaseOperator(...)"):
             super().__init__(**spec.placed(kwargs))
         self.durable = spec.durable  # Airflow's ResumableJobMixin attribute (its own __init__ leaves its default)
-        if spec.deferrable and spec.on_missing_gpu == "wait":  # it may start by waiting in the triggerer
+        if spec.starts_in_triggerer:  # it starts by waiting for its GPUs in the triggerer
             from airflow_gpu_provider.host.trigger import start_args
 
-            self.start_trigger_args = start_args(spec)
-            self.start_from_trigger = self.start_trigger_args is not None
+            self.start_trigger_args = start_args(spec.resources, spec.wait_timeout)
+            self.start_from_trigger = True
 
     @classmethod
     def settle(cls, owner: str, arguments: Mapping[str, Any], settled: TaskSpec | None = None) -> TaskSpec:

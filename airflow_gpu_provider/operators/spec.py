@@ -170,6 +170,28 @@ class TaskSpec(NamedTuple):
         assert self.backend is not None, "the backend is a template until the task starts"
         return BACKENDS[self.backend]
 
+    @property
+    def starts_in_triggerer(self) -> bool:
+        """Whether the task starts by waiting for its GPUs in the triggerer (``start_from_trigger``).
+
+        Only on Airflow 3.3 or later, for a settled ``on_missing_gpu="wait"`` and ``deferrable`` task whose GPUs
+        come from a host allocator (local, Docker on the local engine) and are not templated, with ``[triggerer]
+        queues_enabled`` off: with trigger queues, a trigger that Airflow creates for ``start_from_trigger`` has no
+        queue (3.3.2), so a GPU host's triggerer (``--queues gpu-host-1``) would never run it, and a queue-less one
+        may be another host's. Otherwise the task starts on a worker, and defers a wait from there.
+        """
+        from airflow import __version__
+        from airflow.configuration import conf
+        from packaging.version import Version
+
+        if Version(Version(__version__).base_version) < Version("3.3"):
+            return False
+        if not (self.deferrable and self.on_missing_gpu == "wait" and self.backend and self.info.host_gpus):
+            return False
+        if self.templated or not self.resources.requests_gpus or not getattr(self.options, "engine_is_local", True):
+            return False
+        return not conf.getboolean("triggerer", "queues_enabled", fallback=False)
+
     # ------------------------------------------------------------------ placement, at DAG parse
     def placed(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """``kwargs`` with the GPU pool and, on a backend that Airflow's executor places, its queue/executor/pod."""

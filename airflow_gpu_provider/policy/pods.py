@@ -24,7 +24,7 @@ from typing import Any
 from airflow_gpu_provider.exceptions import GpuTaskError
 from airflow_gpu_provider.policy import LEVELS, PolicyError
 from airflow_gpu_provider.policy.pod_standards import CONTAINER_LISTS, Violation, standards
-from airflow_gpu_provider.task.environment import NO_GPUS
+from airflow_gpu_provider.settings.accelerators import NO_GPUS
 
 #: Kueue's labels (kubernetes-sigs/kueue: the LocalQueue and the WorkloadPriorityClass of a pod or Job)
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"

@@ -14,6 +14,10 @@ from airflow_gpu_provider.dag_line import entry_point
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.settings.grammar import ACCELERATOR, ENV_NAME, MIG_PROFILE, RESOURCE_NAME, VENDOR_NAME
 
+# CUDA images set NVIDIA_VISIBLE_DEVICES=all: under a default nvidia runtime a container (or pod) that asked for no
+# GPU would see every GPU of the host; "void" keeps it off them.
+NO_GPUS = {"NVIDIA_VISIBLE_DEVICES": "void"}
+
 
 @dataclass(frozen=True)
 class GpuVendor:

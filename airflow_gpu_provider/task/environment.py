@@ -9,15 +9,12 @@ import math
 from collections.abc import Mapping, Sequence
 
 from airflow_gpu_provider.settings import NVIDIA, GpuVendor, ResourceSettings
-from airflow_gpu_provider.settings.accelerators import VENDORS
+from airflow_gpu_provider.settings.accelerators import NO_GPUS, VENDORS
 from airflow_gpu_provider.task.request import TaskRequest
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 # Indices mean what NVML and nvidia-smi say they mean (CUDA's own default orders by speed).
 CUDA_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-# CUDA images set NVIDIA_VISIBLE_DEVICES=all: under a default nvidia runtime a container (or pod) that asked for no
-# GPU would see every GPU of the host; "void" keeps it off them.
-NO_GPUS = {"NVIDIA_VISIBLE_DEVICES": "void"}
 # The NVIDIA container toolkit mounts the driver's libraries by capability: compute is CUDA, utility is NVML
 # (libnvidia-ml.so.1, which the runtime's profile samples) and nvidia-smi.
 DRIVER_CAPABILITIES = "compute,utility"

@@ -25,7 +25,6 @@ from airflow_gpu_provider.telemetry.profile import Profile
 
 if TYPE_CHECKING:
     from airflow_gpu_provider.escalation.tries import Tries
-    from airflow_gpu_provider.operators.spec import TaskSpec
     from airflow_gpu_provider.task.request import TaskRequest
 
 STATE_KEY = "airflow_gpu_provider.right_size"
@@ -80,9 +79,12 @@ def previous_success(ti: Any) -> tuple[Mapping[str, Any] | None, str, int] | Non
     return profile, found.run_id, found.try_number
 
 
-def applied(request: TaskRequest, spec: TaskSpec, tries: Tries | None, context: Any, log: Any) -> TaskRequest:
-    """``request`` right-sized when the task asks for it and its last successful run left a GPU peak."""
-    if not spec.right_size or not request.resources.requests_gpus:
+def applied(request: TaskRequest, wanted: bool, tries: Tries | None, context: Any, log: Any) -> TaskRequest:
+    """``request`` right-sized when the task asks for it and its last successful run left a GPU peak.
+
+    :param wanted: the task's ``right_size=True``
+    """
+    if not wanted or not request.resources.requests_gpus:
         return request
     number = int(request.labels.get("try_number") or 1)
     why = skipped_because(number, tries.history if tries is not None else ())
