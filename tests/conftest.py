@@ -68,7 +68,7 @@ os.environ.update(
         # what the tests' pods name of the cluster (rule P3), as a deployment's admin lists it
         "AIRFLOW__GPU__ALLOWED_KUBERNETES_OBJECTS": "namespace=ml, namespace=ml-training, service_account=trainer, "
         "runtime_class=nvidia, priority_class=gpu-high, priority_class=batch, kueue_queue=team-a, "
-        "kueue_priority_class=gpu-high",
+        "kueue_priority_class=gpu-high, partition=low, partition=quick",
     }
 )
 

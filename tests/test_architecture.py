@@ -22,7 +22,6 @@ import shutil
 import sys
 from collections.abc import Iterator
 
-
 import pytest
 from import_graph import FLOORS, GRAPH, MODULES, NAME, SHARED, floor_of
 

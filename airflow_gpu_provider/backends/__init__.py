@@ -47,6 +47,8 @@ class BackendInfo(NamedTuple):
     :param gpu_shares: whether a share of one GPU (``gpu_count=0.5``) means something there
     :param host_gpus: whether its GPUs come from the worker host's allocator (a deferred wait for them may start in
         the triggerer: ``host/trigger.py`` ``start_args``)
+    :param avoids_nodes: whether it places its work on a cluster's nodes: the next try avoids the node where an
+        earlier one failed because of the infrastructure (``TaskRequest.avoid_nodes``)
     """
 
     name: str
@@ -60,6 +62,7 @@ class BackendInfo(NamedTuple):
     defers: bool = False
     gpu_shares: bool = False
     host_gpus: bool = False
+    avoids_nodes: bool = False
 
     @property
     def placed_at_parse(self) -> bool:
@@ -175,6 +178,7 @@ BACKENDS: dict[str, BackendInfo] = {
             all_gpus=False,
             renders=True,
             defers=True,
+            avoids_nodes=True,
         ),
         BackendInfo(
             "ray",
@@ -185,6 +189,15 @@ BACKENDS: dict[str, BackendInfo] = {
             all_gpus=False,
             defers=True,
             gpu_shares=True,
+        ),
+        BackendInfo(
+            "slurm",
+            backend="airflow_gpu_provider.backends.slurm.backend:SlurmBackend",
+            options="airflow_gpu_provider.backends.slurm.options:SlurmOptions",
+            max_nodes=None,
+            all_gpus=False,
+            defers=True,
+            avoids_nodes=True,
         ),
         # Airflow's executor places the task when the DAG is parsed (backends/executor/placement.py); on the GPU
         # worker, pod or queue it was given, it runs exactly as the local backend runs it: the local run half.

@@ -109,10 +109,12 @@ ALLOW_LISTS: tuple[Option, ...] = (
         "string",
         "",
         "Cluster objects that GPU pods (the kubernetes backend's pods and Jobs, KubernetesExecutor pod_overrides) "
-        "may name, which RBAC does not bound: comma-separated KIND=NAME, KIND one of namespace, service_account, "
-        "runtime_class, priority_class, kueue_queue, kueue_priority_class; NAME * allows any of that kind. A pod "
-        "that names none gets the deployment's own: the connection's (or [kubernetes_executor]) namespace, the "
-        "namespace's default service account, no runtime or priority class, [gpu] kueue_queue. Empty: only those.",
-        "namespace=ml, service_account=gpu-trainer, runtime_class=nvidia, kueue_queue=team-a",
+        "and Slurm jobs may name, which RBAC or Slurm's associations do not bound: comma-separated KIND=NAME, KIND "
+        "one of namespace, service_account, runtime_class, priority_class, kueue_queue, kueue_priority_class "
+        "(pods) or partition, account, qos, reservation (Slurm jobs); NAME * allows any of that kind. A pod that "
+        "names none gets the deployment's own: the connection's (or [kubernetes_executor]) namespace, the "
+        "namespace's default service account, no runtime or priority class, [gpu] kueue_queue; a Slurm job the "
+        "cluster's defaults. Empty: only those.",
+        "namespace=ml, service_account=gpu-trainer, kueue_queue=team-a, partition=gpu, account=ml",
     ),
 )

@@ -251,7 +251,7 @@ class GpuExecution(DurableJob):
 
         failure = infrastructure.failure_of(error)
         if failure is not None:
-            infrastructure.report(context, failure, self.log, avoid_node=attempt.spec.info.renders)  # a pod's node
+            infrastructure.report(context, failure, self.log, avoid_node=attempt.spec.info.avoids_nodes)
             infrastructure.run_again(context, attempt.conf.infra_retries, self.log)
 
     def _defer_wait(self, wait: MustWait, conf: GpuConfig, waiting_since: float | None) -> NoReturn:

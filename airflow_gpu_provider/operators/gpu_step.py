@@ -266,7 +266,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
             checkpoint=self.checkpoint_location(labels, conf),
             resume=spec.resume,
             project_path=self.project_path(context),
-            avoid_nodes=infrastructure.avoided_nodes(context) if spec.info.renders else (),  # a pod's node
+            avoid_nodes=infrastructure.avoided_nodes(context) if spec.info.avoids_nodes else (),
         )
 
     def project_path(self, context: Context) -> tuple[str, ...]:

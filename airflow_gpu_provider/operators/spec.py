@@ -265,7 +265,7 @@ class TaskSpec(NamedTuple):
 
 
 ACCEPTED_BACKENDS = (
-    "backend='docker', 'kubernetes' or 'ray' (or on_missing_gpu='wait', to defer only the wait for GPUs)"
+    "backend='docker', 'kubernetes', 'ray' or 'slurm' (or on_missing_gpu='wait', to defer only the wait for GPUs)"
 )
 
 

@@ -30,16 +30,25 @@ if TYPE_CHECKING:
     from airflow_gpu_provider.config.worker import GpuConfig
 
 LEVELS = ("restricted", "baseline", "privileged")  # Pod Security Standards, strongest first
-#: The kinds of cluster object a pod names that ``[gpu] allowed_kubernetes_objects`` lists (``KIND=NAME``)
-KUBERNETES_KINDS = (
-    "namespace",
-    "service_account",
-    "runtime_class",
-    "priority_class",
-    "kueue_queue",
-    "kueue_priority_class",
-)
 _OBJECT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")  # a DNS subdomain, as the API server names
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9_][-A-Za-z0-9_.]{0,63}$")  # a partition's, account's, QoS's or reservation's
+#: The kinds of cluster object a task names that ``[gpu] allowed_kubernetes_objects`` lists (``KIND=NAME``), each
+#: with the form of its names: what a pod names (its namespace, service account, runtime and priority class, Kueue
+#: queue and priority class) and what a Slurm job names (its partition, account, QoS and reservation).
+OBJECT_KINDS: dict[str, re.Pattern[str]] = {
+    "namespace": _OBJECT_NAME,
+    "service_account": _OBJECT_NAME,
+    "runtime_class": _OBJECT_NAME,
+    "priority_class": _OBJECT_NAME,
+    "kueue_queue": _OBJECT_NAME,
+    "kueue_priority_class": _OBJECT_NAME,
+    "partition": _SLURM_NAME,
+    "account": _SLURM_NAME,
+    "qos": _SLURM_NAME,
+    "reservation": _SLURM_NAME,
+}
+KUBERNETES_KINDS = tuple(kind for kind, form in OBJECT_KINDS.items() if form is _OBJECT_NAME)
+SLURM_KINDS = tuple(kind for kind, form in OBJECT_KINDS.items() if form is _SLURM_NAME)
 
 
 class PolicyError(InvalidSettingError):
@@ -70,13 +79,13 @@ def _paths(option: str, text: str) -> tuple[str, ...]:
 
 def _kubernetes_objects(text: str, kueue_queue: str) -> dict[str, frozenset[str]]:
     """``KIND=NAME, ...`` by kind, with the deployment's own ``[gpu] kueue_queue`` added."""
-    listed: dict[str, set[str]] = {kind: set() for kind in KUBERNETES_KINDS}
+    listed: dict[str, set[str]] = {kind: set() for kind in OBJECT_KINDS}
     for part in filter(None, (item.strip() for item in text.split(","))):
         kind, _, name = (piece.strip() for piece in part.partition("="))
-        if kind not in listed or not name or (name != "*" and not _OBJECT_NAME.fullmatch(name)):
+        if kind not in listed or not name or (name != "*" and not OBJECT_KINDS[kind].fullmatch(name)):
             raise ValueError(
                 f"[gpu] allowed_kubernetes_objects: {part!r} is not KIND=NAME with KIND one of "
-                f"{', '.join(KUBERNETES_KINDS)} and NAME an object's name (or *)"
+                f"{', '.join(OBJECT_KINDS)} and NAME an object's name (or *)"
             )
         listed[kind].add(name)
     if kueue_queue:

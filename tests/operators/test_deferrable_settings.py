@@ -24,7 +24,7 @@ def test_local_refuses_a_deferred_run_naming_the_field_and_the_choices():
         GpuStepOperator(task_id="t", python_callable=work, backend="local", deferrable=True)
     message = str(raised.value)
     assert "deferrable=True" in message and "'local' backend runs the task as a child of its worker" in message
-    assert "backend='docker', 'kubernetes' or 'ray'" in message and "on_missing_gpu='wait'" in message
+    assert "backend='docker', 'kubernetes', 'ray' or 'slurm'" in message and "on_missing_gpu='wait'" in message
 
 
 def test_the_executor_backend_refuses_it_too():

@@ -26,6 +26,7 @@ with open(os.path.join(args.out, f"rank{accelerator.process_index}.json"), "w") 
             "rank": accelerator.process_index,
             "backend": str(accelerator.state.backend),
             "threads": [int(os.environ.get("OMP_NUM_THREADS", "0")), torch.get_num_threads()],
+            "node": [os.environ.get("NODE_RANK"), os.environ.get("SLURMD_NODENAME")],
         },
         handle,
     )

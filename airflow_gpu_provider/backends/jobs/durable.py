@@ -45,9 +45,15 @@ class JobRecord:
         if state_store is not None:
             state_store.set(self.key, self.entry(job_id, where, try_number, **extra))
 
-    def forget(self, state_store: Any) -> None:
-        """The job was removed (or collected): nothing to take over."""
-        if state_store is not None:
+    def forget(self, state_store: Any, job_id: str | None = None) -> None:
+        """The job was removed (or collected): nothing to take over.
+
+        :param job_id: forget the record only while it names this job (not one submitted since, by the same try)
+        """
+        if state_store is None:
+            return
+        value = None if job_id is None else state_store.get(self.key, default=None)
+        if job_id is None or (isinstance(value, dict) and value.get("id") == job_id):
             state_store.delete(self.key)
 
     def recorded(self, state_store: Any, where: str) -> dict[str, Any] | None:

@@ -30,6 +30,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -126,10 +127,13 @@ class SlurmCluster:
         facts: dict[str, object] = {
             "shared_dir": str(self.shared),
             "accelerators": {"A100": "a100", "H100": "h100"},
+            "python": sys.executable,  # the nodes' Python: this machine's, with the tests' packages
             **extra,
         }
         if rest:
-            return json.dumps({"conn_type": "slurm", "host": self.rest_url, "password": self.token(), "extra": facts})
+            return json.dumps(
+                {"conn_type": "slurm", "host": self.rest_url, "login": "root", "password": self.token(), "extra": facts}
+            )
         return json.dumps({"conn_type": "slurm", "extra": {"slurm_conf": str(self.conf), **facts}})
 
     # ------------------------------------------------------------------ start
@@ -148,7 +152,8 @@ class SlurmCluster:
         for index, node in enumerate(self.nodes):
             (self.root / "state" / f"spool-{node}").mkdir()
             hosts = self.root / "etc" / f"hosts-{node}"
-            hosts.write_text(f"127.0.0.1 localhost\n{self.addresses[index]} {socket.gethostname()} {node}\n")
+            names = "".join(f"{address} {name}\n" for address, name in zip(self.addresses, self.nodes, strict=True))
+            hosts.write_text(f"127.0.0.1 localhost\n{self.addresses[index]} {socket.gethostname()}\n{names}")
             argv = ["unshare", "-m", "sh", "-c", _OWN_HOSTS, "-", str(hosts), "slurmd", "-D", "-N", node]
             if index > 0:
                 argv = ["nsenter", f"--net=/run/netns/{self.netns}", *argv]  # (ip netns exec hides /sys/fs/cgroup)
@@ -372,10 +377,16 @@ def slurm() -> Iterator[SlurmCluster]:
         if IN_CI:
             pytest.fail(f"CI=true but {reason}", pytrace=False)
         pytest.skip(reason)
+    from backends.docker.docker_fixtures import make_wheel
+
     with slurm_cluster() as cluster:
+        wheels = cluster.root / "wheels"
+        wheels.mkdir()
+        make_wheel(wheels, "airflow_gpu_private", "1.0", "SECRET_PACKAGE = True\n")
         variables = {
             "AIRFLOW_CONN_SLURM_TEST": cluster.connection(),
             "AIRFLOW_CONN_SLURM_REST": cluster.connection(rest=True),
+            "AIRFLOW_GPU_TEST_WHEELS": str(wheels),
         }
         os.environ.update(variables)
         try:

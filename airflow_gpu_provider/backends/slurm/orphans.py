@@ -1,0 +1,59 @@
+"""Slurm jobs whose worker died: their comment names the worker; cancelled before a task of this host submits.
+
+Every job's comment (``--comment``, JSON: :func:`comment`) names its task instance, its worker, whether a later try
+may take it over and its Airflow deployment; :func:`marks` reads it back (a comment of another form is not the
+provider's). The job wing's rule (``jobs/orphans.py``) says which to stop: a dead worker's job at once, a durable one
+once its task instance has ended. Jobs of workers on other hosts are left to them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from airflow_gpu_provider.backends.jobs.orphans import orphaned
+from airflow_gpu_provider.backends.slurm.plan import IDENTITY
+from airflow_gpu_provider.host.workers import deployment, worker_identity
+
+MARK = "airflow_gpu_provider"
+
+
+def comment(labels: Mapping[str, str], *, durable: bool) -> str:
+    """The job's comment: its task instance, worker, durability and deployment (JSON)."""
+    marks = {MARK: "true", **{key: str(labels.get(key, "")) for key in IDENTITY}}
+    marks.update(worker=worker_identity(), durable=str(durable).lower(), deployment=deployment())
+    return json.dumps(marks, separators=(",", ":"))
+
+
+def marks(text: str) -> dict[str, str] | None:
+    """What a job's comment says, when it is the provider's; else ``None``."""
+    try:
+        found = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(found, dict) or found.get(MARK) != "true":
+        return None
+    return {str(key): str(value) for key, value in found.items()}
+
+
+def mine(text: str, labels: Mapping[str, str]) -> bool:
+    """Whether a job's comment names this task instance (a record is data a try wrote: the job is checked too)."""
+    found = marks(text)
+    keys = ("dag_id", "task_id", "run_id", "map_index")
+    return found is not None and all(found.get(key) == str(labels.get(key, "")) for key in keys)
+
+
+def reap_orphans(client: Any, log: logging.Logger) -> list[str]:
+    """Cancel the jobs of this host's dead workers that no later try takes over; return their ids."""
+    reaped, ours = [], deployment()
+    for info in client.jobs().values():
+        found = marks(info.comment) if info.active else None
+        why = None if found is None else orphaned(found, log, ours)
+        if why is None:
+            continue
+        client.cancel(info.job_id)
+        reaped.append(info.job_id)
+        log.warning("Cancelled Slurm job %s, %s (%s)", info.job_id, why, found["worker"])  # type: ignore[index]
+    return reaped

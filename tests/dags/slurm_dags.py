@@ -1,0 +1,166 @@
+"""DAGs of the Slurm backend's tests (tests/backends/slurm/): each task is a batch job on the tests' own cluster.
+
+The cluster comes from the connections ``slurm_test`` (a submit host: Slurm's commands) and ``slurm_rest``
+(slurmrestd with a JWT), set by the cluster fixture; its nodes (``<name>n1``: an A100 and an H100, ``<name>n2``: an
+A100, as GRES) share this machine's file system, and run the tests' Python (the connection's ``python``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from pathlib import Path
+
+from airflow.sdk import DAG
+
+from airflow_gpu_provider import AccelerateOperator, GpuStepOperator, ImageSettings, OomEscalation
+
+START = datetime.datetime(2024, 1, 1)
+SLURM = {"backend": "slurm", "backend_options": {"slurm_conn_id": "slurm_test"}}
+REST = {"backend": "slurm", "backend_options": {"slurm_conn_id": "slurm_rest"}}
+ONCE = {"retries": 0}
+AGAIN = {"retries": 1, "retry_delay": datetime.timedelta(0)}
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def where(leave_behind: bool = False) -> dict:
+    """What the job sees: its GPUs, its node, when it ran; with ``leave_behind``, a process escapes in a session of
+    its own (the job's reaper must stop it)."""
+    import json
+    import os
+    import subprocess
+    import time
+
+    started = time.time()
+    if leave_behind:
+        subprocess.Popen(["setsid", "sleep", "3600"], start_new_session=True)
+    barrier = os.environ.get("BARRIER")
+    if barrier:  # a run of two: each marks its start
+        os.makedirs(barrier, exist_ok=True)
+        open(os.path.join(barrier, str(os.getpid())), "w").close()
+    time.sleep(float(os.environ.get("SLEEP", "0")))
+    found = {"gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "node": os.environ.get("SLURMD_NODENAME")}
+    found.update(job=os.environ.get("SLURM_JOB_ID"), start=started, end=time.time())
+    return {**found, "resources": json.loads(os.environ["AIRFLOW_GPU_RESOURCES"])}
+
+
+def uses_the_requirement() -> bool:
+    import airflow_gpu_private  # installed by the job into the cached folder on the shared folder
+
+    return airflow_gpu_private.SECRET_PACKAGE
+
+
+def counts_its_runs(marks: str, seconds: float) -> dict:
+    """Append a line to ``marks`` (each run of the function), sleep, return how many runs there were."""
+    import os
+    import time
+
+    with open(marks, "a") as handle:
+        handle.write(f"{os.environ.get('SLURM_JOB_ID')} {os.environ.get('SLURM_RESTART_COUNT', '0')}\n")
+    time.sleep(seconds)
+    with open(marks) as handle:
+        return {"runs": handle.read().splitlines(), "node": os.environ.get("SLURMD_NODENAME")}
+
+
+def grows(megabytes: int) -> int:
+    blocks = [bytearray(2**20) for _ in range(megabytes)]
+    for block in blocks:
+        block[::4096] = b"x" * len(block[::4096])  # touched: resident
+    return len(blocks)
+
+
+def sleeps() -> None:
+    import time
+
+    print("sleeping", flush=True)
+    time.sleep(600)
+
+
+_marks = os.environ.get("AIRFLOW_GPU_TEST_MARKS", "/nowhere")
+
+with DAG("slurm_basics", schedule=None, start_date=START):  # what one worker checks in one run, task by task
+    GpuStepOperator(task_id="a100", python_callable=where, op_args=[True], accelerator="A100", **SLURM, **ONCE)
+    GpuStepOperator(task_id="either", python_callable=where, accelerator=["A100", "H100", "B200"], **SLURM, **ONCE)
+    GpuStepOperator(task_id="no_gpu", python_callable=where, cpu_count=1, memory="256Mi", **SLURM, **ONCE)
+    GpuStepOperator(
+        task_id="requirement",
+        python_callable=uses_the_requirement,
+        image=ImageSettings(
+            requirements=["airflow-gpu-private==1.0"],
+            find_links=[os.environ.get("AIRFLOW_GPU_TEST_WHEELS", "/nowhere")],
+            python_package_installer="pip",
+        ),
+        **SLURM,
+        **ONCE,
+    )
+    GpuStepOperator(task_id="never", python_callable=where, gpu_count=3, **SLURM, **ONCE)
+    GpuStepOperator(task_id="deferred", python_callable=where, gpu_count=1, deferrable=True, **SLURM, **ONCE)
+    GpuStepOperator(task_id="rest", python_callable=where, accelerator="H100", **REST, **ONCE)
+
+with DAG("slurm_the_only_h100", schedule=None, start_date=START):  # run by two workers at once
+    GpuStepOperator(
+        task_id="h100",
+        python_callable=where,
+        accelerator="H100",
+        image=ImageSettings(environment={"SLEEP": "4", "BARRIER": os.environ.get("AIRFLOW_GPU_TEST_BARRIER", "")}),
+        **SLURM,
+        **ONCE,
+    )
+
+with DAG("slurm_oom", schedule=None, start_date=START):
+    GpuStepOperator(
+        task_id="grow",
+        python_callable=grows,
+        op_args=[300],
+        memory="128Mi",
+        on_oom=OomEscalation(memory=["1Gi"]),
+        **SLURM,
+        **AGAIN,
+    )
+
+with DAG("slurm_timeout", schedule=None, start_date=START):  # the partition's one-minute MaxTime
+    GpuStepOperator(
+        task_id="task",
+        python_callable=sleeps,
+        backend="slurm",
+        backend_options={"slurm_conn_id": "slurm_test", "partition": "quick"},
+        **ONCE,
+    )
+
+with DAG("slurm_preempted", schedule=None, start_date=START, params={"requeue": True}):
+    for _requeue in (True, False):
+        GpuStepOperator(
+            task_id=f"requeue_{str(_requeue).lower()}",
+            python_callable=counts_its_runs,
+            op_args=[f"{_marks}-{_requeue}", 12],
+            accelerator="H100",
+            backend="slurm",
+            backend_options={"slurm_conn_id": "slurm_test", "partition": "low", "requeue": _requeue},
+            **AGAIN,
+        )
+
+with DAG("slurm_node_down", schedule=None, start_date=START):
+    GpuStepOperator(
+        task_id="task",
+        python_callable=counts_its_runs,
+        op_args=[f"{_marks}-node", 8],
+        accelerator="A100",
+        backend="slurm",
+        backend_options={"slurm_conn_id": "slurm_test", "requeue": False},
+        **AGAIN,
+    )
+
+with DAG("slurm_durable_sleeps", schedule=None, start_date=START):  # its job outlives a killed worker, by design
+    GpuStepOperator(task_id="task", python_callable=sleeps, durable=True, **SLURM)
+
+with DAG("slurm_accelerate", schedule=None, start_date=START, params={"out": ""}):
+    AccelerateOperator(
+        task_id="two_nodes",
+        script=str(SCRIPTS / "accelerate_script.py"),
+        script_args=["--epochs", "1", "--out", "{{ params.out }}"],
+        num_machines=2,
+        num_processes=2,
+        cpu=True,
+        **SLURM,
+        **ONCE,
+    )
