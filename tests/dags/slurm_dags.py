@@ -96,6 +96,9 @@ with DAG("slurm_basics", schedule=None, start_date=START):  # what one worker ch
     GpuStepOperator(task_id="never", python_callable=where, gpu_count=3, **SLURM, **ONCE)
     GpuStepOperator(task_id="deferred", python_callable=where, gpu_count=1, deferrable=True, **SLURM, **ONCE)
     GpuStepOperator(task_id="rest", python_callable=where, accelerator="H100", **REST, **ONCE)
+    GpuStepOperator(  # Airflow's timeout: the job is cancelled (scancel)
+        task_id="timeout", python_callable=sleeps, execution_timeout=datetime.timedelta(seconds=8), **SLURM, **ONCE
+    )
 
 with DAG("slurm_the_only_h100", schedule=None, start_date=START):  # run by two workers at once
     GpuStepOperator(
@@ -161,6 +164,7 @@ with DAG("slurm_accelerate", schedule=None, start_date=START, params={"out": ""}
         num_machines=2,
         num_processes=2,
         cpu=True,
+        memory="1Gi",  # per node: torch and gloo
         **SLURM,
         **ONCE,
     )

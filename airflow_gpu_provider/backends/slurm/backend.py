@@ -10,6 +10,7 @@ the same try follows it. ``start()`` submits and defers to :class:`.trigger.Slur
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +87,9 @@ class SlurmBackend(ResumableBackend[SlurmOptions, SlurmPlan]):
 
     def _submit(self, plan: SlurmPlan, *, durable: bool) -> dict[str, Any]:
         facts, request = self.facts, plan.request
+        location = request.checkpoint
+        if location is not None and not location.is_uri and os.path.isdir(location.root):
+            location.make(request.labels)  # a shared file system: made and marked here, the run's cleanup's
         envelope = request.runtime_envelope(
             backend=self.name,
             image=f"Slurm cluster {facts.name} ({facts.python})",

@@ -246,7 +246,7 @@ class SlurmCluster:
             "PreemptType=preempt/partition_prio",
             "PreemptMode=REQUEUE",
             "KillWait=5",
-            "DefMemPerCPU=200",
+            "DefMemPerCPU=500",
             "MpiDefault=none",
             "SlurmctldTimeout=30",
             "SlurmdTimeout=30",

@@ -7,6 +7,7 @@ no job folder, no process a task left behind. A worker's start is the dearest st
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import threading
@@ -77,7 +78,7 @@ def test_each_task_gets_exactly_its_gres_gpus_and_leaves_nothing(slurm):
     states, values = result["states"], result["xcom"]
     assert states == {
         "a100": "success", "either": "success", "no_gpu": "success", "requirement": "success",
-        "never": "failed", "deferred": "success", "rest": "success",
+        "never": "failed", "deferred": "success", "rest": "success", "timeout": "failed",
     }, log[-6000:]  # fmt: skip
     assert values["a100"]["gpus"] == "0" and values["a100"]["node"] in slurm.nodes  # one GPU: its GRES index
     assert "--gres=gpu:a100:1" in log and "--gres=gpu:1 --constraint=a100|h100" in log
@@ -87,6 +88,7 @@ def test_each_task_gets_exactly_its_gres_gpus_and_leaves_nothing(slurm):
     assert "Slurm refused the job: " in log and "no partition of the cluster can ever run 3x" in log, log[-3000:]
     assert "Deferred: the triggerer watches Slurm job" in log
     assert values["rest"]["gpus"] in ("0", "1") and values["rest"]["node"] == slurm.nodes[0]  # the only H100
+    assert "--time=1" in log and "Cancelling Slurm job" in log and "AirflowTaskTimeout" in log
     assert leftovers(slurm) == NOTHING
 
 
@@ -162,4 +164,15 @@ def test_a_job_past_its_time_limit_is_an_infrastructure_failure(slurm):
     result, log = _run("slurm_timeout")
     assert result["states"] == {"task": "failed"}, log[-6000:]
     assert "ended TIMEOUT" in log and "infrastructure" in log and "time limit" in log
+    assert leftovers(slurm) == NOTHING
+
+
+def test_accelerate_on_two_nodes_one_srun_task_per_node(slurm, tmp_path):
+    """num_processes=2 on num_machines=2: one rank per node, world size 2, each node's rank its machine rank."""
+    result, log = _run("slurm_accelerate", conf={"out": str(tmp_path)})
+    assert result["states"] == {"two_nodes": "success"}, log[-6000:]
+    ranks = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("rank*.json"))]
+    assert sorted(rank["rank"] for rank in ranks) == [0, 1] and {rank["world_size"] for rank in ranks} == {2}, ranks
+    assert sorted(tuple(rank["node"]) for rank in ranks) == [("0", slurm.nodes[0]), ("1", slurm.nodes[1])]
+    assert "--nodes=2 --ntasks-per-node=1" in log
     assert leftovers(slurm) == NOTHING
