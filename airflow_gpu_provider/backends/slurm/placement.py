@@ -45,15 +45,15 @@ def _up(node: dict[str, Any]) -> bool:
     return not any(flag.startswith(DOWN) for flag in flags)
 
 
-def avoided(plan: SlurmPlan, client: Any, facts: Cluster, log: logging.Logger) -> tuple[str, ...]:
-    """The nodes the job excludes: those earlier tries failed on, where another node fits."""
+def avoided(plan: SlurmPlan, nodes: list[dict[str, Any]], facts: Cluster, log: logging.Logger) -> tuple[str, ...]:
+    """The nodes the job excludes: those earlier tries failed on, where another node fits.
+
+    :param nodes: the cluster's nodes (``sinfo --json``'s)
+    """
     avoid = plan.request.avoid_nodes
-    if not avoid:
-        return ()
     if facts.rest:
         log.warning("slurmrestd's API cannot exclude nodes: this try may run on %s again", ", ".join(avoid))
         return ()
-    nodes = client.nodes()
     wanted = gres(plan, facts).get("gres", "gpu:0")
     fits = fitting_nodes(nodes, plan.options.partition, wanted)
     up = {str(node.get("name")) for node in nodes if _up(node)}

@@ -1,0 +1,221 @@
+"""The Slurm backend's parse half and its pure logic, without a cluster: options and the admin's allow-list, the
+job's mapping, the batch script, Slurm's states as failure classes, pending reasons, node avoidance, the REST
+version and properties, the job's comment, and the trigger's decisions over a stream of snapshots."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+
+import pytest
+
+from airflow_gpu_provider import ImageSettings, ResourceSettings
+from airflow_gpu_provider.backends import BACKENDS
+from airflow_gpu_provider.backends.jobs.durable import JobRecord
+from airflow_gpu_provider.backends.slurm import orphans, rest
+from airflow_gpu_provider.backends.slurm.connection import Cluster
+from airflow_gpu_provider.backends.slurm.options import SlurmOptions
+from airflow_gpu_provider.backends.slurm.placement import avoided, fitting_nodes, time_limit
+from airflow_gpu_provider.backends.slurm.plan import directives, gres, plan_job
+from airflow_gpu_provider.backends.slurm.script import batch_script
+from airflow_gpu_provider.backends.slurm.states import JobInfo, ended_error, job_info, never_starts, pending_reason
+from airflow_gpu_provider.backends.slurm.trigger import SlurmJobTrigger
+from airflow_gpu_provider.config.worker import GpuConfig
+from airflow_gpu_provider.exceptions import (
+    GpuInfrastructureError,
+    GpuTaskError,
+    HostOutOfMemoryError,
+    InvalidSettingError,
+    UnknownSettingError,
+)
+from airflow_gpu_provider.policy import PolicyError
+from airflow_gpu_provider.task.envelope import Envelope
+from airflow_gpu_provider.task.request import TaskRequest
+from airflow_gpu_provider.task.result import failure_class_of
+
+SLURM = BACKENDS["slurm"]
+LABELS = {"dag_id": "d", "task_id": "t", "run_id": "r", "map_index": "-1", "try_number": "2"}
+CLUSTER = Cluster("slurm_default", "/shared", accelerators={"A100": "a100", "H100-80GB": "h100"})
+LOG = logging.getLogger(__name__)
+
+
+def _plan(resources: ResourceSettings, image: ImageSettings | None = None, nodes: int = 1, **options):
+    request = TaskRequest(
+        resources, image or ImageSettings(), Envelope.run(["true"]), labels=LABELS, num_nodes=nodes,
+        avoid_nodes=tuple(options.pop("avoid", ())),
+    )  # fmt: skip
+    return plan_job(request, SlurmOptions.parse(options), GpuConfig.read())
+
+
+def test_options_are_checked_when_the_dag_is_parsed(monkeypatch):
+    assert SLURM.parse_options({}).slurm_conn_id == "slurm_default"
+    with pytest.raises(InvalidSettingError, match="partition"):
+        SLURM.parse_options({"partition": "gpu; rm -rf /"})
+    with pytest.raises(UnknownSettingError, match="nodelist"):
+        SLURM.parse_options({"nodelist": "n1"})
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_KUBERNETES_OBJECTS", "partition=gpu, account=*")
+    SLURM.parse_options({"partition": "gpu", "account": "anything"}).permitted("owner")
+    with pytest.raises(PolicyError, match=r"backend_options\['qos'\]='high'.*allowed_kubernetes_objects lists no qos"):
+        SLURM.parse_options({"qos": "high"}).permitted("owner")
+    with pytest.raises(PolicyError, match=r"partition=gpu"):
+        SLURM.parse_options({"partition": "debug"}).permitted("owner")
+
+
+def test_what_slurm_cannot_run_is_refused_at_parse():
+    options = SLURM.parse_options({})
+    with pytest.raises(InvalidSettingError, match="Pyxis/enroot, Apptainer"):
+        SLURM.check(None, 1, options, ImageSettings(parent_image="nvcr.io/nvidia/pytorch:24.01-py3"))
+    with pytest.raises(InvalidSettingError, match="the controller keeps"):
+        SLURM.check(None, 1, options, ImageSettings(index_url="https://me:token@pypi.example/simple"))
+    with pytest.raises(InvalidSettingError, match="mig_profile"):
+        SLURM.check(ResourceSettings(gpu_count=1, mig_profile="1g.10gb"), 1, options)
+    with pytest.raises(InvalidSettingError, match="'all' works only"):
+        SLURM.check(ResourceSettings(gpu_count="all"), 1, options)
+    SLURM.check(ResourceSettings(gpu_count=8), 4, options)  # several machines
+
+
+def test_resources_become_the_jobs_directives_and_environment():
+    plan = _plan(ResourceSettings(gpu_count=2, memory="1.5Gi", cpu_count=2.5, accelerator="A100"), partition="gpu")
+    assert plan.directives == {
+        "job-name": "airflow-d.t", "partition": "gpu", "mem": "1536M", "cpus-per-task": "3", "requeue": "",
+    }  # fmt: skip
+    assert plan.gpus == 2 and plan.models == ("A100",) and "CUDA_VISIBLE_DEVICES" not in plan.environment
+    assert plan.environment["OMP_NUM_THREADS"] == "3"  # the CPUs --cpus-per-task gives, to one process
+    found = directives(plan, CLUSTER, folder="/shared/j", comment="{}", avoid=("n1",))
+    assert found["gres"] == "gpu:a100:2" and found["exclude"] == "n1" and found["output"] == "/shared/j/output.log"
+    cpu = _plan(ResourceSettings(cpu_count=1), requeue=False)
+    assert cpu.environment["CUDA_VISIBLE_DEVICES"] == "" and "no-requeue" in cpu.directives and gres(cpu, CLUSTER) == {}
+    nodes = _plan(ResourceSettings(gpu_count=1), nodes=2)
+    assert nodes.directives["nodes"] == "2" and nodes.directives["ntasks-per-node"] == "1"
+    assert time_limit(61) == {"time": "2"} and time_limit(5) == {"time": "1"} and time_limit(None) == {}
+
+
+def test_accelerators_map_to_gres_types_and_a_list_to_node_features():
+    assert gres(_plan(ResourceSettings(gpu_count=1, accelerator="A100-80GB")), CLUSTER) == {"gres": "gpu:a100:1"}
+    either = _plan(ResourceSettings(gpu_count=1, accelerator=["H100-80GB", "A100", "B200"]))
+    assert gres(either, CLUSTER) == {"gres": "gpu:1", "constraint": "h100|a100"}  # B200: not on this cluster
+    with pytest.raises(GpuTaskError, match=r"'B200' has no GRES type.*maps A100, H100-80GB"):
+        gres(_plan(ResourceSettings(gpu_count=1, accelerator="B200")), CLUSTER)
+
+
+def test_the_batch_script_is_valid_bash_and_checks_the_shared_folder(tmp_path):
+    image = ImageSettings(requirements=["tiny==1.0"], find_links=["/wheels"])
+    one = batch_script(_plan(ResourceSettings(gpu_count=1), image), "/shared/job-a b", "/opt/py", "/shared/envs")
+    several = batch_script(_plan(ResourceSettings(gpu_count=1), nodes=2), "/shared/j", "python3", "/shared/envs")
+    for text in (one, several):
+        (tmp_path / "job.sh").write_text(text)
+        assert subprocess.run(["bash", "-n", str(tmp_path / "job.sh")], check=False).returncode == 0
+    assert "cd '/shared/job-a b'" in one and "does not see the job's folder" in one
+    assert "runtime.pyz install" in one and "mv -T" in one and "--find-links /wheels" in one
+    assert "srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 --gres=gpu:1" in several
+    assert "NODE_RANK=$SLURM_NODEID" in several and "$((20000 + SLURM_JOB_ID % 20000))" in several
+
+
+def test_states_and_exit_codes_are_read_as_slurm_writes_them():
+    info = job_info({"job_id": 7, "job_state": "FAILED", "exit_code": 256, "batch_host": "n1", "restart_cnt": 1})
+    assert (info.job_id, info.status, info.signal, info.node, info.restarts, info.active) == ("7", 1, 0, "n1", 1, False)
+    killed = job_info({"job_id": 8, "job_state": ["TIMEOUT"], "exit_code": 15})
+    assert (killed.state, killed.status, killed.signal) == ("TIMEOUT", None, 15)
+    assert job_info({"job_id": 9, "job_state": "REQUEUED"}).active  # a requeued job runs again, the same id
+
+
+def test_slurms_end_states_are_the_failure_classes():
+    oom = ended_error(JobInfo("1", "OUT_OF_MEMORY", batch_host="n1"), cancelled_here=False, memory="128M")
+    assert isinstance(oom, HostOutOfMemoryError) and "--mem=128M" in str(oom)  # the OOM ladder's next rung
+    for state in ("TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL"):
+        error = ended_error(JobInfo("1", state, batch_host="n2"), cancelled_here=False, memory=None)
+        assert isinstance(error, GpuInfrastructureError) and error.failure["node"] == "n2"
+        assert failure_class_of(error)[0] == "infrastructure"  # type: ignore[index]  # GpuRetryPolicy's class
+    other = ended_error(JobInfo("1", "CANCELLED"), cancelled_here=False, memory=None)
+    assert "cancelled outside this task (scancel by a user or an admin" in str(other)
+    assert ended_error(JobInfo("1", "COMPLETED"), cancelled_here=False, memory=None) is None
+    assert ended_error(JobInfo("1", "FAILED", status=1), cancelled_here=False, memory=None) is None  # its result says
+
+
+def test_a_pending_jobs_reason_is_said_in_words():
+    assert pending_reason("Resources") == "waits for the resources it asks for (busy now) (Resources)"
+    assert "for a limit of its QoS" in pending_reason("QOSMaxGRESPerUser")
+    assert "held" in pending_reason("JobHeldUser") and "a job it depends on" in pending_reason("Dependency")
+    assert "partition" in pending_reason("PartitionTimeLimit") and pending_reason("") == "waits (no reason given yet)"
+    assert never_starts("BadConstraints") and never_starts("DependencyNeverSatisfied") and not never_starts("Resources")
+
+
+def test_the_next_try_avoids_a_failed_node_only_where_another_fits():
+    nodes = [
+        {"name": "n1", "partitions": ["gpu"], "gres": "gpu:a100:1,gpu:h100:1", "state": "idle"},
+        {"name": "n2", "partitions": ["gpu"], "gres": "gpu:a100:1(S:0)", "state": "idle"},
+        {"name": "n3", "partitions": ["cpu"], "gres": "", "state": "idle"},
+    ]
+    assert fitting_nodes(nodes, "gpu", "gpu:a100:1") == ["n1", "n2"] and fitting_nodes(nodes, None, "gpu:0") == [
+        "n1", "n2", "n3",
+    ]  # fmt: skip
+    a100 = _plan(ResourceSettings(gpu_count=1, accelerator="A100"), avoid=["n1"], partition="gpu")
+    assert avoided(a100, nodes, CLUSTER, LOG) == ("n1",)  # n2 has an A100 too
+    h100 = _plan(ResourceSettings(gpu_count=1, accelerator="H100-80GB"), avoid=["n1"], partition="gpu")
+    assert avoided(h100, nodes, CLUSTER, LOG) == ()  # the only H100: the job waits for n1's return
+    down = [{**nodes[0]}, {**nodes[1], "state": "down"}]
+    assert avoided(a100, down, CLUSTER, LOG) == ()  # the other A100's node is down
+    assert avoided(a100, nodes, Cluster("c", "/s", url="http://r:6820"), LOG) == ()  # REST: no --exclude
+
+
+def test_the_rest_version_is_discovered_never_assumed():
+    assert rest.version(["v0.0.38", "v0.0.37", "v0.0.36"]) == "v0.0.38"
+    assert rest.version(["v0.0.37", "v0.0.36"]) == "v0.0.37"
+    assert rest.version(["v0.0.38", "v0.0.37"], pinned="v0.0.37") == "v0.0.37"
+    with pytest.raises(GpuTaskError, match=r"serves the REST API versions v0.0.40, v0.0.39.*supports v0.0.38, v0.0.37"):
+        rest.version(["v0.0.40", "v0.0.39"])
+    with pytest.raises(GpuTaskError, match="pins api_version 'v0.0.36'"):
+        rest.version(["v0.0.38", "v0.0.36"], pinned="v0.0.36")
+    job, dropped = rest.properties({"mem": "1536M", "nodes": "2", "no-requeue": "", "exclude": "n1"}, {"A": "1"})
+    assert job == {"environment": {"A": "1"}, "memory_per_node": 1536, "nodes": [2, 2], "requeue": False}
+    assert dropped == ["exclude"]
+
+
+def test_a_jobs_comment_names_its_task_instance_and_a_record_only_its_job():
+    text = orphans.comment(LABELS, durable=True)
+    assert orphans.marks(text)["durable"] == "true" and orphans.mine(text, LABELS)  # type: ignore[index]
+    assert not orphans.mine(text, {**LABELS, "run_id": "other"}) and orphans.marks("a user's comment") is None
+    record, store = JobRecord("k", "Slurm job", "cluster", valid_id=str.isdigit), _Store()
+    record.record(store, "12", "c", "1", folder="/f")
+    assert record.recorded(store, "c") == {"id": "12", "cluster": "c", "try": "1", "folder": "/f"}
+    assert record.recorded(store, "other") is None and record.checked({"id": "../x", "cluster": "c"}, "c") is None
+    record.forget(store, "13")  # another job's forget leaves this one's record
+    assert record.recorded(store, "c") is not None
+    record.forget(store, "12")
+    assert record.recorded(store, "c") is None
+
+
+class _Store(dict):
+    """A task state store's interface over a dict (Airflow's own is an API client of the metadata DB)."""
+
+    def set(self, key, value):
+        self[key] = value
+
+    def get(self, key, default=None):
+        return super().get(key, default)
+
+    def delete(self, key):
+        self.pop(key, None)
+
+
+async def _events(trigger: SlurmJobTrigger, snapshots: list[dict[str, JobInfo]]) -> list[dict]:
+    async def stream():
+        for snapshot in snapshots:
+            yield snapshot
+
+    return [event.payload async for event in trigger.filter_shared_stream(stream())]
+
+
+def test_the_trigger_decides_from_the_clusters_snapshots():
+    where = {"slurm_conn_id": "c"}
+    pending, running = JobInfo("5", "PENDING", reason="Resources"), JobInfo("5", "RUNNING")
+    ended = [{"5": pending}, {"5": running}, {"5": JobInfo("5", "COMPLETED")}, {}]
+    [event] = asyncio.run(_events(SlurmJobTrigger("5", where, state={"s": 1}), ended))
+    assert event["status"] == "ended" and event["job_state"] == "COMPLETED" and event["state"]["backend"] == {"s": 1}
+    assert asyncio.run(_events(SlurmJobTrigger("5", where), [{"6": running}]))[0]["status"] == "missing"
+    late = SlurmJobTrigger("5", where, pending_deadline=1.0)  # long past: a job still waiting is missing its GPUs
+    assert asyncio.run(_events(late, [{"5": running}, {"5": pending}]))[0]["status"] == "pending"
+    timed_out = SlurmJobTrigger("5", where, deadline=1.0)
+    assert asyncio.run(_events(timed_out, [{"5": running}]))[0]["status"] == "timeout"
+    assert late.shared_stream_key() == timed_out.shared_stream_key()  # one query for both: the same cluster
