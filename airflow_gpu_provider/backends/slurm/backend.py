@@ -97,10 +97,11 @@ class SlurmBackend(ResumableBackend[SlurmOptions, SlurmPlan]):
             cpu_fallback=plan.on_cpu,
             fallback_reason=self._fallback_reason if plan.on_cpu else "",
         )
+        nodes = [] if facts.rest or not request.avoid_nodes else self._client.nodes()
+        avoid = avoided(plan, nodes, facts, self.log)
         folder = job.make_folder(plan, facts.shared_dir, facts.python, envelope)
-        comment = orphans.comment(request.labels, durable=durable)
         found = directives(
-            plan, facts, folder=folder, comment=comment, avoid=avoided(plan, self._client, facts, self.log)
+            plan, facts, folder=folder, comment=orphans.comment(request.labels, durable=durable), avoid=avoid
         )
         found.update(time_limit(self._timeout_s))
         environment = {"PATH": facts.path, "HOME": "/tmp", **plan.environment}  # nothing of the worker's

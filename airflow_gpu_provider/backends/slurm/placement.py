@@ -51,6 +51,8 @@ def avoided(plan: SlurmPlan, nodes: list[dict[str, Any]], facts: Cluster, log: l
     :param nodes: the cluster's nodes (``sinfo --json``'s)
     """
     avoid = plan.request.avoid_nodes
+    if not avoid:
+        return ()
     if facts.rest:
         log.warning("slurmrestd's API cannot exclude nodes: this try may run on %s again", ", ".join(avoid))
         return ()

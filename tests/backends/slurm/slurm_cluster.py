@@ -127,7 +127,8 @@ class SlurmCluster:
         facts: dict[str, object] = {
             "shared_dir": str(self.shared),
             "accelerators": {"A100": "a100", "H100": "h100"},
-            "python": sys.executable,  # the nodes' Python: this machine's, with the tests' packages
+            "python": sys.executable,  # the nodes' Python: this machine's, with the tests' packages (and uv)
+            "path": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
             **extra,
         }
         if rest:
