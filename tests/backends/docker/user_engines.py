@@ -131,7 +131,8 @@ def _start(kind: str, entry: pwd.struct_passwd, root: Path) -> subprocess.Popen[
            "XDG_RUNTIME_DIR": str(run), "XDG_CONFIG_HOME": f"{home}/.config", "XDG_DATA_HOME": f"{home}/.local/share"}  # fmt: skip
     if kind == "rootless":
         command = ["sh", str(_script()), "--data-root", f"{home}/data", "--exec-root", f"{run}/exec", "--pidfile",
-                   f"{run}/dockerd.pid", "-H", f"unix://{run}/engine.sock", "--config-file", f"{root}/daemon.json"]  # fmt: skip
+                   f"{run}/dockerd.pid", "-H", f"unix://{run}/engine.sock", "--config-file", f"{root}/daemon.json",
+                   "--shutdown-timeout", "2"]  # fmt: skip
         (root / "daemon.json").write_text("{}")
     else:
         command = ["podman", "--root", f"{home}/storage", "--runroot", f"{run}/storage", "--storage-driver", "overlay",
@@ -161,6 +162,8 @@ def _stop(kind: str, process: subprocess.Popen[bytes] | None, client: Any, root:
     if client is not None:
         with contextlib.suppress(Exception):
             for container in client.containers(all=True):
+                with contextlib.suppress(Exception):
+                    client.kill(container["Id"])  # (Podman's forced removal waits 10 s for a stop)
                 client.remove_container(container["Id"], force=True)
     if process is not None and process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
@@ -232,6 +235,13 @@ def delegated(item: pytest.Item) -> str | None:
     callspec = getattr(item, "callspec", None)
     kind = callspec.params.get("docker_engine") if callspec is not None else None
     return kind if kind in KINDS and os.geteuid() == 0 else None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A delegated item may wait for the whole engine user's session (the first one runs it)."""
+    for item in items:
+        if delegated(item):
+            item.add_marker(pytest.mark.timeout(1800))
 
 
 @pytest.hookimpl(tryfirst=True)
