@@ -148,7 +148,7 @@ def answer_slowly() -> int:
     return 42
 
 
-@engines("host", "rootless")
+@engines("rootless")  # the host's: the failure matrix (a worker killed with SIGKILL)
 def test_a_later_try_reattaches_to_the_container_an_earlier_try_left_running(docker_engine, task_log):
     context = {"task_state_store": Store()}
     first = DockerBackend(DockerOptions.parse({}), log=task_log[0])

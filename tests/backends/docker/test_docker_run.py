@@ -52,7 +52,7 @@ def fail_with_value_error() -> None:
     raise ValueError("boom from the container")
 
 
-@engines("host", "rootless", "podman")  # the engines of the worker's own user too (user_engines.py)
+@engines("host", "rootless")  # the engine of the worker's own user too (user_engines.py)
 def test_callable_gets_arguments_and_returns_its_value(task_log, docker_engine):
     result = run(task_log, request(call(add, 2, b=5), cpu_count=1, memory="256Mi"))
     assert result.return_value == {"sum": 7, "user": 0, "visible": "void"}

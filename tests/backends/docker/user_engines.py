@@ -184,8 +184,7 @@ def _stop(kind: str, process: subprocess.Popen[bytes] | None, client: Any, root:
 
 
 def _load_base_image(url: str) -> None:
-    save = subprocess.Popen(["docker", "save", BASE_IMAGE], stdout=subprocess.PIPE,
-                            env={k: v for k, v in os.environ.items() if k != "DOCKER_HOST"})  # fmt: skip
+    save = subprocess.Popen(["docker", "save", BASE_IMAGE], stdout=subprocess.PIPE)  # from the session's engine
     loaded = subprocess.run(["docker", "-H", url, "load", "-q"], stdin=save.stdout, capture_output=True, timeout=300)
     assert save.wait(timeout=60) == 0 and loaded.returncode == 0, loaded.stderr.decode()[-2000:]
 
