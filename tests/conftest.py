@@ -29,6 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 pytest_plugins = (
     "backends.docker.docker_fixtures",
     "backends.docker.authz_engine",
+    "backends.docker.user_engines",  # a rootless Docker engine and Podman, of the worker's own user
+    "backends.docker.engine_user_session",  # ... and the session of that user that runs a root session's tests there
     "backends.kubernetes.api_calls",  # every Kubernetes API call, recorded for the RBAC check
     "backends.kubernetes.cluster_answers",
     "backends.ray.ray_cluster",

@@ -20,6 +20,7 @@ from typing import Any
 
 from airflow_gpu_provider.policy import Policy, PolicyError
 from airflow_gpu_provider.policy.paths import UnsafePathError, beneath, canonical
+from airflow_gpu_provider.policy.rootless import engine_folders
 from airflow_gpu_provider.policy.users import (
     DEVICE_GROUPS,
     USERS_ACCEPTED,
@@ -52,6 +53,9 @@ def root_problem(path: str, policy: Policy) -> str | None:
         return "it is or holds a part of the host no task may see (devices, kernel, boot, credentials, /etc)"
     if any(beneath(path, control) or beneath(control, path) for control in RUNTIME_CONTROL):
         return "it is or holds a container runtime's socket or state, which controls the host"
+    for folder in engine_folders(policy.docker_engines):  # the engine's socket folder, its user's home, runtime dir
+        if beneath(path, folder) or beneath(folder, path):
+            return f"it is, holds or lies in {folder}, whose holder controls every task of a Docker engine"
     for task_written in (policy.state_dir, *[r for r in policy.checkpoint_roots if "://" not in r]):
         if beneath(path, task_written) or beneath(task_written, path):
             return f"it overlaps {task_written}, which tasks write to (the state dir or a checkpoint root)"

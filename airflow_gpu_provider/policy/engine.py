@@ -21,6 +21,7 @@ from typing import Any
 from airflow_gpu_provider.policy import Policy
 from airflow_gpu_provider.policy.docker import DEVICE_PATHS, SAFE_SECURITY_OPTIONS, _mount_problem
 from airflow_gpu_provider.policy.paths import UnsafePathError, beneath, canonical, stable
+from airflow_gpu_provider.policy.rootless import split_cdi
 from airflow_gpu_provider.policy.users import allowed_gids, number, numeric_user, user_allowed
 
 TASKS_FOLDER = "docker-tasks"  # the state dir's folder of the task files the provider mounts read-only
@@ -86,18 +87,24 @@ def _null_only(where: str, members: Mapping[str, Any]) -> None:
             raise _refuse(f"{where}{name}", members[name], "only the engine's defaults (null) are allowed")
 
 
-def check_create(body: Mapping[str, Any], policy: Policy) -> None:
+def check_create(body: Mapping[str, Any], policy: Policy, *, rootless: bool = False) -> None:
     """Rules D1-D5 on a whole ``POST /containers/create`` body, as the engine will read it.
 
+    :param rootless: the body goes to a rootless engine: its ``0:0`` is the worker, and it takes GPUs by CDI name
+        (``policy/rootless.py``)
     :raises UnsafePathError: naming the field, its value and the rule or ``[gpu]`` option it breaks
     """
     top = fields("body", body)
     _none_but("", top, CONFIG | {"user", "hostconfig", "networkingconfig"})
     _null_only("", top)
     host = fields("HostConfig", top.get("hostconfig"))
+    gpus: list[str] = []
+    if rootless and "devices" in host:
+        host["devices"], gpus = split_cdi(host["devices"])
     check_host_config(host, policy)
     user = str(top.get("user") or "")
-    if reaches_host(host) and not _user_allowed(user, policy):  # rule D2
+    own = _user_allowed(user, policy) or (rootless and user == "0:0")
+    if (gpus or reaches_host(host)) and not own:  # rule D2
         raise _refuse("User", user or "the image's own", USER_RULE)
     if list(host.get("capdrop") or []) != ["ALL"]:  # rule D1
         raise _refuse("HostConfig.CapDrop", host.get("capdrop"), "rule D1: every capability is dropped (['ALL'])")

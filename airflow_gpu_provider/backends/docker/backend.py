@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_gpu_provider.backends.base import Deferral, ResumableBackend
 from airflow_gpu_provider.backends.docker import durable, launch, lifecycle
 from airflow_gpu_provider.backends.docker.client import connect
+from airflow_gpu_provider.backends.docker.engine_facts import EngineFacts, engine_facts
 from airflow_gpu_provider.backends.docker.files import checkpoint_folder
 from airflow_gpu_provider.backends.docker.lifecycle import ContainerOomError
 from airflow_gpu_provider.backends.docker.options import DockerOptions
@@ -49,6 +50,7 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
         self._store: Any = None  # the task instance's task state store (Airflow >= 3.3)
         self._deadline: float | None = None  # when a deferred container times out
         self._started: launch.Started | None = None  # the container this try started, until it is followed
+        self._engine: EngineFacts | None = None  # what the engine said of itself (rootless, Podman, its limits)
 
     def plan(self, request: TaskRequest, conf: GpuConfig) -> DockerPlan:
         """Translate the request into container arguments (:func:`.plan.plan_container`)."""
@@ -59,6 +61,8 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
         if self._client is None:
             checkpoint_folder(plan)
             self._client = connect(self.options)
+            self._engine = engine_facts(self._client, str(self.options.engine_url))
+            self.log.info("Docker engine %s: %s", self.options.engine_url, self._engine.describe())
             self._store = context.get("task_state_store")
             reap_orphans(self._client, self.log)  # before any GPU is taken: a dead worker's container may hold it
         return self._client
@@ -149,6 +153,7 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
     def _launch(self, client: Any, plan: DockerPlan, *, defer: bool) -> launch.Started | Deferral:
         """Image, GPUs, create, start (:func:`.launch.launch`); the container, or the deferral that watches it."""
         self._killed, self._stop_timeout = False, plan.stop_timeout
+        plan = plan.on(self._engine) if self._engine is not None else plan
         lasting = defer or (plan.request.durable and self._store is not None)  # it may outlive this process
         started = launch.launch(
             client, plan, self._store, self.log, lasting=lasting, attach=not defer, created=self._created

@@ -17,6 +17,7 @@ from docker.utils import format_environment
 from airflow_gpu_provider.backends.docker.durable import DEPLOYMENT_LABEL
 from airflow_gpu_provider.backends.docker.files import TaskFiles, read_result
 from airflow_gpu_provider.backends.docker.orphans import AUTO_REMOVE_LABEL, DURABLE_LABEL, WORKER_LABEL
+from airflow_gpu_provider.backends.docker.rootless import PODMAN_FIX, cdi_requested
 from airflow_gpu_provider.exceptions import OOM_REMEDY, GpuTaskError, HostOutOfMemoryError
 from airflow_gpu_provider.host.keeper import Keeper
 from airflow_gpu_provider.host.workers import deployment, worker_identity
@@ -37,7 +38,11 @@ class ContainerOomError(HostOutOfMemoryError):
 
 
 class NoGpuRuntime(Exception):
-    """The engine cannot start GPU containers (no NVIDIA runtime)."""
+    """The engine cannot start GPU containers (no NVIDIA runtime); ``fix``: what would make it, when not the toolkit."""
+
+    def __init__(self, message: str, fix: str = "") -> None:
+        super().__init__(message)
+        self.fix = fix
 
 
 def log_lines(stream: Iterable[tuple[bytes | None, bytes | None]], log: logging.Logger) -> None:
@@ -84,7 +89,8 @@ def final_call(
     authorization plugin runs: nothing reaches the engine that the policy refuses, whoever sends it.
     """
     body = create_body(client, kwargs, files, plan, durable=durable)
-    check_create(body, plan.policy or Policy.current())
+    rootless = plan.engine is not None and plan.engine.rootless  # its root is the worker; a CDI name no path
+    check_create(body, plan.policy or Policy.current(), rootless=rootless)
     return body
 
 
@@ -109,6 +115,8 @@ def create(
                 )
                 files.mounted = False
                 continue
+            if cdi_requested(kwargs["host_config"].get("devices")):  # an engine that takes no CDI names (Podman 4)
+                raise NoGpuRuntime(f"it refused the CDI devices: {err.explanation}", fix=PODMAN_FIX) from None
             raise GpuTaskError(
                 f"Docker could not create the task container from {kwargs['image']}: {err.explanation}"
             ) from None

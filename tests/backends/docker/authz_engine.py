@@ -143,9 +143,17 @@ def authz_engine(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture(params=["host", "authz"])
 def docker_engine(request: pytest.FixtureRequest, docker_client: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The engine a test runs on: the host's, or the second one with the plugin (``DOCKER_HOST`` points at it)."""
+    """The engine a test runs on: the host's, or the second one with the plugin (``DOCKER_HOST`` points at it).
+
+    A test may ask for others with ``user_engines.engines(...)``: ``rootless`` and ``podman`` are engines of the worker's own user
+    (``user_engines.py``).
+    """
     if request.param == "host":
         return docker_client
-    engine: AuthzEngine = request.getfixturevalue("authz_engine")
+    if request.param in ("rootless", "podman"):
+        engine: Any = request.getfixturevalue(f"{request.param}_engine")
+        monkeypatch.setenv("DOCKER_HOST", engine.url)
+        return engine.client
+    engine = request.getfixturevalue("authz_engine")
     monkeypatch.setenv("DOCKER_HOST", engine.url)
     return engine.client

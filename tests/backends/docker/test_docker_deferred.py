@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from backends.docker.user_engines import engines
 from helpers import start_worker, worker_result
 
 from airflow_gpu_provider.backends.docker.trigger import DockerContainerTrigger
@@ -36,6 +37,7 @@ def _logged_at(log: str, text: str) -> float:
 
 
 @pytest.mark.smoke  # before Airflow 3.3 too: the deferral needs no task state store
+@engines("host", "authz", "rootless")
 def test_a_deferred_container_ends_with_its_result_its_output_in_the_log(docker_engine):
     result, log = _run("deferred_docker_success")
     assert result["states"] == {"task": "success"}, log[-3000:]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from backends.docker.docker_fixtures import BASE_IMAGE, TEST_REPOSITORY, container_ids
+from backends.docker.user_engines import engines
 
 from airflow_gpu_provider import config
 from airflow_gpu_provider.backends.docker.backend import DockerBackend
@@ -99,6 +100,7 @@ def test_concurrent_tasks_build_the_same_image_once(task_log, wheel_dir):
     assert task_log[1].count("built by another task") == 2
 
 
+@engines("host", "authz", "rootless")
 def test_pip_installer_and_ca_bundle(task_log, wheel_dir, build_inputs, docker_engine):
     """On the host's engine, and on the one with the authorization plugin (a network-less namespace there: pip goes
     on to the wheel folder when the index cannot be reached; uv would not).

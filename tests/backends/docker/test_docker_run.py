@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from backends.docker.docker_fixtures import BASE_IMAGE, container_ids
+from backends.docker.user_engines import engines
 
 from airflow_gpu_provider.backends.docker.backend import ContainerOomError, DockerBackend
 from airflow_gpu_provider.backends.docker.images.engine import ImageError
@@ -51,7 +52,8 @@ def fail_with_value_error() -> None:
     raise ValueError("boom from the container")
 
 
-def test_callable_gets_arguments_and_returns_its_value(task_log):
+@engines("host", "rootless")  # the engine of the worker's own user too (user_engines.py)
+def test_callable_gets_arguments_and_returns_its_value(task_log, docker_engine):
     result = run(task_log, request(call(add, 2, b=5), cpu_count=1, memory="256Mi"))
     assert result.return_value == {"sum": 7, "user": 0, "visible": "void"}
     text = task_log[1].text
@@ -61,7 +63,8 @@ def test_callable_gets_arguments_and_returns_its_value(task_log):
     assert "[gpu] CUDA cache before task: skipped" in text
 
 
-def test_command_runs_through_the_runtime(task_log):
+@engines("host", "rootless")
+def test_command_runs_through_the_runtime(task_log, docker_engine):
     result = run(task_log, request(Envelope.run(["python3", "-c", "print('hello from a command')"])))
     assert result.return_value is None  # a command's exit status 0: no error raised
     assert "hello from a command" in task_log[1].text
@@ -194,7 +197,8 @@ def sleep_forever() -> None:
     time.sleep(600)
 
 
-def test_kill_stops_and_removes_the_container(docker_client, task_log):
+@engines("host", "rootless")
+def test_kill_stops_and_removes_the_container(docker_engine, task_log):
     backend = DockerBackend(DockerOptions.parse({"stop_timeout": 2}), log=task_log[0])
     plan = backend.plan(request(call(sleep_forever)), GpuConfig.read())
     outcome: dict[str, BaseException] = {}
@@ -205,13 +209,13 @@ def test_kill_stops_and_removes_the_container(docker_client, task_log):
         except BaseException as err:
             outcome["error"] = err
 
-    before = container_ids(docker_client)
+    before = container_ids(docker_engine)
     thread = threading.Thread(target=target)
     thread.start()
     deadline = time.monotonic() + 30
     while task_log[1].count("sleeping") == 0 and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert len(container_ids(docker_client) - before) == 1  # it is running
+    assert len(container_ids(docker_engine) - before) == 1  # it is running
     started = time.monotonic()
     backend.kill()
     thread.join(30)
