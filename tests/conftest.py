@@ -72,6 +72,53 @@ os.environ.update(
 )
 
 
+# Hypothesis: every property test runs the profile's number of examples, fixed (derandomised) so that a run is
+# repeatable; `make fuzz` (HYPOTHESIS_PROFILE=deep) runs the deep search the fuzz tests were written for.
+# The fuzz tests' budgets: fuzz_cases() in helpers.py. (The oldest-Airflow smoke venv has no Hypothesis.)
+try:
+    from hypothesis import settings
+except ImportError:  # pragma: no cover - make smoke-oldest
+    pass
+else:
+    settings.register_profile("default", max_examples=100, derandomize=True, database=None, deadline=None)
+    settings.register_profile("deep", max_examples=1000, derandomize=True, database=None, deadline=None)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+# Lanes: every test gets one of the markers unit, docker, cluster, reliability (`-m unit` selects the fast lane), and
+# the tests that share a session's engine or cluster run on one pytest-xdist worker (`--dist loadgroup`), which
+# starts it once.
+SHARED = {  # fixture -> the xdist group of the tests that use it
+    "authz_engine": "authz-engine",
+    "ray_cluster_address": "ray-cluster",
+    "torch_image": "torch-image",
+    "rootless_engine": "rootless-engine",
+    "podman_engine": "podman-engine",
+    "slurm_cluster": "slurm-cluster",
+}
+CLUSTER_PATHS = ("tests/executors/", "tests/backends/ray/", "tests/backends/slurm/", "tests/test_local_airflow.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The lane marker of each test, and its xdist group when it shares a session's engine or cluster."""
+    for item in items:
+        path = Path(str(item.path)).relative_to(REPO).as_posix()
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if path.startswith("tests/reliability/"):
+            lane = "reliability"
+        elif path.startswith(CLUSTER_PATHS) or fixtures & {"ray_cluster_address", "slurm_cluster"}:
+            lane = "cluster"
+        elif item.get_closest_marker("docker") is not None or "docker_client" in fixtures:
+            lane = "docker"
+        else:
+            lane = "unit"
+        item.add_marker(getattr(pytest.mark, lane))
+        groups = sorted({SHARED[name] for name in fixtures & SHARED.keys()})
+        if lane == "reliability":
+            groups = ["reliability"]  # the matrix's cells run in lanes of their own, behind one session fixture
+        if groups:
+            item.add_marker(pytest.mark.xdist_group(groups[0]))
+
+
 @pytest.fixture
 def real_gpus(monkeypatch: pytest.MonkeyPatch) -> tuple[str, ...]:
     """For ``gpu`` tests: the provider's inventory from NVML in this process too; the host's GPU UUIDs."""
