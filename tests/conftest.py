@@ -84,39 +84,31 @@ else:
     settings.register_profile("deep", max_examples=1000, derandomize=True, database=None, deadline=None)
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
-# Lanes: every test gets one of the markers unit, docker, cluster, reliability (`-m unit` selects the fast lane), and
-# the tests that share a session's engine or cluster run on one pytest-xdist worker (`--dist loadgroup`), which
-# starts it once.
-SHARED = {  # fixture -> the xdist group of the tests that use it
-    "authz_engine": "authz-engine",
-    "ray_cluster_address": "ray-cluster",
-    "torch_image": "torch-image",
-    "rootless_engine": "rootless-engine",
-    "podman_engine": "podman-engine",
-    "slurm_cluster": "slurm-cluster",
-}
+# Lanes: every test gets one of the markers unit, docker, cluster, reliability (`-m unit` selects the fast lane). Under
+# pytest-xdist (`make test`: `-n 2 --dist loadgroup`) the docker lane runs on one worker, one test at a time, as does
+# the failure matrix, and so does each cluster a session starts once: tests that count what a dead worker left on
+# the engine, or stop what it left, never see another lane's.
+SHARED = {"ray_cluster_address": "ray-cluster", "slurm_cluster": "slurm-cluster"}  # fixture -> its tests' group
 CLUSTER_PATHS = ("tests/executors/", "tests/backends/ray/", "tests/backends/slurm/", "tests/test_local_airflow.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The lane marker of each test, and its xdist group when it shares a session's engine or cluster."""
+    """The lane marker of each test, and the xdist group of the lanes that run one test at a time."""
     for item in items:
         path = Path(str(item.path)).relative_to(REPO).as_posix()
         fixtures = set(getattr(item, "fixturenames", ()))
+        group = next((SHARED[name] for name in sorted(fixtures & SHARED.keys())), None)
         if path.startswith("tests/reliability/"):
-            lane = "reliability"
-        elif path.startswith(CLUSTER_PATHS) or fixtures & {"ray_cluster_address", "slurm_cluster"}:
+            lane = group = "reliability"
+        elif path.startswith(CLUSTER_PATHS) or group is not None:
             lane = "cluster"
         elif item.get_closest_marker("docker") is not None or "docker_client" in fixtures:
-            lane = "docker"
+            lane = group = "docker"
         else:
             lane = "unit"
         item.add_marker(getattr(pytest.mark, lane))
-        groups = sorted({SHARED[name] for name in fixtures & SHARED.keys()})
-        if lane == "reliability":
-            groups = ["reliability"]  # the matrix's cells run in lanes of their own, behind one session fixture
-        if groups:
-            item.add_marker(pytest.mark.xdist_group(groups[0]))
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture
