@@ -74,6 +74,45 @@ os.environ.update(
 )
 
 
+# Hypothesis: every property test runs the profile's number of examples, fixed (derandomised) so that a run is
+# repeatable; `make fuzz` (HYPOTHESIS_PROFILE=deep) runs the deep search the fuzz tests were written for.
+# The fuzz tests' budgets: fuzz_cases() in helpers.py. (The oldest-Airflow smoke venv has no Hypothesis.)
+try:
+    from hypothesis import settings
+except ImportError:  # pragma: no cover - make smoke-oldest
+    pass
+else:
+    settings.register_profile("default", max_examples=100, derandomize=True, database=None, deadline=None)
+    settings.register_profile("deep", max_examples=1000, derandomize=True, database=None, deadline=None)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+# Lanes: every test gets one of the markers unit, docker, cluster, reliability (`-m unit` selects the fast lane). Under
+# pytest-xdist (`make test`: `-n 2 --dist loadgroup`) the docker lane runs on one worker, one test at a time, as does
+# the failure matrix, and so does each cluster a session starts once: tests that count what a dead worker left on
+# the engine, or stop what it left, never see another lane's.
+SHARED = {"ray_cluster_address": "ray-cluster", "slurm_cluster": "slurm-cluster"}  # fixture -> its tests' group
+CLUSTER_PATHS = ("tests/executors/", "tests/backends/ray/", "tests/backends/slurm/", "tests/test_local_airflow.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The lane marker of each test, and the xdist group of the lanes that run one test at a time."""
+    for item in items:
+        path = Path(str(item.path)).relative_to(REPO).as_posix()
+        fixtures = set(getattr(item, "fixturenames", ()))
+        group = next((SHARED[name] for name in sorted(fixtures & SHARED.keys())), None)
+        if path.startswith("tests/reliability/"):
+            lane = group = "reliability"
+        elif path.startswith(CLUSTER_PATHS) or group is not None:
+            lane = "cluster"
+        elif item.get_closest_marker("docker") is not None or "docker_client" in fixtures:
+            lane = group = "docker"
+        else:
+            lane = "unit"
+        item.add_marker(getattr(pytest.mark, lane))
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture
 def real_gpus(monkeypatch: pytest.MonkeyPatch) -> tuple[str, ...]:
     """For ``gpu`` tests: the provider's inventory from NVML in this process too; the host's GPU UUIDs."""

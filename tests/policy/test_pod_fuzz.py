@@ -15,8 +15,8 @@ or broken, in the pod and in every kind of container), either
   parse is never weaker than the one before submission.
 
 One case in eight is an ``AccelerateOperator`` on two machines (an Indexed Job). Derandomized, no example
-database: CI runs the same 4500 cases here and 500 ``pod_override`` cases below every time (about two minutes on
-2 cores; ``FUZZ_CASES`` sets the first number).
+database: ``make fuzz`` runs the same 4500 cases here and 500 ``pod_override`` cases below every time (about two
+minutes on 2 cores), ``make test`` a tenth of them (``helpers.fuzz_cases``; ``FUZZ_CASES`` sets the first number).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from helpers import fuzz_cases
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from k8s_manifests import KUBERNETES_VERSIONS, validate
@@ -39,7 +40,7 @@ from airflow_gpu_provider.operators.accelerate import AccelerateOperator
 from airflow_gpu_provider.policy import LEVELS
 from airflow_gpu_provider.policy.pods import PodSecurityError, violations
 
-CASES = int(os.environ.get("FUZZ_CASES", "4500"))
+CASES = fuzz_cases(4500)
 TEMPLATES = Path(tempfile.mkdtemp(prefix="pod-fuzz-"))
 BOOL = st.sampled_from([None, True, False])
 MAYBE_WRONG = st.sampled_from(["true", 1, "no"])  # the client would coerce them: the policy refuses them

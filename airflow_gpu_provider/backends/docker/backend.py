@@ -219,7 +219,9 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
 
         :param own: the container is this try's own start (its files, its keeper: ended with it)
         """
-        self._container_id, self._killed, self._stop_timeout = container_id, False, plan.stop_timeout
+        # _killed is not reset here: an on_kill that came while the container was being created or started (it
+        # removed the container, so its output ends with 137) must still be told as the kill it was
+        self._container_id, self._stop_timeout = container_id, plan.stop_timeout
         succeeded = False
         try:
             outcome = self._collect(client, container_id, mem_limit, stream, timed_out=timed_out)
