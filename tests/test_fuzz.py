@@ -1396,7 +1396,7 @@ def _engine_meets(body: dict[str, Any], policy: Any) -> None:
     assert not any((settings or {}).get("links") for settings in endpoints.values())
     mounts = host.get("mounts") or []
     if any(m.get("type") != "tmpfs" for m in mounts) or host.get("devices") or host.get("devicerequests"):
-        user = str(body.get("user") or "")  # numbers only, the worker's own ([gpu] allowed_users is empty here)
+        user = str(body.get("user") or "")  # numbers only, the worker's own ([gpu_policy] allowed_users is empty here)
         assert not policy.users and re.fullmatch("[0-9]+:[0-9]+", user), user
         assert tuple(map(int, user.split(":"))) == WORKER_IDS, user
     for mount in mounts:
@@ -1427,13 +1427,12 @@ def engine_policy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "ALLOWED_CAPABILITIES": "SYS_PTRACE", "ALLOWED_GROUPS": "ml", "ALLOWED_NETWORK_MODES": "bridge,none,ml-net",
         "ALLOWED_CHECKPOINT_ROOTS": f"{base}/ckpt", "STATE_DIR": f"{base}/state", "ALLOWED_USERS": "",
     }  # fmt: skip
-    saved = {name: os.environ.get(f"AIRFLOW__GPU__{name}") for name in section}
-    os.environ.update({f"AIRFLOW__GPU__{name}": value for name, value in section.items()})
+    variables = {f"AIRFLOW__GPU{'' if name == 'STATE_DIR' else '_POLICY'}__{name}": v for name, v in section.items()}
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
     yield str(base)
     for name, value in saved.items():
-        os.environ.pop(f"AIRFLOW__GPU__{name}") if value is None else os.environ.__setitem__(
-            f"AIRFLOW__GPU__{name}", value
-        )
+        os.environ.pop(name) if value is None else os.environ.__setitem__(name, value)
 
 
 def test_what_the_engines_plugin_allows_meets_the_admins_policy(engine_policy: str) -> None:

@@ -110,18 +110,19 @@ def check_create(body: Mapping[str, Any], policy: Policy) -> None:
         raise _refuse("NetworkingConfig.EndpointsConfig", endpoints, "not a JSON object")
     for name, endpoint in endpoints.items():  # network names are matched as written
         if name != "default" and name not in policy.network_modes:  # rule D3
-            raise _refuse("NetworkingConfig.EndpointsConfig", name, "rule D3: [gpu] allowed_network_modes lacks it")
+            why = "rule D3: [gpu_policy] allowed_network_modes lacks it"
+            raise _refuse("NetworkingConfig.EndpointsConfig", name, why)
         settings = fields(f"NetworkingConfig.EndpointsConfig.{name}", endpoint)
         for key in ("links", "driveropts"):  # rule D3: no other container's namespace, no driver options
             if not empty(settings.get(key)):
                 raise _refuse(f"NetworkingConfig.EndpointsConfig.{name}.{key}", settings[key], "rule D3: never set")
 
 
-USER_RULE = "rule D2: the worker's own uid:gid, or one of [gpu] allowed_users, in numbers (never a name)"
+USER_RULE = "rule D2: the worker's own uid:gid, or one of [gpu_policy] allowed_users, in numbers (never a name)"
 
 
 def _user_allowed(user: str, policy: Policy) -> bool:
-    """Rule D2: ``uid:gid`` in numbers, the worker's own or a pair of ``[gpu] allowed_users`` as this host resolves it.
+    """Rule D2: ``uid:gid`` in numbers, the worker's own or a pair of ``allowed_users`` as this host resolves it.
 
     A name, or a uid without its gid, would be resolved by the engine in the container's own ``/etc/passwd`` (the
     image's), where ``alice`` may be uid 0 and a uid's group any gid (``policy/users.py``).
@@ -159,7 +160,7 @@ def _capabilities(value: Any, policy: Policy) -> None:
     for capability in value or []:  # rule D1: ALL never, the rest only as listed
         name = str(capability).upper().removeprefix("CAP_")
         if name == "ALL" or name not in policy.capabilities:
-            raise _refuse("HostConfig.CapAdd", capability, "rule D1: [gpu] allowed_capabilities lacks it")
+            raise _refuse("HostConfig.CapAdd", capability, "rule D1: [gpu_policy] allowed_capabilities lacks it")
 
 
 def _security_options(value: Any, policy: Policy) -> None:
@@ -170,12 +171,12 @@ def _security_options(value: Any, policy: Policy) -> None:
 
 def _network_mode(value: Any, policy: Policy) -> None:
     if value not in (None, "", "default") and value not in policy.network_modes:  # rule D3
-        raise _refuse("HostConfig.NetworkMode", value, "rule D3: [gpu] allowed_network_modes lacks it")
+        raise _refuse("HostConfig.NetworkMode", value, "rule D3: [gpu_policy] allowed_network_modes lacks it")
 
 
 def _ipc_mode(value: Any, policy: Policy) -> None:
     if value not in (None, "", "default") and value not in policy.ipc_modes:  # rule D3
-        raise _refuse("HostConfig.IpcMode", value, "rule D3: [gpu] allowed_ipc_modes lacks it")
+        raise _refuse("HostConfig.IpcMode", value, "rule D3: [gpu_policy] allowed_ipc_modes lacks it")
 
 
 def _devices(value: Any, policy: Policy) -> None:
@@ -205,7 +206,7 @@ def _groups(value: Any, policy: Policy) -> None:
     for group in value or []:
         gid = number(str(group))
         if gid is None or gid not in gids:
-            why = "rule D4: a gid of [gpu] allowed_groups or of this host's video/render groups, in numbers"
+            why = "rule D4: a gid of [gpu_policy] allowed_groups or of this host's video/render groups, in numbers"
             raise _refuse("HostConfig.GroupAdd", group, why)
 
 
@@ -245,7 +246,7 @@ def _check_mount(mount: Mapping[str, Any], policy: Policy) -> None:
         return
     if kind == "volume":
         if source not in policy.volumes:
-            raise UnsafePathError(f"the volume {source!r}", "rule D5: the deployment's [gpu] allowed_volumes lacks it")
+            raise UnsafePathError(f"the volume {source!r}", "rule D5: [gpu_policy] allowed_volumes lacks it")
         return
     if kind != "bind":
         raise UnsafePathError(f"the mount {dict(mount)!r}", "only bind, volume and tmpfs mounts are known")

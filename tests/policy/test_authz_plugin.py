@@ -126,8 +126,10 @@ def test_h2_any_client_gets_numbers_checked_never_a_name_the_image_resolves(monk
     name would be resolved in the image's own ``/etc/passwd`` and ``/etc/group``, where they may be root.
     """
     nobody, video = pwd.getpwnam("nobody"), grp.getgrnam("video").gr_gid
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_USERS", "nobody, alice")  # alice: no user of this host, allows nothing
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_GROUPS", "nogroup")
+    monkeypatch.setenv(
+        "AIRFLOW__GPU_POLICY__ALLOWED_USERS", "nobody, alice"
+    )  # alice: no user of this host, allows nothing
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_GROUPS", "nogroup")
     gpu = {**SAFE["HostConfig"], "DeviceRequests": [{"Capabilities": [["gpu"]], "Count": 1}]}  # reaches the host
     create = "/v1.41/containers/create"
     for user in (worker_user(), f"{nobody.pw_uid}:{nobody.pw_gid}"):

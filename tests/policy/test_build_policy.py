@@ -1,7 +1,7 @@
 """What of the worker a derived image's build may read (policy/build.py): at DAG parse, and again when building.
 
 H3: ``find_links=["/root/.ssh"]`` and a task-level ``ca_bundle="/etc/shadow"`` used to copy root-only worker files
-into the task's image. Only what lies beneath ``[gpu] allowed_build_paths``, through no link, and what every local
+into the task's image. Only what lies beneath ``[gpu_policy] allowed_build_paths``, through no link, and what every local
 user may read already goes in; the admin's own ``[gpu] ca_bundle`` always does.
 """
 
@@ -40,7 +40,7 @@ def test_root_only_worker_files_are_refused_at_parse_naming_the_field_and_the_op
     with pytest.raises(PolicyError) as found:
         needs(find_links=["/root/.ssh"])
     message = str(found.value)
-    assert "find_links='/root/.ssh'" in message and "[gpu] allowed_build_paths" in message
+    assert "find_links='/root/.ssh'" in message and "[gpu_policy] allowed_build_paths" in message
     with pytest.raises(PolicyError) as found:
         needs(ca_bundle="/etc/shadow")
     message = str(found.value)

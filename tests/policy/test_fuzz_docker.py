@@ -51,6 +51,7 @@ GROUPS = ["0", "docker", "video", "render", "ml", "1000", "root"]
 NETWORKS = ["bridge", "none", "host", "ml-net", "container:abc123", "default"]
 IPCS = ["private", "shareable", "none", "host", "container:abc123"]
 VOLUMES = ["hf-cache", "models", "docker"]
+GPU = ("state_dir", "checkpoint_root")  # [gpu] options; the rest are [gpu_policy]
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +145,7 @@ def cases(draw: Any, base: Path) -> tuple[dict[str, str], dict[str, Any]]:
 @contextlib.contextmanager
 def _gpu_section(values: Mapping[str, str]) -> Iterator[None]:
     """``[gpu]`` as the admin wrote it, for this case (environment variables, as airflow.cfg would be read)."""
-    names = {f"AIRFLOW__GPU__{name.upper()}": value for name, value in values.items()}
+    names = {f"AIRFLOW__GPU{'' if name in GPU else '_POLICY'}__{name.upper()}": value for name, value in values.items()}
     saved = {name: os.environ.get(name) for name in names}
     os.environ.update(names)
     try:

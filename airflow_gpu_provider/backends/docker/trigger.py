@@ -1,8 +1,8 @@
 """The trigger a deferred Docker task waits on: it logs the container's output, and fires when the container ended.
 
 It reaches the engine the task used: the engine's URL is resolved on the worker (``docker_url``, ``$DOCKER_HOST`` or
-the local socket) and handed over, and the triggerer checks it again against its own ``[gpu]
-allowed_docker_engines`` (its default engine needs no listing): a trigger row is JSON in the metadata database,
+the local socket) and handed over, and the triggerer checks it again against its own ``[gpu_policy]
+allowed_clusters`` (its default engine needs no listing): a trigger row is JSON in the metadata database,
 never trusted by its content. The trigger logs in nowhere and reads no file a DAG named (TLS comes from the
 triggerer's own ``DOCKER_CERT_PATH``). So the triggerer must reach that engine too: the local socket of the same host
 (``[triggerer] queues_enabled = True`` and a triggerer per GPU host, started for its queue), or a listed

@@ -123,7 +123,7 @@ def _upload(call: Call) -> None:
 def _build(call: Call) -> None:
     modes = set(call.value("networkmode")) - {"", "default"}
     if modes - call.policy.network_modes:
-        raise Refused(f"a build on network {sorted(modes)}: [gpu] allowed_network_modes lacks it (rule D3)")
+        raise Refused(f"a build on network {sorted(modes)}: [gpu_policy] allowed_network_modes lacks it (rule D3)")
     for name in ("cgroupparent", "securityopt", "remote", "session", "outputs"):
         if any(call.value(name)):
             raise Refused(f"a build's {name} is refused (a cgroup, security option, remote context or BuildKit "

@@ -101,9 +101,9 @@ def authz_engine(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -
     (root / "daemon.json").write_text("{}")  # not the host's /etc/docker/daemon.json
     plugin = engine = None
     try:
-        roots = ",".join(filter(None, (os.environ.get("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS"),
+        roots = ",".join(filter(None, (os.environ.get("AIRFLOW__GPU_POLICY__ALLOWED_CHECKPOINT_ROOTS"),
                                        str(tmp_path_factory.getbasetemp()))))  # fmt: skip
-        env = {"AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS": roots}
+        env = {"AIRFLOW__GPU_POLICY__ALLOWED_CHECKPOINT_ROOTS": roots}
         with open(root / "plugin.log", "wb") as log:
             plugin = subprocess.Popen(
                 [sys.executable, "-m", "airflow_gpu_provider.policy.authz", "--socket", f"{root}/plugins/{PLUGIN}.sock",

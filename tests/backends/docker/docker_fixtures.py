@@ -314,7 +314,7 @@ def make_wheel(directory: Path, name: str, version: str, code: str) -> Path:
 def wheel_dir(build_inputs: Path) -> tuple[Path, str]:
     """A local wheel directory with a package whose version is new in every test, so its image is new too.
 
-    It lies beneath ``[gpu] allowed_build_paths`` and every local user may read it, as the build policy wants.
+    It lies beneath ``[gpu_policy] allowed_build_paths`` and every local user may read it, as the build policy wants.
     """
     version = f"1.0.{time.time_ns()}"
     make_wheel(build_inputs / "wheels", "airflow_gpu_testpkg", version, f"VERSION = {version!r}\n")

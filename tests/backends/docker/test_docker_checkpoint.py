@@ -18,7 +18,7 @@ DAG_FILE = Path(__file__).resolve().parents[2] / "dags" / "docker_dags.py"
 @pytest.fixture(autouse=True)
 def allowed_roots(tmp_path, monkeypatch):
     """The deployment allows the test's folder as a checkpoint root (rule F3, policy/checkpoints.py)."""
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", str(tmp_path))
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CHECKPOINT_ROOTS", str(tmp_path))
 
 
 def test_a_container_resumes_from_the_folder_its_first_try_wrote(tmp_path, docker_engine):

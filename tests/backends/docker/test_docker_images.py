@@ -105,7 +105,7 @@ def test_pip_installer_and_ca_bundle(task_log, wheel_dir, build_inputs, docker_e
     """
     wheels, version = wheel_dir
     image = image_with(wheels, version, python_package_installer="pip")
-    bundle = build_inputs / "ca.pem"  # beneath [gpu] allowed_build_paths, as a task's own bundle must be
+    bundle = build_inputs / "ca.pem"  # beneath [gpu_policy] allowed_build_paths, as a task's own bundle must be
     bundle.write_bytes(Path("/etc/ssl/certs/ca-certificates.crt").read_bytes())
     backend = DockerBackend(DockerOptions.parse({**OPTIONS, "ca_bundle": str(bundle)}), log=task_log[0])
     result = backend.run(backend.plan(request(image), GpuConfig.read()), {}).return_value

@@ -163,10 +163,10 @@ def test_bad_image_name_is_a_clear_error(task_log):
 
 
 def test_unreachable_daemon_is_a_clear_error(task_log, tmp_path, monkeypatch):
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_DOCKER_ENGINES", f"unix://{tmp_path}/nothing.sock")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CLUSTERS", f"docker=unix://{tmp_path}/nothing.sock")
     started = time.monotonic()
     with pytest.raises(GpuTaskError, match=r"Cannot reach the Docker engine at unix://.*nothing\.sock"):
-        run(task_log, request(Envelope.run(["true"])), {"docker_url": f"unix://{tmp_path}/nothing.sock"})
+        run(task_log, request(Envelope.run(["true"])), {"docker_url": f"docker=unix://{tmp_path}/nothing.sock"})
     assert time.monotonic() - started < 10
 
 
@@ -229,8 +229,10 @@ def whoami_and_read(path: str) -> dict:
 
 
 def test_user_and_read_only_mount(task_log, tmp_path: Path, monkeypatch):
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_USERS", "1000:1000")  # the deployment allows them (policy/docker.py)
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_MOUNT_ROOTS", f"{tmp_path}:ro")
+    monkeypatch.setenv(
+        "AIRFLOW__GPU_POLICY__ALLOWED_USERS", "1000:1000"
+    )  # the deployment allows them (policy/docker.py)
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_MOUNT_ROOTS", f"{tmp_path}:ro")
     (tmp_path / "data.txt").write_text("mounted data")
     tmp_path.chmod(0o755)
     options = {"user": "1000:1000", "mounts": [{"source": str(tmp_path), "target": "/data", "read_only": True}]}
@@ -252,7 +254,7 @@ def test_auto_remove_success_keeps_a_failed_container_stopped(docker_client, tas
 
 def test_files_through_the_docker_api_when_not_mounted(task_log, state_dir, monkeypatch):
     """mount_tmp_dir=False (remote engines): runtime and envelope are copied in, the result copied out."""
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_USERS", "1000:1000")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_USERS", "1000:1000")
     options = {"mount_tmp_dir": False, "user": "1000:1000"}
     assert run(task_log, request(call(add, 20, b=22)), options).return_value["sum"] == 42
     with pytest.raises(RemoteTaskError, match="boom from the container"):
@@ -298,7 +300,7 @@ def privileges() -> dict:
 def test_containers_keep_no_capability_and_gain_no_privilege(task_log, monkeypatch):
     value = run(task_log, request(call(privileges))).return_value
     assert value == {"uid": str(os.geteuid()), "caps": "0000000000000000", "no_new_privs": "1"}
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CAPABILITIES", "SYS_PTRACE")  # the deployment allows it
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CAPABILITIES", "SYS_PTRACE")  # the deployment allows it
     kept = run(task_log, request(call(privileges)), {"cap_add": ["SYS_PTRACE"]}).return_value
     assert int(kept["caps"], 16) == 1 << 19  # CAP_SYS_PTRACE alone
 

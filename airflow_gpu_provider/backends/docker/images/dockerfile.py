@@ -171,7 +171,7 @@ def derived_image_spec(
 
     :param uv_binary: the worker's uv binary to copy in; ``None`` pip-installs uv in the image instead
     :raises InvalidSettingError: when the CA bundle or a local ``find_links`` directory does not exist
-    :raises PolicyError: when ``[gpu] allowed_build_paths`` does not allow it, or it could be a secret
+    :raises PolicyError: when ``[gpu_policy] allowed_build_paths`` does not allow it, or it could be a secret
     """
     policy = options.policy or BuildPolicy.current()
     netrc = split_credentials(image.installer_index_args())[1]
