@@ -216,7 +216,7 @@ def timed_build(
 
     from uv import find_uv_bin
 
-    from airflow_gpu_provider.backends.docker.images.dockerfile import BuildOptions, derived_image_spec
+    from airflow_gpu_provider.backends.docker.images.spec import BuildOptions, derived_image_spec
     from airflow_gpu_provider.backends.docker.images.engine import build_image, ensure_derived_image
     from airflow_gpu_provider.settings import ImageSettings
 

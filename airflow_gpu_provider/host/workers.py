@@ -53,8 +53,9 @@ def describe_holder(info: dict[str, object]) -> str:
 
 
 def deployment() -> str:
-    """The Airflow deployment of this worker: ``[gpu_policy] deployment``, else a digest of the Execution API it
-    reports to and its ``AIRFLOW_HOME``.
+    """The Airflow deployment of this worker: ``[gpu_policy] deployment``, else a digest of its Execution API and home.
+
+    The digest is of the Execution API's URL and ``AIRFLOW_HOME``.
 
     Two deployments sharing one Docker engine or Ray cluster (staging and production; parallel test runs) each ask
     their own API whether a durable container's or job's task instance has ended: the other's would answer "no such

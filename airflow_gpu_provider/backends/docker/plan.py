@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.backends.docker.container import ContainerResources, map_resources
-from airflow_gpu_provider.backends.docker.images.dockerfile import BuildOptions
+from airflow_gpu_provider.backends.docker.images.spec import BuildOptions
 from airflow_gpu_provider.backends.docker.options import CONTAINER_DIR, DockerOptions
 from airflow_gpu_provider.checkpoint.location import CHECKPOINT_MOUNT, checkpoint_environment, unreachable
 from airflow_gpu_provider.host.allocator import HostGpus

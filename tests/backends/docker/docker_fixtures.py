@@ -329,8 +329,8 @@ def torch_image(docker_client: Any, airflow_home: Path) -> str:
     """
     from uv import find_uv_bin
 
-    from airflow_gpu_provider.backends.docker.images.dockerfile import BuildOptions, derived_image_spec
     from airflow_gpu_provider.backends.docker.images.engine import ensure_derived_image
+    from airflow_gpu_provider.backends.docker.images.spec import BuildOptions, derived_image_spec
     from airflow_gpu_provider.settings import ImageSettings
 
     wheels = Path("/opt/wheels")
