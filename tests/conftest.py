@@ -60,6 +60,9 @@ os.environ.update(
         # re-serialise a DAG on every sync: tests change config that DAG parsing reads
         "AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL": "0",
         "AIRFLOW__GPU__STATE_DIR": str(_HOME / "gpu-state"),
+        # this session's name in its containers' labels: the engine's authorization plugin (authz_engine.py) and the
+        # orphan reapers of other sessions on the same engine tell its containers by it
+        "AIRFLOW__GPU_POLICY__DEPLOYMENT": f"tests-{_HOME.name.rsplit('-', 1)[-1]}",
         "AIRFLOW__GPU__DEVICES": "none",
         "CUDA_VISIBLE_DEVICES": "",  # torch sees no GPU unless a test (marked gpu) or the provider says otherwise
         "AIRFLOW__GPU__WAIT_POLL_INTERVAL": "0.2",

@@ -22,8 +22,10 @@ from airflow_gpu_provider.policy import Policy
 from airflow_gpu_provider.policy.docker import DEVICE_PATHS, SAFE_SECURITY_OPTIONS, _mount_problem
 from airflow_gpu_provider.policy.paths import UnsafePathError, beneath, canonical, stable
 from airflow_gpu_provider.policy.users import allowed_gids, number, numeric_user, user_allowed
+from airflow_gpu_provider.task.labels import docker_label
 
 TASKS_FOLDER = "docker-tasks"  # the state dir's folder of the task files the provider mounts read-only
+DEPLOYMENT_LABEL = docker_label("deployment")  # the deployment whose workers made a container (host/workers.py)
 #: Container Config fields that reach nothing of the host (the user is judged, rule D2).
 CONFIG = frozenset((
     "hostname", "domainname", "attachstdin", "attachstdout", "attachstderr", "exposedports", "tty", "openstdin",
@@ -36,7 +38,7 @@ HARMLESS = frozenset((
     "readonlyrootfs", "shmsize", "init", "tmpfs", "cpushares", "memory", "nanocpus", "blkioweight",
     "blkioweightdevice", "blkiodevicereadbps", "blkiodevicewritebps", "blkiodevicereadiops", "blkiodevicewriteiops",
     "cpuperiod", "cpuquota", "cpusetcpus", "cpusetmems", "kernelmemory", "kernelmemorytcp", "memoryreservation",
-    "memoryswap", "memoryswappiness", "pidslimit", "ulimits", "cpucount", "cpupercent", "iomaximumiops",
+    "memoryswap", "memoryswappiness", "pidslimit", "cpucount", "cpupercent", "iomaximumiops",
     "iomaximumbandwidth",
 ))  # fmt: skip
 #: Never given a value (rule D3 and the rest of the host): a namespace, cgroup or runtime of the host's.
@@ -46,6 +48,9 @@ NEVER = frozenset((
     "storageopt", "isolation", "cpurealtimeperiod", "cpurealtimeruntime",
 ))  # fmt: skip
 NULL_ONLY = frozenset({"maskedpaths", "readonlypaths"})
+#: The only ulimits a container may get, and only with a GPU request: NVIDIA's for PyTorch (unlimited locked memory,
+#: a 64 MiB stack). Another (rtprio, nice: the host's CPU; memlock without a GPU) is never given.
+GPU_ULIMITS = {"memlock": (-1, -1), "stack": (67108864, 67108864)}
 
 
 def _refuse(field: str, value: object, why: str) -> UnsafePathError:
@@ -94,6 +99,10 @@ def check_create(body: Mapping[str, Any], policy: Policy) -> None:
     top = fields("body", body)
     _none_but("", top, CONFIG | {"user", "hostconfig", "networkingconfig"})
     _null_only("", top)
+    labels = top.get("labels") or {}
+    if policy.deployment and (not isinstance(labels, Mapping) or labels.get(DEPLOYMENT_LABEL) != policy.deployment):
+        why = f"the deployment's label {DEPLOYMENT_LABEL}={policy.deployment!r} ([gpu_policy] deployment)"
+        raise _refuse("Labels", labels, f"{why}: the workers and the engine's authorization plugin must agree")
     host = fields("HostConfig", top.get("hostconfig"))
     check_host_config(host, policy)
     user = str(top.get("user") or "")
@@ -147,8 +156,19 @@ def check_host_config(host: Mapping[str, Any], policy: Policy) -> None:
     for name, value in host.items():
         if name in JUDGED:
             JUDGED[name](value, policy)
+    _ulimits(host)
     _null_only("HostConfig.", host)
-    _none_but("HostConfig.", host, HARMLESS | JUDGED.keys() | NULL_ONLY | {"capdrop"})
+    _none_but("HostConfig.", host, HARMLESS | JUDGED.keys() | NULL_ONLY | {"capdrop", "ulimits"})
+
+
+def _ulimits(host: Mapping[str, Any]) -> None:
+    for limit in host.get("ulimits") or []:
+        members = fields("HostConfig.Ulimits", limit)
+        _none_but("HostConfig.Ulimits.", members, frozenset({"name", "soft", "hard"}))
+        pair = GPU_ULIMITS.get(str(members.get("name")))
+        if pair is None or pair != (members.get("soft"), members.get("hard")) or not host.get("devicerequests"):
+            why = "only NVIDIA's memlock=-1 and stack=64 MiB, with a GPU request (rtprio, nice reach the host's CPU)"
+            raise _refuse("HostConfig.Ulimits", limit, why)
 
 
 def _no_privilege(value: Any, policy: Policy) -> None:
@@ -247,6 +267,8 @@ def _check_mount(mount: Mapping[str, Any], policy: Policy) -> None:
     if kind == "volume":
         if source not in policy.volumes:
             raise UnsafePathError(f"the volume {source!r}", "rule D5: [gpu_policy] allowed_volumes lacks it")
+        if volume.get("nocopy") is not True:  # else the engine fills an empty volume from the image (copy-up)
+            raise UnsafePathError(f"the volume {source!r}", "rule D5: mounted without copy-up only (NoCopy)")
         return
     if kind != "bind":
         raise UnsafePathError(f"the mount {dict(mount)!r}", "only bind, volume and tmpfs mounts are known")
@@ -268,3 +290,18 @@ def check_exec(body: Mapping[str, Any], policy: Policy) -> None:
         raise _refuse("exec User", user, USER_RULE)
     harmless = "attachstdin attachstdout attachstderr detachkeys tty consolesize env workingdir cmd user privileged"
     _none_but("exec ", members, frozenset({"container", *harmless.split()}))  # container: the URL's, in docker-py
+
+
+def check_volume(found: Mapping[str, Any] | None, name: str) -> None:
+    """A listed volume the engine has: a plain local one, whose options make it no bind or network mount.
+
+    ``None`` (no such volume yet): the engine makes a plain local one.
+
+    :raises UnsafePathError: for another driver or any driver option (``type``, ``o``, ``device``)
+    """
+    if found is None:
+        return
+    volume = fields("volume", found)
+    if volume.get("driver") != "local" or volume.get("options"):
+        why = f"driver {volume.get('driver')!r} with options {volume.get('options')!r}: it mounts another place"
+        raise UnsafePathError(f"the volume {name!r}", f"{why}; only plain local volumes")

@@ -126,7 +126,8 @@ def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig
         host_config["network_mode"] = options.network_mode
     mounts = [
         {"Target": m["target"], "Source": _source(m), "Type": m.get("type", "bind"),
-         "ReadOnly": bool(m.get("read_only", False))}
+         "ReadOnly": bool(m.get("read_only", False)),
+         **({"VolumeOptions": {"NoCopy": True}} if m.get("type") == "volume" else {})}  # no copy-up from the image
         for m in options.mounts
     ]  # fmt: skip
     checkpoint_mounts, notes = checkpoint_mount(request, options, container)

@@ -166,7 +166,7 @@ def test_unreachable_daemon_is_a_clear_error(task_log, tmp_path, monkeypatch):
     monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CLUSTERS", f"docker=unix://{tmp_path}/nothing.sock")
     started = time.monotonic()
     with pytest.raises(GpuTaskError, match=r"Cannot reach the Docker engine at unix://.*nothing\.sock"):
-        run(task_log, request(Envelope.run(["true"])), {"docker_url": f"docker=unix://{tmp_path}/nothing.sock"})
+        run(task_log, request(Envelope.run(["true"])), {"docker_url": f"unix://{tmp_path}/nothing.sock"})
     assert time.monotonic() - started < 10
 
 

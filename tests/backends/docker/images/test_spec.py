@@ -80,7 +80,13 @@ def test_spec_copies_local_wheel_dirs_and_keeps_urls(build_inputs):
     spec = derived_image_spec(PARENT, image, BuildOptions(), uv_binary="/usr/bin/uv")
     assert spec.files == (("find-links-0", str(build_inputs)),)
     (install,) = spec.steps.commands
-    assert install[-5:] == ("--find-links", f"{SHARE}/find-links-0", "--find-links", "https://wheels.example.com/", "pkg")
+    assert install[-5:] == (
+        "--find-links",
+        f"{SHARE}/find-links-0",
+        "--find-links",
+        "https://wheels.example.com/",
+        "pkg",
+    )
     assert not spec.steps.installed and spec.steps.install_environment == spec.steps.environment
     assert spec.uv_binary == "/usr/bin/uv"
 
