@@ -13,10 +13,8 @@ Derandomized: the same 5000 cases on every run.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import grp
-import json
 import os
 import posixpath
 import pwd
@@ -26,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from authz_requests import written
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,7 +36,7 @@ from airflow_gpu_provider.backends.docker.lifecycle import create_body
 from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.policy import Policy
-from airflow_gpu_provider.policy.authz.endpoints import decide
+from airflow_gpu_provider.policy.authz.judge import decide
 from airflow_gpu_provider.policy.docker import DEVICE_PATHS, RUNTIME_CONTROL, SYSTEM, worker_user
 from airflow_gpu_provider.policy.engine import check_create
 from airflow_gpu_provider.policy.paths import UnsafePathError
@@ -238,13 +237,8 @@ def _provider_verdict(body: Mapping[str, Any], policy: Policy) -> str:
 
 def _plugin_verdict(body: Mapping[str, Any], policy: Policy) -> str:
     """The authorization plugin's answer to the engine showing it this create call: ``""`` when allowed."""
-    request = {
-        "RequestMethod": "POST",
-        "RequestUri": "/v1.41/containers/create",
-        "RequestHeaders": {"Content-Type": "application/json"},
-        "RequestBody": base64.b64encode(json.dumps(body).encode()).decode(),
-    }
-    allowed, why = decide(request, policy, lambda _: None)
+    [request] = written(lambda client: client.create_container_from_config(body))  # as docker-py writes it
+    allowed, why = decide(request, policy, lambda kind, name: None)
     return "" if allowed else why.removeprefix("POST /v1.41/containers/create: ")
 
 
