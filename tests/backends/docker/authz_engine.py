@@ -50,11 +50,15 @@ ENGINE_SCRIPT = (
 )
 
 
-def policy_file(path: Path, extra_roots: str = "") -> Path:
+#: Volumes the session's plugin lists: one a bind of a host folder in disguise, one plain (made before it is on)
+VOLUMES = {"bind": "agpu-authz-bind-volume", "plain": "agpu-authz-plain-volume"}
+
+
+def policy_file(path: Path, extra_roots: str = "", **overrides: str) -> Path:
     """The session's ``[gpu_policy]`` (and ``[gpu] state_dir``) as a root-owned INI file at ``path``, 0644."""
     from airflow_gpu_provider import config
 
-    values = config.policy_values()
+    values = {**config.policy_values(), **overrides}
     if extra_roots:
         values["allowed_checkpoint_roots"] = ",".join(filter(None, (values["allowed_checkpoint_roots"], extra_roots)))
     lines = ["[gpu_policy]", *(f"{k} = {v}".replace("%", "%%") for k, v in values.items()), "[gpu]",
@@ -84,6 +88,7 @@ class AuthzEngine:
     client: Any
     root: Path
     policy_path: str  # the plugin's policy file
+    planted: dict[str, str]  # what was made before the plugin was on: containers' ids, a host folder
 
     @property
     def plugin_log(self) -> str:
@@ -142,7 +147,8 @@ def authz_engine(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -
     (root / "daemon.json").write_text("{}")  # not the host's /etc/docker/daemon.json
     plugin = engine = None
     try:
-        policy = policy_file(secure / "policy.cfg", str(tmp_path_factory.getbasetemp()))
+        policy = policy_file(secure / "policy.cfg", str(tmp_path_factory.getbasetemp()),
+                             allowed_volumes=",".join(VOLUMES.values()))  # fmt: skip
         with open(root / "plugin.log", "wb") as log:
             plugin = subprocess.Popen(
                 [sys.executable, "-I", "-S", str(install_plugin(secure)), "serve", "--socket",
@@ -172,6 +178,7 @@ def authz_engine(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -
             ["docker", "-H", url, "load", "-q"], stdin=save.stdout, capture_output=True, timeout=300
         )
         assert save.wait(timeout=60) == 0 and loaded.returncode == 0, loaded.stderr.decode()[-2000:]
+        planted = _plant(client, root)
         (root / "daemon.json").write_text(json.dumps({"authorization-plugins": [PLUGIN]}))
         os.kill(int((root / "dockerd.pid").read_text()), signal.SIGHUP)  # the engine reloads its plugins
 
@@ -182,12 +189,31 @@ def authz_engine(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -
             return True
 
         _wait(guarded, "the plugin's guard", engine, root / "dockerd.log")
-        yield AuthzEngine(url, client, root, str(policy))
+        yield AuthzEngine(url, client, root, str(policy), planted)
     finally:
         _stop(engine)
         _stop(plugin)
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(secure, ignore_errors=True)
+
+
+def _plant(client: Any, root: Path) -> dict[str, str]:
+    """What an engine had before its plugin was installed: a privileged root container with a writable host folder,
+    labelled as this deployment's (made by hand, or by an older provider), one of no one's, and the listed volumes
+    (one a bind of a host folder)."""
+    from airflow_gpu_provider.host.workers import deployment
+    from airflow_gpu_provider.policy.authz.stored import DEPLOYMENT_LABEL
+
+    folder = root / "host-folder"
+    folder.mkdir()
+    host = client.create_host_config(privileged=True, binds=[f"{folder}:/host:rw"])
+    ours = client.create_container(BASE_IMAGE, ["sleep", "600"], user="0:0", host_config=host,
+                                   labels={DEPLOYMENT_LABEL: deployment()})["Id"]  # fmt: skip
+    foreign = client.create_container(BASE_IMAGE, ["sleep", "600"])["Id"]
+    (root / "volume-host").mkdir()
+    client.create_volume(VOLUMES["bind"], driver_opts={"type": "none", "o": "bind", "device": f"{root}/volume-host"})
+    client.create_volume(VOLUMES["plain"])
+    return {"ours": ours, "foreign": foreign, "folder": str(folder), "volume-host": f"{root}/volume-host"}
 
 
 @pytest.fixture(params=["host", "authz"])
