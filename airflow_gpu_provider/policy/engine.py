@@ -280,18 +280,6 @@ def _check_mount(mount: Mapping[str, Any], policy: Policy) -> None:
     stable(source)  # rule F1: the engine resolves this name again when it starts the container
 
 
-def check_exec(body: Mapping[str, Any], policy: Policy) -> None:
-    """A ``POST /containers/{id}/exec`` body: never privileged, never another user than a container may run as."""
-    members = fields("exec", body)
-    if members.get("privileged"):
-        raise _refuse("exec Privileged", members["privileged"], "rule D1: nothing privileged")
-    user = str(members.get("user") or "")
-    if user and not _user_allowed(user, policy):  # rule D2 (empty: the container's own, judged when created)
-        raise _refuse("exec User", user, USER_RULE)
-    harmless = "attachstdin attachstdout attachstderr detachkeys tty consolesize env workingdir cmd user privileged"
-    _none_but("exec ", members, frozenset({"container", *harmless.split()}))  # container: the URL's, in docker-py
-
-
 def check_volume(found: Mapping[str, Any] | None, name: str) -> None:
     """A listed volume the engine has: a plain local one, whose options make it no bind or network mount.
 
