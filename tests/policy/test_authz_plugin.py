@@ -130,6 +130,7 @@ JSON = {"Content_Type": "application/json", "Content_Length": str(len(BODY))}
         (raw("POST", "/v1.041/containers/create", BODY, **JSON), "not a call the provider makes"),
         (raw("POST", f"{CREATE}?name=x", BODY, **JSON), "not the provider's"),
         (raw("POST", "/v1.41/containers/%63reate", BODY, **JSON), "encoded"),
+        (raw("GET", f"/v1.41/images/a/../../containers/{ID}/json"), "dotted"),
         (raw("POST", CREATE, BODY, Content_Type="application/json; charset=utf-8"), "must be 'application/json'"),
         (raw("POST", CREATE, None, **JSON), "shown to the plugin"),  # over 1 MiB, chunked, or a form first (H2)
         (raw("POST", CREATE, BODY, Content_Type="text/plain"), "must be 'application/json'"),

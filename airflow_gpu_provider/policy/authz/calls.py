@@ -166,8 +166,8 @@ def match(request: Mapping[str, Any], body: bytes | None) -> Call:
         if (int(versioned["major"]), int(versioned["minor"])) < MIN_VERSION:
             raise Refused(f"API version 1.{versioned['minor']} is older than 1.41, whose defaults the policy assumes")
         target = versioned["path"]
-    if "%" in target or "//" in target:
-        raise Refused("an encoded or doubled path is not the provider's form")
+    if "%" in target or "//" in target or "/." in target:
+        raise Refused("an encoded, doubled or dotted path is not the provider's form")
     for form in FORMS:
         found = re.fullmatch(form.path, target)
         if form.method == method and found is not None and (versioned is not None or form.unversioned):
@@ -197,10 +197,9 @@ def _headers(form: Form, headers: Mapping[str, Any], body: bytes | None) -> None
     unknown = set(named) - COMMON_HEADERS - form.headers - ({"content-type"} if form.body == JSON else set())
     if unknown:
         raise Refused(f"headers the provider's client does not send: {sorted(unknown)}")
-    if form.body == JSON:
-        if named.get("content-type") != "application/json" or not body:
-            raise Refused("a JSON body must be 'application/json' and shown to the plugin (it shows no form body)")
-    elif form.body != HIDDEN and (body or named.get("content-length", "0") != "0") and form.body != UPLOAD:
+    if form.body == JSON and (named.get("content-type") != "application/json" or not body):
+        raise Refused("a JSON body must be 'application/json' and shown to the plugin (it shows no form body)")
+    if form.body == NONE and (body or named.get("content-length", "0") != "0"):
         raise Refused("a call without a body must have none")
     if form.body == HIDDEN and named.get("content-type") != "application/json":
         raise Refused("a registry login is 'application/json'")
