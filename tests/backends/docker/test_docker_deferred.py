@@ -49,6 +49,9 @@ def test_a_deferred_container_ends_with_its_result_its_output_in_the_log(docker_
     assert times["the answer is ready"] - times["thinking about"] >= 2.5, times
     assert log.index("the answer is ready") < log.index("output was logged while the task was deferred")
     assert log.count("the answer is ready") == 1, log[-3000:]
+    from airflow_gpu_provider import config  # the container's files lived as long as it did: gone with it
+
+    assert not list(Path(config.get("state_dir"), "docker-tasks").glob("lasting-*"))
 
 
 def test_a_deferred_failure_ends_as_a_failure_in_the_worker():

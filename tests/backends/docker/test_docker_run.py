@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -14,8 +15,10 @@ from backends.docker.docker_fixtures import BASE_IMAGE, container_ids
 from airflow_gpu_provider.backends.docker.backend import ContainerOomError, DockerBackend
 from airflow_gpu_provider.backends.docker.images.engine import ImageError
 from airflow_gpu_provider.backends.docker.options import DockerOptions
+from airflow_gpu_provider.checkpoint.location import CheckpointLocation
 from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError, RemoteTaskError
+from airflow_gpu_provider.host.workers import worker_identity
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.task.callable import shipped_callable
 from airflow_gpu_provider.task.envelope import Envelope
@@ -260,6 +263,31 @@ def test_files_through_the_docker_api_when_not_mounted(task_log, state_dir, monk
     with pytest.raises(RemoteTaskError, match="boom from the container"):
         run(task_log, request(call(fail_with_value_error)), options)
     assert list((state_dir / "docker-tasks").iterdir()) == []  # the worker folders are gone too
+
+
+def test_no_upload_into_a_container_with_a_writable_host_folder(task_log, state_dir, monkeypatch, tmp_path):
+    """Issue 34, H1: the engine unpacks an upload as root into the container's mounts too. Files that cannot be
+    bound read-only (mount_tmp_dir=False) are never uploaded into a container with a writable checkpoint folder."""
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CHECKPOINT_ROOTS", str(tmp_path))
+    task = dataclasses.replace(request(call(add, 1, b=2)), checkpoint=CheckpointLocation(str(tmp_path), "d/r/t"))
+    with pytest.raises(GpuTaskError, match=r"cannot be copied into a container that may write .*checkpoint"):
+        run(task_log, task, {"mount_tmp_dir": False})
+    assert list((state_dir / "docker-tasks").iterdir()) == []
+
+
+def test_a_lasting_containers_files_go_with_it_or_once_its_worker_is_gone(state_dir):
+    """A deferred or durable container keeps its read-only files folder (``lasting-*``); the sweep removes one only
+    when its worker is gone and no container mounts it."""
+    from airflow_gpu_provider.backends.docker.files import sweep
+
+    tasks = state_dir / "docker-tasks"
+    import socket
+
+    dead = f"{socket.gethostname()}:1:0"  # this host's pid 1, which did not start at tick 0: a worker gone
+    for name in (f"lasting-{dead}-gone", f"lasting-{dead}-mounted", f"lasting-{worker_identity()}-mine"):
+        (tasks / name).mkdir(parents=True)
+    sweep([{"Mounts": [{"Source": str(tasks / f"lasting-{dead}-mounted")}]}], str(state_dir))
+    assert sorted(p.name for p in tasks.iterdir()) == [f"lasting-{dead}-mounted", f"lasting-{worker_identity()}-mine"]
 
 
 def test_worker_folder_is_private_read_only_and_removed(task_log, state_dir):
