@@ -37,7 +37,7 @@ pytest_plugins = (
     "reliability.report",
 )
 _HOME = Path(tempfile.mkdtemp(prefix="airflow-gpu-tests-"))
-# Worker files that derived-image builds may read ([gpu] allowed_build_paths): readable by every local user, as the
+# Worker files that derived-image builds may read ([gpu_policy] allowed_build_paths): readable by every local user, as the
 # policy wants (pytest's tmp_path is private to its user), and the wheels of /opt/wheels.
 BUILD_INPUTS = Path(tempfile.mkdtemp(prefix="airflow-gpu-build-inputs-"))
 BUILD_INPUTS.chmod(0o755)
@@ -62,12 +62,15 @@ os.environ.update(
         # re-serialise a DAG on every sync: tests change config that DAG parsing reads
         "AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL": "0",
         "AIRFLOW__GPU__STATE_DIR": str(_HOME / "gpu-state"),
+        # this session's name in its containers' labels: the engine's authorization plugin (authz_engine.py) and the
+        # orphan reapers of other sessions on the same engine tell its containers by it
+        "AIRFLOW__GPU_POLICY__DEPLOYMENT": f"tests-{_HOME.name.rsplit('-', 1)[-1]}",
         "AIRFLOW__GPU__DEVICES": "none",
         "CUDA_VISIBLE_DEVICES": "",  # torch sees no GPU unless a test (marked gpu) or the provider says otherwise
         "AIRFLOW__GPU__WAIT_POLL_INTERVAL": "0.2",
-        "AIRFLOW__GPU__ALLOWED_BUILD_PATHS": f"{BUILD_INPUTS},/opt/wheels",
+        "AIRFLOW__GPU_POLICY__ALLOWED_BUILD_PATHS": f"{BUILD_INPUTS},/opt/wheels",
         # what the tests' pods name of the cluster (rule P3), as a deployment's admin lists it
-        "AIRFLOW__GPU__ALLOWED_KUBERNETES_OBJECTS": "namespace=ml, namespace=ml-training, service_account=trainer, "
+        "AIRFLOW__GPU_POLICY__ALLOWED_OBJECTS": "namespace=ml, namespace=ml-training, service_account=trainer, "
         "runtime_class=nvidia, priority_class=gpu-high, priority_class=batch, kueue_queue=team-a, "
         "kueue_priority_class=gpu-high",
     }
@@ -148,7 +151,7 @@ def airflow_home() -> Path:
 
 @pytest.fixture
 def build_inputs() -> Iterator[Path]:
-    """A fresh folder beneath ``[gpu] allowed_build_paths``, readable by every local user: wheels, CA bundles."""
+    """A fresh folder beneath ``[gpu_policy] allowed_build_paths``, readable by every local user: wheels, CA bundles."""
     folder = Path(tempfile.mkdtemp(dir=BUILD_INPUTS))
     folder.chmod(0o755)
     yield folder

@@ -23,8 +23,10 @@ from airflow_gpu_provider.policy.docker import DEVICE_PATHS, SAFE_SECURITY_OPTIO
 from airflow_gpu_provider.policy.paths import UnsafePathError, beneath, canonical, stable
 from airflow_gpu_provider.policy.rootless import split_cdi
 from airflow_gpu_provider.policy.users import allowed_gids, number, numeric_user, user_allowed
+from airflow_gpu_provider.task.labels import docker_label
 
 TASKS_FOLDER = "docker-tasks"  # the state dir's folder of the task files the provider mounts read-only
+DEPLOYMENT_LABEL = docker_label("deployment")  # the deployment whose workers made a container (host/workers.py)
 #: Container Config fields that reach nothing of the host (the user is judged, rule D2).
 CONFIG = frozenset((
     "hostname", "domainname", "attachstdin", "attachstdout", "attachstderr", "exposedports", "tty", "openstdin",
@@ -37,7 +39,7 @@ HARMLESS = frozenset((
     "readonlyrootfs", "shmsize", "init", "tmpfs", "cpushares", "memory", "nanocpus", "blkioweight",
     "blkioweightdevice", "blkiodevicereadbps", "blkiodevicewritebps", "blkiodevicereadiops", "blkiodevicewriteiops",
     "cpuperiod", "cpuquota", "cpusetcpus", "cpusetmems", "kernelmemory", "kernelmemorytcp", "memoryreservation",
-    "memoryswap", "memoryswappiness", "pidslimit", "ulimits", "cpucount", "cpupercent", "iomaximumiops",
+    "memoryswap", "memoryswappiness", "pidslimit", "cpucount", "cpupercent", "iomaximumiops",
     "iomaximumbandwidth",
 ))  # fmt: skip
 #: Never given a value (rule D3 and the rest of the host): a namespace, cgroup or runtime of the host's.
@@ -47,6 +49,9 @@ NEVER = frozenset((
     "storageopt", "isolation", "cpurealtimeperiod", "cpurealtimeruntime",
 ))  # fmt: skip
 NULL_ONLY = frozenset({"maskedpaths", "readonlypaths"})
+#: The only ulimits a container may get, and only with a GPU request: NVIDIA's for PyTorch (unlimited locked memory,
+#: a 64 MiB stack). Another (rtprio, nice: the host's CPU; memlock without a GPU) is never given.
+GPU_ULIMITS = {"memlock": (-1, -1), "stack": (67108864, 67108864)}
 
 
 def _refuse(field: str, value: object, why: str) -> UnsafePathError:
@@ -97,6 +102,10 @@ def check_create(body: Mapping[str, Any], policy: Policy, *, rootless: bool = Fa
     top = fields("body", body)
     _none_but("", top, CONFIG | {"user", "hostconfig", "networkingconfig"})
     _null_only("", top)
+    labels = top.get("labels") or {}
+    if policy.deployment and (not isinstance(labels, Mapping) or labels.get(DEPLOYMENT_LABEL) != policy.deployment):
+        why = f"the deployment's label {DEPLOYMENT_LABEL}={policy.deployment!r} ([gpu_policy] deployment)"
+        raise _refuse("Labels", labels, f"{why}: the workers and the engine's authorization plugin must agree")
     host = fields("HostConfig", top.get("hostconfig"))
     gpus: list[str] = []
     if rootless and "devices" in host:
@@ -117,18 +126,19 @@ def check_create(body: Mapping[str, Any], policy: Policy, *, rootless: bool = Fa
         raise _refuse("NetworkingConfig.EndpointsConfig", endpoints, "not a JSON object")
     for name, endpoint in endpoints.items():  # network names are matched as written
         if name != "default" and name not in policy.network_modes:  # rule D3
-            raise _refuse("NetworkingConfig.EndpointsConfig", name, "rule D3: [gpu] allowed_network_modes lacks it")
+            why = "rule D3: [gpu_policy] allowed_network_modes lacks it"
+            raise _refuse("NetworkingConfig.EndpointsConfig", name, why)
         settings = fields(f"NetworkingConfig.EndpointsConfig.{name}", endpoint)
         for key in ("links", "driveropts"):  # rule D3: no other container's namespace, no driver options
             if not empty(settings.get(key)):
                 raise _refuse(f"NetworkingConfig.EndpointsConfig.{name}.{key}", settings[key], "rule D3: never set")
 
 
-USER_RULE = "rule D2: the worker's own uid:gid, or one of [gpu] allowed_users, in numbers (never a name)"
+USER_RULE = "rule D2: the worker's own uid:gid, or one of [gpu_policy] allowed_users, in numbers (never a name)"
 
 
 def _user_allowed(user: str, policy: Policy) -> bool:
-    """Rule D2: ``uid:gid`` in numbers, the worker's own or a pair of ``[gpu] allowed_users`` as this host resolves it.
+    """Rule D2: ``uid:gid`` in numbers, the worker's own or a pair of ``allowed_users`` as this host resolves it.
 
     A name, or a uid without its gid, would be resolved by the engine in the container's own ``/etc/passwd`` (the
     image's), where ``alice`` may be uid 0 and a uid's group any gid (``policy/users.py``).
@@ -153,8 +163,19 @@ def check_host_config(host: Mapping[str, Any], policy: Policy) -> None:
     for name, value in host.items():
         if name in JUDGED:
             JUDGED[name](value, policy)
+    _ulimits(host)
     _null_only("HostConfig.", host)
-    _none_but("HostConfig.", host, HARMLESS | JUDGED.keys() | NULL_ONLY | {"capdrop"})
+    _none_but("HostConfig.", host, HARMLESS | JUDGED.keys() | NULL_ONLY | {"capdrop", "ulimits"})
+
+
+def _ulimits(host: Mapping[str, Any]) -> None:
+    for limit in host.get("ulimits") or []:
+        members = fields("HostConfig.Ulimits", limit)
+        _none_but("HostConfig.Ulimits.", members, frozenset({"name", "soft", "hard"}))
+        pair = GPU_ULIMITS.get(str(members.get("name")))
+        if pair is None or pair != (members.get("soft"), members.get("hard")) or not host.get("devicerequests"):
+            why = "only NVIDIA's memlock=-1 and stack=64 MiB, with a GPU request (rtprio, nice reach the host's CPU)"
+            raise _refuse("HostConfig.Ulimits", limit, why)
 
 
 def _no_privilege(value: Any, policy: Policy) -> None:
@@ -166,7 +187,7 @@ def _capabilities(value: Any, policy: Policy) -> None:
     for capability in value or []:  # rule D1: ALL never, the rest only as listed
         name = str(capability).upper().removeprefix("CAP_")
         if name == "ALL" or name not in policy.capabilities:
-            raise _refuse("HostConfig.CapAdd", capability, "rule D1: [gpu] allowed_capabilities lacks it")
+            raise _refuse("HostConfig.CapAdd", capability, "rule D1: [gpu_policy] allowed_capabilities lacks it")
 
 
 def _security_options(value: Any, policy: Policy) -> None:
@@ -177,12 +198,12 @@ def _security_options(value: Any, policy: Policy) -> None:
 
 def _network_mode(value: Any, policy: Policy) -> None:
     if value not in (None, "", "default") and value not in policy.network_modes:  # rule D3
-        raise _refuse("HostConfig.NetworkMode", value, "rule D3: [gpu] allowed_network_modes lacks it")
+        raise _refuse("HostConfig.NetworkMode", value, "rule D3: [gpu_policy] allowed_network_modes lacks it")
 
 
 def _ipc_mode(value: Any, policy: Policy) -> None:
     if value not in (None, "", "default") and value not in policy.ipc_modes:  # rule D3
-        raise _refuse("HostConfig.IpcMode", value, "rule D3: [gpu] allowed_ipc_modes lacks it")
+        raise _refuse("HostConfig.IpcMode", value, "rule D3: [gpu_policy] allowed_ipc_modes lacks it")
 
 
 def _devices(value: Any, policy: Policy) -> None:
@@ -212,7 +233,7 @@ def _groups(value: Any, policy: Policy) -> None:
     for group in value or []:
         gid = number(str(group))
         if gid is None or gid not in gids:
-            why = "rule D4: a gid of [gpu] allowed_groups or of this host's video/render groups, in numbers"
+            why = "rule D4: a gid of [gpu_policy] allowed_groups or of this host's video/render groups, in numbers"
             raise _refuse("HostConfig.GroupAdd", group, why)
 
 
@@ -252,7 +273,9 @@ def _check_mount(mount: Mapping[str, Any], policy: Policy) -> None:
         return
     if kind == "volume":
         if source not in policy.volumes:
-            raise UnsafePathError(f"the volume {source!r}", "rule D5: the deployment's [gpu] allowed_volumes lacks it")
+            raise UnsafePathError(f"the volume {source!r}", "rule D5: [gpu_policy] allowed_volumes lacks it")
+        if volume.get("nocopy") is not True:  # else the engine fills an empty volume from the image (copy-up)
+            raise UnsafePathError(f"the volume {source!r}", "rule D5: mounted without copy-up only (NoCopy)")
         return
     if kind != "bind":
         raise UnsafePathError(f"the mount {dict(mount)!r}", "only bind, volume and tmpfs mounts are known")
@@ -264,13 +287,16 @@ def _check_mount(mount: Mapping[str, Any], policy: Policy) -> None:
     stable(source)  # rule F1: the engine resolves this name again when it starts the container
 
 
-def check_exec(body: Mapping[str, Any], policy: Policy) -> None:
-    """A ``POST /containers/{id}/exec`` body: never privileged, never another user than a container may run as."""
-    members = fields("exec", body)
-    if members.get("privileged"):
-        raise _refuse("exec Privileged", members["privileged"], "rule D1: nothing privileged")
-    user = str(members.get("user") or "")
-    if user and not _user_allowed(user, policy):  # rule D2 (empty: the container's own, judged when created)
-        raise _refuse("exec User", user, USER_RULE)
-    harmless = "attachstdin attachstdout attachstderr detachkeys tty consolesize env workingdir cmd user privileged"
-    _none_but("exec ", members, frozenset({"container", *harmless.split()}))  # container: the URL's, in docker-py
+def check_volume(found: Mapping[str, Any] | None, name: str) -> None:
+    """A listed volume the engine has: a plain local one, whose options make it no bind or network mount.
+
+    ``None`` (no such volume yet): the engine makes a plain local one.
+
+    :raises UnsafePathError: for another driver or any driver option (``type``, ``o``, ``device``)
+    """
+    if found is None:
+        return
+    volume = fields("volume", found)
+    if volume.get("driver") != "local" or volume.get("options"):
+        why = f"driver {volume.get('driver')!r} with options {volume.get('options')!r}: it mounts another place"
+        raise UnsafePathError(f"the volume {name!r}", f"{why}; only plain local volumes")

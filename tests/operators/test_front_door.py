@@ -31,7 +31,7 @@ def work(x: int) -> int:
 
 def test_every_argument_goes_through_partial_and_expand(tmp_path, monkeypatch):
     """What raised ``TypeError`` in ``.partial()`` / ``.expand()`` (checkpoint, deferrable, durable...) runs."""
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", str(tmp_path))
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CHECKPOINT_ROOTS", str(tmp_path))
     dag = load_dag(DAGS, "front_door_mapped")
     spec = dag.get_task("partial").partial_kwargs["task_spec"]
     assert (spec.deferrable, spec.durable, spec.wait_timeout) == (False, False, 60.0)

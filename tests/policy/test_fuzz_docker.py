@@ -13,10 +13,8 @@ Derandomized: the same 5000 cases on every run of ``make fuzz``, a tenth of them
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import grp
-import json
 import os
 import posixpath
 import pwd
@@ -26,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from authz_requests import written
 from helpers import fuzz_cases
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -38,7 +37,7 @@ from airflow_gpu_provider.backends.docker.lifecycle import create_body
 from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.policy import Policy
-from airflow_gpu_provider.policy.authz.endpoints import decide
+from airflow_gpu_provider.policy.authz.judge import decide
 from airflow_gpu_provider.policy.docker import DEVICE_PATHS, RUNTIME_CONTROL, SYSTEM, worker_user
 from airflow_gpu_provider.policy.engine import check_create
 from airflow_gpu_provider.policy.paths import UnsafePathError
@@ -52,6 +51,7 @@ GROUPS = ["0", "docker", "video", "render", "ml", "1000", "root"]
 NETWORKS = ["bridge", "none", "host", "ml-net", "container:abc123", "default"]
 IPCS = ["private", "shareable", "none", "host", "container:abc123"]
 VOLUMES = ["hf-cache", "models", "docker"]
+GPU = ("state_dir", "checkpoint_root")  # [gpu] options; the rest are [gpu_policy]
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +145,7 @@ def cases(draw: Any, base: Path) -> tuple[dict[str, str], dict[str, Any]]:
 @contextlib.contextmanager
 def _gpu_section(values: Mapping[str, str]) -> Iterator[None]:
     """``[gpu]`` as the admin wrote it, for this case (environment variables, as airflow.cfg would be read)."""
-    names = {f"AIRFLOW__GPU__{name.upper()}": value for name, value in values.items()}
+    names = {f"AIRFLOW__GPU{'' if name in GPU else '_POLICY'}__{name.upper()}": value for name, value in values.items()}
     saved = {name: os.environ.get(name) for name in names}
     os.environ.update(names)
     try:
@@ -238,13 +238,8 @@ def _provider_verdict(body: Mapping[str, Any], policy: Policy) -> str:
 
 def _plugin_verdict(body: Mapping[str, Any], policy: Policy) -> str:
     """The authorization plugin's answer to the engine showing it this create call: ``""`` when allowed."""
-    request = {
-        "RequestMethod": "POST",
-        "RequestUri": "/v1.41/containers/create",
-        "RequestHeaders": {"Content-Type": "application/json"},
-        "RequestBody": base64.b64encode(json.dumps(body).encode()).decode(),
-    }
-    allowed, why = decide(request, policy, lambda _: None)
+    [request] = written(lambda client: client.create_container_from_config(body))  # as docker-py writes it
+    allowed, why = decide(request, policy, lambda kind, name: None)
     return "" if allowed else why.removeprefix("POST /v1.41/containers/create: ")
 
 

@@ -47,6 +47,7 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
         self._container_id: str | None = None  # the container being started or followed (``kill`` stops it)
         self._killed = False
         self._stop_timeout = 30.0  # the running plan's
+        self._state_dir: str | None = None  # the running plan's (where a lasting container's files lie)
         self._store: Any = None  # the task instance's task state store (Airflow >= 3.3)
         self._deadline: float | None = None  # when a deferred container times out
         self._started: launch.Started | None = None  # the container this try started, until it is followed
@@ -58,13 +59,15 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
 
     def _open(self, plan: DockerPlan, context: Context) -> Any:
         """The engine's client, once per try: the checkpoint folder made, a dead worker's containers reaped first."""
+        self._state_dir = plan.host.state_dir
         if self._client is None:
             checkpoint_folder(plan)
             self._client = connect(self.options)
             self._engine = engine_facts(self._client, str(self.options.engine_url))
             self.log.info("Docker engine %s: %s", self.options.engine_url, self._engine.describe())
             self._store = context.get("task_state_store")
-            reap_orphans(self._client, self.log)  # before any GPU is taken: a dead worker's container may hold it
+            reap_orphans(self._client, plan.host.state_dir, self.log)  # before any GPU is taken: a dead worker's
+            # container may hold it
         return self._client
 
     # ------------------------------------------------------------------ the synchronous run (durable)
@@ -123,6 +126,8 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
         client = self._client = connect(self.options)
         self._store = context.get("task_state_store")
         container_id, status = str(state["container_id"]), (event or {}).get("status")
+        if status == "refused":
+            raise GpuTaskError(f"Container {container_id[:12]} is not this task's: its trigger watched nothing.")
         if status == "missing":
             durable.forget(self._store)
             raise GpuTaskError(
@@ -189,7 +194,7 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
         container_id, status = earlier
         why = "durable=False" if not plan.request.durable else f"it is {status}: the task starts afresh"
         self.log.warning("Removing container %s left by an earlier try of this task (%s)", container_id[:12], why)
-        lifecycle.stop(client, container_id, plan.stop_timeout)
+        lifecycle.stop(client, container_id, plan.stop_timeout, plan.host.state_dir)
         durable.forget(self._store)
 
     def _take_over(self, client: Any, plan: DockerPlan, container_id: str) -> int | None:
@@ -263,4 +268,4 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
             return
         self._killed = True
         self.log.info("Stopping container %s", container_id[:12])
-        lifecycle.stop(client, container_id, self._stop_timeout)
+        lifecycle.stop(client, container_id, self._stop_timeout, self._state_dir)

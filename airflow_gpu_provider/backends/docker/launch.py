@@ -148,7 +148,7 @@ def _start(
     :param cpu_fallback: why it runs on the CPU instead of its GPUs (``on_missing_gpu="cpu"``), or ``None``
     """
     files = _files(plan, image, cpu_fallback)
-    task_files = held.enter_context(TaskFiles(files, parent=f"{plan.host.state_dir}/docker-tasks"))
+    task_files = held.enter_context(TaskFiles(files, parent=f"{plan.host.state_dir}/docker-tasks", lasting=lasting))
     kwargs = plan.create_kwargs(image, cpu_fallback=cpu_fallback is not None)
     mem_limit = kwargs["host_config"].get("mem_limit")
     container_id = lifecycle.create(client, kwargs, task_files, plan, log, durable=lasting)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.backends.docker.container import ContainerResources, map_resources
 from airflow_gpu_provider.backends.docker.engine_facts import EngineFacts
-from airflow_gpu_provider.backends.docker.images.dockerfile import BuildOptions
+from airflow_gpu_provider.backends.docker.images.spec import BuildOptions
 from airflow_gpu_provider.backends.docker.options import CONTAINER_DIR, DockerOptions
 from airflow_gpu_provider.backends.docker.rootless import engine_notes, on_engine
 from airflow_gpu_provider.checkpoint.location import CHECKPOINT_MOUNT, checkpoint_environment, unreachable
@@ -136,7 +136,8 @@ def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig
         host_config["network_mode"] = options.network_mode
     mounts = [
         {"Target": m["target"], "Source": _source(m), "Type": m.get("type", "bind"),
-         "ReadOnly": bool(m.get("read_only", False))}
+         "ReadOnly": bool(m.get("read_only", False)),
+         **({"VolumeOptions": {"NoCopy": True}} if m.get("type") == "volume" else {})}  # no copy-up from the image
         for m in options.mounts
     ]  # fmt: skip
     checkpoint_mounts, notes = checkpoint_mount(request, options, container)

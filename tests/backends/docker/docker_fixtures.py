@@ -319,7 +319,7 @@ def make_wheel(directory: Path, name: str, version: str, code: str) -> Path:
 def wheel_dir(build_inputs: Path) -> tuple[Path, str]:
     """A local wheel directory with a package whose version is new in every test, so its image is new too.
 
-    It lies beneath ``[gpu] allowed_build_paths`` and every local user may read it, as the build policy wants.
+    It lies beneath ``[gpu_policy] allowed_build_paths`` and every local user may read it, as the build policy wants.
     """
     version = f"1.0.{time.time_ns()}"
     make_wheel(build_inputs / "wheels", "airflow_gpu_testpkg", version, f"VERSION = {version!r}\n")
@@ -334,8 +334,8 @@ def torch_image(docker_client: Any, airflow_home: Path) -> str:
     """
     from uv import find_uv_bin
 
-    from airflow_gpu_provider.backends.docker.images.dockerfile import BuildOptions, derived_image_spec
     from airflow_gpu_provider.backends.docker.images.engine import ensure_derived_image
+    from airflow_gpu_provider.backends.docker.images.spec import BuildOptions, derived_image_spec
     from airflow_gpu_provider.settings import ImageSettings
 
     wheels = Path("/opt/wheels")

@@ -19,7 +19,7 @@ DAG_FILE = Path(__file__).resolve().parents[2] / "dags" / "docker_dags.py"
 @pytest.fixture(autouse=True)
 def allowed_roots(tmp_path, monkeypatch):
     """The deployment allows the test's folder as a checkpoint root (rule F3, policy/checkpoints.py)."""
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", str(tmp_path))
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CHECKPOINT_ROOTS", str(tmp_path))
 
 
 @engines("host", "authz", "rootless")

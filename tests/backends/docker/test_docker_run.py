@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -15,8 +16,10 @@ from backends.docker.user_engines import engines
 from airflow_gpu_provider.backends.docker.backend import ContainerOomError, DockerBackend
 from airflow_gpu_provider.backends.docker.images.engine import ImageError
 from airflow_gpu_provider.backends.docker.options import DockerOptions
+from airflow_gpu_provider.checkpoint.location import CheckpointLocation
 from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError, RemoteTaskError
+from airflow_gpu_provider.host.workers import worker_identity
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.task.callable import shipped_callable
 from airflow_gpu_provider.task.envelope import Envelope
@@ -166,7 +169,7 @@ def test_bad_image_name_is_a_clear_error(task_log):
 
 
 def test_unreachable_daemon_is_a_clear_error(task_log, tmp_path, monkeypatch):
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_DOCKER_ENGINES", f"unix://{tmp_path}/nothing.sock")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CLUSTERS", f"docker=unix://{tmp_path}/nothing.sock")
     started = time.monotonic()
     with pytest.raises(GpuTaskError, match=r"Cannot reach the Docker engine at unix://.*nothing\.sock"):
         run(task_log, request(Envelope.run(["true"])), {"docker_url": f"unix://{tmp_path}/nothing.sock"})
@@ -233,8 +236,10 @@ def whoami_and_read(path: str) -> dict:
 
 
 def test_user_and_read_only_mount(task_log, tmp_path: Path, monkeypatch):
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_USERS", "1000:1000")  # the deployment allows them (policy/docker.py)
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_MOUNT_ROOTS", f"{tmp_path}:ro")
+    monkeypatch.setenv(
+        "AIRFLOW__GPU_POLICY__ALLOWED_USERS", "1000:1000"
+    )  # the deployment allows them (policy/docker.py)
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_MOUNT_ROOTS", f"{tmp_path}:ro")
     (tmp_path / "data.txt").write_text("mounted data")
     tmp_path.chmod(0o755)
     options = {"user": "1000:1000", "mounts": [{"source": str(tmp_path), "target": "/data", "read_only": True}]}
@@ -256,12 +261,37 @@ def test_auto_remove_success_keeps_a_failed_container_stopped(docker_client, tas
 
 def test_files_through_the_docker_api_when_not_mounted(task_log, state_dir, monkeypatch):
     """mount_tmp_dir=False (remote engines): runtime and envelope are copied in, the result copied out."""
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_USERS", "1000:1000")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_USERS", "1000:1000")
     options = {"mount_tmp_dir": False, "user": "1000:1000"}
     assert run(task_log, request(call(add, 20, b=22)), options).return_value["sum"] == 42
     with pytest.raises(RemoteTaskError, match="boom from the container"):
         run(task_log, request(call(fail_with_value_error)), options)
     assert list((state_dir / "docker-tasks").iterdir()) == []  # the worker folders are gone too
+
+
+def test_no_upload_into_a_container_with_a_writable_host_folder(task_log, state_dir, monkeypatch, tmp_path):
+    """Issue 34, H1: the engine unpacks an upload as root into the container's mounts too. Files that cannot be
+    bound read-only (mount_tmp_dir=False) are never uploaded into a container with a writable checkpoint folder."""
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CHECKPOINT_ROOTS", str(tmp_path))
+    task = dataclasses.replace(request(call(add, 1, b=2)), checkpoint=CheckpointLocation(str(tmp_path), "d/r/t"))
+    with pytest.raises(GpuTaskError, match=r"cannot be copied into a container that may write .*checkpoint"):
+        run(task_log, task, {"mount_tmp_dir": False})
+    assert list((state_dir / "docker-tasks").iterdir()) == []
+
+
+def test_a_lasting_containers_files_go_with_it_or_once_its_worker_is_gone(state_dir):
+    """A deferred or durable container keeps its read-only files folder (``lasting-*``); the sweep removes one only
+    when its worker is gone and no container mounts it."""
+    from airflow_gpu_provider.backends.docker.files import sweep
+
+    tasks = state_dir / "docker-tasks"
+    import socket
+
+    dead = f"{socket.gethostname()}:1:0"  # this host's pid 1, which did not start at tick 0: a worker gone
+    for name in (f"lasting-{dead}-gone", f"lasting-{dead}-mounted", f"lasting-{worker_identity()}-mine"):
+        (tasks / name).mkdir(parents=True)
+    sweep([{"Mounts": [{"Source": str(tasks / f"lasting-{dead}-mounted")}]}], str(state_dir))
+    assert {p.name for p in tasks.iterdir()} == {f"lasting-{dead}-mounted", f"lasting-{worker_identity()}-mine"}
 
 
 def test_worker_folder_is_private_read_only_and_removed(task_log, state_dir):
@@ -302,7 +332,7 @@ def privileges() -> dict:
 def test_containers_keep_no_capability_and_gain_no_privilege(task_log, monkeypatch):
     value = run(task_log, request(call(privileges))).return_value
     assert value == {"uid": str(os.geteuid()), "caps": "0000000000000000", "no_new_privs": "1"}
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CAPABILITIES", "SYS_PTRACE")  # the deployment allows it
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CAPABILITIES", "SYS_PTRACE")  # the deployment allows it
     kept = run(task_log, request(call(privileges)), {"cap_add": ["SYS_PTRACE"]}).return_value
     assert int(kept["caps"], 16) == 1 << 19  # CAP_SYS_PTRACE alone
 
