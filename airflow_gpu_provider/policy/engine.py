@@ -1,16 +1,12 @@
 """The container a create call asks for, judged on the body the engine gets: rules D1-D5, for every client.
 
-ONE function, :func:`check_create`, judges a ``POST /containers/create`` body. The Docker backend calls it on the
-body it is about to send (``backends/docker/lifecycle.py``); the engine's authorization plugin (``policy/authz/``)
-calls it on the body any client sent. The same body gets the same verdict, whoever sends it.
-
-The body is read as the engine reads it (Go's ``encoding/json``): a name matches its field whatever its case (and
-``ſ``, ``K`` fold to ``s``, ``k``), so two names of one object that fold together are refused (the engine would merge
-them); the engine also takes HostConfig fields at the top level when ``HostConfig`` is missing, so nothing is
-accepted there that is not a container Config field. Default deny: a field this module does not judge or know to be
-harmless must be empty (``null``, ``false``, ``0``, ``""``, an empty list or object); ``MaskedPaths`` and
-``ReadonlyPaths`` must be ``null`` (an empty list unmasks ``/proc``). Users and groups are numbers of the judging
-host (``policy/users.py``): a name, whoever sends it, would be resolved in the image's own databases.
+ONE function, :func:`check_create`, judges a ``POST /containers/create`` body: the Docker backend's own final call
+(``backends/docker/lifecycle.py``) and, in the engine's authorization plugin (``policy/authz/``), any client's.
+The body is read as Go's ``encoding/json`` reads it: a name matches its field whatever its case (``ſ``, ``K`` fold
+to ``s``, ``k``), so two names that fold together are refused; HostConfig fields at the top level are read too, so
+nothing is accepted there that is not a Config field. Default deny: a field not judged or known to be harmless must
+be empty (``MaskedPaths`` and ``ReadonlyPaths`` ``null``: an empty list unmasks ``/proc``). Users and groups are
+numbers of the judging host (``policy/users.py``): a name would be resolved in the image's own databases.
 """
 
 from __future__ import annotations
@@ -173,7 +169,8 @@ def _ulimits(host: Mapping[str, Any]) -> None:
         members = fields("HostConfig.Ulimits", limit)
         _none_but("HostConfig.Ulimits.", members, frozenset({"name", "soft", "hard"}))
         pair = GPU_ULIMITS.get(str(members.get("name")))
-        if pair is None or pair != (members.get("soft"), members.get("hard")) or not host.get("devicerequests"):
+        gpu = host.get("devicerequests") or any("=" in str(d) for d in host.get("devices") or [])  # CDI: rootless
+        if pair is None or pair != (members.get("soft"), members.get("hard")) or not gpu:
             why = "only NVIDIA's memlock=-1 and stack=64 MiB, with a GPU request (rtprio, nice reach the host's CPU)"
             raise _refuse("HostConfig.Ulimits", limit, why)
 

@@ -305,4 +305,5 @@ def test_every_docker_create_call_meets_the_admins_policy(tree):
     print(f"\nDocker policy fuzz, {CASES} cases: {outcomes}; refused for {dict(reasons.most_common())}")
     # every side of the line was reached
     assert outcomes["refused at parse"] > CASES // 20 and outcomes["checked and created"] > CASES // 20, outcomes
-    assert outcomes["refused on the worker"] > 0, outcomes
+    if CASES >= 5000:  # a few in 5,000 (make fuzz): a case the parse let through and the worker refused
+        assert outcomes["refused on the worker"] > 0, outcomes

@@ -13,7 +13,7 @@ import pytest
 from airflow_gpu_provider import GpuStepOperator
 from airflow_gpu_provider.policy import Policy, PolicyError
 from airflow_gpu_provider.policy.docker import worker_user
-from airflow_gpu_provider.policy.engine import check_create
+from airflow_gpu_provider.policy.engine import DEPLOYMENT_LABEL, check_create
 from airflow_gpu_provider.policy.paths import UnsafePathError
 from airflow_gpu_provider.policy.rootless import engine_folders
 
@@ -37,7 +37,8 @@ def user_engine_socket(tmp_path, monkeypatch):
 
 
 def body(**host):
-    return {"Image": "x", "User": worker_user(), "HostConfig": {"CapDrop": ["ALL"],
+    labels = {DEPLOYMENT_LABEL: Policy.current().deployment}  # as the provider labels its containers
+    return {"Image": "x", "User": worker_user(), "Labels": labels, "HostConfig": {"CapDrop": ["ALL"],
             "SecurityOpt": ["no-new-privileges:true"], **host}}  # fmt: skip
 
 
@@ -51,7 +52,7 @@ def test_a_dag_authors_task_never_mounts_the_engines_socket_folder_or_its_users_
     assert set(forbidden[:3]) <= set(engine_folders(()))
     (tmp_path / "data").mkdir()
     listed = ", ".join(f"{folder}:rw" for folder in [*forbidden, str(tmp_path / "data")])
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_MOUNT_ROOTS", listed)  # whatever the allow-lists say
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_MOUNT_ROOTS", listed)  # whatever the allow-lists say
     for folder in forbidden:
         with pytest.raises(PolicyError, match="whose holder controls every task|part of the host no task"):
             GpuStepOperator(task_id="t", command=["true"], backend="docker",

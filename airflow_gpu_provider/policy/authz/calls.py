@@ -110,6 +110,7 @@ IMAGE_FILTERS = r'\{("dangling": \["true"\], )?"label": \["[A-Za-z0-9._=:/-]+"\]
 FORMS: tuple[Form, ...] = (
     Form("ping", "GET", "/_ping"),
     Form("the engine's version", "GET", "/version", unversioned=True),
+    Form("the engine's facts", "GET", "/info"),  # rootless? limits enforced? (backends/docker/engine_facts.py)
     # DockerHook's login, where docker_conn_id names a registry (no test has one)
     Form("a registry login", "POST", "/auth", body=HIDDEN, headers=frozenset({"content-type"})),
     Form("list containers", "GET", "/containers/json",
