@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from airflow_gpu_provider.escalation.tries import Tries
     from airflow_gpu_provider.host.waiting import MustWait
     from airflow_gpu_provider.operators.spec import TaskSpec
+    from airflow_gpu_provider.settings.escalation import OomEscalation
     from airflow_gpu_provider.task.request import TaskRequest
     from airflow_gpu_provider.task.result import TaskResult
 
@@ -76,6 +77,16 @@ class GpuExecution(DurableJob):
     def wait_timeout(self) -> float | None:
         """Seconds a wait for GPUs lasts (``None``: ``[gpu] wait_timeout``)."""
         return self.task_spec.wait_timeout
+
+    @property
+    def on_oom(self) -> OomEscalation | None:
+        """The task's ``on_oom`` ladder (as settled: :attr:`task_spec` holds the task's every setting)."""
+        return self.task_spec.on_oom
+
+    @property
+    def resume(self) -> bool:
+        """Whether each try resumes from the newest checkpoint of its folder (``resume=True``)."""
+        return self.task_spec.resume
 
     if TYPE_CHECKING:  # the operator's (GpuStepOperator, BaseOperator)
         gpu_profile: Any
