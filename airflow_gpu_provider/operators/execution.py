@@ -214,6 +214,8 @@ class GpuExecution(DurableJob):
             self._infrastructure(context, attempt, err)
             if isinstance(err, GpuUnavailableError) and attempt.request.min_gpu_memory is not None:
                 raise AirflowFailException(str(err)) from err  # no GPU of this host is larger: retrying cannot help
+            if isinstance(err, RemoteTaskError):  # the task's own traceback is above: not the provider's frames
+                raise err.with_traceback(None)  # noqa: B904 - the same error
             raise
         self._running_backend = self._job = None
         if isinstance(outcome, MustWait):  # nothing is published for a deferred try
