@@ -77,3 +77,23 @@ def test_profile_interval_has_a_floor_that_keeps_telemetry_off_the_tasks_back(mo
         config.get("profile_interval")
     monkeypatch.setenv("AIRFLOW__GPU__PROFILE_INTERVAL", "0.25")
     assert config.get("profile_interval") == 0.25
+
+
+def test_the_description_the_trigger_form_and_the_triggers_follow_the_registry():
+    """``airflow providers list`` named three backends of five, the form's ``backend`` described three (issue 36)."""
+    from airflow_gpu_provider.backends import BACKENDS, RUN_TIME_NAMES
+    from airflow_gpu_provider.params import gpu_params
+
+    info = get_provider_info()
+    assert all(f"{name!r} ({backend.summary})" in info["description"] for name, backend in BACKENDS.items())
+    form = gpu_params()["backend"]
+    assert form.schema["enum"] == list(RUN_TIME_NAMES)
+    for name in BACKENDS:
+        assert f"{name!r} (" in form.description or f"{name!r} is chosen when the DAG is parsed" in form.description
+    package = Path(__file__).parents[1] / "airflow_gpu_provider"
+    triggers = {
+        ".".join(("airflow_gpu_provider", *path.relative_to(package).with_suffix("").parts))
+        for path in package.rglob("trigger.py")
+    }
+    listed = {module for entry in info["triggers"] for module in entry["python-modules"]}
+    assert listed == triggers, "every trigger module is listed in get_provider_info's triggers"
