@@ -136,7 +136,7 @@ class GpuExecution(DurableJob):
         from airflow_gpu_provider.escalation import tries as escalation
         from airflow_gpu_provider.task.request import TaskRequest
 
-        conf = GpuConfig(**carried["conf"])
+        conf = GpuConfig.from_state(carried["conf"])
         spec = self.rendered_spec()
         request = TaskRequest.from_state(carried["request"], spec.image)
         tries = escalation.Tries.start(spec.on_oom, context) if spec.on_oom is not None else None  # to record the end
