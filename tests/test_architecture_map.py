@@ -7,7 +7,6 @@ half) fixes the map in the same change.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from conftest import REPO
 
@@ -37,14 +36,14 @@ def tree(text: str) -> dict[str, list[str]]:
     for line in block.splitlines():
         if not line.strip():
             continue
-        indent, first = len(line) - len(line.lstrip()), line.split()[0]
+        indent, first, names = len(line) - len(line.lstrip()), line.split()[0], line
         if first == "(root)" or first.endswith("/"):
             while stack and stack[-1][0] >= indent:
                 stack.pop()
             current = "" if first == "(root)" else (stack[-1][1] if stack else "") + first
             stack.append((indent, current))
-            line = line.replace(first, " ", 1)
-        folders.setdefault(current, []).extend(w for w in _without_parentheses(line).split() if NAME.match(w))
+            names = line.replace(first, " ", 1)
+        folders.setdefault(current, []).extend(w for w in _without_parentheses(names).split() if NAME.match(w))
     return folders
 
 
