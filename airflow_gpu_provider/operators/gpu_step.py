@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 
 class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMixin, BaseOperator):
-    """Run a Python callable or a command on GPUs, on the local, Docker, Kubernetes or executor backend.
+    """Run a Python callable or a command on GPUs, on any backend of the registry (``backends.BACKENDS``).
 
     Declare resources once (``resources=ResourceSettings(...)`` or the shortcuts) and the backend maps them:
     the local backend to devices from the host's GPU allocator, Docker to device requests, Kubernetes to
@@ -49,7 +49,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
     :param resources: the task's :class:`ResourceSettings`
     :param image: the task's :class:`ImageSettings`
     :param backend: a backend of :data:`airflow_gpu_provider.backends.BACKENDS` (``"local"``, ``"docker"``,
-        ``"kubernetes"``, ``"executor"``); default ``[gpu] backend`` (templated)
+        ``"kubernetes"``, ``"ray"``, ``"executor"``, ...); default ``[gpu] backend`` (templated)
     :param on_missing_gpu: ``"fail"``, ``"wait"`` or ``"cpu"``; default ``[gpu] on_missing_gpu`` (templated)
     :param backend_options: backend-specific options (connection ids, namespace, ...), checked at parse time
     :param environment: extra environment variables for the task process (templated)
