@@ -14,6 +14,9 @@
 #                  print it and write it to docs/reliability.md
 #   make gpu-check - on a machine with an NVIDIA GPU: verify every GPU path for real and print a table
 #                  (GPU_CHECK_ARGS="--only inventory,local-task"; exits 2 on a machine without a GPU)
+#   make cluster-check - on your Kubernetes cluster (KUBECONFIG, CLUSTER_CHECK_NAMESPACE, CLUSTER_CHECK_IMAGE): run the
+#                  provider's real objects there and print a table (CLUSTER_CHECK_ARGS="--only rbac,cpu-pod"; exits 2
+#                  where no cluster answers)
 #   make wheel   - build the provider's sdist and wheel into dist/ (uv build)
 #   make smoke-oldest - the tests marked smoke against the oldest supported Airflow: the wheel installed into
 #                  .venv-oldest-airflow with the versions pinned in .ci/oldest-airflow.txt (.ci/run runs it)
@@ -32,7 +35,7 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 export AIRFLOW__GPU__STATE_DIR ?= $(AIRFLOW_HOME)/gpu-state
 
-.PHONY: venv demo dags-test test fuzz lint bench clean airflow reliability gpu-check wheel smoke-oldest oldest-airflow-lock
+.PHONY: venv demo dags-test test fuzz lint bench clean airflow reliability gpu-check cluster-check wheel smoke-oldest oldest-airflow-lock
 
 $(VENV)/.installed: pyproject.toml
 	@echo "Installing the provider and its extras into $(VENV) (a few minutes the first time; log: $(VENV)/install.log)"
@@ -76,6 +79,9 @@ fuzz: venv
 
 gpu-check: venv
 	$(PY) scripts/gpu_check.py $(GPU_CHECK_ARGS)
+
+cluster-check: venv
+	$(PY) scripts/cluster_check.py $(CLUSTER_CHECK_ARGS)
 
 reliability: venv
 	AIRFLOW_GPU_RELIABILITY_REPORT=$(CURDIR)/docs/reliability.md $(PY) -m pytest tests/reliability -p no:cacheprovider $(PYTEST_ARGS)

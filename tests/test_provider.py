@@ -127,3 +127,23 @@ def test_an_old_gpu_name_of_an_allow_list_is_read_one_more_release_with_a_warnin
     monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_VOLUMES", "datasets")
     with pytest.warns(AirflowProviderDeprecationWarning, match=r"\[gpu\] allowed_volumes is ignored"):
         assert config.policy_values()["allowed_volumes"] == "datasets"
+
+
+def test_the_description_the_trigger_form_and_the_triggers_follow_the_registry():
+    """``airflow providers list`` named three backends of five, the form's ``backend`` described three (issue 36)."""
+    from airflow_gpu_provider.backends import BACKENDS, RUN_TIME_NAMES
+    from airflow_gpu_provider.params import gpu_params
+
+    info = get_provider_info()
+    assert all(f"{name!r} ({backend.summary})" in info["description"] for name, backend in BACKENDS.items())
+    form = gpu_params()["backend"]
+    assert form.schema["enum"] == list(RUN_TIME_NAMES)
+    for name in BACKENDS:
+        assert f"{name!r} (" in form.description or f"{name!r} is chosen when the DAG is parsed" in form.description
+    package = Path(__file__).parents[1] / "airflow_gpu_provider"
+    triggers = {
+        ".".join(("airflow_gpu_provider", *path.relative_to(package).with_suffix("").parts))
+        for path in package.rglob("trigger.py")
+    }
+    listed = {module for entry in info["triggers"] for module in entry["python-modules"]}
+    assert listed == triggers, "every trigger module is listed in get_provider_info's triggers"

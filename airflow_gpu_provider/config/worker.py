@@ -75,6 +75,16 @@ class GpuConfig:
         }
         return cls(**values, **overrides)  # type: ignore[arg-type]
 
+    @classmethod
+    def from_state(cls, carried: dict[str, object]) -> GpuConfig:
+        """The options a deferral carried (``dataclasses.asdict``), read by this release, whichever wrote them.
+
+        An option this release does not know (a release before or after it had it) is dropped; one the carried
+        options lack is this process's (:meth:`read`): a deferred try resumes across an upgrade.
+        """
+        known = {field.name for field in dataclasses.fields(cls)}
+        return cls.read(**{name: value for name, value in carried.items() if name in known})
+
     def grace(self, option: float | None) -> float:
         """Seconds between SIGTERM and SIGKILL: a backend option's value, else ``[gpu] kill_grace``.
 
