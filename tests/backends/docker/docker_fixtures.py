@@ -223,18 +223,19 @@ def container_ids(client: Any) -> set[str]:
     """The engine's containers that this session made: task containers, build steps and install containers.
 
     Each names the worker (or builder) that made it: this test process, or a worker of it that is gone (a worker
-    process a test killed). Other users of the same engine, and other live test sessions, are left out: their
-    containers are neither counted nor touched.
+    process a test killed, of this session's deployment: tests/conftest.py names one per test process). Other users
+    of the same engine, and other test sessions, are left out: their containers are neither counted nor touched.
     """
     from airflow_gpu_provider.backends.docker.images.builds import build_containers
-    from airflow_gpu_provider.host.workers import is_dead, worker_identity
+    from airflow_gpu_provider.host.workers import deployment, is_dead, worker_identity
 
     found = set()
     # builds' containers only: every container of a derived image inherits its labels (another session's too)
     for container in client.containers(all=True, filters={"label": TASK_LABEL}) + build_containers(client):
         labels = container.get("Labels") or {}
         owner = labels.get(f"{TASK_LABEL}.worker") or labels.get(f"{TASK_LABEL}.builder")
-        if owner is not None and (owner == worker_identity() or is_dead(owner)):
+        ours = labels.get(f"{TASK_LABEL}.deployment") == deployment()  # not another session's dead workers'
+        if owner is not None and (owner == worker_identity() or (ours and is_dead(owner))):
             found.add(container["Id"])
     return found
 
