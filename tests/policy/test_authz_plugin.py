@@ -7,6 +7,7 @@ tests/backends/docker/test_docker_authz.py; the daemon run as it runs, in test_a
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -147,6 +148,9 @@ JSON = {"Content_Type": "application/json", "Content_Length": str(len(BODY))}
 def test_any_other_form_of_a_call_is_refused(request_, reason, policy):
     allowed, why = decide(request_, policy, lookup({}))
     assert not allowed and reason in why, why
+    # the rule it cites is the rule that refused it: the form of an Engine API call is rule D6's, a field of a
+    # create body the provider's final check's (D1-D5, or its default deny)
+    assert re.search(r": rule D6: |rule D[1-5]:|default deny|Refusing the container's", why), why
 
 
 FORM = "application/x-www-form-urlencoded"

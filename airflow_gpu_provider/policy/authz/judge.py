@@ -36,7 +36,9 @@ def decide(request: Mapping[str, Any], policy: Policy, lookup: Lookup) -> tuple[
         judge = JUDGES.get(call.form.what)
         if judge is not None:
             judge(call, policy, lookup)
-    except (Refused, UnsafePathError) as err:
+    except Refused as err:  # the Engine API's calls: rule D6
+        return False, f"{shown}: rule D6: {err}"
+    except UnsafePathError as err:  # a create, a mount, a volume: the rule it breaks is in its words
         return False, f"{shown}: {err}"
     return True, ""
 
