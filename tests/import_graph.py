@@ -16,8 +16,10 @@ NAME = "airflow_gpu_provider"
 #: imports included). A module's floor is that of the longest prefix naming it ("" is the package's own
 #: ``__init__``). docs/architecture.md ("Dependency rules") shows the same order.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("runtime", "version"),  # the stdlib runtime, shipped into children, containers, pods and jobs
-    ("exceptions", "dag_line"),
+    # the stdlib runtime, shipped into children, containers, pods and jobs, and its archive (stdlib only: the Docker
+    # authorization plugin, which imports no Airflow, builds its own archive with it)
+    ("runtime", "version", "task.runtime_zip"),
+    ("exceptions", "dag_line", "task.labels"),  # task.labels: the label names, which the policy checks too
     ("settings",),  # pure, validated values
     ("config",),  # the [gpu] options
     ("policy", "checkpoint.location", "hooks.cuda"),  # what a task may get of a host; where its checkpoints go

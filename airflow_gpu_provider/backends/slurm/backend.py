@@ -53,11 +53,12 @@ class SlurmBackend(ResumableBackend[SlurmOptions, SlurmPlan]):
 
     def plan(self, request: TaskRequest, conf: GpuConfig) -> SlurmPlan:
         """Translate the request (:func:`.plan.plan_job`); what it names of the cluster checked against the policy."""
-        if self.options.cluster_names:
-            from airflow_gpu_provider.policy import Policy
-            from airflow_gpu_provider.policy.slurm import check_names
+        from airflow_gpu_provider.policy import Policy
+        from airflow_gpu_provider.policy.slurm import check_cluster, check_names
 
-            check_names(request.display_name, self.options.cluster_names, Policy.of(conf))
+        policy = Policy.of(conf)
+        check_cluster(request.display_name, self.options.slurm_conn_id, policy)
+        check_names(request.display_name, self.options.cluster_names, policy)
         return plan_job(request, self.options, conf)
 
     def _open(self, context: Context) -> Any:
@@ -257,6 +258,8 @@ class SlurmBackend(ResumableBackend[SlurmOptions, SlurmPlan]):
         folder = job.own_folder(self.facts.shared_dir, state.get("folder"))
         if folder is None:
             raise GpuTaskError(f"The deferred Slurm job {job_id}'s folder is not this worker's.")
+        if status == "refused":
+            raise GpuTaskError(f"Slurm job {job_id} is not this task's: its trigger watched nothing.")
         try:
             if status in ("timeout", "pending"):
                 self._client.cancel(job_id)

@@ -2,8 +2,9 @@
 
 The cluster's own facts (the submit host's ``slurm.conf`` or slurmrestd's URL and token, the shared folder, the
 GRES types of the accelerators) are in an Airflow connection (``slurm_conn_id``, ``connection.py``); a task names
-only where its job goes (partition, account, QoS, reservation: each one the admin lists in ``[gpu]
-allowed_kubernetes_objects``) and who owns a requeue. docs/slurm.md says what each becomes.
+only which connection (other than ``slurm_default``: one ``[gpu_policy] allowed_clusters`` lists), where its job
+goes (partition, account, QoS, reservation: each one ``[gpu_policy] allowed_objects`` lists) and who owns a requeue.
+docs/slurm.md says what each becomes.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from typing import Any, ClassVar
 
 from airflow_gpu_provider.backends.options import BackendOptions, BadOption, boolean, option, seconds, text
 from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.policy.slurm import DEFAULT_CONN_ID
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 
-DEFAULT_CONN_ID = "slurm_default"
 _NAME = re.compile(r"[A-Za-z0-9_][-A-Za-z0-9_.]{0,63}")
 #: the options that name an object of the cluster, each a kind of the admin's allow-list
 NAMED = ("partition", "account", "qos", "reservation")
@@ -97,9 +98,11 @@ class SlurmOptions(BackendOptions):
             )
 
     def permitted(self, owner: str) -> None:
-        """At DAG parse: each partition, account, QoS and reservation named must be one the admin lists."""
-        if self.cluster_names:
+        """At DAG parse: the cluster, and each partition, account, QoS and reservation named, must be listed."""
+        if self.cluster_names or self.slurm_conn_id != DEFAULT_CONN_ID:
             from airflow_gpu_provider.policy import Policy
-            from airflow_gpu_provider.policy.slurm import check_names
+            from airflow_gpu_provider.policy.slurm import check_cluster, check_names
 
-            check_names(owner, self.cluster_names, Policy.current())
+            policy = Policy.current()
+            check_cluster(owner, self.slurm_conn_id, policy)
+            check_names(owner, self.cluster_names, policy)

@@ -38,11 +38,16 @@ def marks(text: str) -> dict[str, str] | None:
     return {str(key): str(value) for key, value in found.items()}
 
 
-def mine(text: str, labels: Mapping[str, str]) -> bool:
-    """Whether a job's comment names this task instance (a record is data a try wrote: the job is checked too)."""
+def mine(text: str, labels: Mapping[str, Any] | None) -> bool:
+    """Whether a job's comment names this deployment and this task instance (``labels``; ``None``: any of its tasks).
+
+    A record or a trigger row is data the task's own code can write: the job is checked too, and another task's or
+    another deployment's job (its task instance of the same name) is never taken, watched or cancelled.
+    """
     found = marks(text)
-    keys = ("dag_id", "task_id", "run_id", "map_index")
-    return found is not None and all(found.get(key) == str(labels.get(key, "")) for key in keys)
+    if found is None or found.get("deployment") != deployment():
+        return False
+    return labels is None or all(found.get(key) == str(labels.get(key, "")) for key in IDENTITY)
 
 
 def reap_orphans(client: Any, log: logging.Logger) -> list[str]:

@@ -5,7 +5,9 @@ One ``squeue`` per job and poll overloads a busy controller. This trigger declar
 interval (:meth:`SlurmJobTrigger.open_shared_stream`: every job of the connection's user, one ``squeue --json
 --me`` or one ``GET /jobs``) and hands each snapshot to every trigger of the group, which picks its own job out of
 it (:meth:`~SlurmJobTrigger.filter_shared_stream`) and decides with the job wing's loop (``jobs/trigger.py``). Run
-alone (``dag.test()``, or an Airflow without shared streams) it opens a stream of its own. The client is
+alone (``dag.test()``, or an Airflow without shared streams) it opens a stream of its own. It reaches only a
+connection the triggerer's own ``[gpu_policy] allowed_clusters`` allows, and watches or cancels only its own task
+instance's job (the job's comment, ``orphans.mine``): another fires ``refused``. The client is
 synchronous: each query runs in a thread. A pending job's new reason is logged once; a user who ends the deferred
 task cancels its job (``on_kill``).
 """
@@ -19,12 +21,17 @@ from typing import Any
 from airflow.triggers.base import TriggerEvent
 
 from airflow_gpu_provider.backends.jobs.trigger import JobTrigger, Look
+from airflow_gpu_provider.backends.slurm.orphans import mine
 from airflow_gpu_provider.backends.slurm.states import JobInfo, pending_reason
 
 
 def _client(conn_id: str) -> Any:
+    """The cluster's client, once the triggerer's own ``[gpu_policy] allowed_clusters`` lets a trigger row reach it."""
     from airflow_gpu_provider.backends.slurm.clients import connect
+    from airflow_gpu_provider.policy import Policy
+    from airflow_gpu_provider.policy.slurm import check_cluster
 
+    check_cluster("SlurmJobTrigger", conn_id, Policy.current())
     return connect(conn_id)
 
 
@@ -57,6 +64,9 @@ class SlurmJobTrigger(JobTrigger):
         info = jobs.get(self.job_id)
         if info is None:
             return Look("missing")
+        if not mine(info.comment, self._identity()):
+            self.log.error("Slurm job %s is not this task's: nothing is watched", self.job_id)
+            return Look("refused")
         if not info.active:
             return Look("ended", details={"job_state": info.state})
         if info.state == "PENDING" and info.reason != self._reason and info.reason not in ("", "None"):
@@ -78,6 +88,18 @@ class SlurmJobTrigger(JobTrigger):
         async for look in self._looks(self.open_shared_stream(self.arguments())):
             yield look
 
+    def _identity(self) -> dict[str, Any] | None:
+        """The task instance the triggerer runs this trigger for (``None`` under ``dag.test()``)."""
+        ti = self.task_instance
+        if ti is None:
+            return None
+        return {key: getattr(ti, key, None) for key in ("dag_id", "task_id", "run_id")} | {
+            "map_index": getattr(ti, "map_index", -1)
+        }
+
     def stop(self) -> None:
-        """Cancel the job (SIGTERM, then SIGKILL: ``scancel``)."""
-        _client(str(self.where["slurm_conn_id"])).cancel(self.job_id)
+        """Cancel the job (SIGTERM, then SIGKILL: ``scancel``), when it is this task's."""
+        client = _client(str(self.where["slurm_conn_id"]))
+        info = client.job(self.job_id)
+        if info is not None and mine(info.comment, self._identity()):
+            client.cancel(self.job_id)

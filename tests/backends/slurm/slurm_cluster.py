@@ -387,6 +387,7 @@ def slurm() -> Iterator[SlurmCluster]:
         variables = {
             "AIRFLOW_CONN_SLURM_TEST": cluster.connection(),
             "AIRFLOW_CONN_SLURM_REST": cluster.connection(rest=True),
+            "AIRFLOW__GPU_POLICY__ALLOWED_CLUSTERS": "slurm=slurm_test, slurm=slurm_rest",  # not the default one
             "AIRFLOW_GPU_TEST_WHEELS": str(wheels),
         }
         os.environ.update(variables)

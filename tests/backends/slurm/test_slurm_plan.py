@@ -54,12 +54,19 @@ def test_options_are_checked_when_the_dag_is_parsed(monkeypatch):
         SLURM.parse_options({"partition": "gpu; rm -rf /"})
     with pytest.raises(UnknownSettingError, match="nodelist"):
         SLURM.parse_options({"nodelist": "n1"})
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_KUBERNETES_OBJECTS", "partition=gpu, account=*")
-    SLURM.parse_options({"partition": "gpu", "account": "anything"}).permitted("owner")
-    with pytest.raises(PolicyError, match=r"backend_options\['qos'\]='high'.*allowed_kubernetes_objects lists no qos"):
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_OBJECTS", "partition=gpu, account=*, namespace=ml")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CLUSTERS", "slurm=slurm_team_a")
+    SLURM.parse_options({"partition": "gpu", "account": "anything", "slurm_conn_id": "slurm_team_a"}).permitted("o")
+    with pytest.raises(PolicyError, match=r"backend_options\['qos'\]='high'.*allowed_objects lists no qos"):
         SLURM.parse_options({"qos": "high"}).permitted("owner")
     with pytest.raises(PolicyError, match=r"partition=gpu"):
         SLURM.parse_options({"partition": "debug"}).permitted("owner")
+    with pytest.raises(
+        PolicyError, match=r"'slurm_conn_id'\]='slurm_other'.*slurm_default \(the default\), slurm=slurm_t"
+    ):
+        SLURM.parse_options({"slurm_conn_id": "slurm_other"}).permitted("owner")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_OBJECTS", "partition=Debug_1")  # Slurm's names, not DNS ones
+    SLURM.parse_options({"partition": "Debug_1"}).permitted("owner")
 
 
 def test_what_slurm_cannot_run_is_refused_at_parse():
@@ -208,11 +215,15 @@ async def _events(trigger: SlurmJobTrigger, snapshots: list[dict[str, JobInfo]])
 
 
 def test_the_trigger_decides_from_the_clusters_snapshots():
-    where = {"slurm_conn_id": "c"}
-    pending, running = JobInfo("5", "PENDING", reason="Resources"), JobInfo("5", "RUNNING")
-    ended = [{"5": pending}, {"5": running}, {"5": JobInfo("5", "COMPLETED")}, {}]
+    where, ours = {"slurm_conn_id": "c"}, orphans.comment(LABELS, durable=True)
+    pending, running = JobInfo("5", "PENDING", reason="Resources", comment=ours), JobInfo("5", "RUNNING", comment=ours)
+    ended = [{"5": pending}, {"5": running}, {"5": JobInfo("5", "COMPLETED", comment=ours)}, {}]
     [event] = asyncio.run(_events(SlurmJobTrigger("5", where, state={"s": 1}), ended))
     assert event["status"] == "ended" and event["job_state"] == "COMPLETED" and event["state"]["backend"] == {"s": 1}
+    # a trigger row naming another deployment's (or no provider's) job watches nothing
+    theirs = JobInfo("5", "RUNNING", comment=ours.replace('"deployment":"', '"deployment":"other-'))
+    for job in (theirs, JobInfo("5", "RUNNING")):
+        assert asyncio.run(_events(SlurmJobTrigger("5", where), [{"5": job}]))[0]["status"] == "refused"
     assert asyncio.run(_events(SlurmJobTrigger("5", where), [{"6": running}]))[0]["status"] == "missing"
     late = SlurmJobTrigger("5", where, pending_deadline=1.0)  # long past: a job still waiting is missing its GPUs
     assert asyncio.run(_events(late, [{"5": running}, {"5": pending}]))[0]["status"] == "pending"
