@@ -13,6 +13,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from airflow_gpu_provider.backends.jobs.orphans import IDENTITY as TASK_INSTANCE
 from airflow_gpu_provider.backends.jobs.orphans import orphaned
 from airflow_gpu_provider.backends.slurm.plan import IDENTITY
 from airflow_gpu_provider.host.workers import deployment, worker_identity
@@ -47,7 +48,7 @@ def mine(text: str, labels: Mapping[str, Any] | None) -> bool:
     found = marks(text)
     if found is None or found.get("deployment") != deployment():
         return False
-    return labels is None or all(found.get(key) == str(labels.get(key, "")) for key in IDENTITY)
+    return labels is None or all(found.get(key) == str(labels.get(key, "")) for key in TASK_INSTANCE)  # any try
 
 
 def reap_orphans(client: Any, log: logging.Logger) -> list[str]:

@@ -183,6 +183,7 @@ def test_a_jobs_comment_names_its_task_instance_and_a_record_only_its_job():
     text = orphans.comment(LABELS, durable=True)
     assert orphans.marks(text)["durable"] == "true" and orphans.mine(text, LABELS)  # type: ignore[index]
     assert not orphans.mine(text, {**LABELS, "run_id": "other"}) and orphans.marks("a user's comment") is None
+    assert orphans.mine(text, {**LABELS, "try_number": "3"})  # the task instance's next try takes it over
     record, store = JobRecord("k", "Slurm job", "cluster", valid_id=str.isdigit), _Store()
     record.record(store, "12", "c", "1", folder="/f")
     assert record.recorded(store, "c") == {"id": "12", "cluster": "c", "try": "1", "folder": "/f"}
