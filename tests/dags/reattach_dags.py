@@ -1,6 +1,5 @@
 """DAGs of the reattach tests: a Docker task (tests/executors/test_reattach.py) and a Ray task
-(tests/backends/ray/test_ray_reattach.py) and a Slurm task (tests/backends/slurm/test_slurm_reattach.py) whose
-Celery worker is SIGKILLed while its container or job runs."""
+(tests/backends/ray/test_ray_reattach.py) whose Celery worker is SIGKILLed while its container or job runs."""
 
 from __future__ import annotations
 
@@ -62,21 +61,4 @@ with DAG(
         checkpoint="{{ params.root }}",
         backend="ray",
         backend_options={"address": os.environ.get("AIRFLOW_GPU_TEST_RAY_ADDRESS", "http://127.0.0.1:9")},
-    )
-
-# tests/backends/slurm/test_slurm_reattach.py: the same task as a Slurm job on the tests' cluster
-with DAG(
-    "reattach_slurm_after_worker_kill",
-    schedule=None,
-    start_date=datetime.datetime(2024, 1, 1),
-    params={"root": "/tmp", "seconds": 45},
-    default_args={"retries": 1, "retry_delay": datetime.timedelta(seconds=0)},
-):
-    GpuStepOperator(
-        task_id="task",
-        python_callable=counts_its_runs,
-        op_args=["{{ params.seconds }}"],
-        checkpoint="{{ params.root }}",
-        backend="slurm",
-        backend_options={"slurm_conn_id": "slurm_test"},
     )

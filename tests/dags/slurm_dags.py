@@ -100,16 +100,6 @@ with DAG("slurm_basics", schedule=None, start_date=START):  # what one worker ch
         task_id="timeout", python_callable=sleeps, execution_timeout=datetime.timedelta(seconds=8), **SLURM, **ONCE
     )
 
-with DAG("slurm_the_only_h100", schedule=None, start_date=START):  # run by two workers at once
-    GpuStepOperator(
-        task_id="h100",
-        python_callable=where,
-        accelerator="H100",
-        image=ImageSettings(environment={"SLEEP": "4", "BARRIER": os.environ.get("AIRFLOW_GPU_TEST_BARRIER", "")}),
-        **SLURM,
-        **ONCE,
-    )
-
 with DAG("slurm_oom", schedule=None, start_date=START):
     GpuStepOperator(
         task_id="grow",
@@ -121,27 +111,6 @@ with DAG("slurm_oom", schedule=None, start_date=START):
         **AGAIN,
     )
 
-with DAG("slurm_timeout", schedule=None, start_date=START):  # the partition's one-minute MaxTime
-    GpuStepOperator(
-        task_id="task",
-        python_callable=sleeps,
-        backend="slurm",
-        backend_options={"slurm_conn_id": "slurm_test", "partition": "quick"},
-        **ONCE,
-    )
-
-with DAG("slurm_preempted", schedule=None, start_date=START, params={"requeue": True}):
-    for _requeue in (True, False):
-        GpuStepOperator(
-            task_id=f"requeue_{str(_requeue).lower()}",
-            python_callable=counts_its_runs,
-            op_args=[f"{_marks}-{_requeue}", 12],
-            accelerator="H100",
-            backend="slurm",
-            backend_options={"slurm_conn_id": "slurm_test", "partition": "low", "requeue": _requeue},
-            **AGAIN,
-        )
-
 with DAG("slurm_node_down", schedule=None, start_date=START):
     GpuStepOperator(
         task_id="task",
@@ -152,9 +121,6 @@ with DAG("slurm_node_down", schedule=None, start_date=START):
         backend_options={"slurm_conn_id": "slurm_test", "requeue": False},
         **AGAIN,
     )
-
-with DAG("slurm_durable_sleeps", schedule=None, start_date=START):  # its job outlives a killed worker, by design
-    GpuStepOperator(task_id="task", python_callable=sleeps, durable=True, **SLURM)
 
 with DAG("slurm_accelerate", schedule=None, start_date=START, params={"out": ""}):
     AccelerateOperator(

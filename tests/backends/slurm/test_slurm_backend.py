@@ -8,14 +8,13 @@ no job folder, no process a task left behind. A worker's start is the dearest st
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from helpers import database_copy, start_worker, worker_result
+from helpers import start_worker, worker_result
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("airflow_home")]
 DAG_FILE = Path(__file__).resolve().parents[2] / "dags" / "slurm_dags.py"
@@ -92,56 +91,10 @@ def test_each_task_gets_exactly_its_gres_gpus_and_leaves_nothing(slurm):
     assert leftovers(slurm) == NOTHING
 
 
-def test_two_tasks_wanting_the_only_h100_run_one_after_the_other(slurm, tmp_path):
-    workers = []
-    for day in (1, 2):
-        home = tmp_path / f"worker{day}"
-        home.mkdir()
-        env = {
-            "AIRFLOW_GPU_TEST_BARRIER": str(tmp_path / "barrier"),
-            **database_copy(Path(os.environ["AIRFLOW_HOME"]) / "airflow.db", home / "airflow.db"),
-        }
-        workers.append(_in_background("slurm_the_only_h100", logical_date=f"2024-02-0{day}T00:00:00+00:00", env=env))
-    logs = [_ended(*worker) for worker in workers]
-    first, second = sorted((worker_result(log)["xcom"]["h100"] for log in logs), key=lambda seen: seen["start"])
-    assert first["end"] <= second["start"], (first, second)  # never together
-    assert first["node"] == second["node"] == slurm.nodes[0]
-    assert any("waits for the resources it asks for (busy now) (Resources)" in log for log in logs), logs[0][-3000:]
-    assert leftovers(slurm) == NOTHING
-
-
 def test_out_of_memory_climbs_to_the_next_memory_rung(slurm):
     result, log = _run("slurm_oom")
     assert result["states"] == {"grow": "success"} and result["xcom"]["grow"] == 300, log[-6000:]
     assert "ended OUT_OF_MEMORY" in log and "--mem=128M" in log and "--mem=1024M" in log
-
-
-def test_a_preempted_job_is_followed_by_the_same_try_or_retried_by_airflow(slurm, tmp_path):
-    """requeue=True: Slurm requeues the job (the same id) and the same try follows it: one job, two runs of the
-    function, no second copy. requeue=False: it ends PREEMPTED, an infrastructure failure; the next try waits for
-    the only H100 (no other node fits) and runs."""
-    marks = str(tmp_path / "marks")
-    worker, log = _in_background("slurm_preempted", env={"AIRFLOW_GPU_TEST_MARKS": marks})
-    tasks = ["requeue_true", "requeue_false"]
-    while tasks:  # each task's first job is preempted by a job of the higher partition
-        job = running(slurm, *tasks)
-        tasks = [task for task in tasks if f'"task_id":"{task}"' not in job["comment"]]
-        slurm.run("sbatch", "-p", "high", "--gres=gpu:h100:1", f"--chdir={tmp_path}", "--wrap", "sleep 3")
-        while job["job_state"] == "RUNNING":  # the next task's job is another one
-            time.sleep(0.3)
-            job = next((j for j in slurm.jobs() if j["job_id"] == job["job_id"]), {"job_state": "gone"})
-    text = _ended(worker, log)
-    result = worker_result(text)
-    assert result["states"] == {"requeue_true": "success", "requeue_false": "success"}, text[-6000:]
-    runs = result["xcom"]["requeue_true"]["runs"]
-    assert len(runs) == 2 and runs[0].split()[0] == runs[1].split()[0], runs  # one job, run again by Slurm
-    assert [run.split()[1] for run in runs] == ["0", "1"]
-    assert "Slurm requeued job" in text and "this try follows it again" in text
-    runs = result["xcom"]["requeue_false"]["runs"]
-    assert len(runs) == 2 and runs[0].split()[0] != runs[1].split()[0], runs  # a new job, by Airflow's retry
-    assert "ended PREEMPTED" in text and "infrastructure" in text
-    assert "no other node fits this job: it waits for that node's return" in text
-    assert leftovers(slurm) == NOTHING
 
 
 def test_a_node_set_down_is_avoided_by_the_next_try(slurm, tmp_path):
@@ -156,14 +109,6 @@ def test_a_node_set_down_is_avoided_by_the_next_try(slurm, tmp_path):
     assert result["states"] == {"task": "success"}, text[-6000:]
     assert "ended NODE_FAIL" in text and f"--exclude={node}" in text
     assert result["xcom"]["task"]["node"] != node  # the next try ran on the other node
-    assert leftovers(slurm) == NOTHING
-
-
-def test_a_job_past_its_time_limit_is_an_infrastructure_failure(slurm):
-    """The partition's one-minute MaxTime: Slurm ends the job TIMEOUT (about 90 s: it checks limits every 30 s)."""
-    result, log = _run("slurm_timeout")
-    assert result["states"] == {"task": "failed"}, log[-6000:]
-    assert "ended TIMEOUT" in log and "infrastructure" in log and "time limit" in log
     assert leftovers(slurm) == NOTHING
 
 

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from airflow_gpu_provider.backends.slurm import orphans
 from airflow_gpu_provider.backends.slurm.trigger import SlurmJobTrigger
 
 pytestmark = pytest.mark.usefixtures("airflow_home")
@@ -44,9 +45,9 @@ async def _both(triggers: list[SlurmJobTrigger]) -> list[dict]:
 
 
 def test_two_deferred_jobs_share_one_query_per_poll(slurm):
-    jobs = [
-        slurm.run("sbatch", "--parsable", f"--chdir={slurm.shared}", "--wrap", f"sleep {n}").strip() for n in (2, 4)
-    ]
+    mark = orphans.comment({"dag_id": "d", "task_id": "t", "run_id": "r", "map_index": "-1"}, durable=True)
+    submit = ("sbatch", "--parsable", f"--chdir={slurm.shared}", f"--comment={mark}", "--wrap")  # the provider's jobs
+    jobs = [slurm.run(*submit, f"sleep {n}").strip() for n in (2, 4)]
     triggers = [SlurmJobTrigger(job, {"slurm_conn_id": "slurm_test"}, POLL) for job in jobs]
     slurm.run("sdiag", "--reset")
     started = time.monotonic()
