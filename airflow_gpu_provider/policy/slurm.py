@@ -1,6 +1,6 @@
 """What a Slurm job may name: its cluster (a connection) and the partition, account, QoS and reservation listed.
 
-Rule S1 of docs/security.md: Slurm's associations bound what a user may submit, but every task of the deployment
+docs/slurm.md: Slurm's associations bound what a user may submit, but every task of the deployment
 submits as the worker's one user, whose associations are the union of every team's. So a task names a partition,
 account, QoS or reservation only where ``[gpu_policy] allowed_objects`` lists it (``partition=gpu``, ``account=ml``,
 ``qos=*``), and a cluster other than ``slurm_default`` only where ``[gpu_policy] allowed_clusters`` lists its

@@ -17,6 +17,7 @@ import os
 import shlex
 import symtable
 import textwrap
+import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -137,10 +138,14 @@ def _names(function: Callable[..., Any]) -> set[str] | None:
     return names
 
 
+_PARSING = threading.Lock()
+
+
 @functools.lru_cache(maxsize=32)
 def _file_functions(filename: str, mtime_ns: int) -> dict[int, ast.FunctionDef]:
     """Every function of a source file by its first line (decorators included), parsed once per file."""
-    tree = ast.parse("".join(linecache.getlines(filename)), filename)
+    with _PARSING:  # ast.parse in two threads at once fails on CPython 3.11.7 (gh-106905: recursion depth mismatch)
+        tree = ast.parse("".join(linecache.getlines(filename)), filename)
     return {
         (node.decorator_list[0].lineno if node.decorator_list else node.lineno): node
         for node in _statements(tree.body)
