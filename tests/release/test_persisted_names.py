@@ -75,7 +75,7 @@ def test_a_deferral_of_a_later_release_or_an_earlier_one_resumes_too():
 
 def test_the_task_state_store_keys():
     assert docker_durable.KEY == "airflow_gpu_provider.docker_container"
-    assert set(docker_durable.entry("c" * 64, "unix://var/run/docker.sock", "1")) == {"id", "engine", "try"}
+    assert set(docker_durable.RECORD.entry("c" * 64, "unix://var/run/docker.sock", "1")) == {"id", "engine", "try"}
     assert ray_durable.KEY == "airflow_gpu_provider.ray_job"
     assert multinode_defer.JOB_STATE_KEY == "gpu_indexed_job"
     assert store.KEY == "airflow_gpu_provider.oom_history"
