@@ -56,6 +56,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         step (a larger GPU, MIG slice or memory limit); other failures retry unchanged
     :param cpu_count: shortcut for ``resources.cpu_count`` (a template is validated when rendered)
     :param gpu_count: shortcut for ``resources.gpu_count`` (likewise)
+    :param gpu_share: shortcut for ``resources.gpu_share``, a share of one GPU by memory: ``"8GiB"`` (likewise)
     :param memory: shortcut for ``resources.memory`` (likewise)
     :param accelerator: shortcut for ``resources.accelerator`` (likewise)
     :param gpu_vendor: shortcut for ``resources.gpu_vendor`` (likewise)
@@ -120,6 +121,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         on_oom: OomEscalation | None = None,
         cpu_count: float | str | None = None,
         gpu_count: float | str | None = None,
+        gpu_share: int | str | None = None,
         memory: int | str | None = None,
         accelerator: str | Sequence[str] | None = None,
         gpu_vendor: Any = None,

@@ -89,7 +89,13 @@ class RayOptions(BackendOptions):
             )
 
     def check(self, resources: ResourceSettings) -> None:
-        """MIG slices cannot be asked of Ray; a label selector must not contradict ``accelerator``."""
+        """MIG slices and memory shares cannot be asked of Ray; a label selector must not contradict ``accelerator``."""
+        if resources.gpu_share is not None:
+            raise InvalidSettingError(
+                "ResourceSettings", "gpu_share", resources.gpu_share,
+                "Ray schedules fractions of a GPU (num_gpus), not amounts of its memory",
+                "gpu_count=0.25 (a share of one GPU) on Ray",
+            )  # fmt: skip
         if resources.mig_profile is not None:
             raise InvalidSettingError(
                 "ResourceSettings",
