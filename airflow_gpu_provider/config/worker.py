@@ -46,6 +46,7 @@ class GpuConfig:
     infra_retries: int
     kubernetes_gpu_allocation: str
     profile_interval: float
+    allow_unenforced_gpu_shares: bool
     prices: str
     allowed_mount_roots: str
     allowed_volumes: str

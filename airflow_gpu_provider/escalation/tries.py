@@ -83,7 +83,9 @@ def record(tries: int, resources: ResourceSettings, error: BaseException | None)
     if kind == GPU_OOM:
         gpus = error.gpus if isinstance(error, RemoteTaskError) else []
         sizes = [g["memory_total"] for g in gpus if isinstance(g.get("memory_total"), int)]
-        entry["gpu_memory"] = min(sizes) if sizes else None  # the GPUs it ran on; none after a CPU fallback
+        total = min(sizes) if sizes else None  # the GPUs it ran on; none after a CPU fallback
+        share = resources.share  # a share ran out of its own part of the GPU
+        entry["gpu_memory"] = share.memory_on(total) if share is not None and total is not None else total
         entry["gpu_model"] = next((g.get("name") for g in gpus if g.get("name")), resources.accelerator)
     if error is not None:
         entry["error"] = f"{type(error).__name__}: {error}"[:500]

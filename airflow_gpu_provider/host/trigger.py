@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, StartTriggerArgs, TriggerEvent
 
-from airflow_gpu_provider.host.waiting import free_count
+from airflow_gpu_provider.host.waiting import ready
 
 if TYPE_CHECKING:
     from airflow_gpu_provider.operators.spec import TaskSpec
@@ -27,12 +27,15 @@ if TYPE_CHECKING:
 class GpuFreeTrigger(BaseTrigger):
     """Fire ``{"status": "free"}`` when ``count`` of ``lock_files`` are free, ``{"status": "timeout"}`` at the deadline.
 
+    A share's wait (``parts``) fires when one of the GPUs has the parts it needs unpromised.
+
     :param lock_files: the lock files of the devices that would do
     :param count: how many must be free at once
     :param deadline: when the wait ends (seconds since the epoch)
     :param poll_interval: seconds between two looks (``[gpu] trigger_poll_interval``)
     :param requested: the request in words, for the log
     :param since: when the wait began (seconds since the epoch), for the log and the event
+    :param parts: a share's wait: the parts of each GPU of ``lock_files`` it needs (``host/waiting.py`` ``ready``)
     """
 
     def __init__(
@@ -44,6 +47,7 @@ class GpuFreeTrigger(BaseTrigger):
         poll_interval: float = 1.0,
         requested: str = "GPUs",
         since: float | None = None,
+        parts: list[int] | None = None,
     ) -> None:
         super().__init__()
         self.lock_files = list(lock_files)
@@ -52,6 +56,7 @@ class GpuFreeTrigger(BaseTrigger):
         self.poll_interval = poll_interval
         self.requested = requested
         self.since = time.time() if since is None else since
+        self.parts = list(parts or [])
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """The classpath and the arguments the triggerer rebuilds the trigger from."""
@@ -64,6 +69,7 @@ class GpuFreeTrigger(BaseTrigger):
                 "poll_interval": self.poll_interval,
                 "requested": self.requested,
                 "since": self.since,
+                **({"parts": self.parts} if self.parts else {}),
             },
         )
 
@@ -71,7 +77,7 @@ class GpuFreeTrigger(BaseTrigger):
         """Look every ``poll_interval`` seconds; log while waiting (every minute, then less often)."""
         next_report = 60.0
         while True:
-            free = free_count(self.lock_files)  # a read of /proc/locks and a stat per device: never blocks
+            over, free = ready(self.lock_files, self.count, self.parts)  # /proc/locks and a stat per file: no lock
             waited = time.time() - self.since
             # the event carries what the task's resume needs: a runner may pass on no more (dag.test())
             state = {
@@ -81,7 +87,7 @@ class GpuFreeTrigger(BaseTrigger):
                 "limit": self.deadline - self.since,
                 "count": self.count,
             }
-            if free >= self.count:
+            if over:
                 yield TriggerEvent({"status": "free", "waited": waited, "free": free, "state": state})
                 return
             if time.time() >= self.deadline:
@@ -125,7 +131,11 @@ class GpuStartTrigger(GpuFreeTrigger):
         host, resources = HostGpus.configured(conf), ResourceSettings(**self.gpus)
         candidates = matching(resources, host.present(resources.gpu_vendor))
         allocator = GpuAllocator(Path(host.state_dir) / "locks", resources.gpu_vendor.name, host.poll_interval)
-        count = len(candidates) if isinstance(resources.gpu_count, str) else int(resources.gpu_count or 0)
+        count = len(candidates) if isinstance(resources.gpu_count, str) else max(1, int(resources.gpu_count or 0))
+        share = resources.share
+        if share is not None:  # the GPUs that could ever hold it, and what it needs of each
+            candidates = [d for d in candidates if share.parts_on(d.memory_total) is not None]
+            self.parts = [share.parts_on(d.memory_total) or 0 for d in candidates]
         self.lock_files = [str(allocator.lock_path(device)) for device in candidates]
         self.count = count if 0 < count <= len(candidates) else 0  # never enough here: the worker says why
         self.requested = resources.describe().split(",")[0]

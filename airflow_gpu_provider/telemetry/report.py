@@ -63,6 +63,7 @@ def complete(
         },
         requested={
             "gpu_count": resources.gpu_count,
+            **({"gpu_share": resources.gpu_share} if resources.gpu_share is not None else {}),
             "accelerator": resources.accelerator,
             "mig_profile": resources.mig_profile,
             "memory": resources.memory,
@@ -93,6 +94,8 @@ def summary_lines(profile: Profile) -> list[str]:
     ]
     if profile.cpu_fallback:
         lines.append(f"  CPU fallback (on_missing_gpu='cpu'): {profile.cpu_fallback_reason}")
+    if profile.share is not None:
+        lines.append(f"  {profile.share.line}")
     for device in profile.devices:
         mean, p95 = device.mean_util, device.p95_util
         util = "?" if mean is None else f"mean {mean:.0f} %" + ("" if p95 is None else f", p95 {p95:.0f} %")
