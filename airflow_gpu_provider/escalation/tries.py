@@ -66,8 +66,10 @@ def rung_for(
     else:
         last = next(entry for entry in reversed(history) if entry.get("kind") in (GPU_OOM, HOST_OOM))
         what = "GPU" if last["kind"] == GPU_OOM else "host"
-        ran = last.get("gpu_model") or last.get("resources", {}).get("accelerator")
-        on = f" on {ran}" if what == "GPU" and ran else ""
+        ran, ran_with = last.get("gpu_model"), last.get("resources") or {}
+        ran = ran or ran_with.get("accelerator")
+        shared = "a share of " if ran_with.get("gpu_share") or isinstance(ran_with.get("gpu_count"), float) else ""
+        on = f" on {shared}{ran}" if what == "GPU" and ran else ""
         on += f" ({_gib(last['gpu_memory'])})" if what == "GPU" and last.get("gpu_memory") else ""
         why = f"try {last.get('try')} ran out of {what} memory{on}"
         if minimum is not None:

@@ -43,8 +43,8 @@ from airflow_gpu_provider.task.request import TaskRequest
 if TYPE_CHECKING:
     from airflow_gpu_provider.config.worker import GpuConfig
 
-#: called with the GPU a share is placed on when it is the GPU's only share; returns what to call after its last
-OnFirst = Callable[[Device], Callable[[], None] | None]
+#: the daemon a GPU's shares need (its MPS daemon: ``host/mps.py``), or ``None``
+Daemon = Callable[[Device], shares.GpuDaemon | None]
 
 
 @dataclass
@@ -98,20 +98,20 @@ class GpuAllocator:
         groups: Sequence[Sequence[Device]] = (),
         *,
         share: GpuShare | None = None,
-        on_first: OnFirst | None = None,
+        daemon: Daemon | None = None,
     ) -> Allocation | None:
         """Lock ``count`` free devices now, or none at all; or ``share`` of one of them.
 
         :param groups: the candidates of each model of a fallback list, preferred first: all devices from the first
             group with ``count`` free, never a mix of models (:func:`.inventory.model_groups`)
-        :param on_first: for a share that is its GPU's only one (:func:`.shares.place`)
+        :param daemon: what the shares of a GPU need running (:func:`.shares.place`)
         """
         private_dir(self.lock_dir)
-        take = self._try_group if share is None else lambda group, _, who: self._try_share(group, share, who, on_first)
+        take = self._try_group if share is None else lambda group, _, who: self._try_share(group, share, who, daemon)
         return next(filter(None, (take(group, count, holder) for group in groups or [candidates])), None)
 
-    def _try_share(self, gpus: Sequence[Device], share: GpuShare, holder: str, on_first: OnFirst | None) -> Any:
-        first = None if on_first is None else (lambda index: on_first(gpus[index]))
+    def _try_share(self, gpus: Sequence[Device], share: GpuShare, holder: str, daemon: Daemon | None) -> Any:
+        first = None if daemon is None else (lambda index: daemon(gpus[index]))
         taken = shares.place_best([(self.lock_path(d), d.memory_total) for d in gpus], share, holder, first)
         return None if taken is None else Allocation([gpus[taken[0]]], taken[1].fds, share=taken[1])
 
@@ -169,7 +169,7 @@ class GpuAllocator:
         groups: Sequence[Sequence[Device]] = (),
         quarantined: Sequence[str] = (),
         share: GpuShare | None = None,
-        on_first: OnFirst | None = None,
+        daemon: Daemon | None = None,
     ) -> Allocation:
         """Lock ``count`` of ``candidates`` according to ``policy`` (or ``share`` of one of them: ``count`` is 1).
 
@@ -180,15 +180,15 @@ class GpuAllocator:
         :param defer: with ``"wait"``, raise :class:`MustWait` instead of waiting here (``deferrable=True``)
         :param groups: the candidates by model of a fallback list, preferred first (:meth:`try_acquire`)
         :param quarantined: the matching devices left out of ``candidates`` by their quarantine, in words
-        :param on_first: for a share that is its GPU's only one (:func:`.shares.place`)
+        :param daemon: what the shares of a GPU need running (:func:`.shares.place`)
         :raises GpuUnavailableError: with ``policy="fail"``, or with ``"wait"`` when the host can never satisfy it
             or the wait timed out
         """
-        attempt = lambda: self.try_acquire(candidates, count, holder, groups, share=share, on_first=on_first)  # noqa: E731
+        attempt = lambda: self.try_acquire(candidates, count, holder, groups, share=share, daemon=daemon)  # noqa: E731
         allocation = attempt()
         if allocation is not None:
             return allocation
-        state = describe(self, present, candidates, share is not None)
+        state = describe(self.holder_of, self.lock_path, present, candidates, share is not None)
         rule = POLICIES[policy]
         if rule.runs_on_cpu:
             log.warning("Requested %s but %s. on_missing_gpu='cpu': running on CPU instead.", requested, state)
@@ -206,7 +206,7 @@ class GpuAllocator:
             parts = [share.parts_on(d.memory_total) or 0 for d in candidates] if share is not None else []
             raise MustWait([str(self.lock_path(d)) for d in candidates], count, requested, state, timeout, parts)
         log.info("Requested %s but %s. Waiting for GPUs to become free (on_missing_gpu='wait').", requested, state)
-        now = lambda: describe(self, present, candidates, share is not None)  # noqa: E731
+        now = lambda: describe(self.holder_of, self.lock_path, present, candidates, share is not None)  # noqa: E731
         return wait_for(attempt, now, requested, poll=self.poll_interval, timeout=timeout, log=log, sleep=sleep)
 
 
@@ -244,7 +244,7 @@ class HostGpus:
         backend: str,
         log: logging.Logger,
         present: Sequence[Device] | None = None,
-        on_first: OnFirst | None = None,
+        daemon: Daemon | None = None,
     ) -> Allocation:
         """Lock the devices a request needs (model and MIG filters applied), as its ``on_missing_gpu`` says.
 
@@ -253,7 +253,7 @@ class HostGpus:
         a GPU unless both asked for a share.
 
         :param present: the host's devices, when the caller has listed them already
-        :param on_first: for a share that is its GPU's only one: it starts the GPU's MPS daemon (``host/mps.py``)
+        :param daemon: what the shares of a GPU need running: its MPS daemon (``host/mps.py``)
         """
         resources = request.resources
         if not resources.requests_gpus:
@@ -296,5 +296,5 @@ class HostGpus:
             groups=groups,
             quarantined=quarantined,
             share=share,
-            on_first=on_first,
+            daemon=daemon,
         )

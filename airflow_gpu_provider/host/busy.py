@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from airflow_gpu_provider.host.locks import held_now
@@ -11,21 +12,29 @@ from airflow_gpu_provider.settings.shares import SHARE_PARTS
 from airflow_gpu_provider.task.missing_gpu import MissingGpuPolicy
 
 if TYPE_CHECKING:
-    from airflow_gpu_provider.host.allocator import GpuAllocator
     from airflow_gpu_provider.host.inventory import Device
 
 
-def describe(allocator: GpuAllocator, present: Sequence[Device], candidates: Sequence[Device], share: bool) -> str:
-    """What the host has, which of it matches, and who holds it (for a share: each GPU's unpromised part)."""
+def describe(
+    holder_of: Callable[[Device], str | None],
+    lock_path: Callable[[Device], Path],
+    present: Sequence[Device],
+    candidates: Sequence[Device],
+    share: bool,
+) -> str:
+    """What the host has, which of it matches, and who holds it (for a share: each GPU's unpromised part).
+
+    :param holder_of: who holds a device (``GpuAllocator.holder_of``); ``lock_path``: its lock file
+    """
     if not present:
         return "this host has no GPUs (none found by NVML and none listed in [gpu] devices)"
-    busy = {d.id: allocator.holder_of(d) for d in candidates}
+    busy = {d.id: holder_of(d) for d in candidates}
     parts = [f"this host has {len(present)} GPU(s) ({', '.join(d.name or d.id for d in present)})"]
     if len(candidates) != len(present):
         parts.append(f"{len(candidates)} of them match the request and are usable")
     if share:
         held = held_now()
-        free = {d.id: free_parts(allocator.lock_path(d), held) * 100 // SHARE_PARTS for d in candidates}
+        free = {d.id: free_parts(lock_path(d), held) * 100 // SHARE_PARTS for d in candidates}
         parts.append("unpromised: " + ", ".join(f"{device_id} {pct} %" for device_id, pct in free.items()))
     else:
         parts.append(f"free: {', '.join(device_id for device_id, who in busy.items() if not who) or 'none'}")

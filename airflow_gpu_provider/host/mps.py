@@ -28,12 +28,13 @@ import os
 import shutil
 import stat
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_gpu_provider.exceptions import GpuUnavailableError
 from airflow_gpu_provider.host.inventory import Device
+from airflow_gpu_provider.host.shares import GpuDaemon
 from airflow_gpu_provider.host.state import private_dir
 from airflow_gpu_provider.runtime.protocol import format_bytes
 from airflow_gpu_provider.settings.shares import SHARE_PARTS
@@ -97,15 +98,14 @@ class Daemons:
         }
         subprocess.run([self.control, *arguments], input=text, env=environment, text=True, timeout=60, check=True)
 
-    def start(self, device: Device) -> Callable[[], None]:
-        """Start ``device``'s daemon unless one runs (a killed worker's is reused); what stops it."""
+    def start(self, device: Device) -> None:
+        """Start ``device``'s daemon unless one runs (a killed worker's is reused)."""
         pid_file = self.pipes(device) / "nvidia-cuda-mps-control.pid"
         with contextlib.suppress(OSError, ValueError):
             if Path(f"/proc/{int(pid_file.read_text().strip())}").exists():
-                return lambda: self.stop(device)
+                return
         self.log.info("[gpu] share: starting an MPS control daemon for GPU %s (%s)", device.id, self.pipes(device))
         self._run(device, "-d")
-        return lambda: self.stop(device)
 
     def stop(self, device: Device) -> None:
         """Stop ``device``'s daemon (its last share ended)."""
@@ -129,9 +129,12 @@ class ShareEnforcer:
         control = None if in_container or self.admin is not None else shutil.which(CONTROL)
         self.daemons = None if control is None else Daemons(state_dir, control, log)
 
-    def on_first(self, device: Device) -> Callable[[], None] | None:
-        """For ``HostGpus.allocate``: the provider's daemon for a GPU's first share (``None``: none needed)."""
-        return self.daemons.start(device) if self.daemons is not None and self.serves(device) else None
+    def daemon(self, device: Device) -> GpuDaemon | None:
+        """For ``HostGpus.allocate``: the provider's daemon of a GPU with shares (``None``: none needed)."""
+        daemons = self.daemons
+        if daemons is None or not self.serves(device):
+            return None
+        return GpuDaemon(lambda: daemons.start(device), lambda: daemons.stop(device))
 
     def serves(self, device: Device) -> bool:
         """Whether the provider's own daemon serves ``device`` (installed, and the GPU named by its UUID)."""

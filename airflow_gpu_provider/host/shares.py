@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from airflow_gpu_provider.host.locks import Held as HeldLocks
 from airflow_gpu_provider.host.locks import held_now, kinds
@@ -118,6 +119,13 @@ def placing(lock: Path) -> Iterator[None]:
         os.close(fd)  # the lock goes with it
 
 
+class GpuDaemon(NamedTuple):
+    """What a GPU with shares needs running (its MPS daemon): started with its first share, stopped after its last."""
+
+    start: Callable[[], None]
+    stop: Callable[[], None]
+
+
 @dataclass
 class Held:
     """A share held: the GPU's lock (shared) and the share's file (exclusive); :meth:`release` gives both back.
@@ -152,13 +160,12 @@ def place(
     memory_total: int | None,
     holder: str,
     *,
-    on_first: Callable[[], Callable[[], None] | None] | None = None,
+    daemon: GpuDaemon | None = None,
 ) -> Held | None:
     """Take ``share`` of the GPU whose lock is ``lock`` if its unpromised parts hold it, else ``None`` (at once).
 
     :param memory_total: the GPU's memory in bytes (``None``: unknown; only a fraction can be placed then)
-    :param on_first: called under the placement lock when the share is the GPU's only one (it starts an MPS
-        daemon); what it returns is called when the last share is released
+    :param daemon: started under the placement lock when the share is the GPU's only one, stopped after the last
     """
     parts = share.parts_on(memory_total)
     if parts is None:
@@ -177,10 +184,9 @@ def place(
                 return None
             claim = Claim(parts, share.memory_on(memory_total), holder, os.getpid(), time.time())
             path, share_fd = _write(lock, claim)
-            held = Held(lock, path, claim, [gpu_fd, share_fd])
-            if not live and on_first is not None:
-                held.on_last = on_first()
-            return held
+            if not live and daemon is not None:
+                daemon.start()
+            return Held(lock, path, claim, [gpu_fd, share_fd], None if daemon is None else daemon.stop)
     except BaseException:
         with contextlib.suppress(OSError):
             os.close(gpu_fd)
@@ -231,13 +237,13 @@ def place_best(
     gpus: Sequence[tuple[Path, int | None]],
     share: GpuShare,
     holder: str,
-    on_first: Callable[[int], Callable[[], None] | None] | None = None,
+    daemon: Callable[[int], GpuDaemon | None] | None = None,
 ) -> tuple[int, Held] | None:
     """``share`` of the fullest GPU of ``gpus`` (lock, memory in bytes) whose unpromised parts still hold it.
 
     Shares gather on few GPUs, and whole GPUs stay free for whole-GPU tasks. Returns the GPU's index and the share.
 
-    :param on_first: called with the GPU's index when the share is its only one (:func:`place`)
+    :param daemon: the daemon of a GPU (by its index) that its shares need (:func:`place`)
     """
     held = held_now()
     fits = []
@@ -246,8 +252,8 @@ def place_best(
         if need is not None and (spare := free_parts(lock, held) - need) >= 0:
             fits.append((spare, index))
     for _, index in sorted(fits):
-        first = None if on_first is None else (lambda index=index: on_first(index))  # type: ignore[misc]
-        taken = place(gpus[index][0], share, gpus[index][1], holder, on_first=first)
+        needs = None if daemon is None else daemon(index)
+        taken = place(gpus[index][0], share, gpus[index][1], holder, daemon=needs)
         if taken is not None:
             return index, taken
     return None

@@ -16,14 +16,11 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from airflow_gpu_provider.exceptions import GpuUnavailableError
 from airflow_gpu_provider.host.locks import free_count, held_now
 from airflow_gpu_provider.host.shares import free_parts
-
-if TYPE_CHECKING:
-    from airflow_gpu_provider.host.allocator import Allocation
 
 
 @dataclass
@@ -59,7 +56,7 @@ def waited_too_long(requested: str, waited: float, limit: float, state: str) -> 
 
 
 def wait_for(
-    attempt: Callable[[], Allocation | None],
+    attempt: Callable[[], Any],
     now: Callable[[], str],
     requested: str,
     *,
@@ -67,8 +64,8 @@ def wait_for(
     timeout: float,
     log: logging.Logger,
     sleep: Callable[[float], None],
-) -> Allocation:
-    """Wait in the worker (``on_missing_gpu="wait"``, not deferred) until ``attempt`` allocates.
+) -> Any:
+    """Wait in the worker (``on_missing_gpu="wait"``, not deferred) until ``attempt`` gives an ``Allocation``.
 
     It tries every ``poll`` seconds (jittered), logs what ``now`` says of the host every minute (then less often)
     and fails at ``timeout``.

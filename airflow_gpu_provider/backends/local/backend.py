@@ -119,8 +119,8 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
         if request.resources.share is not None:  # MPS, PyTorch's cap or nothing (host/mps.py)
             enforcer = ShareEnforcer(plan.host.state_dir, self.log, in_container=False,
                                      allow_unenforced=plan.allow_unenforced_shares)  # fmt: skip
-        on_first = None if enforcer is None else enforcer.on_first
-        allocation = plan.host.allocate(request, backend=self.options.backend, log=self.log, on_first=on_first)
+        daemon = None if enforcer is None else enforcer.daemon
+        allocation = plan.host.allocate(request, backend=self.options.backend, log=self.log, daemon=daemon)
         survivors: list[int] = []
         try:
             share = None if enforcer is None else shared(enforcer, allocation, request)
