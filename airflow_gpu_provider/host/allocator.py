@@ -43,6 +43,7 @@ from airflow_gpu_provider.task.request import TaskRequest
 if TYPE_CHECKING:
     from airflow_gpu_provider.config.worker import GpuConfig
 
+INFO_SIZE = 1024  # bytes of the holder record of a GPU lock: JSON (a holder of 150 characters at most), padded
 #: the daemon a GPU's shares need (its MPS daemon: ``host/mps.py``), or ``None``
 Daemon = Callable[[Device], shares.GpuDaemon | None]
 
@@ -124,9 +125,8 @@ class GpuAllocator:
             except BlockingIOError:
                 os.close(fd)
                 continue
-            info = json.dumps({"holder": holder, "pid": os.getpid(), "since": time.time()}).encode()
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, info, 0)
+            info = json.dumps({"holder": holder[:150], "pid": os.getpid(), "since": time.time()})
+            os.pwrite(fd, info.ljust(INFO_SIZE).encode(), 0)  # a fixed size: no ftruncate (milliseconds on some disks)
             allocation.devices.append(device)
             allocation.fds.append(fd)
             if len(allocation.devices) == count:
