@@ -8,11 +8,12 @@ from airflow_gpu_provider.checkpoint import cleanup as checkpoint_cleanup
 from airflow_gpu_provider.decorators import preload
 from airflow_gpu_provider.hooks import cuda_cache
 from airflow_gpu_provider.pools import listener as gpu_pool
+from airflow_gpu_provider.telemetry import stored as stored_profiles
 from airflow_gpu_provider.telemetry.ui import EXTERNAL_VIEWS, FASTAPI_APPS
 
 
 class GpuProviderPlugin(AirflowPlugin):
-    """The listeners (CUDA cache, GPU pool, checkpoint cleanup, the DAG processor's parse path) and the UI.
+    """The listeners (CUDA cache, GPU pool, checkpoint cleanup, the parse and run paths, profiles stored) and the UI.
 
     CUDA cache clearing between tasks on workers; GPU-pool checks and checkpoint cleanup in the scheduler; the parse
     path imported once in the DAG processor.
@@ -22,6 +23,6 @@ class GpuProviderPlugin(AirflowPlugin):
     """
 
     name = "airflow_gpu_provider"
-    listeners = [cuda_cache, gpu_pool, checkpoint_cleanup, preload]
+    listeners = [cuda_cache, gpu_pool, checkpoint_cleanup, preload, stored_profiles]
     fastapi_apps = FASTAPI_APPS
     external_views = EXTERNAL_VIEWS

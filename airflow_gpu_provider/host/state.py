@@ -121,6 +121,18 @@ def exclusive(path: str | os.PathLike[str]) -> Iterator[float]:
         os.close(fd)
 
 
+def left_by_dead_workers(parent: str | os.PathLike[str]) -> bool:
+    """Whether a worker of this host died while a task of its ran: it left its task folder in ``parent``.
+
+    A task process starts only once its folder holds its envelope, and the folder goes only after the task's last
+    process has ended: where no dead worker's folder is left, no task process of a dead worker is (the local
+    backend then skips its scan of every process's environment, ``reap_orphans``).
+    """
+    with contextlib.suppress(OSError):
+        return any(is_dead(p.name[len("task-") :].rsplit("-", 1)[0]) for p in Path(parent).glob("task-*"))
+    return False
+
+
 def task_folder(parent: str | os.PathLike[str]) -> Path:
     """A new private folder for one task in ``parent`` (made private), named after its worker.
 

@@ -26,7 +26,7 @@ from airflow_gpu_provider.checkpoint.location import checkpoint_environment
 from airflow_gpu_provider.host.allocator import HostGpus
 from airflow_gpu_provider.host.mps import ShareEnforcer, shared
 from airflow_gpu_provider.host.quarantine import on_fault
-from airflow_gpu_provider.host.state import runtime_file, task_folder
+from airflow_gpu_provider.host.state import left_by_dead_workers, runtime_file, task_folder
 from airflow_gpu_provider.settings.units import format_bytes, parse_bytes
 from airflow_gpu_provider.task.environment import thread_environment, visible_devices
 from airflow_gpu_provider.task.modules import python_path
@@ -114,7 +114,8 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
         request = plan.request
         if request.checkpoint is not None and not request.checkpoint.is_uri:
             request.checkpoint.make(request.labels)  # 0700, the worker's own: the same folder for the next try
-        reap_orphans(self.log)  # before any GPU is taken: a dead worker's task process may still hold it
+        if left_by_dead_workers(Path(plan.host.state_dir) / "tasks"):  # a dead worker's task may still hold a GPU
+            reap_orphans(self.log)  # before any GPU is taken
         enforcer = None
         if request.resources.share is not None:  # MPS, PyTorch's cap or nothing (host/mps.py)
             enforcer = ShareEnforcer(plan.host.state_dir, self.log, in_container=False,
