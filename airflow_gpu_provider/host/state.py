@@ -172,3 +172,36 @@ def runtime_file(state_dir: str | os.PathLike[str]) -> Path:
             os.unlink(temporary)
         raise
     return path
+
+
+def compiled_script(state_dir: str | os.PathLike[str], script: str | os.PathLike[str]) -> Path:
+    """A standard-library script compiled once per host into the state dir: the interpreter runs the ``.pyc``.
+
+    A script run as a file is compiled from its source at every start (the local backend's supervisor: milliseconds
+    of CPU before each task). ``<state_dir>/runtime/<name>-<digest>-<python>.pyc``, compiled by this Python, 0600 in
+    a folder of the worker's own, written atomically; its name holds its source's digest, so a changed script gets
+    a file of its own.
+    """
+    import hashlib
+    import importlib.util
+    import marshal
+
+    source = Path(script).read_bytes()
+    folder = private_dir(Path(state_dir) / "runtime")
+    name = Path(script).stem
+    path = folder / f"{name}-{hashlib.sha256(source).hexdigest()[:16]}-{sys.implementation.cache_tag}.pyc"
+    with contextlib.suppress(FileNotFoundError):
+        os.close(open_private(path, os.O_RDONLY))  # there, and the worker's own (else refused)
+        return path
+    code = compile(source, str(script), "exec", dont_inherit=True)
+    header = importlib.util.MAGIC_NUMBER + (0b01).to_bytes(4, "little") + importlib.util.source_hash(source)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{name}-", suffix=".tmp", dir=folder)  # 0600
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(header + marshal.dumps(code))  # an unchecked hash-based .pyc (PEP 552)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    return path

@@ -151,6 +151,7 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
                     pass_fds=[*allocation.fds, *in_use],
                     log=self.log,
                     kill_grace=plan.kill_grace,
+                    state_dir=plan.host.state_dir,
                 )
                 self._task = task
                 try:
