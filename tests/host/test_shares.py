@@ -248,3 +248,29 @@ def test_a_planted_share_file_is_refused(tmp_path):
     os.symlink(target, tmp_path / "locks" / "nvidia-0.share-planted")
     with pytest.raises(Exception, match="symlink"):
         _acquire(allocator, GpuShare(fraction=0.5), devices=[L4])
+
+
+def test_the_trigger_of_a_deferred_share_fires_when_one_gpu_holds_it(tmp_path):
+    """GpuFreeTrigger with ``parts``: as the triggerer runs it, reading /proc/locks only."""
+    import asyncio
+
+    from airflow_gpu_provider.host.trigger import GpuFreeTrigger
+
+    allocator = GpuAllocator(tmp_path / "locks")
+    held = _acquire(allocator, GpuShare(fraction=0.75), devices=[L4])
+    with pytest.raises(MustWait) as wait:
+        _acquire(allocator, GpuShare(fraction=0.5), devices=[L4], policy="wait", defer=True)
+    trigger = GpuFreeTrigger(wait.value.lock_files, 1, time.time() + 30, poll_interval=0.05, parts=wait.value.parts)
+    _, kwargs = trigger.serialize()
+    assert kwargs["parts"] == [5000]
+    rebuilt = GpuFreeTrigger(**kwargs)
+
+    async def first_event() -> dict:
+        events = rebuilt.run()
+        task = asyncio.ensure_future(events.__anext__())
+        await asyncio.sleep(0.3)
+        assert not task.done()  # the L4 has a quarter unpromised: not enough
+        held.release()
+        return (await asyncio.wait_for(task, 10)).payload
+
+    assert asyncio.run(first_event())["status"] == "free"
