@@ -105,7 +105,13 @@ class Daemons:
             if Path(f"/proc/{int(pid_file.read_text().strip())}").exists():
                 return
         self.log.info("[gpu] share: starting an MPS control daemon for GPU %s (%s)", device.id, self.pipes(device))
-        self._run(device, "-d")
+        try:
+            self._run(device, "-d")
+        except (OSError, subprocess.SubprocessError) as err:
+            raise GpuUnavailableError(
+                f"The MPS control daemon for GPU {device.id} did not start ({self.control} -d: {err}); its log is in "
+                f"{self.root / device.id / 'log'}. Fix MPS on this host, or give the task a whole GPU."
+            ) from err
 
     def stop(self, device: Device) -> None:
         """Stop ``device``'s daemon (its last share ended)."""

@@ -79,6 +79,10 @@ def live_claims(lock: Path, *, remove_stale: bool = False) -> list[Claim]:
     A file that a shared lock can be taken on is held by nobody: a dead holder's (``remove_stale``: removed; only
     under the GPU's placement lock, where no share is being written).
     """
+    if remove_stale:  # a share file half-written by a placement that was killed (it never became a share)
+        for path in lock.parent.glob(f".{lock.name}.new-*"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
     claims = []
     for path in share_files(lock):
         try:
@@ -184,9 +188,15 @@ def place(
                 return None
             claim = Claim(parts, share.memory_on(memory_total), holder, os.getpid(), time.time())
             path, share_fd = _write(lock, claim)
+            held = Held(lock, path, claim, [gpu_fd, share_fd], None if daemon is None else daemon.stop)
             if not live and daemon is not None:
-                daemon.start()
-            return Held(lock, path, claim, [gpu_fd, share_fd], None if daemon is None else daemon.stop)
+                try:
+                    daemon.start()
+                except BaseException:
+                    held.fds.remove(gpu_fd)  # closed below
+                    os.close(share_fd)
+                    raise
+            return held
     except BaseException:
         with contextlib.suppress(OSError):
             os.close(gpu_fd)

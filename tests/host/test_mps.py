@@ -146,3 +146,22 @@ def test_the_provider_starts_one_daemon_per_shared_gpu_and_stops_it_after_the_la
     assert not alive(daemon)
     assert stat.S_IMODE(os.stat(pipe_dir).st_mode) == 0o700  # the pipe and log folders are the worker's own
     assert json.dumps(enforcement.share)  # what the runtime gets in the summary is JSON
+
+
+def test_a_daemon_that_does_not_start_fails_the_try_and_leaves_no_share_held(tmp_path, monkeypatch):
+    control = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    control.parent.mkdir()
+    control.write_text("#!/bin/sh\necho 'no GPU of that kind' >&2\nexit 1\n")
+    control.chmod(stat.S_IRWXU)
+    monkeypatch.setenv("PATH", f"{control.parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path / "no-admin-daemon"))
+    state = tmp_path / "state"
+    enforcer = ShareEnforcer(str(state), log, in_container=False, allow_unenforced=False)
+    allocator = GpuAllocator(state / "locks")
+    options = {"policy": "fail", "holder": "t", "requested": "a share", "present": [GPU], "log": log}
+    with pytest.raises(GpuUnavailableError, match=r"MPS control daemon for GPU GPU-0.* did not start"):
+        allocator.acquire([GPU], 1, share=GpuShare(fraction=0.25), daemon=enforcer.daemon, **options)
+    from airflow_gpu_provider.host.shares import free_parts
+
+    assert free_parts(allocator.lock_path(GPU)) == 10_000  # nothing promised, nothing held
+    allocator.acquire([GPU], 1, **options).release()  # the whole GPU is free
