@@ -253,15 +253,6 @@ OPTIONS: tuple[Option, ...] = (
         "5.0",
     ),
     Option(
-        "allow_unenforced_gpu_shares",
-        "boolean",
-        "False",
-        "Whether a share of one GPU (gpu_count=0.25, gpu_share) may run where nothing enforces it: no MPS on the host "
-        "and no PyTorch in the task (a command, a JAX task). False: such a try is refused, naming why. The admin's "
-        "policy: it moves to [gpu_policy] with the other allow-lists.",
-        "True",
-    ),
-    Option(
         "prices",
         "string",
         "",

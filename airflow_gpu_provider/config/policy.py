@@ -25,6 +25,8 @@ OBJECT_KINDS: tuple[str, ...] = (
 )  # fmt: skip
 #: An option's name in ``[gpu]`` before it moved here, where it had another one.
 RENAMED = {"allowed_clusters": "allowed_docker_engines", "allowed_objects": "allowed_kubernetes_objects"}
+#: Options new in 0.2.0, never in ``[gpu]``: no old name to read.
+NEW = frozenset({"deployment", "allow_unenforced_gpu_shares"})
 #: ``lookup(section, option)``: the option's text, or ``None`` when it is not set (a default is not "set")
 Lookup = Callable[[str, str], "str | None"]
 
@@ -136,6 +138,14 @@ POLICY_OPTIONS: tuple[Option, ...] = (
         "namespace=ml, service_account=gpu-trainer, runtime_class=nvidia, kueue_queue=team-a",
     ),
     Option(
+        "allow_unenforced_gpu_shares",
+        "boolean",
+        "False",
+        "Whether a share of one GPU (gpu_count=0.25, gpu_share) may run where nothing enforces it: no MPS on the host "
+        "and no PyTorch in the task (a command, a JAX task). False: such a try is refused, naming why.",
+        "True",
+    ),
+    Option(
         "deployment",
         "string",
         "",
@@ -158,7 +168,7 @@ def read(lookup: Lookup, warn: Callable[[str], None]) -> dict[str, str]:
     values = {}
     for option in POLICY_OPTIONS:
         value, old_name = lookup(SECTION, option.name), RENAMED.get(option.name, option.name)
-        old = None if option.name == "deployment" else lookup(OLD_SECTION, old_name)
+        old = None if option.name in NEW else lookup(OLD_SECTION, old_name)
         if old is not None and value in (None, option.default):
             warn(f"[{OLD_SECTION}] {old_name} is deprecated and read for one more release only: set "
                  f"[{SECTION}] {option.name} instead")  # fmt: skip

@@ -46,7 +46,6 @@ class GpuConfig:
     infra_retries: int
     kubernetes_gpu_allocation: str
     profile_interval: float
-    allow_unenforced_gpu_shares: bool
     prices: str
     allowed_mount_roots: str
     allowed_volumes: str
@@ -60,6 +59,7 @@ class GpuConfig:
     allowed_checkpoint_roots: str
     min_pod_security: str
     allowed_objects: str
+    allow_unenforced_gpu_shares: bool
     deployment: str
 
     @classmethod
@@ -70,7 +70,9 @@ class GpuConfig:
         """
         section = config.policy_values()
         values = {
-            field.name: section[field.name] if field.name in section else config.get(field.name)
+            field.name: config.policy_typed(field.name, section[field.name])
+            if field.name in section
+            else config.get(field.name)
             for field in dataclasses.fields(cls)
             if field.name not in overrides
         }

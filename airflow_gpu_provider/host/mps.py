@@ -14,7 +14,7 @@
   a container needs the daemon's ``/dev/shm``, i.e. the host's IPC namespace, ``--ipc=host``, which the Docker
   policy refuses by default, rule D3). Only PyTorch's allocations are capped.
 - **none**: nothing enforces it (a command; a function without PyTorch): refused unless the admin allows it
-  (``[gpu] allow_unenforced_gpu_shares``).
+  (``[gpu_policy] allow_unenforced_gpu_shares``).
 
 Each protects tasks from each other's mistakes, not from a hostile task: a task's code can unset the variables or
 lift the cap before CUDA starts. Between tenants that do not trust each other, use MIG slices or whole GPUs.
@@ -126,7 +126,7 @@ class ShareEnforcer:
     """Which enforcement a worker host offers its shares, found once per try (``plan`` decides nothing of it).
 
     :param in_container: the task runs in a container (MPS is not offered there: see the docstring)
-    :param allow_unenforced: ``[gpu] allow_unenforced_gpu_shares``
+    :param allow_unenforced: ``[gpu_policy] allow_unenforced_gpu_shares``
     """
 
     def __init__(self, state_dir: str, log: logging.Logger, *, in_container: bool, allow_unenforced: bool) -> None:
@@ -177,9 +177,9 @@ class ShareEnforcer:
         if not self.allow_unenforced:
             raise GpuUnavailableError(
                 f"A share of {where} cannot be enforced: {why}, and PyTorch's cap cannot reach a command. Run MPS on "
-                "the host, give the task a whole GPU, or ask the admin for [gpu] allow_unenforced_gpu_shares."
+                "the host, give the task a whole GPU, or ask the admin for [gpu_policy] allow_unenforced_gpu_shares."
             )
-        line = f"a share of {where}, NOT enforced ({why}; a command): [gpu] allow_unenforced_gpu_shares allows it"
+        line = f"a share of {where}, NOT enforced ({why}; a command): [gpu_policy] allow_unenforced_gpu_shares"
         return self._said(Enforcement(NONE, {}, {**share, "enforcement": NONE, "line": line}))
 
     def _said(self, enforcement: Enforcement) -> Enforcement:

@@ -40,12 +40,12 @@ def enforce_share(share: dict[str, Any] | None) -> ShareNotEnforced | None:
     except Exception as exc:  # noqa: BLE001 - no PyTorch, no CUDA, a cap it refuses: the share is not enforced
         why = f"PyTorch's cap could not be set ({type(exc).__name__}: {exc})"
         if share.get("unenforced_allowed"):
-            say(f"{PREFIX} GPU share NOT enforced: {why}; [gpu] allow_unenforced_gpu_shares allows it")
+            say(f"{PREFIX} GPU share NOT enforced: {why}; [gpu_policy] allow_unenforced_gpu_shares allows it")
             return None
         return ShareNotEnforced(
             f"the task's share of a GPU cannot be enforced: {why}, and the host has no MPS for it. Install PyTorch "
             "in the task's environment, run MPS on the host, give the task a whole GPU (gpu_count=1), or ask the "
-            "admin for [gpu] allow_unenforced_gpu_shares."
+            "admin for [gpu_policy] allow_unenforced_gpu_shares."
         )
     say(f"{PREFIX} GPU share: PyTorch's CUDA allocator capped at {fraction:.1%} of the GPU")
     return None

@@ -51,7 +51,7 @@ class LocalPlan:
     environment: Mapping[str, str] = field(default_factory=dict)
     kill_grace: float = 10.0
     cache_size: int = 0  # [gpu] cache_size: bytes the cached venvs may take (0: no limit)
-    allow_unenforced_shares: bool = False  # [gpu] allow_unenforced_gpu_shares (host/mps.py)
+    allow_unenforced_shares: bool = False  # [gpu_policy] allow_unenforced_gpu_shares (host/mps.py)
 
 
 class LocalBackend(Backend[WorkerOptions, LocalPlan]):
