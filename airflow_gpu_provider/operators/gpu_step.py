@@ -55,14 +55,9 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
     :param environment: extra environment variables for the task process (templated)
     :param on_oom: an :class:`OomEscalation` ladder: after an out-of-memory failure the next try asks for its next
         step (a larger GPU, MIG slice or memory limit); other failures retry unchanged
-    :param cpu_count: shortcut for ``resources.cpu_count`` (a template is validated when rendered)
-    :param gpu_count: shortcut for ``resources.gpu_count`` (likewise)
-    :param gpu_share: shortcut for ``resources.gpu_share``, a share of one GPU by memory: ``"8GiB"`` (likewise)
-    :param memory: shortcut for ``resources.memory`` (likewise)
-    :param accelerator: shortcut for ``resources.accelerator`` (likewise)
-    :param gpu_vendor: shortcut for ``resources.gpu_vendor`` (likewise)
-    :param mig_profile: shortcut for ``resources.mig_profile`` (likewise)
-    :param shm_size: shortcut for ``resources.shm_size`` (likewise)
+    :param cpu_count: shortcut for ``resources.cpu_count`` (a template is validated when rendered); ``gpu_count``,
+        ``gpu_share`` (a share of one GPU by memory: ``"8GiB"``), ``memory``, ``accelerator``, ``gpu_vendor``,
+        ``mig_profile`` and ``shm_size`` likewise
     :param parent_image: shortcut for ``image.parent_image``
     :param requirements: shortcut for ``image.requirements``
     :param python_package_installer: shortcut for ``image.python_package_installer``
