@@ -1,6 +1,6 @@
 """DAGs of the Ray backend's tests (tests/backends/ray/): each task is a Ray job on the tests' own cluster.
 
-The cluster's Jobs API address comes from ``AIRFLOW_GPU_TEST_RAY_ADDRESS`` (set by the cluster fixture); the
+The cluster is the ``ray_default`` connection's (set by the cluster fixture, with the cluster's token); the
 wheels folder of the injected requirement from ``AIRFLOW_GPU_TEST_WHEELS``. Its two nodes are labelled
 ``gpu-model=A100`` (the head) and ``gpu-model=H100``: ``accelerator=`` selects on that label here.
 """
@@ -16,9 +16,8 @@ from airflow.sdk import DAG
 from airflow_gpu_provider import AccelerateOperator, GpuStepOperator, ImageSettings, OomEscalation
 
 START = datetime.datetime(2024, 1, 1)
-ADDRESS = os.environ.get("AIRFLOW_GPU_TEST_RAY_ADDRESS", "http://127.0.0.1:9")
-RAY = {"backend": "ray", "backend_options": {"address": ADDRESS, "accelerator_label": "gpu-model"}}
-ON_HEAD = {**RAY, "backend_options": {"address": ADDRESS, "label_selector": {"gpu-model": "A100"}}}
+RAY = {"backend": "ray", "backend_options": {"accelerator_label": "gpu-model"}}
+ON_HEAD = {**RAY, "backend_options": {"label_selector": {"gpu-model": "A100"}}}
 
 
 def where(run: str = "") -> dict:
