@@ -171,7 +171,7 @@ def endpoint(conn_id: str | None, address: str | None, *, owner: str = "The Ray 
     clusters = RayClusters.current()
     field_name = "backend_options['address']" if address else f"the Ray connection {conn_id or DEFAULT_CONN_ID!r}"
     check_cluster(owner, field_name, found, clusters)
-    if clusters.without_token(found) or address_key(found) in _AUTHENTICATED:
+    if clusters.without_token(found):
         return Endpoint(found, settings)
     opt_in = f"the admin lists it as ray-unauthenticated={found} in [gpu] allowed_clusters (docs/security.md)"
     if not _authenticates(settings):
@@ -179,7 +179,7 @@ def endpoint(conn_id: str | None, address: str | None, *, owner: str = "The Ray 
             f"No token for the Ray cluster {found}: put the cluster's token (Ray token auth) in the password of "
             f"the Ray connection (docs/ray.md). A cluster without token auth is used only where {opt_in}."
         )
-    if not enforces_token(found, settings.get("verify", True)):
+    if address_key(found) not in _AUTHENTICATED and not enforces_token(found, settings.get("verify", True)):
         raise GpuTaskError(
             f"The Ray cluster {found} accepts requests without a token: whoever reaches it runs code on its nodes "
             f"and reads every job. Start it with token auth (docs/ray.md), or accept that only where {opt_in}."

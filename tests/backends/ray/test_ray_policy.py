@@ -86,6 +86,10 @@ def test_no_token_or_a_cluster_without_token_auth_is_refused_unless_the_admin_op
     _default(monkeypatch, address, "the-token")
     found = endpoint(None, None)  # the cluster refused a request without the token (401): token auth is on
     assert found.settings["headers"] == {"Authorization": "Bearer the-token"}
+    _default(monkeypatch, address, None)  # a cluster known to enforce its token still needs one
+    with pytest.raises(GpuTaskError, match="No token"):
+        endpoint(None, None)
+    _default(monkeypatch, address, "the-token")
     answers[0] = 200  # a cluster that answers anyone
     monkeypatch.setattr(connection, "_AUTHENTICATED", set())
     with pytest.raises(GpuTaskError, match="accepts requests without a token.*ray-unauthenticated="):
