@@ -61,6 +61,11 @@ def owns(state_store: Any, submission_id: str, try_number: str, log: logging.Log
     return True
 
 
+def identity_of(task_instance: Any) -> dict[str, str]:
+    """A task instance's identity (a trigger's, the listener's) as a job's metadata names it (``plan.IDENTITY``)."""
+    return {key: str(getattr(task_instance, key, "")) for key in IDENTITY}
+
+
 def mine(metadata: Mapping[str, str] | None, labels: Mapping[str, str], deployment: str | None = None) -> bool:
     """Whether a job's metadata names this task instance of this deployment.
 

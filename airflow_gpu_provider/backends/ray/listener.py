@@ -81,7 +81,9 @@ def _ended(task_instance: Any) -> None:
         return
     if record is None:
         return
-    identity = {key: str(getattr(task_instance, key)) for key in ("dag_id", "task_id", "run_id", "map_index")}
+    from airflow_gpu_provider.backends.ray.durable import identity_of
+
+    identity = identity_of(task_instance)
 
     def stop() -> None:
         try:

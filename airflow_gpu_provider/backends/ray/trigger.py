@@ -94,12 +94,11 @@ class RayJobTrigger(BaseTrigger):
             await asyncio.sleep(self.poll_interval)
 
     def _stop(self) -> None:
-        from airflow_gpu_provider.backends.ray.durable import mine
+        from airflow_gpu_provider.backends.ray.durable import identity_of, mine
         from airflow_gpu_provider.backends.ray.job import delete, stop
 
         client, ti = self._client(), self.task_instance
-        labels = {key: str(getattr(ti, key, "")) for key in ("dag_id", "task_id", "run_id", "map_index")}
-        if ti is None or not mine(client.get_job_info(self.submission_id).metadata, labels):
+        if ti is None or not mine(client.get_job_info(self.submission_id).metadata, identity_of(ti)):
             self.log.warning("Ray job %s is not this task instance's: it is left alone", self.submission_id)
             return
         stop(client, self.submission_id)

@@ -7,6 +7,7 @@ the DAG bundle synced) is the dearest step here: one DAG checks several things, 
 
 from __future__ import annotations
 
+import asyncio
 import glob
 import importlib.util
 import json
@@ -17,10 +18,13 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from backends.ray.ray_cluster import client, jobs
 from helpers import database_copy, start_worker, worker_result
+
+from airflow_gpu_provider.backends.ray.trigger import RayJobTrigger
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("airflow_home", "ray_cluster_address")]
 DAG_FILE = Path(__file__).resolve().parents[2] / "dags" / "ray_dags.py"
@@ -166,6 +170,13 @@ def test_no_jobs_api_reader_sees_a_tasks_secrets_and_on_kill_stops_the_job(ray_c
     assert not [
         p for f in unpacked for p in Path(f).parent.glob("*.json") if "secret-" in p.read_text("utf-8", "replace")
     ]
+    # another task's trigger naming this job (its arguments are a task's to write) is ended: the job is left alone
+    trigger = RayJobTrigger(victim.submission_id, {"ray_conn_id": None, "address": None})
+    trigger.task_instance = SimpleNamespace(
+        dag_id="another", task_id="task", run_id=victim.metadata["run_id"], map_index=-1
+    )
+    asyncio.run(trigger.on_kill())
+    assert str(reader.get_job_status(victim.submission_id)) == "RUNNING"
     worker.send_signal(signal.SIGTERM)  # as Airflow ends a task: on_kill
     log = _ended(worker, output)
     assert "Stopping Ray job" in log, log[-4000:]

@@ -13,6 +13,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -21,7 +22,9 @@ from airflow_gpu_provider.backends import BACKENDS
 from airflow_gpu_provider.backends.ray import connection, durable, reaper
 from airflow_gpu_provider.backends.ray.clusters import RayClusters
 from airflow_gpu_provider.backends.ray.connection import endpoint
-from airflow_gpu_provider.backends.ray.plan import ENVELOPE
+from airflow_gpu_provider.backends.ray.options import RayOptions
+from airflow_gpu_provider.backends.ray.plan import ENVELOPE, plan_job
+from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import GpuTaskError
 from airflow_gpu_provider.host.workers import deployment
 from airflow_gpu_provider.policy import PolicyError
@@ -108,6 +111,13 @@ def test_a_job_is_only_its_own_task_instances_of_its_own_deployment():
     assert not durable.mine({**ours, "deployment": "another-deployment"}, IDENTITY)  # same DAGs, another Airflow
     assert not durable.mine({**ours, "run_id": "other"}, IDENTITY)
     assert not durable.mine({**ours, "airflow_gpu_provider": "false"}, IDENTITY)
+    # what a try submits is what its trigger and the listener recognise, from their task instance
+    request = TaskRequest(
+        ResourceSettings(), ImageSettings(), Envelope.run(["true"]), labels={**IDENTITY, "try_number": "1"}
+    )
+    submitted = {**plan_job(request, RayOptions(), GpuConfig.read()).metadata, "deployment": deployment()}
+    task_instance = SimpleNamespace(dag_id="d", task_id="t", run_id="r", map_index=-1, try_number=3)
+    assert durable.mine(submitted, durable.identity_of(task_instance))
 
 
 def _job_folder(tmp_path: Path, envelope: dict, environment: dict[str, str]) -> Path:
