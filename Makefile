@@ -2,7 +2,8 @@
 #   make demo   - create .venv, install the provider, initialise a SQLite Airflow home in .airflow-home,
 #                 run the example DAG end to end on the local backend and print its result (or why it failed);
 #                 the installer's and Airflow's output go to log files, whose paths are printed
-#   make test   - create .venv and run the test suite
+#   make test   - create .venv and run the test suite (two workers side by side; PYTEST_ARGS="-m unit" for the
+#                 fast lane, TEST_WORKERS=0 for one process)
 # Optional:
 #   make dags-test DAG=path/to/your_dag.py DAG_ID=your_dag_id [CONF='{"epochs": 2}']
 #                - run `airflow dags test` on your own DAG file against .airflow-home (the file's folder is the
@@ -13,6 +14,9 @@
 #                  print it and write it to docs/reliability.md
 #   make gpu-check - on a machine with an NVIDIA GPU: verify every GPU path for real and print a table
 #                  (GPU_CHECK_ARGS="--only inventory,local-task"; exits 2 on a machine without a GPU)
+#   make cluster-check - on your Kubernetes cluster (KUBECONFIG, CLUSTER_CHECK_NAMESPACE, CLUSTER_CHECK_IMAGE): run the
+#                  provider's real objects there and print a table (CLUSTER_CHECK_ARGS="--only rbac,cpu-pod"; exits 2
+#                  where no cluster answers)
 #   make wheel   - build the provider's sdist and wheel into dist/ (uv build)
 #   make smoke-oldest - the tests marked smoke against the oldest supported Airflow: the wheel installed into
 #                  .venv-oldest-airflow with the versions pinned in .ci/oldest-airflow.txt (.ci/run runs it)
@@ -31,7 +35,7 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 export AIRFLOW__GPU__STATE_DIR ?= $(AIRFLOW_HOME)/gpu-state
 
-.PHONY: venv demo dags-test test lint bench clean airflow reliability gpu-check wheel smoke-oldest oldest-airflow-lock
+.PHONY: venv demo dags-test test fuzz lint bench clean airflow reliability gpu-check cluster-check wheel smoke-oldest oldest-airflow-lock
 
 $(VENV)/.installed: pyproject.toml
 	@echo "Installing the provider and its extras into $(VENV) (a few minutes the first time; log: $(VENV)/install.log)"
@@ -64,11 +68,20 @@ dags-test: $(AIRFLOW_HOME)/.migrated
 airflow: venv
 	$(PY) scripts/airflow_local.py --port $(or $(AIRFLOW_PORT),8080) $(AIRFLOW_ARGS)
 
+# the lanes side by side: tests sharing a session's engine or cluster stay on one worker (tests/conftest.py)
+TEST_WORKERS ?= 2
 test: venv
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+# the fuzz tests' deep search (7,000 + 5,000 + 5,000 cases), not run by make test (which runs a tenth of them)
+fuzz: venv
+	HYPOTHESIS_PROFILE=deep $(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) tests/test_fuzz.py tests/policy/test_fuzz_docker.py tests/policy/test_pod_fuzz.py
 
 gpu-check: venv
 	$(PY) scripts/gpu_check.py $(GPU_CHECK_ARGS)
+
+cluster-check: venv
+	$(PY) scripts/cluster_check.py $(CLUSTER_CHECK_ARGS)
 
 reliability: venv
 	AIRFLOW_GPU_RELIABILITY_REPORT=$(CURDIR)/docs/reliability.md $(PY) -m pytest tests/reliability -p no:cacheprovider $(PYTEST_ARGS)

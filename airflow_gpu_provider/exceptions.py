@@ -62,12 +62,35 @@ class UnknownSettingError(InvalidSettingError, TypeError):
         )
 
 
+#: Names other tools give the same settings (Ray's ``num_gpus``, Metaflow's ``gpu``, Kubernetes' ``env``): a name
+#: spelt so is answered with the provider's own, where the receiver takes it.
+OTHER_TOOLS_NAMES: dict[str, str] = {
+    **dict.fromkeys(("gpus", "gpu", "num_gpus", "n_gpus", "ngpus", "gpu_num", "nproc_gpus"), "gpu_count"),
+    **dict.fromkeys(("cpus", "cpu", "num_cpus", "n_cpus", "ncpus", "vcpus"), "cpu_count"),
+    **dict.fromkeys(("mem", "ram", "memory_limit", "mem_limit", "memory_gb"), "memory"),
+    **dict.fromkeys(("gpu_type", "gpu_model", "accelerator_type", "gpu_name"), "accelerator"),
+    **dict.fromkeys(("shm", "shared_memory", "shm_size_gb"), "shm_size"),
+    **dict.fromkeys(("env", "env_vars", "environment_variables"), "environment"),
+    **dict.fromkeys(("base_image", "docker_image", "container_image"), "parent_image"),
+    **dict.fromkeys(("pip_packages", "packages", "pip", "pip_requirements"), "requirements"),
+    **dict.fromkeys(("checkpoint_dir", "checkpoint_path", "ckpt_dir"), "checkpoint"),
+}
+
+
 def closest(names: Iterable[str], supported: Iterable[str]) -> str:
-    """``Did you mean 'memory' for 'gpu_memory'?`` for each name with a close supported one; else ``""``."""
+    """``Did you mean 'memory' for 'gpu_memory'?`` for each name with a close supported one; else ``""``.
+
+    A name another tool gives a setting (:data:`OTHER_TOOLS_NAMES`: ``gpus``) is answered with the provider's.
+    """
     import difflib
 
     choices = list(supported)
-    hints = {name: difflib.get_close_matches(name, choices, n=3) for name in names}
+    hints = {
+        name: [OTHER_TOOLS_NAMES[name]]
+        if OTHER_TOOLS_NAMES.get(name) in choices
+        else difflib.get_close_matches(name, choices, n=3)
+        for name in names
+    }
     return " ".join(f"Did you mean {' or '.join(map(repr, h))} for {n!r}?" for n, h in hints.items() if h)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow_gpu_provider.backends import describe_backends
 from airflow_gpu_provider.config import provider_config
 from airflow_gpu_provider.version import __version__
 
@@ -13,8 +14,8 @@ def get_provider_info() -> dict[str, Any]:
     return {
         "package-name": "airflow-gpu-provider",
         "name": "GPU",
-        "description": "Run Airflow tasks on GPUs (local process, Docker or Kubernetes) from one resource "
-        "declaration, with 🤗 Accelerate launches and CUDA cache clearing.",
+        "description": f"Run Airflow tasks on GPUs from one resource declaration, on {describe_backends()}, "
+        "with 🤗 Accelerate launches, OOM escalation, deferral, durable reattach and GPU telemetry.",
         "versions": [__version__],
         "integrations": [
             {
@@ -36,7 +37,11 @@ def get_provider_info() -> dict[str, Any]:
         "triggers": [
             {
                 "integration-name": "GPU",
-                "python-modules": ["airflow_gpu_provider.host.trigger", "airflow_gpu_provider.backends.docker.trigger"],
+                "python-modules": [
+                    "airflow_gpu_provider.host.trigger",
+                    "airflow_gpu_provider.backends.docker.trigger",
+                    "airflow_gpu_provider.backends.ray.trigger",
+                ],
             }
         ],
         "task-decorators": [{"name": "gpu", "class-name": "airflow_gpu_provider.decorators.gpu.gpu_task"}],

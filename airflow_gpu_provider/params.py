@@ -6,7 +6,9 @@ from typing import Any
 
 from airflow.sdk import Param
 
+from airflow_gpu_provider.backends import BACKENDS as REGISTRY
 from airflow_gpu_provider.backends import RUN_TIME_NAMES as BACKENDS
+from airflow_gpu_provider.backends import describe_backends
 from airflow_gpu_provider.task.missing_gpu import NAMES as MISSING_GPU_POLICIES
 
 MIXED_PRECISION: tuple[str, ...] = ("no", "bf16", "fp16")
@@ -42,7 +44,10 @@ def gpu_params(
     params["backend"] = Param(
         backend,
         enum=list(BACKENDS),
-        description="Where GPU tasks run: 'local' (a child process on the worker), 'docker' or 'kubernetes'.",
+        description=f"Where GPU tasks run: {describe_backends(BACKENDS)}."
+        + "".join(
+            f" {name!r} is chosen when the DAG is parsed, not here." for name in REGISTRY if name not in BACKENDS
+        ),
     )
     params["on_missing_gpu"] = Param(
         on_missing_gpu,

@@ -1,3 +1,3 @@
 """The provider's version (the package metadata reads it here)."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -9,6 +9,8 @@
    added: a rebuild that reuses (``images/reuse.py``: built on the cold uv image, whose requirements it holds).
    Goals: uv >= 3x faster than pip; a one-package change <= 1/3 of the cold uv build. The install
    step alone is shown too (the engine's commit of the new layer afterwards is the same work for both installers).
+   And the provider's way (an install container, committed: no ``POST /build``) beside the engine's classic builder
+   running the same recipe as a Dockerfile (the provider's way before issue 34): goal <= 1.0x.
 
     python benchmarks/docker_backend.py [--runs 10] [--builds 2] [--base-image airflow-gpu-base:bookworm]
 
@@ -195,13 +197,35 @@ class Timeline(logging.Handler):
         self.lines.append((record.created, record.getMessage()))
 
     def install_seconds(self) -> float:
-        """From the install step's start to its last output line: the installer's own time, without the engine
-        committing the new layer afterwards (the same work for both installers)."""
-        start = max(i for i, (_, line) in enumerate(self.lines) if line.startswith("Step ") and " : RUN " in line)
-        done = next(
-            i for i in range(start + 1, len(self.lines)) if "Removing intermediate container" in self.lines[i][1]
-        )
+        """From the build's start to the installer's last output line: the install container's time, without the
+        engine committing the new layer afterwards (the same work for both installers)."""
+        start = max(i for i, (_, line) in enumerate(self.lines) if line.startswith("Building derived image"))
+        done = next(i for i in range(start + 1, len(self.lines)) if self.lines[i][1].startswith("Built derived"))
         return self.lines[done - 1][0] - self.lines[start][0]
+
+
+def classic_build(client, spec, tag: str) -> float:
+    """Seconds for the engine's classic builder to make ``spec`` (uv from the worker) from a Dockerfile, no cache."""
+    import io
+    import json
+    import tarfile
+
+    environment = " ".join(f"{name}={value}" for name, value in spec.steps.environment)
+    dockerfile = f"FROM {spec.parent}\nCOPY uv /usr/local/bin/uv\nENV {environment}\n"
+    dockerfile += f"RUN {json.dumps(spec.steps.entrypoint())}\n"
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(dockerfile.encode())
+        tar.addfile(info, io.BytesIO(dockerfile.encode()))
+        tar.add(spec.uv_binary, arcname="uv")
+    context.seek(0)
+    started = time.perf_counter()
+    for chunk in client.build(fileobj=context, custom_context=True, tag=tag, rm=True, forcerm=True, nocache=True,
+                              decode=True):  # fmt: skip
+        if "error" in chunk:
+            raise RuntimeError(chunk["error"])
+    return time.perf_counter() - started
 
 
 def timed_build(
@@ -216,8 +240,8 @@ def timed_build(
 
     from uv import find_uv_bin
 
-    from airflow_gpu_provider.backends.docker.images.dockerfile import BuildOptions, derived_image_spec
     from airflow_gpu_provider.backends.docker.images.engine import build_image, ensure_derived_image
+    from airflow_gpu_provider.backends.docker.images.spec import BuildOptions, derived_image_spec
     from airflow_gpu_provider.settings import ImageSettings
 
     image = ImageSettings(parent_image=base_image, requirements=requirements, python_package_installer=installer)
@@ -230,7 +254,7 @@ def timed_build(
     started = time.perf_counter()
     if cold:
         tag = spec.tag_for(parent_id)
-        build_image(client, spec, tag, log, nocache=True, parent_id=parent_id)  # labelled: a base for the rebuilds
+        build_image(client, spec, tag, log, parent_id=parent_id)  # labelled: a base for the rebuilds
     else:
         with tempfile.TemporaryDirectory() as locks:
             tag, _ = ensure_derived_image(client, spec, parent_id, lock_dir=locks, push=False, log=log)
@@ -241,11 +265,22 @@ def timed_build(
 
 def build_rows(client, base_image: str, builds: int) -> list[tuple[str, str, str]]:
     """Part 3, ``builds`` rounds (pip and uv take turns going first); every image built is removed."""
-    times: dict[str, list[tuple[float, float]]] = {"pip": [], "uv": [], **{name: [] for name in CHANGED}}
+    from uv import find_uv_bin
+
+    from airflow_gpu_provider.backends.docker.images.spec import BuildOptions, derived_image_spec
+    from airflow_gpu_provider.settings import ImageSettings
+
+    times: dict[str, list[tuple[float, float]]] = {"pip": [], "uv": [], "classic": [], **{n: [] for n in CHANGED}}
+    image = ImageSettings(parent_image=base_image, requirements=BUILD_REQUIREMENTS)
+    uv_spec = derived_image_spec(base_image, image, BuildOptions(repository=REPOSITORY), uv_binary=find_uv_bin())
     for round_ in range(builds):
         made = []
         try:
-            for installer in ("pip", "uv") if round_ % 2 == 0 else ("uv", "pip"):
+            for installer in ("pip", "uv", "classic") if round_ % 2 == 0 else ("classic", "uv", "pip"):
+                if installer == "classic":  # the same uv recipe through the engine's builder
+                    made.append(f"{REPOSITORY}:classic")
+                    times["classic"].append((classic_build(client, uv_spec, made[-1]), 0.0))
+                    continue
                 whole, install, tag, _ = timed_build(client, base_image, installer, BUILD_REQUIREMENTS, cold=True)
                 times[installer].append((whole, install))
                 made.append(tag)
@@ -271,6 +306,8 @@ def build_rows(client, base_image: str, builds: int) -> list[tuple[str, str, str
          f"{median('pip', 0) / median('uv', 0):.1f}x", ">= 3x"),
         ("derived build, cold: pip / uv, install step", f"{median('pip', 1):.1f}s / {median('uv', 1):.1f}s = "
          f"{median('pip', 1) / median('uv', 1):.1f}x", ">= 3x"),
+        ("derived build, cold uv: committed install container / classic builder", f"{spread('uv')} / "
+         f"{spread('classic')} = {median('uv', 0) / median('classic', 0):.2f}x", "<= 1.0x"),
     ]  # fmt: skip
     for name in CHANGED:
         share = median(name, 0) / median("uv", 0)

@@ -48,7 +48,7 @@ def example_kubernetes_gpu() -> None:
             parent_image="pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime",
             requirements=["transformers==4.46.0"],
         ),
-        backend_options={  # namespace and service account: as [gpu] allowed_kubernetes_objects lists them
+        backend_options={  # namespace and service account: as [gpu_policy] allowed_objects lists them
             "namespace": "ml",
             "label_scheme": "nvidia-gfd",
             "node_selector": {"node-pool": "a100"},

@@ -1,8 +1,8 @@
 """Train a tiny PyTorch model on synthetic data, on a GPU when there is one.
 
 Trigger it from the UI and change the params: the same DAG runs on the local backend (a child process holding the
-GPUs it was given), on Docker or on Kubernetes. With ``on_missing_gpu="cpu"`` it also runs on a machine without
-GPUs, with a warning in the log.
+GPUs it was given) or on any backend the form's ``backend`` lists. With ``on_missing_gpu="cpu"`` it also runs on a
+machine without GPUs, with a warning in the log.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ DOC = """
    Its log starts with a resource summary: backend, GPUs assigned, image/requirements hash, CUDA cache result.
 3. **report** checks that the loss went down and prints the metrics.
 
-Params: `gpu_count`, `epochs`, `batch_size`, `mixed_precision` (no | bf16 | fp16), `backend`
-(local | docker | kubernetes) and `on_missing_gpu` (fail | wait | cpu).
+Params: `gpu_count`, `epochs`, `batch_size`, `mixed_precision` (no | bf16 | fp16), `backend` (every backend a
+template may choose; its description says where each runs) and `on_missing_gpu` (fail | wait | cpu).
 """
 
 

@@ -29,13 +29,15 @@ REPO = Path(__file__).resolve().parents[1]
 pytest_plugins = (
     "backends.docker.docker_fixtures",
     "backends.docker.authz_engine",
+    "backends.docker.user_engines",  # a rootless Docker engine and Podman, of the worker's own user
+    "backends.docker.engine_user_session",  # ... and the session of that user that runs a root session's tests there
     "backends.kubernetes.api_calls",  # every Kubernetes API call, recorded for the RBAC check
     "backends.kubernetes.cluster_answers",
     "backends.ray.ray_cluster",
     "reliability.report",
 )
 _HOME = Path(tempfile.mkdtemp(prefix="airflow-gpu-tests-"))
-# Worker files that derived-image builds may read ([gpu] allowed_build_paths): readable by every local user, as the
+# Worker files that derived-image builds may read ([gpu_policy] allowed_build_paths): readable by every local user, as the
 # policy wants (pytest's tmp_path is private to its user), and the wheels of /opt/wheels.
 BUILD_INPUTS = Path(tempfile.mkdtemp(prefix="airflow-gpu-build-inputs-"))
 BUILD_INPUTS.chmod(0o755)
@@ -60,16 +62,58 @@ os.environ.update(
         # re-serialise a DAG on every sync: tests change config that DAG parsing reads
         "AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL": "0",
         "AIRFLOW__GPU__STATE_DIR": str(_HOME / "gpu-state"),
+        # this session's name in its containers' labels: the engine's authorization plugin (authz_engine.py) and the
+        # orphan reapers of other sessions on the same engine tell its containers by it
+        "AIRFLOW__GPU_POLICY__DEPLOYMENT": f"tests-{_HOME.name.rsplit('-', 1)[-1]}",
         "AIRFLOW__GPU__DEVICES": "none",
         "CUDA_VISIBLE_DEVICES": "",  # torch sees no GPU unless a test (marked gpu) or the provider says otherwise
         "AIRFLOW__GPU__WAIT_POLL_INTERVAL": "0.2",
-        "AIRFLOW__GPU__ALLOWED_BUILD_PATHS": f"{BUILD_INPUTS},/opt/wheels",
+        "AIRFLOW__GPU_POLICY__ALLOWED_BUILD_PATHS": f"{BUILD_INPUTS},/opt/wheels",
         # what the tests' pods name of the cluster (rule P3), as a deployment's admin lists it
-        "AIRFLOW__GPU__ALLOWED_KUBERNETES_OBJECTS": "namespace=ml, namespace=ml-training, service_account=trainer, "
+        "AIRFLOW__GPU_POLICY__ALLOWED_OBJECTS": "namespace=ml, namespace=ml-training, service_account=trainer, "
         "runtime_class=nvidia, priority_class=gpu-high, priority_class=batch, kueue_queue=team-a, "
         "kueue_priority_class=gpu-high",
     }
 )
+
+
+# Hypothesis: every property test runs the profile's number of examples, fixed (derandomised) so that a run is
+# repeatable; `make fuzz` (HYPOTHESIS_PROFILE=deep) runs the deep search the fuzz tests were written for.
+# The fuzz tests' budgets: fuzz_cases() in helpers.py. (The oldest-Airflow smoke venv has no Hypothesis.)
+try:
+    from hypothesis import settings
+except ImportError:  # pragma: no cover - make smoke-oldest
+    pass
+else:
+    settings.register_profile("default", max_examples=100, derandomize=True, database=None, deadline=None)
+    settings.register_profile("deep", max_examples=1000, derandomize=True, database=None, deadline=None)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+# Lanes: every test gets one of the markers unit, docker, cluster, reliability (`-m unit` selects the fast lane). Under
+# pytest-xdist (`make test`: `-n 2 --dist loadgroup`) the docker lane runs on one worker, one test at a time, as does
+# the failure matrix, and so does each cluster a session starts once: tests that count what a dead worker left on
+# the engine, or stop what it left, never see another lane's.
+SHARED = {"ray_cluster_address": "ray-cluster", "slurm_cluster": "slurm-cluster"}  # fixture -> its tests' group
+CLUSTER_PATHS = ("tests/executors/", "tests/backends/ray/", "tests/backends/slurm/", "tests/test_local_airflow.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The lane marker of each test, and the xdist group of the lanes that run one test at a time."""
+    for item in items:
+        path = Path(str(item.path)).relative_to(REPO).as_posix()
+        fixtures = set(getattr(item, "fixturenames", ()))
+        group = next((SHARED[name] for name in sorted(fixtures & SHARED.keys())), None)
+        if path.startswith("tests/reliability/"):
+            lane = group = "reliability"
+        elif path.startswith(CLUSTER_PATHS) or group is not None:
+            lane = "cluster"
+        elif item.get_closest_marker("docker") is not None or "docker_client" in fixtures:
+            lane = group = "docker"
+        else:
+            lane = "unit"
+        item.add_marker(getattr(pytest.mark, lane))
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture
@@ -107,7 +151,7 @@ def airflow_home() -> Path:
 
 @pytest.fixture
 def build_inputs() -> Iterator[Path]:
-    """A fresh folder beneath ``[gpu] allowed_build_paths``, readable by every local user: wheels, CA bundles."""
+    """A fresh folder beneath ``[gpu_policy] allowed_build_paths``, readable by every local user: wheels, CA bundles."""
     folder = Path(tempfile.mkdtemp(dir=BUILD_INPUTS))
     folder.chmod(0o755)
     yield folder

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +138,11 @@ def worker_result(log: str) -> dict[str, Any]:
 
     lines = [line for line in log.splitlines() if line.startswith("WORKER-RESULT ")]
     return json.loads(lines[-1].split(" ", 1)[1]) if lines else {}
+
+
+def fuzz_cases(deep: int) -> int:
+    """A fuzz test's number of generated cases: ``deep`` under ``make fuzz`` (``HYPOTHESIS_PROFILE=deep``), a tenth
+    of it in ``make test`` (the same derandomised cases every run); ``FUZZ_CASES`` sets it outright."""
+    if os.environ.get("FUZZ_CASES"):
+        return int(os.environ["FUZZ_CASES"])
+    return deep if os.environ.get("HYPOTHESIS_PROFILE") == "deep" else max(50, deep // 10)

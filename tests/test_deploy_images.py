@@ -22,6 +22,8 @@ import pytest
 from backends.docker.docker_fixtures import BASE_IMAGE
 from conftest import REPO
 
+from airflow_gpu_provider.version import __version__
+
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 TORCH_WHEELS = Path(os.environ.get("AIRFLOW_GPU_TORCH_WHEELS", "/opt/wheels"))
@@ -77,9 +79,10 @@ def _run(tag: str, script: str, *env: str) -> str:
 @pytest.mark.parametrize("image", [("worker", (), None)], indirect=True)
 def test_worker_image_lists_the_provider_and_imports_its_backends(image):
     providers = json.loads(_run(image, "airflow providers list -o json 2>/dev/null").strip().splitlines()[-1])
-    assert {"package_name": "airflow-gpu-provider", "version": "0.1.0"}.items() <= next(
-        p for p in providers if p["package_name"] == "airflow-gpu-provider"
-    ).items()
+    assert {
+        "package_name": "airflow-gpu-provider",
+        "version": __version__,
+    }.items() <= next(p for p in providers if p["package_name"] == "airflow-gpu-provider").items()
     assert any(p["package_name"] == "apache-airflow-providers-docker" for p in providers)
     assert any(p["package_name"] == "apache-airflow-providers-cncf-kubernetes" for p in providers)
     assert _run(image, "airflow config get-value gpu backend 2>/dev/null").strip() == "local"

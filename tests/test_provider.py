@@ -77,3 +77,73 @@ def test_profile_interval_has_a_floor_that_keeps_telemetry_off_the_tasks_back(mo
         config.get("profile_interval")
     monkeypatch.setenv("AIRFLOW__GPU__PROFILE_INTERVAL", "0.25")
     assert config.get("profile_interval") == 0.25
+
+
+def test_the_policy_section_is_declared_and_read_by_one_reader_for_airflow_and_the_plugin(monkeypatch):
+    """``[gpu_policy]`` is the provider's own section; Airflow's processes and the plugin's root-owned file give the
+    same values through the same reader (``config/policy.py``)."""
+    import shutil
+
+    from backends.docker.authz_engine import root_folder
+
+    from airflow_gpu_provider import config
+    from airflow_gpu_provider.config.policy import POLICY_OPTIONS
+    from airflow_gpu_provider.policy.authz.settings import load
+
+    declared = get_provider_info()["config"]["gpu_policy"]["options"]
+    assert set(declared) == {o.name for o in POLICY_OPTIONS} and "allowed_clusters" in declared
+    values = {"allowed_volumes": "hf-cache, data%1", "allowed_clusters": "docker=tcp://gpu-host:2376",
+              "deployment": "ml-prod", "min_pod_security": "baseline"}  # fmt: skip
+    for option in POLICY_OPTIONS:  # only these, as the file has only these
+        monkeypatch.delenv(f"AIRFLOW__GPU_POLICY__{option.name.upper()}", raising=False)
+    for name, value in values.items():
+        monkeypatch.setenv(f"AIRFLOW__GPU_POLICY__{name.upper()}", value)
+    folder = root_folder()
+    try:
+        (folder / "policy.cfg").write_text(
+            "[gpu_policy]\n" + "".join(f"{k} = {v.replace('%', '%%')}\n" for k, v in values.items())
+        )
+        plugin = vars(load(str(folder / "policy.cfg"), os.geteuid()))
+    finally:
+        shutil.rmtree(folder)
+    airflow_side = config.policy_values()
+    assert {k: plugin[k] for k in airflow_side} == airflow_side and airflow_side[
+        "allowed_volumes"
+    ] == "hf-cache, data%1"
+
+
+def test_an_old_gpu_name_of_an_allow_list_is_read_one_more_release_with_a_warning(monkeypatch):
+    from airflow.exceptions import AirflowProviderDeprecationWarning
+
+    from airflow_gpu_provider import config
+
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_VOLUMES", "hf-cache")
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_DOCKER_ENGINES", "tcp://a:2376, unix:///run/user/1/docker.sock")
+    with pytest.warns(AirflowProviderDeprecationWarning, match=r"\[gpu\] allowed_docker_engines is deprecated .* "
+                      r"set \[gpu_policy\] allowed_clusters instead"):  # fmt: skip
+        values = config.policy_values()
+    assert values["allowed_volumes"] == "hf-cache"
+    assert values["allowed_clusters"] == "docker=tcp://a:2376, docker=unix:///run/user/1/docker.sock"
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_VOLUMES", "datasets")
+    with pytest.warns(AirflowProviderDeprecationWarning, match=r"\[gpu\] allowed_volumes is ignored"):
+        assert config.policy_values()["allowed_volumes"] == "datasets"
+
+
+def test_the_description_the_trigger_form_and_the_triggers_follow_the_registry():
+    """``airflow providers list`` named three backends of five, the form's ``backend`` described three (issue 36)."""
+    from airflow_gpu_provider.backends import BACKENDS, RUN_TIME_NAMES
+    from airflow_gpu_provider.params import gpu_params
+
+    info = get_provider_info()
+    assert all(f"{name!r} ({backend.summary})" in info["description"] for name, backend in BACKENDS.items())
+    form = gpu_params()["backend"]
+    assert form.schema["enum"] == list(RUN_TIME_NAMES)
+    for name in BACKENDS:
+        assert f"{name!r} (" in form.description or f"{name!r} is chosen when the DAG is parsed" in form.description
+    package = Path(__file__).parents[1] / "airflow_gpu_provider"
+    triggers = {
+        ".".join(("airflow_gpu_provider", *path.relative_to(package).with_suffix("").parts))
+        for path in package.rglob("trigger.py")
+    }
+    listed = {module for entry in info["triggers"] for module in entry["python-modules"]}
+    assert listed == triggers, "every trigger module is listed in get_provider_info's triggers"

@@ -47,6 +47,7 @@ class BackendInfo(NamedTuple):
     :param gpu_shares: whether a share of one GPU (``gpu_count=0.5``) means something there
     :param host_gpus: whether its GPUs come from the worker host's allocator (a deferred wait for them may start in
         the triggerer: ``host/trigger.py`` ``start_args``)
+    :param summary: where it runs a task, in a few words (the provider's description, the trigger form)
     """
 
     name: str
@@ -60,6 +61,7 @@ class BackendInfo(NamedTuple):
     defers: bool = False
     gpu_shares: bool = False
     host_gpus: bool = False
+    summary: str = ""
 
     @property
     def placed_at_parse(self) -> bool:
@@ -157,6 +159,7 @@ BACKENDS: dict[str, BackendInfo] = {
             backend="airflow_gpu_provider.backends.local.backend:LocalBackend",
             options="airflow_gpu_provider.backends.local.options:LocalOptions",
             host_gpus=True,
+            summary="a child process of the worker",
         ),
         BackendInfo(
             "docker",
@@ -165,6 +168,7 @@ BACKENDS: dict[str, BackendInfo] = {
             extra="docker",
             defers=True,
             host_gpus=True,
+            summary="a container on a Docker engine",
         ),
         BackendInfo(
             "kubernetes",
@@ -175,6 +179,7 @@ BACKENDS: dict[str, BackendInfo] = {
             all_gpus=False,
             renders=True,
             defers=True,
+            summary="a pod, or an Indexed Job across nodes",
         ),
         BackendInfo(
             "ray",
@@ -185,6 +190,7 @@ BACKENDS: dict[str, BackendInfo] = {
             all_gpus=False,
             defers=True,
             gpu_shares=True,
+            summary="a Ray job",
         ),
         # Airflow's executor places the task when the DAG is parsed (backends/executor/placement.py); on the GPU
         # worker, pod or queue it was given, it runs exactly as the local backend runs it: the local run half.
@@ -193,8 +199,20 @@ BACKENDS: dict[str, BackendInfo] = {
             backend="airflow_gpu_provider.backends.local.backend:LocalBackend",
             options="airflow_gpu_provider.backends.executor.options:ExecutorOptions",
             placement="airflow_gpu_provider.backends.executor.placement:place",
+            summary="a task that Airflow's executor places, chosen when the DAG is parsed",
         ),
     )
 }
 #: The backends a template (``backend="{{ params.backend }}"``) may choose when the task runs.
 RUN_TIME_NAMES: tuple[str, ...] = tuple(name for name, info in BACKENDS.items() if not info.placed_at_parse)
+
+
+def describe_backends(names: tuple[str, ...] | None = None) -> str:
+    """The backends of the registry in words: ``'local' (a child process of the worker), 'docker' (...) ...``.
+
+    :param names: those to describe (default: every one)
+    """
+    described = [
+        f"{name!r} ({BACKENDS[name].summary})" if BACKENDS[name].summary else repr(name) for name in names or BACKENDS
+    ]
+    return ", ".join(described[:-1]) + f" or {described[-1]}" if len(described) > 1 else "".join(described)

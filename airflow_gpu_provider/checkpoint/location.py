@@ -159,7 +159,7 @@ def task_location(
 ) -> CheckpointLocation | None:
     """The checkpoint folder of a task try: its own root (rendered), else the default; ``None`` with ``False``.
 
-    :raises PolicyError: for a root the deployment does not allow (``[gpu] allowed_checkpoint_roots``)
+    :raises PolicyError: for a root the deployment does not allow (``[gpu_policy] allowed_checkpoint_roots``)
     """
     from airflow_gpu_provider.policy import Policy
     from airflow_gpu_provider.policy.checkpoints import check_root as permitted

@@ -1,7 +1,8 @@
-"""The ``[gpu]`` configuration section: the table of options (:mod:`.options`), read as Airflow reads it.
+"""The ``[gpu]`` and ``[gpu_policy]`` sections: their tables (:mod:`.options`, :mod:`.policy`), read as Airflow does.
 
-Every option can be set in ``airflow.cfg`` or as ``AIRFLOW__GPU__<NAME>``. :func:`get` reads one option (cheap
-enough for every operator built while a DAG is parsed); :class:`~.worker.GpuConfig` is all of them, read once when
+Every option can be set in ``airflow.cfg`` or as ``AIRFLOW__GPU__<NAME>`` (``AIRFLOW__GPU_POLICY__<NAME>``).
+:func:`get` reads one ``[gpu]`` option (cheap enough for every operator built while a DAG is parsed);
+:func:`policy_values` the whole ``[gpu_policy]`` section; :class:`~.worker.GpuConfig` is all of them, read once when
 a task starts and handed to the backend's ``plan()``, which reads no configuration itself.
 """
 
@@ -11,13 +12,11 @@ import functools
 import os
 from typing import Any
 
-from airflow_gpu_provider.config import options
-from airflow_gpu_provider.config.allow_lists import ALLOW_LISTS
+from airflow_gpu_provider.config import options, policy
 from airflow_gpu_provider.config.options import SECTION, Option
 
-OPTIONS: tuple[Option, ...] = (*options.OPTIONS, *ALLOW_LISTS)
+OPTIONS: tuple[Option, ...] = options.OPTIONS
 POSITIVE_SECONDS = ("wait_poll_interval", "wait_timeout", "trigger_poll_interval", "kill_grace", "profile_interval")
-POD_SECURITY_LEVELS = ("restricted", "baseline", "privileged")
 # Each NVML call of a sample takes the driver's lock, which the task's own CUDA calls on that GPU wait for: below
 # this, telemetry could slow the task it measures (docs/telemetry.md)
 MIN_PROFILE_INTERVAL = 0.25
@@ -30,6 +29,7 @@ __all__ = [
     "check_choice",
     "default_deferrable",
     "get",
+    "policy_values",
     "provider_config",
 ]
 
@@ -38,21 +38,24 @@ _VARIABLES = {option.name: f"AIRFLOW__{SECTION.upper()}__{option.name.upper()}" 
 
 
 def provider_config() -> dict[str, Any]:
-    """The ``config`` entry of ``get_provider_info()``."""
+    """The ``config`` entry of ``get_provider_info()``: ``[gpu]`` and ``[gpu_policy]``."""
+
+    def described(table: tuple[Option, ...], added: str) -> dict[str, Any]:
+        return {
+            o.name: {"description": o.description, "version_added": added, "type": o.type, "example": o.example,
+                     "default": o.default}
+            for o in table
+        }  # fmt: skip
+
     return {
         SECTION: {
             "description": "GPU tasks: default backend, GPU inventory and pool, images and requirements.",
-            "options": {
-                o.name: {
-                    "description": o.description,
-                    "version_added": "0.1.0",
-                    "type": o.type,
-                    "example": o.example,
-                    "default": o.default,
-                }
-                for o in OPTIONS
-            },
-        }
+            "options": described(OPTIONS, "0.1.0"),
+        },
+        policy.SECTION: {
+            "description": "The admin's allow-lists: what of a host a DAG author's task may get (default deny).",
+            "options": described(policy.POLICY_OPTIONS, "0.2.0"),
+        },
     }
 
 
@@ -99,8 +102,6 @@ def _typed(option: Option, text: str) -> Any:
             parse_bytes(value)
         except ValueError:
             raise ValueError(f"[{SECTION}] {option.name}={text!r} is not an amount of bytes such as 50Gi") from None
-    if option.name == "min_pod_security" and value not in POD_SECURITY_LEVELS:
-        raise ValueError(f"[{SECTION}] min_pod_security={text!r} is none of {', '.join(POD_SECURITY_LEVELS)}")
     return value
 
 
@@ -134,6 +135,22 @@ def get(name: str) -> Any:
 @functools.cache
 def _from_airflow_cfg(section: str, key: str) -> str | None:
     return airflow_setting(section, key)
+
+
+def policy_values() -> dict[str, str]:
+    """The ``[gpu_policy]`` section as this process sees it (:func:`.policy.read`, as the authorization plugin does).
+
+    An old ``[gpu]`` name still set warns (``AirflowProviderDeprecationWarning``) naming its replacement.
+    """
+    return policy.read(_setting, _deprecated)
+
+
+def _deprecated(message: str) -> None:
+    import warnings
+
+    from airflow.exceptions import AirflowProviderDeprecationWarning
+
+    warnings.warn(message, AirflowProviderDeprecationWarning, stacklevel=3)
 
 
 def _setting(section: str, key: str) -> str | None:

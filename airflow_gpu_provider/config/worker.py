@@ -1,4 +1,4 @@
-"""The worker's ``[gpu]`` options, read once when a task starts: :class:`GpuConfig`.
+"""The worker's ``[gpu]`` and ``[gpu_policy]`` options, read once when a task starts: :class:`GpuConfig`.
 
 A backend's ``plan()`` gets one and reads no configuration itself, so a plan is a pure function of the task's
 request and this snapshot (and tests build either by hand).
@@ -14,7 +14,7 @@ from airflow_gpu_provider import config
 
 @dataclass(frozen=True)
 class GpuConfig:
-    """Every ``[gpu]`` option, typed (see :data:`~airflow_gpu_provider.config.options.OPTIONS` for each meaning).
+    """Every ``[gpu]`` option, typed, and every ``[gpu_policy]`` one (``config/options.py``, ``config/policy.py``).
 
     Fields have no defaults here: each default is written once, in the options table.
     """
@@ -52,24 +52,38 @@ class GpuConfig:
     allowed_capabilities: str
     allowed_users: str
     allowed_groups: str
-    allowed_docker_engines: str
+    allowed_clusters: str
     allowed_network_modes: str
     allowed_ipc_modes: str
     allowed_build_paths: str
     allowed_checkpoint_roots: str
     min_pod_security: str
-    allowed_kubernetes_objects: str
+    allowed_objects: str
+    deployment: str
 
     @classmethod
     def read(cls, **overrides: object) -> GpuConfig:
-        """The options as this process sees them now (``AIRFLOW__GPU__*`` first, then airflow.cfg, then defaults).
+        """The options as this process sees them now (environment first, then airflow.cfg, then defaults).
 
         :param overrides: values to use instead (tests, and a backend's own options that replace a ``[gpu]`` one)
         """
+        section = config.policy_values()
         values = {
-            field.name: config.get(field.name) for field in dataclasses.fields(cls) if field.name not in overrides
+            field.name: section[field.name] if field.name in section else config.get(field.name)
+            for field in dataclasses.fields(cls)
+            if field.name not in overrides
         }
         return cls(**values, **overrides)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_state(cls, carried: dict[str, object]) -> GpuConfig:
+        """The options a deferral carried (``dataclasses.asdict``), read by this release, whichever wrote them.
+
+        An option this release does not know (a release before or after it had it) is dropped; one the carried
+        options lack is this process's (:meth:`read`): a deferred try resumes across an upgrade.
+        """
+        known = {field.name for field in dataclasses.fields(cls)}
+        return cls.read(**{name: value for name, value in carried.items() if name in known})
 
     def grace(self, option: float | None) -> float:
         """Seconds between SIGTERM and SIGKILL: a backend option's value, else ``[gpu] kill_grace``.

@@ -17,9 +17,9 @@ from airflow.sdk.bases.decorator import DecoratedOperator, _TaskDecorator
 
 from airflow_gpu_provider.dag_line import airflow_checks, entry_point
 from airflow_gpu_provider.exceptions import InvalidSettingError
-from airflow_gpu_provider.operators.arguments import check_names, check_payload
+from airflow_gpu_provider.operators.arguments import accepted, check_names
 from airflow_gpu_provider.operators.gpu_step import GpuStepOperator
-from airflow_gpu_provider.operators.spec import beside_spec
+from airflow_gpu_provider.operators.spec import beside_spec, owner_name
 from airflow_gpu_provider.task.call import check_binding, check_call_arguments
 from airflow_gpu_provider.task.callable import shipped_callable
 
@@ -57,7 +57,7 @@ def _owner(decorator: _GpuTask, *_: Any, **__: Any) -> str:
 
 
 def _overridden(decorator: _GpuTask, **kwargs: Any) -> str:
-    return f"{DECORATOR}({kwargs['task_id']!r})" if "task_id" in kwargs else _owner(decorator)
+    return owner_name(DECORATOR, kwargs["task_id"]) if "task_id" in kwargs else _owner(decorator)
 
 
 class _GpuTask(_TaskDecorator):  # type: ignore[type-arg]
@@ -73,6 +73,7 @@ class _GpuTask(_TaskDecorator):  # type: ignore[type-arg]
     @entry_point(_owner)
     def _validate_arg_names(self, func: Any, kwargs: dict[str, Any]) -> None:
         """``train.expand(...)`` and ``train.partial(...)``: the names bound to the signature (the rest may come)."""
+        _task_arguments(_owner(self), self.function, self.operator_class, func, kwargs)
         check_call_arguments(_owner(self), self.function, [], kwargs, complete=False)
         with airflow_checks(_owner(self), f"{func}()"):  # a context key mapped, a value that cannot be mapped
             super()._validate_arg_names(func, kwargs)
@@ -83,10 +84,34 @@ class _GpuTask(_TaskDecorator):  # type: ignore[type-arg]
         owner = _overridden(self, **kwargs)
         check_names(owner, self.operator_class, kwargs)
         settled = self.kwargs["task_spec"]._replace(owner=owner)
-        spec = self.operator_class.settle(owner, {**kwargs, "python_callable": self.function}, settled)
+        spec = self.operator_class.settle(owner, {**kwargs, "python_callable": self.function}, settled, complete=False)
         result = cast("_GpuTask", super().override(**beside_spec(kwargs)))
         result.kwargs["task_spec"] = spec
         return result
+
+
+def _task_arguments(
+    owner: str, function: Callable[..., Any], operator_class: type, func: str, kwargs: Mapping[str, Any]
+) -> None:
+    """Refuse a task's argument given to ``.partial()`` or ``.expand()``, which take the function's: name the fix."""
+    import inspect
+
+    parameters = inspect.signature(function).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return  # **kwargs takes any name: the function's
+    name = next((n for n in kwargs if n not in parameters and n in accepted(operator_class)), None)
+    if name is None:
+        return
+    called = getattr(function, "__name__", "task")
+    fix = f"{called}.override({name}=...).{func}(...)"
+    if func == "expand":
+        own = " (each has its own checkpoint folder beneath one root)" if name == "checkpoint" else ""
+        fix += (
+            f" for every map index{own}; a value per map index: "
+            f"GpuStepOperator.partial(task_id=..., python_callable={called}).expand({name}=[...])"
+        )
+    why = f"{name} is an argument of the task, not of {called}(), and .{func}() takes {called}()'s arguments"
+    raise InvalidSettingError(owner, name, kwargs[name], why, fix)
 
 
 @functools.cache
@@ -131,7 +156,7 @@ def gpu_task(
     """
 
     def owner(function: Callable[..., Any]) -> str:
-        return f"{DECORATOR}({kwargs.get('task_id') or getattr(function, '__name__', '?')!r})"
+        return owner_name(DECORATOR, kwargs.get("task_id") or getattr(function, "__name__", None))
 
     @entry_point(owner)  # called where the function is decorated: errors point at that line
     def decorate(function: Callable[..., Any]) -> TaskDecorator:
@@ -154,8 +179,7 @@ def gpu_task(
             by_name, arguments = split_launch(operator_class, arguments)
             arguments["launch_options"] = {**dict(arguments.get("launch_options") or {}), **by_name}
         check_names(owner(function), operator_class, arguments)
-        spec = operator_class.settle(owner(function), {**arguments, "python_callable": function})
-        check_payload(spec.owner, {"python_callable": function}, complete=False)  # its source, shipped as is
+        spec = operator_class.settle(owner(function), {**arguments, "python_callable": function}, complete=False)
         with airflow_checks(spec.owner, f"{DECORATOR}(...)"):  # the types of BaseOperator's arguments
             return _GpuTask(  # type: ignore[return-value]
                 function=function,

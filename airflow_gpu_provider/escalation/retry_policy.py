@@ -96,9 +96,13 @@ class GpuRetryPolicy(RetryPolicy):
         object.__setattr__(self, "infrastructure_delay", None if seconds is None else timedelta(seconds=seconds))
 
     def evaluate(self, exception: BaseException, try_number: int, max_tries: int, context: Any = None) -> RetryDecision:
-        """Airflow's decision for the failed try: by its class, with the class and its evidence as the reason."""
+        """Airflow's decision for the failed try: by its class, with the class and its evidence as the reason.
+
+        The last try (no retries left) gets Airflow's default, which fails it: a decision would log a "retry" that
+        cannot happen.
+        """
         found = failure_class_of(exception)
-        if found is None:
+        if found is None or try_number > max_tries:
             return RetryDecision.default()
         klass, evidence = found
         reason = f"{klass}: {evidence}"[:MAX_REASON]

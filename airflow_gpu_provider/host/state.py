@@ -121,17 +121,22 @@ def exclusive(path: str | os.PathLike[str]) -> Iterator[float]:
         os.close(fd)
 
 
-def task_folder(parent: str | os.PathLike[str]) -> Path:
-    """A new private folder for one task in ``parent`` (made private), named after its worker.
+def task_folder(parent: str | os.PathLike[str], *, prefix: str = "task") -> Path:
+    """A new private folder for one task in ``parent`` (made private), named ``<prefix>-<its worker>-...``.
 
-    The folders that workers of this host left when they were killed are removed first (a worker of another host
-    or container sharing the state dir is never taken for dead).
+    The ``task-`` folders that workers of this host left when they were killed are removed first (a worker of another
+    host or container sharing the state dir is never taken for dead); another prefix's are their owner's to remove.
     """
     folder = private_dir(parent)
     for stale in folder.glob("task-*"):
-        if is_dead(stale.name[len("task-") :].rsplit("-", 1)[0]):
+        if is_dead(folder_owner(stale.name)):
             shutil.rmtree(stale, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=f"task-{worker_identity()}-", dir=folder))
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}-{worker_identity()}-", dir=folder))
+
+
+def folder_owner(name: str) -> str:
+    """The worker identity in a :func:`task_folder`'s name."""
+    return name.split("-", 1)[-1].rsplit("-", 1)[0]
 
 
 def runtime_file(state_dir: str | os.PathLike[str]) -> Path:

@@ -23,6 +23,11 @@ from airflow_gpu_provider.host.waiting import free_count
 if TYPE_CHECKING:
     from airflow_gpu_provider.operators.spec import TaskSpec
 
+#: The most lock files a wait looks at (a host's GPUs and their MIG slices), and the shortest time between two
+#: looks: a trigger row is data (a DAG's own code can defer to this trigger), and the triggerer's loop is everyone's.
+MAX_LOCKS = 512
+MIN_POLL = 0.05
+
 
 class GpuFreeTrigger(BaseTrigger):
     """Fire ``{"status": "free"}`` when ``count`` of ``lock_files`` are free, ``{"status": "timeout"}`` at the deadline.
@@ -46,10 +51,12 @@ class GpuFreeTrigger(BaseTrigger):
         since: float | None = None,
     ) -> None:
         super().__init__()
+        if len(lock_files) > MAX_LOCKS:
+            raise ValueError(f"a wait for GPUs looks at {MAX_LOCKS} lock files at most, not {len(lock_files)}")
         self.lock_files = list(lock_files)
         self.count = count
         self.deadline = deadline
-        self.poll_interval = poll_interval
+        self.poll_interval = max(float(poll_interval), MIN_POLL)
         self.requested = requested
         self.since = time.time() if since is None else since
 
@@ -71,7 +78,7 @@ class GpuFreeTrigger(BaseTrigger):
         """Look every ``poll_interval`` seconds; log while waiting (every minute, then less often)."""
         next_report = 60.0
         while True:
-            free = free_count(self.lock_files)  # a read of /proc/locks and a stat per device: never blocks
+            free = await asyncio.to_thread(free_count, self.lock_files)  # /proc/locks and a stat per device
             waited = time.time() - self.since
             # the event carries what the task's resume needs: a runner may pass on no more (dag.test())
             state = {
@@ -90,7 +97,7 @@ class GpuFreeTrigger(BaseTrigger):
             if waited >= next_report:
                 self.log.info("Still waiting for %s after %.0fs: %d of them free.", self.requested, waited, free)
                 next_report *= 2
-            await asyncio.sleep(min(self.poll_interval, max(self.deadline - time.time(), 0.01)))
+            await asyncio.sleep(min(self.poll_interval, max(self.deadline - time.time(), MIN_POLL)))
 
 
 class GpuStartTrigger(GpuFreeTrigger):
@@ -129,7 +136,7 @@ class GpuStartTrigger(GpuFreeTrigger):
         self.lock_files = [str(allocator.lock_path(device)) for device in candidates]
         self.count = count if 0 < count <= len(candidates) else 0  # never enough here: the worker says why
         self.requested = resources.describe().split(",")[0]
-        self.poll_interval = conf.trigger_poll_interval
+        self.poll_interval = max(conf.trigger_poll_interval, MIN_POLL)
         self.since = time.time()
         self.deadline = self.since + (self.limit if self.limit is not None else conf.wait_timeout)
 

@@ -53,14 +53,22 @@ def describe_holder(info: dict[str, object]) -> str:
 
 
 def deployment() -> str:
-    """The Airflow deployment of this worker: a digest of the Execution API it reports to and its ``AIRFLOW_HOME``.
+    """The Airflow deployment of this worker: ``[gpu_policy] deployment``, else a digest of its Execution API and home.
+
+    The digest is of the Execution API's URL and ``AIRFLOW_HOME``.
 
     Two deployments sharing one Docker engine or Ray cluster (staging and production; parallel test runs) each ask
     their own API whether a durable container's or job's task instance has ended: the other's would answer "no such
-    task instance" and stop what a later try is about to reattach to.
+    task instance" and stop what a later try is about to reattach to. The Docker authorization plugin lets a
+    deployment reach only what carries its own name (``policy/authz/``).
     """
     from airflow.configuration import conf
 
+    from airflow_gpu_provider.config import policy_values
+
+    named = policy_values()["deployment"]
+    if named:
+        return named
     api = conf.get("core", "execution_api_server_url", fallback="") or conf.get("api", "base_url", fallback="")
     home = os.environ.get("AIRFLOW_HOME", "~/airflow")
     return hashlib.sha256(f"{api}\n{home}".encode()).hexdigest()[:16]

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from airflow.sdk.definitions.mappedoperator import OperatorPartial
 
     from airflow_gpu_provider.settings import ResourceSettings
+    from airflow_gpu_provider.task.callable import ShippedCallable
     from airflow_gpu_provider.task.envelope import Envelope
 
 
@@ -69,24 +70,20 @@ class AccelerateOperator(GpuStepOperator):
         own = {name: value for name, value in locals().items() if name in LAUNCH_ARGUMENTS and value is not None}
         extra, kwargs = split_launch(type(self), kwargs)
         owner = task_owner(self, **kwargs)
-        if (script is None) == (python_callable is None):
-            raise InvalidSettingError(
-                owner, "script/python_callable", None, "give exactly one of them", "script='x.py' or python_callable=f"
-            )
         self.script, self.script_args = script, list(script_args or [])
         launch = {**own, **dict(launch_options or {}), **extra}
-        arguments = {**kwargs, "python_callable": python_callable, "launch_options": launch}
+        arguments = {**kwargs, "python_callable": python_callable, "script": script, "launch_options": launch}
         kwargs["task_spec"] = type(self).settle(owner, arguments, kwargs.get("task_spec"))
         # GpuStepOperator takes a callable or a command; a script becomes the launcher's command at run time
         super().__init__(python_callable=python_callable, command=None if script is None else [script], **kwargs)
 
     @classmethod
-    def settle(cls, owner: str, arguments: Mapping[str, Any], settled: TaskSpec | None = None) -> TaskSpec:
-        """:meth:`GpuStepOperator.settle`, and the ``accelerate launch`` options checked by accelerate's own parser."""
+    def _settled(cls, owner: str, arguments: Mapping[str, Any], settled: TaskSpec | None) -> TaskSpec:
+        """The task's settings, and the ``accelerate launch`` options checked by accelerate's own parser."""
         launch = {name: arguments[name] for name in LAUNCH_ARGUMENTS if arguments.get(name) is not None}
         launch.update(arguments.get("launch_options") or {})
         if settled is not None and (not launch or launch == settled.launch):
-            return super().settle(owner, arguments, settled)
+            return super()._settled(owner, arguments, settled)
         launch = {**((settled.launch or {}) if settled is not None else {}), **launch}
         for reserved in ("machine_rank", "main_process_ip"):
             if launch.get(reserved) is not None:
@@ -103,6 +100,19 @@ class AccelerateOperator(GpuStepOperator):
             spec = settled.changed(arguments, num_nodes=nodes)
         launch_section(spec.resources, _without_machines(launch), num_machines=nodes, owner=spec.owner)  # a check
         return spec._replace(launch=launch)
+
+    @classmethod
+    def _payload(cls, owner: str, arguments: Mapping[str, Any], *, complete: bool) -> ShippedCallable | None:
+        """A script or a function, exactly one (a script is the launcher's command); its call checked."""
+        script, function = arguments.get("script"), arguments.get("python_callable")
+        if script is not None or arguments.get("command") is None:  # the payload in this operator's own names
+            if (script is not None and function is not None) or (complete and script is None and function is None):
+                raise InvalidSettingError(
+                    owner, "script/python_callable", script if function is None else function,
+                    "give exactly one of them", "script='x.py' or python_callable=f",
+                )  # fmt: skip
+            arguments = {**arguments, "command": None if script is None else [script]}
+        return super()._payload(owner, arguments, complete=complete)
 
     @classmethod
     @entry_point(task_owner)

@@ -285,10 +285,10 @@ def check_payload(owner: str, arguments: Mapping[str, Any], *, complete: bool = 
     from airflow_gpu_provider.task.callable import check_command, shipped_callable
 
     function, command = arguments.get("python_callable"), arguments.get("command")
-    if complete and (function is None) == (command is None):
-        raise InvalidSettingError(
-            owner, "python_callable/command", None, "give exactly one of them", "python_callable=f or command=[...]"
-        )
+    both = function is not None and command is not None
+    if both or (complete and function is None and command is None):
+        why = "give exactly one of them, not both" if both else "give exactly one of them"
+        raise InvalidSettingError(owner, "python_callable/command", command, why, "python_callable=f or command=[...]")
     if command is not None and not is_template(command):
         check_command(owner, command)
     if function is None:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from airflow_gpu_provider.escalation.tries import Tries
     from airflow_gpu_provider.host.waiting import MustWait
     from airflow_gpu_provider.operators.spec import TaskSpec
+    from airflow_gpu_provider.settings.escalation import OomEscalation
     from airflow_gpu_provider.task.request import TaskRequest
     from airflow_gpu_provider.task.result import TaskResult
 
@@ -76,6 +77,16 @@ class GpuExecution(DurableJob):
     def wait_timeout(self) -> float | None:
         """Seconds a wait for GPUs lasts (``None``: ``[gpu] wait_timeout``)."""
         return self.task_spec.wait_timeout
+
+    @property
+    def on_oom(self) -> OomEscalation | None:
+        """The task's ``on_oom`` ladder (as settled: :attr:`task_spec` holds the task's every setting)."""
+        return self.task_spec.on_oom
+
+    @property
+    def resume(self) -> bool:
+        """Whether each try resumes from the newest checkpoint of its folder (``resume=True``)."""
+        return self.task_spec.resume
 
     if TYPE_CHECKING:  # the operator's (GpuStepOperator, BaseOperator)
         gpu_profile: Any
@@ -125,7 +136,7 @@ class GpuExecution(DurableJob):
         from airflow_gpu_provider.escalation import tries as escalation
         from airflow_gpu_provider.task.request import TaskRequest
 
-        conf = GpuConfig(**carried["conf"])
+        conf = GpuConfig.from_state(carried["conf"])
         spec = self.rendered_spec()
         request = TaskRequest.from_state(carried["request"], spec.image)
         tries = escalation.Tries.start(spec.on_oom, context) if spec.on_oom is not None else None  # to record the end
@@ -203,6 +214,8 @@ class GpuExecution(DurableJob):
             self._infrastructure(context, attempt, err)
             if isinstance(err, GpuUnavailableError) and attempt.request.min_gpu_memory is not None:
                 raise AirflowFailException(str(err)) from err  # no GPU of this host is larger: retrying cannot help
+            if isinstance(err, RemoteTaskError):  # the task's own traceback is above: not the provider's frames
+                raise err.with_traceback(None)  # noqa: B904 - the same error
             raise
         self._running_backend = self._job = None
         if isinstance(outcome, MustWait):  # nothing is published for a deferred try

@@ -13,7 +13,7 @@ from airflow_gpu_provider.checkpoint.mixin import CheckpointMixin
 from airflow_gpu_provider.dag_line import airflow_checks, entry_point
 from airflow_gpu_provider.operators.arguments import check_names, check_payload
 from airflow_gpu_provider.operators.execution import GpuExecution
-from airflow_gpu_provider.operators.spec import TaskSpec, beside_spec, task_owner
+from airflow_gpu_provider.operators.spec import TaskSpec, beside_spec, owner_name, task_owner
 from airflow_gpu_provider.policy.secrets import MasksCredentials
 from airflow_gpu_provider.settings.image import check_environment
 from airflow_gpu_provider.task.call import call_arguments
@@ -28,12 +28,13 @@ if TYPE_CHECKING:
     from airflow_gpu_provider.escalation.tries import Tries
     from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
     from airflow_gpu_provider.settings.escalation import OomEscalation
+    from airflow_gpu_provider.task.callable import ShippedCallable
     from airflow_gpu_provider.task.envelope import Envelope
     from airflow_gpu_provider.task.request import TaskRequest
 
 
 class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMixin, BaseOperator):
-    """Run a Python callable or a command on GPUs, on the local, Docker, Kubernetes or executor backend.
+    """Run a Python callable or a command on GPUs, on any backend of the registry (``backends.BACKENDS``).
 
     Declare resources once (``resources=ResourceSettings(...)`` or the shortcuts) and the backend maps them:
     the local backend to devices from the host's GPU allocator, Docker to device requests, Kubernetes to
@@ -48,7 +49,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
     :param resources: the task's :class:`ResourceSettings`
     :param image: the task's :class:`ImageSettings`
     :param backend: a backend of :data:`airflow_gpu_provider.backends.BACKENDS` (``"local"``, ``"docker"``,
-        ``"kubernetes"``, ``"executor"``); default ``[gpu] backend`` (templated)
+        ``"kubernetes"``, ``"ray"``, ``"executor"``, ...); default ``[gpu] backend`` (templated)
     :param on_missing_gpu: ``"fail"``, ``"wait"`` or ``"cpu"``; default ``[gpu] on_missing_gpu`` (templated)
     :param backend_options: backend-specific options (connection ids, namespace, ...), checked at parse time
     :param environment: extra environment variables for the task process (templated)
@@ -143,15 +144,14 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         owner = task_owner(self, task_spec=task_spec, **kwargs)
         check_names(owner, type(self), kwargs)
         self.task_spec = spec = type(self).settle(owner, {**given, "dag": kwargs.get("dag")}, task_spec)
-        self.shipped = check_payload(spec.owner, given)
+        self.shipped = spec.shipped
         self.python_callable, self.command = python_callable, command
         self.op_args, self.op_kwargs = list(op_args or []), dict(op_kwargs or {})
-        # the templated arguments as given, rendered when the task starts (the settled values are in task_spec); one
-        # not given, or empty, is None, which Airflow's serialisation of the DAG leaves out
+        # templated arguments as given, rendered at start (settled in task_spec); None (not given) is not serialised
         self.backend, self.on_missing_gpu = backend, on_missing_gpu
         self.checkpoint = spec.checkpoint  # as checked (a path-like as text); a template is rendered when it starts
         self.resource_overrides = dict(spec.templated) or None
-        self.environment = check_environment(spec.owner, "environment", environment or {}) or None
+        self.environment = dict(environment or {}) or None  # checked by settle
         with airflow_checks(spec.owner, "BaseOperator(...)"):
             super().__init__(**spec.placed(kwargs))
         self.durable = spec.durable  # Airflow's ResumableJobMixin attribute (its own __init__ leaves its default)
@@ -162,23 +162,29 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
             self.start_from_trigger = self.start_trigger_args is not None
 
     @classmethod
-    def settle(cls, owner: str, arguments: Mapping[str, Any], settled: TaskSpec | None = None) -> TaskSpec:
+    def settle(
+        cls, owner: str, arguments: Mapping[str, Any], settled: TaskSpec | None = None, *, complete: bool = True
+    ) -> TaskSpec:
         """The front door: a task of this operator settled from its arguments, the one place that checks them.
 
         Called once per task, when the DAG is parsed: by ``__init__``, :meth:`partial` and ``@task.gpu``
         (``settled``: as the decorator or ``.partial()`` settled it; arguments given again settle it anew).
+
+        :param complete: the call is whole; ``False`` where ``.expand()`` or the function's call may add the rest
         """
+        spec = cls._settled(owner, arguments, settled)
+        check_environment(spec.owner, "environment", arguments.get("environment") or {})
+        return spec._replace(shipped=cls._payload(spec.owner, arguments, complete=complete))
+
+    @classmethod
+    def _settled(cls, owner: str, arguments: Mapping[str, Any], settled: TaskSpec | None) -> TaskSpec:
+        """The task's settings settled (a subclass adds its own: AccelerateOperator's launch options)."""
         return TaskSpec.settle(owner, arguments) if settled is None else settled.changed(arguments)
 
-    @property
-    def on_oom(self) -> OomEscalation | None:
-        """The task's ``on_oom`` ladder (as settled: :attr:`task_spec` holds the task's every setting)."""
-        return self.task_spec.on_oom
-
-    @property
-    def resume(self) -> bool:
-        """Whether each try resumes from the newest checkpoint of its folder (``resume=True``)."""
-        return self.task_spec.resume
+    @classmethod
+    def _payload(cls, owner: str, arguments: Mapping[str, Any], *, complete: bool) -> ShippedCallable | None:
+        """The function's shipped form (``None``: a command), its call checked (:func:`.arguments.check_payload`)."""
+        return check_payload(owner, arguments, complete=complete)
 
     @classmethod
     @entry_point(task_owner)
@@ -188,10 +194,9 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         The scheduler reads the GPU pool (and the executor's placement) of a mapped task from these arguments,
         before any copy of the operator exists.
         """
-        owner = f"{cls.__name__}({task_id!r})"
+        owner = owner_name(cls.__name__, task_id)
         check_names(owner, cls, kwargs)
-        spec = cls.settle(owner, kwargs)
-        check_payload(owner, kwargs, complete=False)
+        spec = cls.settle(owner, kwargs, complete=False)
         placed = spec.placed(beside_spec(kwargs))
         partial = vars(BaseOperator)["partial"].class_method.__func__  # BaseOperator's, for this class
         with airflow_checks(owner, "partial()"):

@@ -30,10 +30,20 @@ from airflow_gpu_provider.task import missing_gpu
 if TYPE_CHECKING:
     from airflow_gpu_provider.backends.options import BackendOptions
     from airflow_gpu_provider.settings.escalation import OomEscalation
+    from airflow_gpu_provider.task.callable import ShippedCallable
     from airflow_gpu_provider.task.missing_gpu import OnMissingGpu
     from airflow_gpu_provider.task.modules import ProjectModules
 
-__all__ = ["IMAGE_SHORTCUTS", "RESOURCE_SHORTCUTS", "SETTINGS", "TaskSpec", "beside_spec", "is_template", "task_owner"]
+__all__ = [
+    "IMAGE_SHORTCUTS",
+    "RESOURCE_SHORTCUTS",
+    "SETTINGS",
+    "TaskSpec",
+    "beside_spec",
+    "is_template",
+    "owner_name",
+    "task_owner",
+]
 
 _NONE: Mapping[str, Any] = MappingProxyType({})  # an empty mapping no one can change: a default of TaskSpec
 #: Every argument that :meth:`TaskSpec.settle` reads: a settled spec is settled again only if one of them changes.
@@ -55,13 +65,21 @@ def beside_spec(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in kwargs.items() if key not in SETTINGS or key in _KEPT}
 
 
+def owner_name(kind: str, task_id: object) -> str:
+    """The task as its author wrote it, for errors: ``GpuStepOperator('train')``, ``@task.gpu('train')``.
+
+    The one builder of the name every error of a task starts with (:func:`task_owner`, the decorator's).
+    """
+    return f"{kind}({'?' if task_id is None else task_id!r})"
+
+
 def task_owner(operator: object, *_: Any, **kwargs: Any) -> str:
     """The task as its author wrote it, for errors: ``GpuStepOperator('train')``, or the decorator's (settled).
 
     :param operator: the operator, or its class (``.partial()``); ``kwargs``: the arguments it was given
     """
     spec, name = kwargs.get("task_spec"), (operator if isinstance(operator, type) else type(operator)).__name__
-    return spec.owner if isinstance(spec, TaskSpec) else f"{name}({kwargs.get('task_id', '?')!r})"
+    return spec.owner if isinstance(spec, TaskSpec) else owner_name(name, kwargs.get("task_id"))
 
 
 class TaskSpec(NamedTuple):
@@ -82,6 +100,7 @@ class TaskSpec(NamedTuple):
     :param right_size: a try asks for the smallest GPU that held the last successful run's peak memory
     :param modules: the project modules shipped with the task
     :param launch: ``accelerate launch``'s options (AccelerateOperator's), checked by accelerate's parser
+    :param shipped: the function's shipped form (``None``: a command), set by the operator's ``settle``
     :param inputs: the arguments the spec was settled from (a changed one settles it again)
 
     A named tuple rather than a dataclass: it is built for every task of every DAG parse, and a dataclass costs
@@ -106,6 +125,7 @@ class TaskSpec(NamedTuple):
     right_size: bool = False
     modules: ProjectModules | None = None
     launch: Mapping[str, Any] | None = None
+    shipped: ShippedCallable | None = None
     inputs: Mapping[str, Any] = _NONE
 
     @classmethod

@@ -1,10 +1,10 @@
 """The one policy layer: every decision that reaches the host, for every backend, against the admin's allow-lists.
 
-Default deny. A DAG author's task gets of a host what the deployment's ``[gpu]`` allow-lists give
-(``config/allow_lists.py``), nothing more; asking for more is an error at DAG parse naming the field, the value
-and the ``[gpu]`` option that would allow it (:class:`PolicyError`). The worker checks again on the final object it
-submits, with its own configuration. Nothing else in the package makes these decisions; each check names the rule
-of docs/security.md it enforces.
+Default deny. A DAG author's task gets of a host what the deployment's ``[gpu_policy]`` allow-lists give
+(``config/policy.py``), nothing more; asking for more is an error at DAG parse naming the field, the value and the
+``[gpu_policy]`` option that would allow it (:class:`PolicyError`). The worker checks again on the final object it
+submits, with its own configuration. Standard library only: the authorization plugin imports it. Nothing else in the
+package makes these decisions; each check names the rule of docs/security.md it enforces.
 
 - ``paths.py``: no path trusted by its name (resolved without links, every ancestor checked, deletions by marker)
 - ``docker.py``: the container a Docker task may get (mounts, capabilities, users, groups, namespaces, devices),
@@ -24,29 +24,22 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from airflow_gpu_provider.config.policy import CLUSTER_KINDS, OBJECT_KINDS, SECTION
 from airflow_gpu_provider.exceptions import InvalidSettingError
 
 if TYPE_CHECKING:
     from airflow_gpu_provider.config.worker import GpuConfig
 
 LEVELS = ("restricted", "baseline", "privileged")  # Pod Security Standards, strongest first
-#: The kinds of cluster object a pod names that ``[gpu] allowed_kubernetes_objects`` lists (``KIND=NAME``)
-KUBERNETES_KINDS = (
-    "namespace",
-    "service_account",
-    "runtime_class",
-    "priority_class",
-    "kueue_queue",
-    "kueue_priority_class",
-)
+DEPLOYMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")  # a deployment's name, as a label value shows it
 _OBJECT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")  # a DNS subdomain, as the API server names
 
 
 class PolicyError(InvalidSettingError):
-    """A task asks for more of a host than the deployment's ``[gpu]`` allow-lists give."""
+    """A task asks for more of a host than the deployment's ``[gpu_policy]`` allow-lists give."""
 
     def __init__(self, owner: str, field: str, value: object, reason: str, *, option: str, allow: str) -> None:
-        super().__init__(owner, field, value, f"{reason} ({option})", f"what [gpu] {option} lists: {allow}")
+        super().__init__(owner, field, value, f"{reason} ({option})", f"what [{SECTION}] {option} lists: {allow}")
         self.option = option
 
 
@@ -64,24 +57,38 @@ def _paths(option: str, text: str) -> tuple[str, ...]:
                 root_parts(part)  # a URI is compared by its components: they must be plain ones
             roots.append(part.removesuffix("/") if "://" in part else canonical(part))
         except UnsafePathError as err:
-            raise ValueError(f"[gpu] {option}: {part!r} is no absolute path or plain URI ({err.problem})") from None
+            why = f"{part!r} is no absolute path or plain URI ({err.problem})"
+            raise ValueError(f"[{SECTION}] {option}: {why}") from None
     return tuple(roots)
 
 
-def _kubernetes_objects(text: str, kueue_queue: str) -> dict[str, frozenset[str]]:
-    """``KIND=NAME, ...`` by kind, with the deployment's own ``[gpu] kueue_queue`` added."""
-    listed: dict[str, set[str]] = {kind: set() for kind in KUBERNETES_KINDS}
+def _objects(text: str, kueue_queue: str) -> dict[str, frozenset[str]]:
+    """``allowed_objects``: ``KIND=NAME, ...`` by kind, with the deployment's own ``[gpu] kueue_queue`` added."""
+    listed: dict[str, set[str]] = {kind: set() for kind in OBJECT_KINDS}
     for part in filter(None, (item.strip() for item in text.split(","))):
         kind, _, name = (piece.strip() for piece in part.partition("="))
         if kind not in listed or not name or (name != "*" and not _OBJECT_NAME.fullmatch(name)):
             raise ValueError(
-                f"[gpu] allowed_kubernetes_objects: {part!r} is not KIND=NAME with KIND one of "
-                f"{', '.join(KUBERNETES_KINDS)} and NAME an object's name (or *)"
+                f"[{SECTION}] allowed_objects: {part!r} is not KIND=NAME with KIND one of "
+                f"{', '.join(OBJECT_KINDS)} and NAME an object's name (or *)"
             )
         listed[kind].add(name)
     if kueue_queue:
         listed["kueue_queue"].add(kueue_queue)
     return {kind: frozenset(names) for kind, names in listed.items()}
+
+
+def _clusters(text: str) -> dict[str, tuple[str, ...]]:
+    """``allowed_clusters``: ``KIND=ADDRESS, ...`` by kind, each kind's addresses sorted."""
+    listed: dict[str, set[str]] = {kind: set() for kind in CLUSTER_KINDS}
+    for part in filter(None, (item.strip() for item in text.split(","))):
+        kind, _, address = (piece.strip() for piece in part.partition("="))
+        if kind not in listed or not address:
+            raise ValueError(
+                f"[{SECTION}] allowed_clusters: {part!r} is not KIND=ADDRESS, KIND one of {', '.join(CLUSTER_KINDS)}"
+            )
+        listed[kind].add(address)
+    return {kind: tuple(sorted(addresses)) for kind, addresses in listed.items()}
 
 
 class MountRoot(NamedTuple):
@@ -97,9 +104,9 @@ def _mount_roots(text: str) -> tuple[MountRoot, ...]:
         path, _, mode = part.rpartition(":") if part.endswith((":ro", ":rw")) else (part, "", "ro")
         (clean,) = _paths("allowed_mount_roots", path)
         if clean == "/":
-            raise ValueError("[gpu] allowed_mount_roots: '/' would give tasks the whole host")
+            raise ValueError(f"[{SECTION}] allowed_mount_roots: '/' would give tasks the whole host")
         if any(root.path == clean and root.writable != (mode == "rw") for root in roots):
-            raise ValueError(f"[gpu] allowed_mount_roots: {clean} is listed both read-only and read-write")
+            raise ValueError(f"[{SECTION}] allowed_mount_roots: {clean} is listed both read-only and read-write")
         roots.append(MountRoot(clean, mode == "rw"))
     return tuple(sorted(set(roots), key=lambda root: -len(root.path)))  # the most specific root first
 
@@ -112,18 +119,31 @@ class Policy(NamedTuple):
     capabilities: frozenset[str]
     users: frozenset[str]
     groups: frozenset[str]
-    docker_engines: tuple[str, ...]
+    clusters: dict[str, tuple[str, ...]]
     network_modes: frozenset[str]
     ipc_modes: frozenset[str]
     build_paths: tuple[str, ...]
     checkpoint_roots: tuple[str, ...]
     min_pod_security: str
     state_dir: str
-    kubernetes: dict[str, frozenset[str]]
+    objects: dict[str, frozenset[str]]
+    deployment: str
+
+    @property
+    def docker_engines(self) -> tuple[str, ...]:
+        """The Docker engines of ``allowed_clusters``."""
+        return self.clusters["docker"]
 
     @classmethod
     def of(cls, conf: GpuConfig | Any) -> Policy:
-        """The policy of a configuration (``GpuConfig``, or anything with its attributes)."""
+        """The policy of a configuration (``GpuConfig``, or anything with its attributes).
+
+        :raises ValueError: naming the option whose value is malformed
+        """
+        if conf.min_pod_security not in LEVELS:
+            raise ValueError(f"[{SECTION}] min_pod_security={conf.min_pod_security!r} is none of {', '.join(LEVELS)}")
+        if conf.deployment and not DEPLOYMENT.fullmatch(conf.deployment):
+            raise ValueError(f"[{SECTION}] deployment={conf.deployment!r} is not a name of letters, digits, . _ -")
         default_root = conf.checkpoint_root or f"{conf.state_dir.rstrip('/')}/checkpoints"
         return cls(
             mount_roots=_mount_roots(conf.allowed_mount_roots),
@@ -131,7 +151,7 @@ class Policy(NamedTuple):
             capabilities=frozenset(name.upper().removeprefix("CAP_") for name in _names(conf.allowed_capabilities)),
             users=_names(conf.allowed_users),
             groups=_names(conf.allowed_groups),
-            docker_engines=tuple(sorted(_names(conf.allowed_docker_engines))),
+            clusters=_clusters(conf.allowed_clusters),
             network_modes=_names(conf.allowed_network_modes),
             ipc_modes=_names(conf.allowed_ipc_modes),
             build_paths=_paths("allowed_build_paths", conf.allowed_build_paths),
@@ -141,12 +161,13 @@ class Policy(NamedTuple):
             ),
             min_pod_security=conf.min_pod_security,
             state_dir=conf.state_dir,
-            kubernetes=_kubernetes_objects(conf.allowed_kubernetes_objects, conf.kueue_queue),
+            objects=_objects(conf.allowed_objects, conf.kueue_queue),
+            deployment=conf.deployment,
         )
 
     @classmethod
     def current(cls) -> Policy:
-        """The policy of this process's ``[gpu]`` section (at DAG parse, the DAG processor's)."""
+        """The policy of this process's configuration (at DAG parse, the DAG processor's)."""
         from airflow_gpu_provider.config.worker import GpuConfig
 
         return cls.of(GpuConfig.read())

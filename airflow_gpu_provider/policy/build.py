@@ -1,13 +1,13 @@
 """What of the worker a derived image's build may read: only what the admin allows, and nothing secret.
 
-Rule B1 (docs/security.md: a build reads of the worker only what the admin allows): a derived image keeps what
-its build copies in, on the engine and in ``[gpu] image_registry``, for whoever may pull it. So the worker files a
-task names for its build (``ImageSettings.find_links`` folders, ``backend_options['ca_bundle']``) must lie beneath
-``[gpu] allowed_build_paths``, be resolved as stable paths (``policy/paths.py``: no symbolic link on the way, every
-folder root's or the worker's and writable by no one else), be a regular file (a CA bundle) or a folder (a wheel
-folder: its regular files are copied, nothing else), and be readable by every local user already (the file and
-every folder on the way): a file only root or the worker may read is a secret, and a build does not publish it.
-The admin's own ``[gpu] ca_bundle`` is always allowed, as it is.
+Rule B1 (docs/security.md: a build reads of the worker only what the admin allows): a derived image keeps what its build
+copies in, on the engine and in ``[gpu] image_registry``, for whoever may pull it. So the worker files a task names for
+its build (``ImageSettings.find_links`` folders, ``backend_options['ca_bundle']``) must lie beneath ``[gpu_policy]
+allowed_build_paths``, be resolved as stable paths (``policy/paths.py``: no symbolic link on the way, every folder
+root's or the worker's and writable by no one else), be a regular file (a CA bundle) or a folder (a wheel folder: its
+regular files are copied, nothing else), and be readable by every local user already (the file and every folder on the
+way): a file only root or the worker may read is a secret, and a build does not publish it. The admin's own ``[gpu]
+ca_bundle`` is always allowed, as it is.
 
 Checked at DAG parse (:func:`check_image_inputs`, from ``DockerOptions.check_image``: by name, and the files
 themselves when the DAG processor has them) and again on the worker before anything is read or copied
@@ -34,7 +34,7 @@ CA_FIELD = "backend_options['ca_bundle']"
 
 
 class BuildPolicy(NamedTuple):
-    """What a build may read: ``[gpu] allowed_build_paths``, and the admin's ``[gpu] ca_bundle``."""
+    """What a build may read: ``[gpu_policy] allowed_build_paths``, and the admin's ``[gpu] ca_bundle``."""
 
     roots: tuple[str, ...]
     ca_bundle: str | None
@@ -92,7 +92,7 @@ def readable_input(
     """Check a worker path a build would read; return, for a folder, the names of the regular files it copies.
 
     :param value: the value as the task gave it (a ``file://`` URL), for the error
-    :raises PolicyError: when it is not beneath ``[gpu] allowed_build_paths``, or could be redirected, or is not a
+    :raises PolicyError: when it is not beneath ``allowed_build_paths``, or could be redirected, or is not a
         regular file (a folder), or not every local user may read it
     :raises FileNotFoundError: when it does not exist
     """
@@ -128,13 +128,13 @@ def readable_input(
 
 
 def check_image_inputs(image: ImageSettings, ca_bundle: str | None, policy: BuildPolicy | None = None) -> None:
-    """At DAG parse: refuse the worker files a build would read that ``[gpu] allowed_build_paths`` does not allow.
+    """At DAG parse: refuse the worker files a build would read that ``allowed_build_paths`` does not allow.
 
     Nothing is read without requirements (no build). A path missing here is checked by name only: the worker
     checks the files themselves before its build.
 
     :param ca_bundle: the task's ``backend_options['ca_bundle']``
-    :raises PolicyError: naming the field, the value and ``[gpu] allowed_build_paths``
+    :raises PolicyError: naming the field, the value and ``[gpu_policy] allowed_build_paths``
     """
     if not image.requirements:
         return

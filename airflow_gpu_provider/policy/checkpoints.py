@@ -1,7 +1,7 @@
 """Where a task may keep checkpoints, and which of them the provider may delete.
 
 Rules F3 and F2 of docs/security.md: a task's checkpoint root is ``[gpu] checkpoint_root`` (or the state dir's
-``checkpoints``), or a root of ``[gpu] allowed_checkpoint_roots`` (or beneath one): a DAG author never chooses a
+``checkpoints``), or a root of ``[gpu_policy] allowed_checkpoint_roots`` (or beneath one): a DAG author never chooses a
 folder or bucket of their own. Roots are compared component by component (``paths.root_parts``: a URI with ``..``,
 an empty or percent-encoded segment never passes), and a ``file://`` root is the local path it names. A task's folder
 is made without following links, by the worker, private to it, with the provider's marker in its run folder; an
@@ -41,7 +41,7 @@ def allowed(root: str, policy: Policy) -> bool:
 
 
 def check_root(owner: str, field: str, root: str, policy: Policy) -> str:
-    """``root`` when the deployment allows it; else a :class:`PolicyError` naming ``[gpu] allowed_checkpoint_roots``."""
+    """``root`` when the deployment allows it; else a :class:`PolicyError` naming ``allowed_checkpoint_roots``."""
     if not allowed(root, policy):
         raise PolicyError(
             owner,

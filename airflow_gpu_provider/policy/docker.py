@@ -1,12 +1,12 @@
 """The container a Docker task may get: checked on the options at DAG parse, and on the whole create call.
 
 Rules D1-D6 of docs/security.md: a task gets no privilege and no capability the admin did not list; it runs as the
-worker's own user unless the admin lists another, as numbers resolved on the worker (``policy/users.py``); it joins
-no host namespace and no other container's; it sees the devices of its GPUs only; it mounts host folders only
-beneath ``[gpu] allowed_mount_roots``, by paths no one but root and the worker can redirect, never the runtime's
-sockets or the system's folders, never what tasks may write to (a folder beneath a read-write root, the state dir, a
-checkpoint root), and named volumes only of ``[gpu] allowed_volumes``; it reaches only the worker's default Docker
-engine or one of ``[gpu] allowed_docker_engines``.
+worker's own user unless the admin lists another, as numbers resolved on the worker (``policy/users.py``); it joins no
+host namespace and no other container's; it sees the devices of its GPUs only; it mounts host folders only beneath
+``[gpu_policy] allowed_mount_roots``, by paths no one but root and the worker can redirect, never the runtime's sockets
+or the system's folders, never what tasks may write to (a folder beneath a read-write root, the state dir, a checkpoint
+root), and named volumes only of ``[gpu_policy] allowed_volumes``; it reaches only the worker's default Docker engine or
+one of ``[gpu_policy] allowed_clusters``.
 
 Here: the options at DAG parse (:func:`check_options`), the engine a task reaches (:func:`check_engine`), and
 the rules both checks share. The final check, on the create call's whole body, for the provider and for the
@@ -20,6 +20,7 @@ from typing import Any
 
 from airflow_gpu_provider.policy import Policy, PolicyError
 from airflow_gpu_provider.policy.paths import UnsafePathError, beneath, canonical
+from airflow_gpu_provider.policy.rootless import engine_folders
 from airflow_gpu_provider.policy.users import (
     DEVICE_GROUPS,
     USERS_ACCEPTED,
@@ -52,6 +53,9 @@ def root_problem(path: str, policy: Policy) -> str | None:
         return "it is or holds a part of the host no task may see (devices, kernel, boot, credentials, /etc)"
     if any(beneath(path, control) or beneath(control, path) for control in RUNTIME_CONTROL):
         return "it is or holds a container runtime's socket or state, which controls the host"
+    for folder in engine_folders(policy.docker_engines):  # the engine's socket folder, its user's home, runtime dir
+        if beneath(path, folder) or beneath(folder, path):
+            return f"it is, holds or lies in {folder}, whose holder controls every task of a Docker engine"
     for task_written in (policy.state_dir, *[r for r in policy.checkpoint_roots if "://" not in r]):
         if beneath(path, task_written) or beneath(task_written, path):
             return f"it overlaps {task_written}, which tasks write to (the state dir or a checkpoint root)"
@@ -92,7 +96,7 @@ def engine_key(url: str) -> str:
 
 
 def check_engine(owner: str, engines: Sequence[str], default: str, policy: Policy) -> None:
-    """The engine a task reaches: this process's default one, or one of ``[gpu] allowed_docker_engines``.
+    """The engine a task reaches: this process's default one, or one of ``[gpu_policy] allowed_clusters``.
 
     The default is ``$DOCKER_HOST`` or the local socket. Checked at parse, on the worker and in the triggerer.
 
@@ -101,9 +105,9 @@ def check_engine(owner: str, engines: Sequence[str], default: str, policy: Polic
     allowed = {engine_key(engine) for engine in (default, *policy.docker_engines)}
     for engine in engines:
         if engine_key(engine) not in allowed:
-            listed = ", ".join((default, *policy.docker_engines))
+            listed = ", ".join((f"{default} (the default)", *(f"docker={url}" for url in policy.docker_engines)))
             raise PolicyError(owner, "backend_options['docker_url']", engine, "an engine the deployment does not list",
-                              option="allowed_docker_engines", allow=listed)  # fmt: skip
+                              option="allowed_clusters", allow=listed)  # fmt: skip
 
 
 def check_options(owner: str, options: Any, policy: Policy) -> None:

@@ -1,16 +1,12 @@
 """The container a create call asks for, judged on the body the engine gets: rules D1-D5, for every client.
 
-ONE function, :func:`check_create`, judges a ``POST /containers/create`` body. The Docker backend calls it on the
-body it is about to send (``backends/docker/lifecycle.py``); the engine's authorization plugin (``policy/authz/``)
-calls it on the body any client sent. The same body gets the same verdict, whoever sends it.
-
-The body is read as the engine reads it (Go's ``encoding/json``): a name matches its field whatever its case (and
-``ſ``, ``K`` fold to ``s``, ``k``), so two names of one object that fold together are refused (the engine would merge
-them); the engine also takes HostConfig fields at the top level when ``HostConfig`` is missing, so nothing is
-accepted there that is not a container Config field. Default deny: a field this module does not judge or know to be
-harmless must be empty (``null``, ``false``, ``0``, ``""``, an empty list or object); ``MaskedPaths`` and
-``ReadonlyPaths`` must be ``null`` (an empty list unmasks ``/proc``). Users and groups are numbers of the judging
-host (``policy/users.py``): a name, whoever sends it, would be resolved in the image's own databases.
+ONE function, :func:`check_create`, judges a ``POST /containers/create`` body: the Docker backend's own final call
+(``backends/docker/lifecycle.py``) and, in the engine's authorization plugin (``policy/authz/``), any client's.
+The body is read as Go's ``encoding/json`` reads it: a name matches its field whatever its case (``ſ``, ``K`` fold
+to ``s``, ``k``), so two names that fold together are refused; HostConfig fields at the top level are read too, so
+nothing is accepted there that is not a Config field. Default deny: a field not judged or known to be harmless must
+be empty (``MaskedPaths`` and ``ReadonlyPaths`` ``null``: an empty list unmasks ``/proc``). Users and groups are
+numbers of the judging host (``policy/users.py``): a name would be resolved in the image's own databases.
 """
 
 from __future__ import annotations
@@ -21,9 +17,12 @@ from typing import Any
 from airflow_gpu_provider.policy import Policy
 from airflow_gpu_provider.policy.docker import DEVICE_PATHS, SAFE_SECURITY_OPTIONS, _mount_problem
 from airflow_gpu_provider.policy.paths import UnsafePathError, beneath, canonical, stable
+from airflow_gpu_provider.policy.rootless import split_cdi
 from airflow_gpu_provider.policy.users import allowed_gids, number, numeric_user, user_allowed
+from airflow_gpu_provider.task.labels import docker_label
 
 TASKS_FOLDER = "docker-tasks"  # the state dir's folder of the task files the provider mounts read-only
+DEPLOYMENT_LABEL = docker_label("deployment")  # the deployment whose workers made a container (host/workers.py)
 #: Container Config fields that reach nothing of the host (the user is judged, rule D2).
 CONFIG = frozenset((
     "hostname", "domainname", "attachstdin", "attachstdout", "attachstderr", "exposedports", "tty", "openstdin",
@@ -36,7 +35,7 @@ HARMLESS = frozenset((
     "readonlyrootfs", "shmsize", "init", "tmpfs", "cpushares", "memory", "nanocpus", "blkioweight",
     "blkioweightdevice", "blkiodevicereadbps", "blkiodevicewritebps", "blkiodevicereadiops", "blkiodevicewriteiops",
     "cpuperiod", "cpuquota", "cpusetcpus", "cpusetmems", "kernelmemory", "kernelmemorytcp", "memoryreservation",
-    "memoryswap", "memoryswappiness", "pidslimit", "ulimits", "cpucount", "cpupercent", "iomaximumiops",
+    "memoryswap", "memoryswappiness", "pidslimit", "cpucount", "cpupercent", "iomaximumiops",
     "iomaximumbandwidth",
 ))  # fmt: skip
 #: Never given a value (rule D3 and the rest of the host): a namespace, cgroup or runtime of the host's.
@@ -46,6 +45,9 @@ NEVER = frozenset((
     "storageopt", "isolation", "cpurealtimeperiod", "cpurealtimeruntime",
 ))  # fmt: skip
 NULL_ONLY = frozenset({"maskedpaths", "readonlypaths"})
+#: The only ulimits a container may get, and only with a GPU request: NVIDIA's for PyTorch (unlimited locked memory,
+#: a 64 MiB stack). Another (rtprio, nice: the host's CPU; memlock without a GPU) is never given.
+GPU_ULIMITS = {"memlock": (-1, -1), "stack": (67108864, 67108864)}
 
 
 def _refuse(field: str, value: object, why: str) -> UnsafePathError:
@@ -86,18 +88,28 @@ def _null_only(where: str, members: Mapping[str, Any]) -> None:
             raise _refuse(f"{where}{name}", members[name], "only the engine's defaults (null) are allowed")
 
 
-def check_create(body: Mapping[str, Any], policy: Policy) -> None:
+def check_create(body: Mapping[str, Any], policy: Policy, *, rootless: bool = False) -> None:
     """Rules D1-D5 on a whole ``POST /containers/create`` body, as the engine will read it.
 
+    :param rootless: the body goes to a rootless engine: its ``0:0`` is the worker, and it takes GPUs by CDI name
+        (``policy/rootless.py``)
     :raises UnsafePathError: naming the field, its value and the rule or ``[gpu]`` option it breaks
     """
     top = fields("body", body)
     _none_but("", top, CONFIG | {"user", "hostconfig", "networkingconfig"})
     _null_only("", top)
+    labels = top.get("labels") or {}
+    if policy.deployment and (not isinstance(labels, Mapping) or labels.get(DEPLOYMENT_LABEL) != policy.deployment):
+        why = f"the deployment's label {DEPLOYMENT_LABEL}={policy.deployment!r} ([gpu_policy] deployment)"
+        raise _refuse("Labels", labels, f"{why}: the workers and the engine's authorization plugin must agree")
     host = fields("HostConfig", top.get("hostconfig"))
+    gpus: list[str] = []
+    if rootless and "devices" in host:
+        host["devices"], gpus = split_cdi(host["devices"])
     check_host_config(host, policy)
     user = str(top.get("user") or "")
-    if reaches_host(host) and not _user_allowed(user, policy):  # rule D2
+    own = _user_allowed(user, policy) or (rootless and user == "0:0")
+    if (gpus or reaches_host(host)) and not own:  # rule D2
         raise _refuse("User", user or "the image's own", USER_RULE)
     if list(host.get("capdrop") or []) != ["ALL"]:  # rule D1
         raise _refuse("HostConfig.CapDrop", host.get("capdrop"), "rule D1: every capability is dropped (['ALL'])")
@@ -110,18 +122,19 @@ def check_create(body: Mapping[str, Any], policy: Policy) -> None:
         raise _refuse("NetworkingConfig.EndpointsConfig", endpoints, "not a JSON object")
     for name, endpoint in endpoints.items():  # network names are matched as written
         if name != "default" and name not in policy.network_modes:  # rule D3
-            raise _refuse("NetworkingConfig.EndpointsConfig", name, "rule D3: [gpu] allowed_network_modes lacks it")
+            why = "rule D3: [gpu_policy] allowed_network_modes lacks it"
+            raise _refuse("NetworkingConfig.EndpointsConfig", name, why)
         settings = fields(f"NetworkingConfig.EndpointsConfig.{name}", endpoint)
         for key in ("links", "driveropts"):  # rule D3: no other container's namespace, no driver options
             if not empty(settings.get(key)):
                 raise _refuse(f"NetworkingConfig.EndpointsConfig.{name}.{key}", settings[key], "rule D3: never set")
 
 
-USER_RULE = "rule D2: the worker's own uid:gid, or one of [gpu] allowed_users, in numbers (never a name)"
+USER_RULE = "rule D2: the worker's own uid:gid, or one of [gpu_policy] allowed_users, in numbers (never a name)"
 
 
 def _user_allowed(user: str, policy: Policy) -> bool:
-    """Rule D2: ``uid:gid`` in numbers, the worker's own or a pair of ``[gpu] allowed_users`` as this host resolves it.
+    """Rule D2: ``uid:gid`` in numbers, the worker's own or a pair of ``allowed_users`` as this host resolves it.
 
     A name, or a uid without its gid, would be resolved by the engine in the container's own ``/etc/passwd`` (the
     image's), where ``alice`` may be uid 0 and a uid's group any gid (``policy/users.py``).
@@ -146,8 +159,20 @@ def check_host_config(host: Mapping[str, Any], policy: Policy) -> None:
     for name, value in host.items():
         if name in JUDGED:
             JUDGED[name](value, policy)
+    _ulimits(host)
     _null_only("HostConfig.", host)
-    _none_but("HostConfig.", host, HARMLESS | JUDGED.keys() | NULL_ONLY | {"capdrop"})
+    _none_but("HostConfig.", host, HARMLESS | JUDGED.keys() | NULL_ONLY | {"capdrop", "ulimits"})
+
+
+def _ulimits(host: Mapping[str, Any]) -> None:
+    for limit in host.get("ulimits") or []:
+        members = fields("HostConfig.Ulimits", limit)
+        _none_but("HostConfig.Ulimits.", members, frozenset({"name", "soft", "hard"}))
+        pair = GPU_ULIMITS.get(str(members.get("name")))
+        gpu = host.get("devicerequests") or any("=" in str(d) for d in host.get("devices") or [])  # CDI: rootless
+        if pair is None or pair != (members.get("soft"), members.get("hard")) or not gpu:
+            why = "only NVIDIA's memlock=-1 and stack=64 MiB, with a GPU request (rtprio, nice reach the host's CPU)"
+            raise _refuse("HostConfig.Ulimits", limit, why)
 
 
 def _no_privilege(value: Any, policy: Policy) -> None:
@@ -159,7 +184,7 @@ def _capabilities(value: Any, policy: Policy) -> None:
     for capability in value or []:  # rule D1: ALL never, the rest only as listed
         name = str(capability).upper().removeprefix("CAP_")
         if name == "ALL" or name not in policy.capabilities:
-            raise _refuse("HostConfig.CapAdd", capability, "rule D1: [gpu] allowed_capabilities lacks it")
+            raise _refuse("HostConfig.CapAdd", capability, "rule D1: [gpu_policy] allowed_capabilities lacks it")
 
 
 def _security_options(value: Any, policy: Policy) -> None:
@@ -170,12 +195,12 @@ def _security_options(value: Any, policy: Policy) -> None:
 
 def _network_mode(value: Any, policy: Policy) -> None:
     if value not in (None, "", "default") and value not in policy.network_modes:  # rule D3
-        raise _refuse("HostConfig.NetworkMode", value, "rule D3: [gpu] allowed_network_modes lacks it")
+        raise _refuse("HostConfig.NetworkMode", value, "rule D3: [gpu_policy] allowed_network_modes lacks it")
 
 
 def _ipc_mode(value: Any, policy: Policy) -> None:
     if value not in (None, "", "default") and value not in policy.ipc_modes:  # rule D3
-        raise _refuse("HostConfig.IpcMode", value, "rule D3: [gpu] allowed_ipc_modes lacks it")
+        raise _refuse("HostConfig.IpcMode", value, "rule D3: [gpu_policy] allowed_ipc_modes lacks it")
 
 
 def _devices(value: Any, policy: Policy) -> None:
@@ -205,7 +230,7 @@ def _groups(value: Any, policy: Policy) -> None:
     for group in value or []:
         gid = number(str(group))
         if gid is None or gid not in gids:
-            why = "rule D4: a gid of [gpu] allowed_groups or of this host's video/render groups, in numbers"
+            why = "rule D4: a gid of [gpu_policy] allowed_groups or of this host's video/render groups, in numbers"
             raise _refuse("HostConfig.GroupAdd", group, why)
 
 
@@ -245,7 +270,9 @@ def _check_mount(mount: Mapping[str, Any], policy: Policy) -> None:
         return
     if kind == "volume":
         if source not in policy.volumes:
-            raise UnsafePathError(f"the volume {source!r}", "rule D5: the deployment's [gpu] allowed_volumes lacks it")
+            raise UnsafePathError(f"the volume {source!r}", "rule D5: [gpu_policy] allowed_volumes lacks it")
+        if volume.get("nocopy") is not True:  # else the engine fills an empty volume from the image (copy-up)
+            raise UnsafePathError(f"the volume {source!r}", "rule D5: mounted without copy-up only (NoCopy)")
         return
     if kind != "bind":
         raise UnsafePathError(f"the mount {dict(mount)!r}", "only bind, volume and tmpfs mounts are known")
@@ -257,13 +284,16 @@ def _check_mount(mount: Mapping[str, Any], policy: Policy) -> None:
     stable(source)  # rule F1: the engine resolves this name again when it starts the container
 
 
-def check_exec(body: Mapping[str, Any], policy: Policy) -> None:
-    """A ``POST /containers/{id}/exec`` body: never privileged, never another user than a container may run as."""
-    members = fields("exec", body)
-    if members.get("privileged"):
-        raise _refuse("exec Privileged", members["privileged"], "rule D1: nothing privileged")
-    user = str(members.get("user") or "")
-    if user and not _user_allowed(user, policy):  # rule D2 (empty: the container's own, judged when created)
-        raise _refuse("exec User", user, USER_RULE)
-    harmless = "attachstdin attachstdout attachstderr detachkeys tty consolesize env workingdir cmd user privileged"
-    _none_but("exec ", members, frozenset({"container", *harmless.split()}))  # container: the URL's, in docker-py
+def check_volume(found: Mapping[str, Any] | None, name: str) -> None:
+    """A listed volume the engine has: a plain local one, whose options make it no bind or network mount.
+
+    ``None`` (no such volume yet): the engine makes a plain local one.
+
+    :raises UnsafePathError: for another driver or any driver option (``type``, ``o``, ``device``)
+    """
+    if found is None:
+        return
+    volume = fields("volume", found)
+    if volume.get("driver") != "local" or volume.get("options"):
+        why = f"driver {volume.get('driver')!r} with options {volume.get('options')!r}: it mounts another place"
+        raise UnsafePathError(f"the volume {name!r}", f"{why}; only plain local volumes")

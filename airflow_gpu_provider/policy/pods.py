@@ -4,11 +4,11 @@ Rule P1 of docs/security.md: every pod the provider submits (a Pod, the pod temp
 executor (a ``pod_override``) meets the task's Pod Security Standards level, in every container, init container and
 ephemeral container, its host namespaces, volumes, sysctls, pod and container security contexts and annotations
 (:mod:`.pod_standards`). The level is ``restricted`` unless the task asks for ``pod_security='baseline'`` or
-``'privileged'``, which ``[gpu] min_pod_security`` must allow (rule P2). :func:`violations` is that check, used at
-DAG parse on what a task gives (templates, security contexts, ``pod_override``) and on the final object.
+``'privileged'``, which ``[gpu_policy] min_pod_security`` must allow (rule P2). :func:`violations` is that check, used
+at DAG parse on what a task gives (templates, security contexts, ``pod_override``) and on the final object.
 
 Rule P3: what a pod names that RBAC does not bound (its namespace, service account, runtime class, priority class,
-Kueue queue and Kueue priority class) is one ``[gpu] allowed_kubernetes_objects`` lists, or the deployment's own
+Kueue queue and Kueue priority class) is one ``[gpu_policy] allowed_objects`` lists, or the deployment's own
 (the connection's namespace, ``[gpu] kueue_queue``) (:func:`unlisted`). Rule P4: every container that asks for no
 NVIDIA device of its own (no ``nvidia.com/*`` resource, no DRA claim) gets ``NVIDIA_VISIBLE_DEVICES=void``, over
 whatever it or its image says (:func:`isolated`): under the NVIDIA runtime's defaults a sidecar or init container
@@ -29,8 +29,8 @@ from airflow_gpu_provider.task.environment import NO_GPUS
 #: Kueue's labels (kubernetes-sigs/kueue: the LocalQueue and the WorkloadPriorityClass of a pod or Job)
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
-OPTION = "allowed_kubernetes_objects"
-#: Where a pod (or a pod template) names each kind of ``[gpu] allowed_kubernetes_objects``: ``metadata.<field>``,
+OPTION = "allowed_objects"
+#: Where a pod (or a pod template) names each kind of ``[gpu_policy] allowed_objects``: ``metadata.<field>``,
 #: ``metadata.labels.<key>`` or ``spec.<field>`` (``serviceAccount`` is the deprecated alias the API server honours).
 REFERENCES: dict[str, tuple[str, ...]] = {
     "namespace": ("metadata", "namespace"),
@@ -54,7 +54,8 @@ class PodSecurityError(GpuTaskError):
             parts.append(
                 f"it breaks the {level} Pod Security Standards level ({listed}). Remove these fields from the pod "
                 "template (pod_template_file, pod_template_dict) or the task's options; "
-                "backend_options['pod_security'] may ask for a weaker level where [gpu] min_pod_security allows it"
+                "backend_options['pod_security'] may ask for a weaker level where [gpu_policy] min_pod_security "
+                "allows it"
             )
         if self.unlisted:
             parts.append(f"it names {'; '.join(map(str, self.unlisted))}. Ask the deployment's admin to list them")
@@ -66,7 +67,7 @@ def level_refused(level: str, minimum: str) -> str | None:
     if level not in LEVELS:
         return f"{level!r} is none of {', '.join(LEVELS)}"
     if LEVELS.index(level) > LEVELS.index(minimum):
-        return f"the weakest level [gpu] min_pod_security allows is {minimum!r}"
+        return f"the weakest level [gpu_policy] min_pod_security allows is {minimum!r}"
     return None
 
 
@@ -85,7 +86,7 @@ def refused(
         f"{reasons}; the {level} Pod Security Standards level forbids it",
         option="min_pod_security",
         allow=f"a pod within the {level} level, or {choice} set to a weaker level (baseline, privileged) where "
-        "[gpu] min_pod_security allows it",
+        "[gpu_policy] min_pod_security allows it",
     )
 
 
@@ -110,7 +111,7 @@ def final(obj: Mapping[str, Any], level: str, what: str, allowed: Mapping[str, f
     Returns ``obj`` with every container's device isolation set (rule P4), once it meets ``level`` (rule P1) and
     names only what ``allowed`` lists (rule P3); else raises :class:`PodSecurityError` and nothing is submitted.
 
-    :param allowed: ``Policy.kubernetes`` with the deployment's own names added (the namespace the connection gives)
+    :param allowed: ``Policy.objects`` with the deployment's own names added (the namespace the connection gives)
     """
     pod = isolated(obj)
     found, names = violations(pod, level), unlisted(pod, allowed)

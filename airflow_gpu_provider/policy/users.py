@@ -1,13 +1,13 @@
 """Who a Docker task's container runs as, and which groups it joins: numbers resolved on this host.
 
-Rules D2 and D4 of docs/security.md. The engine resolves a user or group *name* in the container's own
-``/etc/passwd`` and ``/etc/group``, which the DAG author's image writes: ``alice`` may be uid 0 there, ``video`` any
-gid, and a uid without a group gets gid 0. So the engine is handed numbers only, ``uid:gid`` and numeric groups,
-each name resolved here, on the host that checks (the DAG processor at parse, the worker when the task starts), in
-its own passwd and group databases: the admin's ``[gpu] allowed_users`` and ``allowed_groups`` mean what they mean on
-the worker. A user entry without a group stands for that user with its primary group on this host; any other group
-must be listed with it (``uid:gid``). The device groups of AMD and Intel GPUs (``video``, ``render``) are this
-host's gids, as the device nodes' owners are.
+Rules D2 and D4 of docs/security.md. The engine resolves a user or group *name* in the container's own ``/etc/passwd``
+and ``/etc/group``, which the DAG author's image writes: ``alice`` may be uid 0 there, ``video`` any gid, and a uid
+without a group gets gid 0. So the engine is handed numbers only, ``uid:gid`` and numeric groups, each name resolved
+here, on the host that checks (the DAG processor at parse, the worker when the task starts), in its own passwd and group
+databases: the admin's ``[gpu_policy] allowed_users`` and ``allowed_groups`` mean what they mean on the worker. A user
+entry without a group stands for that user with its primary group on this host; any other group must be listed with it
+(``uid:gid``). The device groups of AMD and Intel GPUs (``video``, ``render``) are this host's gids, as the device
+nodes' owners are.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def container_user(value: str | int | None, allowed: Iterable[str]) -> str:
     """The ``uid:gid`` a container runs as (the worker's own for ``None``).
 
     :raises UnknownNameError: a name this host does not know
-    :raises PermissionError: a user (or a group of it) that ``[gpu] allowed_users`` does not list
+    :raises PermissionError: a user (or a group of it) that ``[gpu_policy] allowed_users`` does not list
     """
     ids = worker_ids() if value is None else user_ids(value)
     if not user_allowed(ids, allowed):
@@ -104,7 +104,7 @@ def container_groups(values: Sequence[str | int], allowed: Iterable[str]) -> lis
     """Supplementary groups as this host's gids (strings, as the engine takes them), each one allowed.
 
     :raises UnknownNameError: a name this host does not know
-    :raises PermissionError: a group that ``[gpu] allowed_groups`` does not list (nor a device group)
+    :raises PermissionError: a group that ``[gpu_policy] allowed_groups`` does not list (nor a device group)
     """
     gids, permitted = [group_id(value) for value in values], allowed_gids(allowed)
     refused = [gid for gid in gids if gid not in permitted]

@@ -155,7 +155,7 @@ def run(envelope: dict[str, Any], source: str, result_to: str | None, *, rank: b
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point: ``ENVELOPE RESULT``, ``ENVELOPE --rank-results DIR`` or ``install ...``."""
     argv = sys.argv[1:] if argv is None else argv
-    whole_lines()
+    whole_lines(by_rank=argv[:1] == [LAUNCHER])  # a launcher writes the lines of its ranks
     if argv[:1] == [INSTALL]:
         from .install import install_main
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 import __future__
 
-import json
 import linecache
 import sys
 import time
@@ -11,7 +10,8 @@ import types
 from typing import Any
 
 from .escalation import failed
-from .protocol import function_tree
+from .output import say
+from .protocol import ERROR, JSON_VALUES, PREFIX, function_tree, json_problem
 from .signals import Terminated
 
 MODULE = "__gpu_task__"  # the module the shipped function is defined in, importable as any module is
@@ -48,13 +48,6 @@ def call_function(envelope: dict[str, Any]) -> dict[str, Any]:
     try:
         function = load_function(envelope)
         value = function(*envelope.get("args", []), **envelope.get("kwargs", {}))
-        try:
-            json.dumps(value, allow_nan=False)  # NaN and infinity are not JSON: XCom would refuse them later
-        except (TypeError, ValueError) as exc:
-            raise TypeError(
-                f"the return value of {envelope['function']}() is a {type(value).__name__}, which cannot travel "
-                f"back as JSON ({exc}); return None, bool, int, float (finite), str, or lists/dicts of those"
-            ) from exc
     except Terminated:
         raise
     except SystemExit as exc:  # sys.exit() in user code: 0/None is success
@@ -63,4 +56,21 @@ def call_function(envelope: dict[str, Any]) -> dict[str, Any]:
         value = None
     except Exception as exc:  # noqa: BLE001 - everything the user code raises is reported
         return failed(exc)
+    problem = json_problem(value)  # NaN and infinity are not JSON either: XCom would refuse them later
+    if problem is not None:
+        return unsendable(envelope["function"], problem)
     return {"ok": True, "return_value": value, "duration_s": time.monotonic() - started}
+
+
+def unsendable(function: str, problem: str) -> dict[str, Any]:
+    """The result of a function whose return value cannot travel back as JSON: one line, the key, the fix.
+
+    No traceback: the function returned, nothing raised.
+    """
+    message = (
+        f"the return value of {function}() cannot travel back as JSON: {problem}. Return {JSON_VALUES} "
+        "(a tensor or an array: .item() or .tolist(); a set: a list)"
+    )
+    say(f"{PREFIX} {message}", stderr=True)
+    error = {"time": time.time(), "type": "TypeError", "kind": ERROR, "message": message, "traceback": ""}
+    return {"ok": False, "error": error}

@@ -155,6 +155,34 @@ def function_tree(source: str, function: str, *, annotations_future: bool, filen
     return tree
 
 
+JSON_VALUES = "None, bool, int, float (finite), str, or lists/dicts of those"
+
+
+def json_problem(value: Any, where: str = "") -> str | None:
+    """Where ``value`` holds what cannot travel as JSON, in words (``['metrics']['loss'] is a set``); ``None``: none.
+
+    The one test of a task's arguments and return value: what ``json.dumps(value, allow_nan=False)`` takes.
+    """
+    import math
+
+    if value is None or isinstance(value, (bool, int, str)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{where or 'it'} is {value!r} (not finite)"
+    if isinstance(value, (list, tuple)):
+        return next((p for i, item in enumerate(value) if (p := json_problem(item, f"{where}[{i}]"))), None)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not (key is None or isinstance(key, (bool, int, float, str))):
+                return f"{where or 'it'} has a key of type {type(key).__name__} ({key!r})"
+            if (found := json_problem(item, f"{where}[{key!r}]")) is not None:
+                return found
+        return None
+    package = type(value).__module__.partition(".")[0]
+    name = ("" if package == "builtins" else f"{package}.") + type(value).__qualname__
+    return f"{where or 'it'} is {'an' if name[0] in 'aeiouAEIOU' else 'a'} {name}"
+
+
 def load_envelope(source: str) -> dict[str, Any]:
     """Read an envelope from a file or from ``env:NAME``; raise for one this runtime cannot read."""
     import json

@@ -148,13 +148,45 @@ KNOWN_MODELS: frozenset[str] = frozenset(
 )
 
 
+# Words of a cloud's or a node label's name of a card that are not its model: GKE's ``nvidia-tesla-a100``, NVIDIA's
+# ``nvidia.com/gpu.product`` (``NVIDIA-A100-SXM4-80GB``, ``Tesla-T4``), ``AMD-Instinct-MI300X``, ...
+_NOT_MODEL_WORDS = frozenset(
+    {"NVIDIA", "TESLA", "GEFORCE", "AMD", "INSTINCT", "INTEL", "DATA", "CENTER", "GPU", "MEGA", "PCIE", "HBM3"}
+    | {"HBM3E", "HBM2", "HBM2E", "SXM", "SXM2", "SXM3", "SXM4", "SXM5"}
+)
+
+
+def cloud_model(name: str) -> str | None:
+    """The model that a cloud's or a node label's name of a card names (``nvidia-tesla-a100``: ``A100``), if known.
+
+    GKE's ``cloud.google.com/gke-accelerator`` values, NVIDIA GPU feature discovery's ``nvidia.com/gpu.product``,
+    and the like: the vendor's and the form factor's words dropped, then the memory too when the table has no
+    such size (``Tesla-V100-SXM2-16GB``: ``V100``).
+    """
+    words = [w for w in name.upper().replace("_", "-").replace(" ", "-").split("-") if w and w not in _NOT_MODEL_WORDS]
+    for candidate in ("-".join(words), "-".join(w for w in words if not w.endswith("GB"))):
+        if candidate in KNOWN_MODELS and candidate != name.upper():
+            return candidate
+    return None
+
+
 def check_model(owner: str, model: str, also: Collection[str] = ()) -> None:
     """Refuse an accelerator model that is neither known nor one of ``also`` (the deployment's), naming both.
+
+    A cloud's or a node label's name of a known model is refused naming the model (:func:`cloud_model`).
 
     :param also: the models the deployment adds: those of ``[gpu] devices`` and ``[gpu] extra_accelerators``
     """
     if model.upper() in KNOWN_MODELS or model.upper() in {m.upper() for m in also}:
         return
+    named = cloud_model(model)
+    if named is not None:
+        raise InvalidSettingError(
+            owner, "accelerator", model,
+            f"a cloud's or a node label's name of the {named} (the provider names models as vendors sell them, and "
+            "maps them to each platform's labels itself)",
+            f"accelerator={named!r}",
+        )  # fmt: skip
     import difflib
 
     close = difflib.get_close_matches(model.upper(), [*KNOWN_MODELS, *also], n=3, cutoff=0.6)

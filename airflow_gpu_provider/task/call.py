@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from airflow_gpu_provider.exceptions import InvalidSettingError, closest
+from airflow_gpu_provider.runtime.protocol import JSON_VALUES, json_problem
 from airflow_gpu_provider.task.callable import CONTEXT_VALUES, ShippedCallable, known_context_keys
 
 JSON_ACCEPTED = "None, bool, int, float (finite), str, and lists/dicts of those (or an upstream task's XCom)"
@@ -41,14 +42,27 @@ def _check_json_argument(owner: str, field: str, value: Any) -> None:
         ) from None
 
 
+def _plain(value: Any) -> Any:
+    """``value`` with the sequences Airflow resolves an upstream's XCom to (a mapped task's results) made lists.
+
+    A lazy sequence is read in one slice: iterating it asks for one item past its end, which Airflow logs as an
+    ERROR ("XCom not found") on a run that succeeds.
+    """
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray)):
+        return [_plain(item) for item in value[:]]
+    return value
+
+
 def _json_checked(owner: str, label: str, value: Any) -> Any:
-    try:
-        return json.loads(json.dumps(value, allow_nan=False))
-    except (TypeError, ValueError) as err:
-        raise TypeError(
-            f"{owner}: {label} is a {type(value).__name__} that cannot travel as JSON ({err}). GPU tasks take "
-            "None, bool, int, float (finite), str, and lists/dicts of those"
-        ) from None
+    value = _plain(value)
+    problem = json_problem(value, label)
+    if problem is not None:
+        raise TypeError(f"{owner}: {problem}, which cannot travel as JSON. GPU tasks take {JSON_VALUES}")
+    return json.loads(json.dumps(value, allow_nan=False))
 
 
 def call_arguments(
@@ -67,7 +81,7 @@ def call_arguments(
         if key not in bound:
             kwargs[key] = CONTEXT_VALUES[key](context)
     args = [_json_checked(owner, f"positional argument {i}", a) for i, a in enumerate(op_args)]
-    return args, {k: _json_checked(owner, f"argument {k!r}", v) for k, v in kwargs.items()}
+    return args, {k: _json_checked(owner, f"argument {k}", v) for k, v in kwargs.items()}
 
 
 def check_call_arguments(

@@ -18,6 +18,8 @@ from airflow_gpu_provider.task.envelope import Envelope, summary
 from airflow_gpu_provider.task.labels import display_name
 from airflow_gpu_provider.task.missing_gpu import POLICIES, MissingGpuPolicy, OnMissingGpu
 
+_ENVELOPE_FIELDS = frozenset(f.name for f in dataclasses.fields(Envelope))
+
 if TYPE_CHECKING:
     from airflow_gpu_provider.checkpoint.location import CheckpointLocation
 
@@ -76,19 +78,24 @@ class TaskRequest:
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any], image: ImageSettings) -> TaskRequest:
-        """The request :meth:`to_state` carried, with the task's ``image``."""
+        """The request :meth:`to_state` carried, with the task's ``image``.
+
+        A field this release does not know (a later release's) is dropped, one it lacks gets its default.
+        """
         from airflow_gpu_provider.checkpoint.location import CheckpointLocation
 
         values = dict(state)
         if "reattach" in values:  # carried by a deferral of a release that called ``durable`` so
             values["durable"] = values.pop("reattach")
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {name: value for name, value in values.items() if name in known}
         checkpoint = values.get("checkpoint")
         return cls(
             **{
                 **values,
                 "resources": ResourceSettings(**values["resources"]),
                 "image": image,
-                "envelope": Envelope(**values["envelope"]),
+                "envelope": Envelope(**{k: v for k, v in values["envelope"].items() if k in _ENVELOPE_FIELDS}),
                 "checkpoint": None if checkpoint is None else CheckpointLocation(*checkpoint),
                 "project_path": tuple(values.get("project_path") or ()),
                 "avoid_nodes": tuple(values.get("avoid_nodes") or ()),

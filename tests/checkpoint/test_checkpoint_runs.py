@@ -26,7 +26,7 @@ def _try_numbers(dag_run) -> dict[str, int]:
 @pytest.fixture(autouse=True)
 def allowed_roots(tmp_path, monkeypatch):
     """The deployment allows the test's folder as a checkpoint root, as a path and as a file:// URI (policy/)."""
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", f"{tmp_path}, file://{tmp_path}")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CHECKPOINT_ROOTS", f"{tmp_path}, file://{tmp_path}")
 
 
 def test_plain_loop_resumes_at_epoch_3_and_ends_as_an_uninterrupted_run(tmp_path, capfd):

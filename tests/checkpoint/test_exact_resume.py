@@ -21,7 +21,7 @@ DAG_FILE = REPO / "tests" / "dags" / "resume_dags.py"
 @pytest.fixture(autouse=True)
 def allowed_roots(tmp_path, monkeypatch):
     """The deployment allows the test's folder as a checkpoint root; the checkpoints stay to be looked at."""
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", str(tmp_path))
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CHECKPOINT_ROOTS", str(tmp_path))
     monkeypatch.setenv("AIRFLOW__GPU__CHECKPOINT_CLEANUP", "False")
 
 

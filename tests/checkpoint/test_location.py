@@ -80,7 +80,7 @@ def test_default_root_is_the_state_dir_then_the_config(state_dir, monkeypatch):
     )
     with pytest.raises(PolicyError, match=r"checkpoint='/data/ckpt' is invalid: a checkpoint root the deployment"):
         task_location("t", "/data/ckpt", LABELS, GpuConfig.read())  # rule: never a folder of the DAG author's own
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", "/data")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CHECKPOINT_ROOTS", "/data")
     assert task_location("t", "/data/ckpt", LABELS, GpuConfig.read()).root == "/data/ckpt"  # the task's own wins
     assert task_location("t", False, LABELS, GpuConfig.read()) is None
     monkeypatch.setenv("AIRFLOW__GPU__CHECKPOINT_ROOT", "relative/ckpt")
@@ -109,7 +109,7 @@ def test_bad_roots_fail_at_parse_naming_the_field(value, reason):
 
 
 def test_good_roots_and_templates_are_kept(monkeypatch):
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", "s3://b")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CHECKPOINT_ROOTS", "s3://b")
     assert check_root("o", "checkpoint", "/data//ckpt/") == "/data/ckpt"
     assert check_root("o", "checkpoint", "S3://Bucket/ckpt") == "S3://Bucket/ckpt"
     assert check_root("o", "checkpoint", "file:///data/ckpt") == "file:///data/ckpt"

@@ -50,3 +50,22 @@ with DAG("output_accelerate", schedule=None, start_date=START, params={"pid_dir"
     AccelerateOperator(
         task_id="raising_script", script=SCRIPT, script_args=["--raise"], cpu=True, num_processes=1, cpu_count=1
     )
+
+
+def square(x: int) -> dict:
+    return {"x": x, "loss": x * x}
+
+
+def best(results: list) -> dict:
+    return min(results, key=lambda result: result["loss"])
+
+
+def returns_a_set() -> dict:
+    return {"metrics": {"loss": {1, 2}}}
+
+
+with DAG("output_quiet", schedule=None, start_date=START):
+    from airflow_gpu_provider import gpu_task
+
+    gpu_task(best)(gpu_task(square).expand(x=[2, 1]))
+    GpuStepOperator(task_id="unsendable", python_callable=returns_a_set)

@@ -136,3 +136,14 @@ def test_an_oom_is_retried_so_that_the_next_try_climbs_and_other_errors_get_airf
 def test_bad_options_are_refused_naming_the_field(options, message):
     with pytest.raises(InvalidSettingError, match=message.replace("(", r"\(").replace(")", r"\)")):
         GpuRetryPolicy(**options)
+
+
+def test_the_last_try_gets_airflows_default_and_logs_no_retry():
+    """A task without retries (or on its last try): no ``Retry policy decision action=retry`` line."""
+    from airflow.sdk.definitions.retry_policy import RetryAction
+
+    oom = GpuOutOfMemoryError("The task ran out of GPU memory in the local task process.")
+    last = GpuRetryPolicy().evaluate(oom, try_number=1, max_tries=0)
+    assert last.action == RetryAction.DEFAULT and not last.reason
+    assert GpuRetryPolicy().evaluate(oom, try_number=3, max_tries=2).action == RetryAction.DEFAULT
+    assert GpuRetryPolicy().evaluate(oom, try_number=2, max_tries=2).action == RetryAction.RETRY

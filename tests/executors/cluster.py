@@ -273,7 +273,7 @@ def reattach_cluster(tmp_path: Path, root_mode: int = 0o700) -> Iterator[Cluster
         {
             "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
             "AIRFLOW__GPU__DEVICES": "none",
-            "AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS": str(root),
+            "AIRFLOW__GPU_POLICY__ALLOWED_CHECKPOINT_ROOTS": str(root),
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "10",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
         },

@@ -105,6 +105,44 @@ def test_the_trigger_fires_when_the_gpu_is_let_go_and_at_its_deadline(tmp_path):
     assert GpuFreeTrigger(**arguments).serialize() == (path, arguments)
 
 
+def test_a_trigger_row_cannot_block_the_triggerers_loop(tmp_path, monkeypatch):
+    """Issue 34, low: a DAG's own GpuFreeTrigger with 200,000 lock files and poll_interval=0 blocked the triggerer's
+    event loop (each look read them all on the loop, with no pause between looks). Too many files are refused, the
+    pause has a floor, and each look runs off the loop.
+    """
+    from airflow_gpu_provider.host.trigger import MAX_LOCKS, MIN_POLL
+
+    with pytest.raises(ValueError, match=f"{MAX_LOCKS} lock files at most, not 200000"):
+        GpuFreeTrigger([str(tmp_path / str(n)) for n in range(200_000)], 1, time.time() + 60, poll_interval=0)
+    looks = []
+
+    async def run() -> tuple[dict, int]:
+        ticks = 0
+
+        async def ticker() -> None:  # the loop's other work goes on while the trigger waits
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        beside = asyncio.ensure_future(ticker())
+        trigger = GpuFreeTrigger(
+            [str(tmp_path / "held")] * MAX_LOCKS, MAX_LOCKS + 1, time.time() + 0.5, poll_interval=0
+        )
+        assert trigger.poll_interval == MIN_POLL
+        async for event in trigger.run():
+            beside.cancel()
+            return dict(event.payload), ticks
+        raise AssertionError("no event")
+
+    import airflow_gpu_provider.host.trigger as module
+
+    counted = module.free_count
+    monkeypatch.setattr(module, "free_count", lambda files: looks.append(1) or counted(files))
+    event, ticks = asyncio.run(run())
+    assert event["status"] == "timeout" and len(looks) <= 0.5 / MIN_POLL + 2 and ticks > 10, (len(looks), ticks)
+
+
 @pytest.mark.usefixtures("airflow_home")
 def test_a_task_waits_deferred_then_runs_on_the_gpu(one_gpu):
     held = one_gpu.try_acquire([Device("0")], 1, "the other task")

@@ -48,7 +48,9 @@ def test_a_wait_starts_in_the_triggerer_where_its_trigger_can_run_on_the_gpu_hos
     assert task.start_trigger_args.trigger_kwargs["limit"] == 30
     assert task.start_trigger_args.next_method == "execute_complete"
     assert GpuStepOperator(task_id="d", backend="docker", **waits).start_from_trigger is True
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_DOCKER_ENGINES", "unix://var/run/docker.sock,tcp://gpu:2376")
+    monkeypatch.setenv(
+        "AIRFLOW__GPU_POLICY__ALLOWED_CLUSTERS", "docker=unix://var/run/docker.sock, docker=tcp://gpu:2376"
+    )
     remote = GpuStepOperator(task_id="r", backend="docker", backend_options={"docker_url": "tcp://gpu:2376"}, **waits)
     kubernetes = GpuStepOperator(task_id="k", backend="kubernetes", **waits)
     templated = GpuStepOperator(task_id="m", backend="local", **{**waits, "gpu_count": "{{ params.gpus }}"})

@@ -31,7 +31,7 @@ def work(x: int) -> int:
 
 def test_every_argument_goes_through_partial_and_expand(tmp_path, monkeypatch):
     """What raised ``TypeError`` in ``.partial()`` / ``.expand()`` (checkpoint, deferrable, durable...) runs."""
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", str(tmp_path))
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CHECKPOINT_ROOTS", str(tmp_path))
     dag = load_dag(DAGS, "front_door_mapped")
     spec = dag.get_task("partial").partial_kwargs["task_spec"]
     assert (spec.deferrable, spec.durable, spec.wait_timeout) == (False, False, 60.0)
@@ -124,3 +124,74 @@ def test_a_deprecated_argument_warns_at_its_dag_line_in_the_dagbag(tmp_path):
         f"{dag_file}:{line}: airflow.exceptions.AirflowProviderDeprecationWarning: @task.gpu('train'): "
         "reattach=False is deprecated: write durable=False, Airflow's name for it"
     )
+
+
+# ------------------------------------------------------------------ mistakes that name the fix (issue 36)
+def _error(build) -> str:
+    from airflow_gpu_provider.exceptions import InvalidSettingError
+
+    with pytest.raises(InvalidSettingError) as raised, DAG("front_door_mistakes", schedule=None):
+        build()
+    return str(raised.value)
+
+
+def test_a_task_argument_given_to_a_decorated_partial_or_expand_names_override():
+    train = gpu_task(gpu_count=0)(work)
+    partial = _error(lambda: train.partial(checkpoint="/tmp/ck").expand(x=[1, 2]))
+    assert "checkpoint is an argument of the task, not of work()" in partial
+    assert "Accepted: work.override(checkpoint=...).partial(...)" in partial
+    expand = _error(lambda: train.partial().expand(checkpoint=["/tmp/a", "/tmp/b"]))
+    assert "work.override(checkpoint=...).expand(...) for every map index" in expand
+    assert "GpuStepOperator.partial(task_id=..., python_callable=work).expand(checkpoint=[...])" in expand
+    retries = _error(lambda: train.partial(retries=2).expand(x=[1]))  # BaseOperator's too
+    assert "work.override(retries=...)" in retries
+
+
+def test_another_tools_name_of_a_setting_names_the_providers():
+    assert "Did you mean 'gpu_count' for 'gpus'?" in _error(lambda: gpu_task(gpus=2)(work)(1))
+    assert "Did you mean 'gpu_count' for 'num_gpus'?" in _error(
+        lambda: GpuStepOperator(task_id="t", command=["true"], num_gpus=2)
+    )
+    assert "Did you mean 'environment' for 'env'?" in _error(
+        lambda: GpuStepOperator.partial(task_id="t", command=["true"], env={}).expand(op_args=[[1]])
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "model"),
+    [
+        ("nvidia-tesla-a100", "A100"),  # GKE's cloud.google.com/gke-accelerator
+        ("nvidia-h100-80gb", "H100-80GB"),
+        ("NVIDIA-A100-SXM4-80GB", "A100-80GB"),  # NVIDIA's nvidia.com/gpu.product
+        ("Tesla-T4", "T4"),
+        ("Tesla-V100-SXM2-16GB", "V100"),
+        ("AMD-Instinct-MI300X", "MI300X"),
+    ],
+)
+def test_a_clouds_name_of_a_model_names_the_model(name, model):
+    message = _error(lambda: gpu_task(gpu_count=1, accelerator=name)(work)(1))
+    assert f"accelerator={name!r} is invalid: a cloud's or a node label's name of the {model} " in message
+    assert message.endswith(f"Accepted: accelerator={model!r}")
+
+
+def test_environment_and_the_payload_are_settled_at_partial():
+    """Issue 37: ``.partial()`` refused neither (they failed on the worker, or never)."""
+    env = _error(lambda: GpuStepOperator.partial(task_id="e", command=["true"], environment={"A": 1}))
+    assert "GpuStepOperator('e'): environment['A']=1 is invalid: values must be strings" in env
+    both = _error(lambda: GpuStepOperator.partial(task_id="p", python_callable=work, command=["true"]))
+    assert (
+        "GpuStepOperator('p'): python_callable/command=['true'] is invalid: give exactly one of them, not both" in both
+    )
+    script = _error(lambda: AccelerateOperator.partial(task_id="a", script="train.py", python_callable=work))
+    assert "AccelerateOperator('a'): script/python_callable=" in script and "give exactly one of them" in script
+    neither = _error(lambda: AccelerateOperator(task_id="n"))
+    assert "AccelerateOperator('n'): script/python_callable=None is invalid: give exactly one of them" in neither
+
+
+def test_every_entry_names_the_task_alike():
+    """One builder of a task's name (``owner_name``): the operator, ``.partial()``, the decorator, ``.override()``."""
+    bad = {"memory": "16XB"}
+    assert "GpuStepOperator('a'): " in _error(lambda: GpuStepOperator(task_id="a", command=["true"], **bad))
+    assert "GpuStepOperator('b'): " in _error(lambda: GpuStepOperator.partial(task_id="b", command=["true"], **bad))
+    assert "@task.gpu('work'): " in _error(lambda: gpu_task(**bad)(work))
+    assert "@task.gpu('c'): " in _error(lambda: gpu_task(work).override(task_id="c", **bad))

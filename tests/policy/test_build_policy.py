@@ -1,13 +1,12 @@
 """What of the worker a derived image's build may read (policy/build.py): at DAG parse, and again when building.
 
 H3: ``find_links=["/root/.ssh"]`` and a task-level ``ca_bundle="/etc/shadow"`` used to copy root-only worker files
-into the task's image. Only what lies beneath ``[gpu] allowed_build_paths``, through no link, and what every local
+into the task's image. Only what lies beneath ``[gpu_policy] allowed_build_paths``, through no link, and what every local
 user may read already goes in; the admin's own ``[gpu] ca_bundle`` always does.
 """
 
 from __future__ import annotations
 
-import io
 import os
 import tarfile
 from pathlib import Path
@@ -16,8 +15,9 @@ import pytest
 from airflow.sdk import DAG, task
 
 from airflow_gpu_provider import GpuStepOperator, ImageSettings
-from airflow_gpu_provider.backends.docker.images.context import build_context
-from airflow_gpu_provider.backends.docker.images.dockerfile import BuildOptions, derived_image_spec
+from airflow_gpu_provider.backends.docker.images.context import image_files
+from airflow_gpu_provider.backends.docker.images.recipe import CA_PATH, SHARE
+from airflow_gpu_provider.backends.docker.images.spec import BuildOptions, derived_image_spec
 from airflow_gpu_provider.policy import PolicyError
 from airflow_gpu_provider.policy.build import BuildPolicy, check_image_inputs
 
@@ -40,7 +40,7 @@ def test_root_only_worker_files_are_refused_at_parse_naming_the_field_and_the_op
     with pytest.raises(PolicyError) as found:
         needs(find_links=["/root/.ssh"])
     message = str(found.value)
-    assert "find_links='/root/.ssh'" in message and "[gpu] allowed_build_paths" in message
+    assert "find_links='/root/.ssh'" in message and "[gpu_policy] allowed_build_paths" in message
     with pytest.raises(PolicyError) as found:
         needs(ca_bundle="/etc/shadow")
     message = str(found.value)
@@ -128,12 +128,11 @@ def test_the_worker_checks_again_before_it_reads_or_copies(build_inputs):
     )
     bundle.chmod(0o600)  # made a secret after the spec was made: the copy refuses it
     with pytest.raises(PolicyError, match="mode 0600"):
-        build_context(spec, spec.dockerfile, io.BytesIO())
+        image_files(spec)
     bundle.chmod(0o644)
-    context = io.BytesIO()
-    build_context(spec, spec.dockerfile, context)
-    with tarfile.open(fileobj=context) as tar:
-        assert tar.extractfile("ca-bundle.pem").read() == b"-----BEGIN CERTIFICATE-----\n"
+    with image_files(spec) as context, tarfile.open(fileobj=context) as tar:
+        member = tar.getmember(CA_PATH.lstrip("/"))
+        assert tar.extractfile(member).read() == b"-----BEGIN CERTIFICATE-----\n" and member.uid == 0
 
 
 def test_a_wheel_folder_is_copied_flat_its_regular_files_only(build_inputs):
@@ -145,8 +144,8 @@ def test_a_wheel_folder_is_copied_flat_its_regular_files_only(build_inputs):
     spec = derived_image_spec(
         PARENT, ImageSettings(requirements=["a"], find_links=[str(wheels)]), BuildOptions(), uv_binary=None
     )
-    context = io.BytesIO()
-    build_context(spec, spec.dockerfile, context)
-    with tarfile.open(fileobj=context) as tar:
-        assert sorted(tar.getnames()) == ["Dockerfile", "find-links-0", "find-links-0/a-1.0-py3-none-any.whl"]
+    share = SHARE.lstrip("/")
+    with image_files(spec) as context, tarfile.open(fileobj=context) as tar:
+        names = [share, f"{share}/find-links-0", f"{share}/find-links-0/a-1.0-py3-none-any.whl"]
+        assert sorted(tar.getnames()) == names
     assert os.path.islink(wheels / "shadow") and Path("/etc/shadow").exists()

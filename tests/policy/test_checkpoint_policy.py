@@ -39,7 +39,7 @@ def test_h1_a_dag_author_cannot_name_a_folder_the_scheduler_would_delete(tmp_pat
     # the scheduler's cleanup takes no root the admin did not list, whatever a (templated) field rendered to
     assert remove_run_folder(str(tmp_path / "opt"), "airflow", "logs", Policy.current()) is False
     # and in an allowed root, only a folder the provider made and marked for that very run
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", str(tmp_path / "opt"))
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CHECKPOINT_ROOTS", str(tmp_path / "opt"))
     with pytest.raises(UnsafePathError, match="no marker of the provider"):
         remove_run_folder(str(tmp_path / "opt"), "airflow", "logs", Policy.current())
     assert (unrelated / "scheduler.log").read_text() == "not a checkpoint"
@@ -51,7 +51,7 @@ def test_h1_a_uri_root_is_deleted_only_under_an_allowed_prefix_and_when_the_prov
     (store / "x").write_text("y")
     assert remove_run_folder(f"file://{tmp_path}/bucket", "airflow", "logs", Policy.current()) is False
     assert (store / "x").exists()
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", f"file://{tmp_path}/bucket")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CHECKPOINT_ROOTS", f"file://{tmp_path}/bucket")
     with pytest.raises(UnsafePathError, match="no marker of the provider"):  # M1: a file:// root is a path
         remove_run_folder(f"file://{tmp_path}/bucket", "airflow", "logs", Policy.current())
     assert (store / "x").exists()
@@ -80,7 +80,7 @@ def test_h1_a_uri_root_is_deleted_only_under_an_allowed_prefix_and_when_the_prov
 def test_m1_a_uri_root_is_compared_by_its_components_and_never_climbs_out(root, tmp_path, monkeypatch):
     """M1: 's3://ml/ckpt/../victim' passed the allow-list (a string prefix) and cleanup deleted victim/<dag>/<run>."""
     root = root.format(tmp=tmp_path)
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", f"s3://ml/ckpt, file://{tmp_path}/ckpt")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CHECKPOINT_ROOTS", f"s3://ml/ckpt, file://{tmp_path}/ckpt")
     with DAG("climbing", schedule=None), pytest.raises(InvalidSettingError, match=r"checkpoint=.* is invalid"):
         GpuStepOperator(task_id="t", python_callable=work, checkpoint=root)
     victim = tmp_path / "victim" / "climbing" / "r1"
@@ -91,7 +91,7 @@ def test_m1_a_uri_root_is_compared_by_its_components_and_never_climbs_out(root, 
 
 
 def test_m1_a_file_uri_and_its_path_are_the_same_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", f"{tmp_path}/a, file://{tmp_path}/b")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CHECKPOINT_ROOTS", f"{tmp_path}/a, file://{tmp_path}/b")
     with DAG("file_roots", schedule=None):
         GpuStepOperator(task_id="a", python_callable=work, checkpoint=f"file://{tmp_path}/a/team")
         GpuStepOperator(task_id="b", python_callable=work, checkpoint=f"{tmp_path}/b/team")
@@ -104,7 +104,7 @@ def test_m1_an_object_store_run_folder_is_deleted_only_with_the_providers_marker
     """A bucket prefix is deleted only when the worker marked it for that very run (memory:// stands in for s3://)."""
     from airflow.sdk import ObjectStoragePath
 
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", "memory://ml/ckpt")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CHECKPOINT_ROOTS", "memory://ml/ckpt")
     labels = {"dag_id": "train", "run_id": "r1", "task_id": "fit", "map_index": "-1"}
     theirs = ObjectStoragePath("memory://ml/ckpt/train/r2/data.bin")
     theirs.parent.mkdir(parents=True, exist_ok=True)
@@ -121,7 +121,7 @@ def test_m1_an_object_store_run_folder_is_deleted_only_with_the_providers_marker
 
 
 def test_a_root_of_the_allow_list_is_accepted_at_parse(tmp_path, monkeypatch):
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", f"{tmp_path}, s3://ml/ckpt")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CHECKPOINT_ROOTS", f"{tmp_path}, s3://ml/ckpt")
     with DAG("allowed_roots", schedule=None):
         assert GpuStepOperator(task_id="a", python_callable=work, checkpoint=str(tmp_path / "x")).checkpoint
         assert GpuStepOperator(task_id="b", python_callable=work, checkpoint="s3://ml/ckpt/team").checkpoint
@@ -134,7 +134,7 @@ def test_h4_another_user_cannot_redirect_a_tasks_checkpoint_folder(tmp_path, mon
     root = tmp_path / "shared"
     root.mkdir()
     root.chmod(0o755)
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", str(root))
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CHECKPOINT_ROOTS", str(root))
     labels = {"dag_id": "train", "run_id": "r1", "task_id": "fit", "try_number": "1", "map_index": "-1"}
     folder = location(str(root), labels)
     (root / "train").mkdir()
@@ -149,7 +149,7 @@ def test_h4_another_user_cannot_redirect_a_tasks_checkpoint_folder(tmp_path, mon
 
 
 def test_the_task_folder_is_private_and_its_run_folder_marked(tmp_path, monkeypatch):
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", str(tmp_path))
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CHECKPOINT_ROOTS", str(tmp_path))
     labels = {"dag_id": "train", "run_id": "r1", "task_id": "fit", "try_number": "1", "map_index": "-1"}
     folder = location(str(tmp_path), labels)
     made = Path(folder.make(labels))

@@ -52,16 +52,16 @@ def task(**backend_options):
 )
 def test_h2_more_of_the_host_than_the_deployment_allows_is_refused_at_parse(options, field, option, monkeypatch):
     monkeypatch.setattr("airflow_gpu_provider.policy.users.worker_ids", lambda: (50000, 0))  # a worker not root
-    with pytest.raises(PolicyError, match=rf"backend_options\['{field}'\].*\[gpu\] {option} lists") as refused:
+    with pytest.raises(PolicyError, match=rf"backend_options\['{field}'\].*\[gpu_policy\] {option} lists") as refused:
         task(**options)
     assert refused.value.option == option
 
 
 def test_what_the_admin_lists_is_allowed_but_all_capabilities_never(monkeypatch):
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CAPABILITIES", "SYS_PTRACE, ALL")
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_USERS", "1000:1000")
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_GROUPS", "4321")
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_NETWORK_MODES", "bridge,ml-net")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CAPABILITIES", "SYS_PTRACE, ALL")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_USERS", "1000:1000")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_GROUPS", "4321")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_NETWORK_MODES", "bridge,ml-net")
     task(cap_add=["SYS_PTRACE"], user="1000:1000", group_add=["4321"], network_mode="ml-net", ipc_mode="private")
     with pytest.raises(PolicyError, match="cap_add"):
         task(cap_add=["ALL"])  # rule: nothing privileged, even when listed
@@ -81,13 +81,13 @@ def test_what_the_admin_lists_is_allowed_but_all_capabilities_never(monkeypatch)
     ],
 )
 def test_m2_h5_mounts_outside_the_allowed_roots_are_refused(monkeypatch, roots, mount, fragment):
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_MOUNT_ROOTS", roots)
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_MOUNT_ROOTS", roots)
     with pytest.raises(PolicyError, match=fragment):
         task(mounts=[mount])
 
 
 def test_the_state_dir_and_checkpoint_roots_are_never_mountable(monkeypatch, state_dir):
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_MOUNT_ROOTS", f"{state_dir.parent}:rw")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_MOUNT_ROOTS", f"{state_dir.parent}:rw")
     with pytest.raises(PolicyError, match="which tasks write to"):
         task(mounts=[{"source": str(state_dir.parent), "target": "/x"}])
 
@@ -169,7 +169,7 @@ def test_a_source_in_a_folder_another_user_owns_is_refused(monkeypatch, tmp_path
 def test_the_backend_refuses_a_flipped_mount_and_creates_nothing(monkeypatch, tmp_path, docker_client):
     share = tmp_path / "share"
     (share / "data").mkdir(parents=True)
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_MOUNT_ROOTS", f"{share}:ro")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_MOUNT_ROOTS", f"{share}:ro")
     mounts = [{"source": str(share / "data"), "target": "/d", "read_only": True}]
     backend = BACKENDS["docker"].create({"mounts": mounts}, None)
     request = TaskRequest(ResourceSettings(), ImageSettings(parent_image=BASE_IMAGE), Envelope.run(["true"]))
@@ -184,11 +184,11 @@ def test_the_backend_refuses_a_flipped_mount_and_creates_nothing(monkeypatch, tm
 
 
 def test_the_most_specific_mount_root_decides_and_no_path_is_listed_both_ways(monkeypatch, tmp_path):
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_MOUNT_ROOTS", f"{tmp_path}:ro, {tmp_path}/scratch:rw")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_MOUNT_ROOTS", f"{tmp_path}:ro, {tmp_path}/scratch:rw")
     task(mounts=[{"source": f"{tmp_path}/scratch", "target": "/s"}])  # read-write: its own root says so
     with pytest.raises(PolicyError, match="read-only only"):
         task(mounts=[{"source": f"{tmp_path}/data", "target": "/d"}])
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_MOUNT_ROOTS", f"{tmp_path}:ro, {tmp_path}/:rw")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_MOUNT_ROOTS", f"{tmp_path}:ro, {tmp_path}/:rw")
     with pytest.raises(ValueError, match="listed both read-only and read-write"):
         Policy.current()
 

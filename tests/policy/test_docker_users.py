@@ -88,8 +88,8 @@ def task(**backend_options) -> GpuStepOperator:
 @pytest.mark.docker
 @pytest.mark.usefixtures("no_leaks")
 def test_h2_a_listed_name_runs_as_the_workers_numbers_never_as_the_images_root(root_named_image, monkeypatch):
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_USERS", "nobody, alice")
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_GROUPS", "")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_USERS", "nobody, alice")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_GROUPS", "")
     task(user="nobody")  # allowed at parse: a listed user
     seen = run_as({"user": "nobody", "group_add": ["video", "render"]}, root_named_image)
     # the worker's nobody (65534:65534), not the image's (0:0); device groups by the host's gids, for a CPU task too
@@ -118,9 +118,9 @@ def _final_body(tmp_path, **options) -> tuple[dict, Policy]:
 def test_h2_the_engine_gets_numbers_only_and_the_final_check_refuses_a_name(monkeypatch, tmp_path):
     """The final check (``policy/engine.check_create``, the plugin's too) takes numbers of this host only."""
     monkeypatch.setattr("airflow_gpu_provider.policy.users.worker_ids", lambda: (50000, 50000))  # not root
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_USERS", "nobody, 1234:5678")
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_GROUPS", "nogroup")
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_MOUNT_ROOTS", f"{tmp_path}:ro")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_USERS", "nobody, 1234:5678")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_GROUPS", "nogroup")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_MOUNT_ROOTS", f"{tmp_path}:ro")
     body, policy = _final_body(tmp_path, user="nobody", group_add=["nogroup", "video"])
     assert body["User"] == f"{NOBODY.pw_uid}:{NOBODY.pw_gid}"
     assert body["HostConfig"]["GroupAdd"] == [str(grp.getgrnam("nogroup").gr_gid), str(VIDEO)]
@@ -136,8 +136,8 @@ def test_h2_the_engine_gets_numbers_only_and_the_final_check_refuses_a_name(monk
 
 
 def test_h2_a_user_or_group_this_host_does_not_know_is_refused_naming_the_fix(monkeypatch):
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_USERS", "alice, 4242")
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_GROUPS", "no-such-group")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_USERS", "alice, 4242")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_GROUPS", "no-such-group")
     with pytest.raises(PolicyError, match="not a user of this host"):
         task(user="alice")
     with pytest.raises(PolicyError, match="uid:gid"):

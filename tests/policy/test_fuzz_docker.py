@@ -8,15 +8,13 @@ plan and ``lifecycle.create_body`` (docker-py builds the body the engine would g
 out. The same body also goes through the engine's authorization plugin (``policy/authz``, as the engine would send
 it): the plugin and the provider's final check give it the same verdict, with the same reason.
 
-Derandomized: the same 5000 cases on every run.
+Derandomized: the same 5000 cases on every run of ``make fuzz``, a tenth of them in ``make test``.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import grp
-import json
 import os
 import posixpath
 import pwd
@@ -26,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from authz_requests import written
+from helpers import fuzz_cases
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,20 +37,21 @@ from airflow_gpu_provider.backends.docker.lifecycle import create_body
 from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.policy import Policy
-from airflow_gpu_provider.policy.authz.endpoints import decide
+from airflow_gpu_provider.policy.authz.judge import decide
 from airflow_gpu_provider.policy.docker import DEVICE_PATHS, RUNTIME_CONTROL, SYSTEM, worker_user
 from airflow_gpu_provider.policy.engine import check_create
 from airflow_gpu_provider.policy.paths import UnsafePathError
 from airflow_gpu_provider.render import stand_in
 from airflow_gpu_provider.settings import ResourceSettings
 
-CASES = int(os.environ.get("FUZZ_CASES", "5000"))
+CASES = fuzz_cases(5000)
 CAPABILITIES = ["ALL", "SYS_ADMIN", "DAC_READ_SEARCH", "SYS_PTRACE", "NET_ADMIN", "IPC_LOCK", "CHOWN", "sys_admin"]
 USERS = ["0", 0, "root", "0:0", "1000", "1000:1000", "1000:0", "nobody", "65534:65534", "worker", "worker-uid"]
 GROUPS = ["0", "docker", "video", "render", "ml", "1000", "root"]
 NETWORKS = ["bridge", "none", "host", "ml-net", "container:abc123", "default"]
 IPCS = ["private", "shareable", "none", "host", "container:abc123"]
 VOLUMES = ["hf-cache", "models", "docker"]
+GPU = ("state_dir", "checkpoint_root")  # [gpu] options; the rest are [gpu_policy]
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +145,7 @@ def cases(draw: Any, base: Path) -> tuple[dict[str, str], dict[str, Any]]:
 @contextlib.contextmanager
 def _gpu_section(values: Mapping[str, str]) -> Iterator[None]:
     """``[gpu]`` as the admin wrote it, for this case (environment variables, as airflow.cfg would be read)."""
-    names = {f"AIRFLOW__GPU__{name.upper()}": value for name, value in values.items()}
+    names = {f"AIRFLOW__GPU{'' if name in GPU else '_POLICY'}__{name.upper()}": value for name, value in values.items()}
     saved = {name: os.environ.get(name) for name in names}
     os.environ.update(names)
     try:
@@ -237,13 +238,8 @@ def _provider_verdict(body: Mapping[str, Any], policy: Policy) -> str:
 
 def _plugin_verdict(body: Mapping[str, Any], policy: Policy) -> str:
     """The authorization plugin's answer to the engine showing it this create call: ``""`` when allowed."""
-    request = {
-        "RequestMethod": "POST",
-        "RequestUri": "/v1.41/containers/create",
-        "RequestHeaders": {"Content-Type": "application/json"},
-        "RequestBody": base64.b64encode(json.dumps(body).encode()).decode(),
-    }
-    allowed, why = decide(request, policy, lambda _: None)
+    [request] = written(lambda client: client.create_container_from_config(body))  # as docker-py writes it
+    allowed, why = decide(request, policy, lambda kind, name: None)
     return "" if allowed else why.removeprefix("POST /v1.41/containers/create: ")
 
 
@@ -309,4 +305,5 @@ def test_every_docker_create_call_meets_the_admins_policy(tree):
     print(f"\nDocker policy fuzz, {CASES} cases: {outcomes}; refused for {dict(reasons.most_common())}")
     # every side of the line was reached
     assert outcomes["refused at parse"] > CASES // 20 and outcomes["checked and created"] > CASES // 20, outcomes
-    assert outcomes["refused on the worker"] > 0, outcomes
+    if CASES >= 5000:  # a few in 5,000 (make fuzz): a case the parse let through and the worker refused
+        assert outcomes["refused on the worker"] > 0, outcomes

@@ -1,5 +1,5 @@
 """policy/pods.py's final check beyond the Pod Security Standards: device isolation in every container (rule P4) and
-the cluster objects a pod may name (rule P3, ``[gpu] allowed_kubernetes_objects``).
+the cluster objects a pod may name (rule P3, ``[gpu_policy] allowed_objects``).
 
 On real objects: pods KubernetesPodOperator builds (``render_manifests``, with the XCom sidecar), the Indexed Job,
 and KubernetesExecutor worker pods made by the cncf provider's own ``PodGenerator.construct_pod``, each validated
@@ -18,9 +18,10 @@ from backends.kubernetes.k8s_manifests import main_container, validate, with_sec
 from kubernetes.client import ApiClient
 
 from airflow_gpu_provider import AccelerateOperator, GpuStepOperator
+from airflow_gpu_provider.config.policy import OBJECT_KINDS
 from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import GpuTaskError, InvalidSettingError
-from airflow_gpu_provider.policy import KUBERNETES_KINDS, Policy, PolicyError
+from airflow_gpu_provider.policy import Policy, PolicyError
 from airflow_gpu_provider.policy.pods import REFERENCES, PodSecurityError, final, unlisted
 from airflow_gpu_provider.settings import ResourceSettings
 
@@ -123,25 +124,25 @@ def test_void_replaces_a_value_or_a_reference_in_place_and_keeps_gpu_and_claim_c
     ],
 )
 def test_what_the_allow_list_does_not_hold_is_refused_at_parse_naming_the_option(option, value, path, monkeypatch):
-    monkeypatch.delenv("AIRFLOW__GPU__ALLOWED_KUBERNETES_OBJECTS")  # the default: nothing beyond the deployment's
+    monkeypatch.delenv("AIRFLOW__GPU_POLICY__ALLOWED_OBJECTS")  # the default: nothing beyond the deployment's
     monkeypatch.setenv("AIRFLOW__GPU__KUEUE_QUEUE", "team-a")  # the deployment's queue (a priority class needs one)
-    with pytest.raises(PolicyError, match=rf"backend_options\['{option}'\].*allowed_kubernetes_objects") as err:
+    with pytest.raises(PolicyError, match=rf"backend_options\['{option}'\].*allowed_objects") as err:
         _task(gpu_count=1, backend_options={option: value})
-    assert path in str(err.value) and err.value.option == "allowed_kubernetes_objects"
+    assert path in str(err.value) and err.value.option == "allowed_objects"
 
 
 def test_listed_names_and_a_wildcard_pass_and_the_deployments_own_need_no_listing(monkeypatch):
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_KUBERNETES_OBJECTS", "namespace=ml, service_account=*")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_OBJECTS", "namespace=ml, service_account=*")
     monkeypatch.setenv("AIRFLOW__GPU__KUEUE_QUEUE", "research")  # the deployment's queue: allowed as it is
     options = {"namespace": "ml", "service_account_name": "anyone", "kueue_queue": "research"}
     _, [pod] = with_secret([validate(obj) for obj in _task(gpu_count=1, backend_options=options).render_manifests()])
     assert (pod["metadata"]["namespace"], pod["spec"]["serviceAccountName"]) == ("ml", "anyone")
-    with pytest.raises(PolicyError, match="allowed_kubernetes_objects"):
+    with pytest.raises(PolicyError, match="allowed_objects"):
         _task(gpu_count=1, backend_options={"namespace": "ml-other"})
 
 
 def test_a_pod_template_file_that_names_kube_system_is_refused_when_the_pod_is_built(tmp_path, monkeypatch):
-    monkeypatch.delenv("AIRFLOW__GPU__ALLOWED_KUBERNETES_OBJECTS")
+    monkeypatch.delenv("AIRFLOW__GPU_POLICY__ALLOWED_OBJECTS")
     template = tmp_path / "pod.yaml"
     template.write_text(yaml.safe_dump({"metadata": {"namespace": "kube-system"}, "spec": {"runtimeClassName": "x"}}))
     task = _task(gpu_count=1, backend_options={"pod_template_file": str(template)})  # read only when the task runs
@@ -160,29 +161,27 @@ def test_the_worker_judges_the_final_pod_with_its_own_list_and_the_connections_n
     labels = {"dag_id": "d", "task_id": "train", "run_id": "r", "try_number": "1", "map_index": "-1"}
     request = TaskRequest(ResourceSettings(gpu_count=1), ImageSettings(), Envelope.run(["true"]), "fail", labels)
     backend = BACKENDS["kubernetes"].create({"kubernetes_conn_id": "gke"})
-    [_, pod] = backend.render(request, GpuConfig.read(allowed_kubernetes_objects=""), None)
+    [_, pod] = backend.render(request, GpuConfig.read(allowed_objects=""), None)
     assert pod["metadata"]["namespace"] == "from-connection"
     backend = BACKENDS["kubernetes"].create({"kubernetes_conn_id": "gke", "namespace": "ml"})  # listed at parse
     with pytest.raises(GpuTaskError, match=r"metadata\.namespace='ml'"):  # not by this worker
-        backend.render(request, GpuConfig.read(allowed_kubernetes_objects="namespace=ml-training"), None)
+        backend.render(request, GpuConfig.read(allowed_objects="namespace=ml-training"), None)
 
 
 def test_the_list_is_parsed_with_clear_errors_and_every_kind_has_its_place():
-    assert set(REFERENCES) == set(KUBERNETES_KINDS)
-    conf = GpuConfig.read(
-        allowed_kubernetes_objects=" namespace=ml,namespace=ml-b , runtime_class=nvidia", kueue_queue="q"
-    )
-    allowed = Policy.of(conf).kubernetes
+    assert set(REFERENCES) == set(OBJECT_KINDS)
+    conf = GpuConfig.read(allowed_objects=" namespace=ml,namespace=ml-b , runtime_class=nvidia", kueue_queue="q")
+    allowed = Policy.of(conf).objects
     assert (
         allowed["namespace"] == {"ml", "ml-b"}
         and allowed["kueue_queue"] == {"q"}
         and allowed["priority_class"] == set()
     )
     for bad in ("namespaces=ml", "namespace=", "namespace=Kube_System", "ml"):
-        with pytest.raises(ValueError, match=r"allowed_kubernetes_objects: .* is not KIND=NAME"):
-            Policy.of(GpuConfig.read(allowed_kubernetes_objects=bad))
+        with pytest.raises(ValueError, match=r"allowed_objects: .* is not KIND=NAME"):
+            Policy.of(GpuConfig.read(allowed_objects=bad))
     job = {"kind": "Job", "metadata": {"namespace": "ml"}, "spec": {"template": {"spec": {"serviceAccountName": "x"}}}}
-    assert [v.path for v in unlisted(job, Policy.of(conf).kubernetes)] == ["spec.template.spec.serviceAccountName"]
+    assert [v.path for v in unlisted(job, Policy.of(conf).objects)] == ["spec.template.spec.serviceAccountName"]
 
 
 # ---------------------------------------------------------------------------------------------- KubernetesExecutor
@@ -234,7 +233,7 @@ def test_a_kubernetes_executor_worker_pods_sidecars_get_void_and_its_names_are_j
         ({"spec": {"serviceAccountName": "cluster-admin-sa"}}, r"spec\.serviceAccountName='cluster-admin-sa'"),
         ({"metadata": {"namespace": "kube-system"}}, r"metadata\.namespace='kube-system'"),  # it would move the pod
     ):
-        error = rf"executor_config\['pod_override'\].*{path}.*allowed_kubernetes_objects"
+        error = rf"executor_config\['pod_override'\].*{path}.*allowed_objects"
         with pytest.raises(InvalidSettingError, match=error), DAG("boundary_executor_names", schedule=None):
             GpuStepOperator(
                 task_id="train", python_callable=work, backend="executor", gpu_count=1,

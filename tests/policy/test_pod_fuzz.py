@@ -1,6 +1,6 @@
 """Fuzz: every pod the Kubernetes backend would submit, from any settings it accepts, meets the admin's policy.
 
-For each generated case (resources, requirements, ``[gpu] min_pod_security``, the task's ``pod_security``, its
+For each generated case (resources, requirements, ``[gpu_policy] min_pod_security``, the task's ``pod_security``, its
 ``container_security_context``, ``annotations``, and a pod template, as ``pod_template_dict`` or as
 ``pod_template_file``, built from a pod that meets the restricted level with random security fields changed, added
 or broken, in the pod and in every kind of container), either
@@ -9,14 +9,14 @@ or broken, in the pod and in every kind of container), either
 - every object ``render_manifests()`` returns (no cluster: KubernetesPodOperator builds the pod) passes
   ``kubernetes-validate`` (strict, oldest and newest schemas, tests/backends/kubernetes/k8s_manifests.py), the
   policy's check at the task's level, the suite's own restricted-profile check (k8s_manifests) and a small
-  independent baseline check here; and the task's level is one ``[gpu] min_pod_security`` allows;
+  independent baseline check here; and the task's level is one ``[gpu_policy] min_pod_security`` allows;
 - a ``pod_template_file`` (read when the task runs, not at parse) may instead be refused when the pod is built
   (PodSecurityError), and then the same template given as ``pod_template_dict`` is refused at parse: the check at
   parse is never weaker than the one before submission.
 
 One case in eight is an ``AccelerateOperator`` on two machines (an Indexed Job). Derandomized, no example
-database: CI runs the same 4500 cases here and 500 ``pod_override`` cases below every time (about two minutes on
-2 cores; ``FUZZ_CASES`` sets the first number).
+database: ``make fuzz`` runs the same 4500 cases here and 500 ``pod_override`` cases below every time (about two
+minutes on 2 cores), ``make test`` a tenth of them (``helpers.fuzz_cases``; ``FUZZ_CASES`` sets the first number).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from helpers import fuzz_cases
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from k8s_manifests import KUBERNETES_VERSIONS, validate
@@ -39,7 +40,7 @@ from airflow_gpu_provider.operators.accelerate import AccelerateOperator
 from airflow_gpu_provider.policy import LEVELS
 from airflow_gpu_provider.policy.pods import PodSecurityError, violations
 
-CASES = int(os.environ.get("FUZZ_CASES", "4500"))
+CASES = fuzz_cases(4500)
 TEMPLATES = Path(tempfile.mkdtemp(prefix="pod-fuzz-"))
 BOOL = st.sampled_from([None, True, False])
 MAYBE_WRONG = st.sampled_from(["true", 1, "no"])  # the client would coerce them: the policy refuses them
@@ -188,7 +189,7 @@ def pod_template(draw: st.DrawFn) -> dict[str, Any]:
 
 @st.composite
 def case(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
-    """``([gpu] min_pod_security, the task's keyword arguments)``."""
+    """``([gpu_policy] min_pod_security, the task's keyword arguments)``."""
     options: dict[str, Any] = {"namespace": "ml"}
     minimum = draw(st.sampled_from(LEVELS))
     if draw(st.integers(0, 2)):  # mostly a level the admin allows, sometimes any
@@ -231,7 +232,7 @@ def _construct(kwargs: dict[str, Any]) -> GpuStepOperator | None:
         given = {f"backend_options[{key!r}]" for key in kwargs["backend_options"]} | set(kwargs) - {"num_machines"}
         assert err.field in given or root in given, f"{err.field!r} not among {sorted(given)}: {err}"
         if "pod_security" in err.field or "Pod Security" in str(err):
-            assert "[gpu] min_pod_security" in str(err), str(err)
+            assert "[gpu_policy] min_pod_security" in str(err), str(err)
         event(f"refused at parse: {err.field}")
         return None
 
@@ -263,8 +264,8 @@ def test_every_rendered_pod_meets_the_admins_level_or_the_task_is_refused(genera
     file_template = options.pop("pod_template_file", None)
     if file_template is not None:
         options["pod_template_file"] = _file(file_template)
-    previous = os.environ.get("AIRFLOW__GPU__MIN_POD_SECURITY")
-    os.environ["AIRFLOW__GPU__MIN_POD_SECURITY"] = minimum
+    previous = os.environ.get("AIRFLOW__GPU_POLICY__MIN_POD_SECURITY")
+    os.environ["AIRFLOW__GPU_POLICY__MIN_POD_SECURITY"] = minimum
     try:
         task = _construct(kwargs)
         if task is None:
@@ -292,9 +293,9 @@ def test_every_rendered_pod_meets_the_admins_level_or_the_task_is_refused(genera
         event(f"{kind} accepted at {level}" + (f", with a template of {min(parts, 3)}+ parts" if template else ""))
     finally:
         if previous is None:
-            os.environ.pop("AIRFLOW__GPU__MIN_POD_SECURITY", None)
+            os.environ.pop("AIRFLOW__GPU_POLICY__MIN_POD_SECURITY", None)
         else:
-            os.environ["AIRFLOW__GPU__MIN_POD_SECURITY"] = previous
+            os.environ["AIRFLOW__GPU_POLICY__MIN_POD_SECURITY"] = previous
 
 
 # ---------------------------------------------------------------------------------------------- pod_override
@@ -303,7 +304,7 @@ EXECUTOR_CASES = max(1, CASES // 9)  # 500 of the 5000
 
 @st.composite
 def executor_case(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
-    """``([gpu] min_pod_security, the executor task's keyword arguments)``: a pod_override and pod options."""
+    """``([gpu_policy] min_pod_security, the executor task's keyword arguments)``: a pod_override and pod options."""
     minimum = draw(st.sampled_from(LEVELS))
     options: dict[str, Any] = {}
     if draw(st.integers(0, 2)):
@@ -342,8 +343,10 @@ def worker_pod(task: GpuStepOperator) -> dict[str, Any]:
 def test_every_pod_override_meets_the_admins_level_or_the_task_is_refused(generated) -> None:
     minimum, kwargs = generated
     level = kwargs["backend_options"]["kubernetes"].get("pod_security", "restricted")
-    saved = {name: os.environ.get(name) for name in ("AIRFLOW__GPU__MIN_POD_SECURITY", "AIRFLOW__CORE__EXECUTOR")}
-    os.environ |= {"AIRFLOW__GPU__MIN_POD_SECURITY": minimum, "AIRFLOW__CORE__EXECUTOR": "KubernetesExecutor"}
+    saved = {
+        name: os.environ.get(name) for name in ("AIRFLOW__GPU_POLICY__MIN_POD_SECURITY", "AIRFLOW__CORE__EXECUTOR")
+    }
+    os.environ |= {"AIRFLOW__GPU_POLICY__MIN_POD_SECURITY": minimum, "AIRFLOW__CORE__EXECUTOR": "KubernetesExecutor"}
     try:
         try:
             task = GpuStepOperator(task_id="fuzz", command=["true"], backend="executor", **kwargs)
@@ -352,7 +355,7 @@ def test_every_pod_override_meets_the_admins_level_or_the_task_is_refused(genera
             assert err.field in str(err), str(err)
             message = str(err)
             if "Pod Security" in message:  # the policy's refusals (the others: the override and the task disagree)
-                assert getattr(err, "option", None) == "min_pod_security" and "[gpu] min_pod_security" in message
+                assert getattr(err, "option", None) == "min_pod_security" and "[gpu_policy] min_pod_security" in message
             event(f"refused at parse: {err.field}")
             return
         override = worker_pod(task)

@@ -83,7 +83,7 @@ def _refusal_names(err: InvalidSettingError, field: str, path: str) -> None:
     message = str(err)
     assert err.field == field, message
     assert path in message, message
-    assert "[gpu] min_pod_security" in message, message
+    assert "[gpu_policy] min_pod_security" in message, message
     assert getattr(err, "option", None) == "min_pod_security", message
 
 
@@ -91,7 +91,7 @@ def _refusal_names(err: InvalidSettingError, field: str, path: str) -> None:
 @pytest.mark.parametrize("level", ["restricted", "baseline"])
 @pytest.mark.parametrize("bypass", sorted(BYPASSES))
 def test_each_bypass_in_a_pod_template_dict_is_refused_at_parse_naming_the_field(bypass, level, monkeypatch):
-    monkeypatch.setenv("AIRFLOW__GPU__MIN_POD_SECURITY", level)
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__MIN_POD_SECURITY", level)
     template, path = BYPASSES[bypass]
     with pytest.raises(InvalidSettingError) as err:
         kubernetes_task(backend_options={"pod_template_dict": copy.deepcopy(template), "pod_security": level})
@@ -159,7 +159,7 @@ def test_a_worker_template_the_task_names_must_be_readable_where_the_dag_is_pars
 )
 def test_container_security_context_is_judged_at_baseline_too(context, path, monkeypatch):
     """Before: only the restricted profile was checked; at baseline ``privileged=True`` went through."""
-    monkeypatch.setenv("AIRFLOW__GPU__MIN_POD_SECURITY", "baseline")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__MIN_POD_SECURITY", "baseline")
     with pytest.raises(InvalidSettingError) as err:
         kubernetes_task(backend_options={"container_security_context": context, "pod_security": "baseline"})
     _refusal_names(err.value, "backend_options['container_security_context']", f"securityContext.{path}")
@@ -173,8 +173,10 @@ def test_apparmor_annotations_in_the_options_are_refused(monkeypatch):
 
 @pytest.mark.parametrize("level", ["baseline", "privileged"])
 def test_a_weaker_level_is_refused_unless_min_pod_security_allows_it(level, monkeypatch, kubernetes_executor):
-    with pytest.raises(InvalidSettingError, match=rf"pod_security'\]={level!r}.*\[gpu\] min_pod_security") as err:
-        kubernetes_task(backend_options={"pod_security": level})  # [gpu] min_pod_security: restricted by default
+    with pytest.raises(
+        InvalidSettingError, match=rf"pod_security'\]={level!r}.*\[gpu_policy\] min_pod_security"
+    ) as err:
+        kubernetes_task(backend_options={"pod_security": level})  # [gpu_policy] min_pod_security: restricted by default
     assert err.value.field == "backend_options['pod_security']" and err.value.option == "min_pod_security"
     with pytest.raises(InvalidSettingError) as err:
         GpuStepOperator(
@@ -182,7 +184,7 @@ def test_a_weaker_level_is_refused_unless_min_pod_security_allows_it(level, monk
             backend_options={"kubernetes": {"pod_security": level}},
         )  # fmt: skip
     assert err.value.field == "backend_options['kubernetes']['pod_security']"
-    monkeypatch.setenv("AIRFLOW__GPU__MIN_POD_SECURITY", level)
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__MIN_POD_SECURITY", level)
     kubernetes_task(backend_options={"pod_security": level})
     if level == "privileged":  # what privileged allows, it allows: the host's namespaces
         kubernetes_task(backend_options={"pod_security": level, "pod_template_dict": {"spec": {"hostNetwork": True}}})
@@ -193,7 +195,7 @@ def test_a_weaker_level_is_refused_unless_min_pod_security_allows_it(level, monk
 @pytest.mark.parametrize("bypass", sorted(BYPASSES))
 def test_a_pod_template_file_with_a_bypass_is_refused_when_the_pod_is_built(bypass, level, tmp_path, monkeypatch):
     """A template file is read when the task runs: the pod KubernetesPodOperator builds from it is refused."""
-    monkeypatch.setenv("AIRFLOW__GPU__MIN_POD_SECURITY", level)
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__MIN_POD_SECURITY", level)
     template, path = BYPASSES[bypass]
     file = tmp_path / "pod.yaml"
     file.write_text(yaml.safe_dump(template))

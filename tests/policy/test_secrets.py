@@ -38,7 +38,7 @@ def test_a_mistyped_index_url_with_a_token_never_reaches_the_import_error(tmp_pa
 
 
 def test_a_keyed_checkpoint_uri_reaches_no_log_and_no_rendered_field(airflow_home, monkeypatch, capfd):
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", ROOT)
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CHECKPOINT_ROOTS", ROOT)
     monkeypatch.setenv("AIRFLOW__GPU__CHECKPOINT_CLEANUP", "False")
     dr = run_dag(load_dag(REPO / "tests" / "dags" / "checkpoint_dags.py", "checkpoint_credentials"), {"root": ROOT})
     assert task_states(dr) == {"keyed": "success"}

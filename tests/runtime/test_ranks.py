@@ -150,3 +150,63 @@ def test_every_line_of_rank_0_and_of_a_copy_is_whole_and_the_copys_names_its_ran
     assert [n for n in lines if "rank 0 line" in n] == [f"rank 0 line {i} " + "x" * 200 for i in range(400)]
     assert [n for n in lines if "rank 1 line" in n] == [f"[rank 1] rank 1 line {i} " + "x" * 200 for i in range(400)]
     assert "[rank 1] [gpu] rank 1: prints_with_a_copy() finished in " in done.stdout
+
+
+def prints_in_pieces_with_a_copy(lines):
+    """Rank 0 and a copy each write every line in three flushed pieces, as a progress report does."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    rank = os.environ.get("LOCAL_RANK", "0")
+    copy = None
+    if rank == "0":
+        command = [sys.executable, os.path.abspath(sys.argv[0]), *sys.argv[1:]]
+        copy = subprocess.Popen(command, env={**os.environ, "LOCAL_RANK": "1", "WORLD_SIZE": "2"})
+    for line in range(lines):
+        print(f"rank {rank} step {line}:", end="", flush=True)
+        time.sleep(0.001)
+        print(" loss", end="", flush=True)
+        print(f" {line}.5")
+    if copy is not None:
+        copy.wait()
+
+
+def test_a_line_flushed_in_pieces_is_whole_whatever_the_other_rank_writes(tmp_path):
+    done, result = _run(tmp_path, prints_in_pieces_with_a_copy, 200)
+    assert result["ok"], done.stderr
+    lines = done.stdout.splitlines()
+    assert [n for n in lines if "rank 0 step" in n] == [f"rank 0 step {i}: loss {i}.5" for i in range(200)]
+    assert [n for n in lines if "rank 1 step" in n] == [f"[rank 1] rank 1 step {i}: loss {i}.5" for i in range(200)]
+
+
+PIECES_SCRIPT = """
+import os, sys, time
+rank = os.environ["RANK"]
+for line in range(100):
+    print(f"rank {rank} step {line}:", end="", flush=True)
+    time.sleep(0.002)
+    print(f" loss {line}.5", flush=True)
+print("no line end", end="", flush=True)
+"""
+
+
+def test_a_launchs_ranks_lines_flushed_in_pieces_are_whole(tmp_path):
+    """The launcher (torch elastic's ``--tee``, as ``accelerate launch`` runs it) joins each rank's pieces first."""
+    (tmp_path / "pieces.py").write_text(PIECES_SCRIPT)
+    done = subprocess.run(
+        [
+            sys.executable, str(runtime_path()), "launcher", str(tmp_path / "failures.json"), "torch.distributed.run",
+            "--standalone", "--nproc-per-node", "2", "--tee", "3", "--log-dir", str(tmp_path / "logs"),
+            str(tmp_path / "pieces.py"),
+        ],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank ${rank}] "},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    for rank in (0, 1):
+        mine = [n for n in lines if f"rank {rank} step" in n or n.startswith(f"[rank {rank}] no line")]
+        expected = [f"[rank {rank}] rank {rank} step {i}: loss {i}.5" for i in range(100)]
+        assert mine == [*expected, f"[rank {rank}] no line end"], done.stdout[-3000:]

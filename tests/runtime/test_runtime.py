@@ -114,13 +114,16 @@ def test_exception_traceback_points_at_the_dag_file_line(tmp_path):
     assert "[gpu] the task raised ValueError: boom" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_non_json_return_value_is_a_clear_error(tmp_path):
+def test_non_json_return_value_is_one_line_naming_the_key_and_the_fix(tmp_path):
     proc, result = run_envelope(tmp_path, envelope_for(returns_object))
     assert proc.returncode == 1
-    assert "is a object, which cannot travel back as JSON" in result["error"]["message"]
+    said = "the return value of returns_object() cannot travel back as JSON: it is an object. Return None, bool, "
+    assert result["error"]["message"].startswith(said) and ".tolist()" in result["error"]["message"]
+    assert result["error"]["traceback"] == "" and "Traceback" not in proc.stderr  # nothing raised: no traceback
+    assert proc.stderr.count("cannot travel back as JSON") == 1
     proc, result = run_envelope(tmp_path, envelope_for(returns_nan))  # json.dumps writes NaN; XCom would refuse it
     assert proc.returncode == 1
-    assert "is a dict, which cannot travel back as JSON (Out of range float values" in result["error"]["message"]
+    assert "cannot travel back as JSON: ['loss'] is nan (not finite)" in result["error"]["message"]
 
 
 @pytest.mark.parametrize(("code", "status", "ok"), [(0, 0, True), (None, 0, True), (3, 1, False)])

@@ -138,9 +138,9 @@ def test_call_arguments_fill_context_values_and_check_json():
     args, kwargs = call_arguments(shipped, signature, [], {"epochs": (1, 2)}, {}, owner="t")
     assert kwargs["epochs"] == [1, 2]  # tuples travel as lists
     json.dumps(kwargs)
-    with pytest.raises(TypeError, match="argument 'epochs' is a set that cannot travel as JSON"):
+    with pytest.raises(TypeError, match="t: argument epochs is a set, which cannot travel as JSON"):
         call_arguments(shipped, signature, [], {"epochs": {1}}, {}, owner="t")
-    with pytest.raises(TypeError, match="argument 'epochs' is a float that cannot travel as JSON"):
+    with pytest.raises(TypeError, match=r"argument epochs is nan \(not finite\), which cannot travel"):
         call_arguments(shipped, signature, [], {"epochs": float("nan")}, {}, owner="t")
 
 

@@ -86,3 +86,20 @@ def test_a_launch_logs_the_rank_traceback_once_names_killed_ranks_and_adds_no_no
     # no launcher noise: neither accelerate's traceback, nor torch elastic's table, nor the defaults warning
     for noise in ("ChildFailedError", "CalledProcessError", "had defaults used instead", "Root Cause"):
         assert noise not in log, noise
+
+
+def test_a_mapped_sweep_read_by_a_gpu_task_logs_no_error_and_a_bad_return_one_short_failure() -> None:
+    """Issue 36: a GPU task took no mapped task's results, a successful sweep logged Airflow's ``XCom not found``,
+    and a non-JSON return printed the JSON encoder's traceback and the provider's, without the key, then a
+    ``Retry policy decision action=retry`` on a task that has no retries."""
+    result, logged, log = run("output_quiet")
+    assert result["states"] == {"square": "success", "best": "success", "unsendable": "failed"}, log[-3000:]
+    assert result["xcom"]["best"] == {"x": 1, "loss": 1}
+    assert "XCom not found" not in log and not [text for level, text in logged if level == "error" and "best" in text]
+    start, end = log.index("starting task_id=unsendable"), log.index("end task task_id=unsendable")
+    failed = records(log[start:end])
+    fix = "the return value of returns_a_set() cannot travel back as JSON: ['metrics']['loss'] is a set. Return "
+    assert sum(fix in text for _, text in failed) == 2, log[start:end]  # the runtime's line, the task's failure
+    for noise in ("direct cause", "json/encoder.py", "Retry policy decision", "backends/local/backend.py"):
+        assert noise not in log[start:end], noise
+    assert len(log[start:end].splitlines()) < 60, log[start:end]

@@ -75,6 +75,13 @@ def test_a_failed_try_keeps_its_profile_too(capfd):
     assert failed["task"]["task_id"] == "fails" and failed["samples"] >= 3
     exited = xcom(dag_run, "exits", "gpu_profile")
     assert exited["task"]["task_id"] == "exits" and exited["samples"] >= 3
+    from airflow.utils.session import create_session
+
+    from airflow_gpu_provider.telemetry.ui.store import recent_profiles
+
+    with create_session() as session:  # the GPUs page's State column: a failed try does not look like a success
+        states = {row.key.task_id: row.state for row in recent_profiles(session, {"telemetry_local"})}
+    assert states["fails"] == states["exits"] == "failed", states
     log = capfd.readouterr().out
     assert "The task process in the local task process exited with status 3." in log
     assert "GpuOutOfMemoryError: The task ran out of GPU memory in the local task process (MemoryError: CUDA" in log
@@ -170,6 +177,7 @@ def test_the_gpus_page_reads_the_profiles_of_gpu_tasks_only():
     with create_session() as session:
         rows = recent_profiles(session, {"forged_profile"})
         assert [row.key.task_id for row in rows] == ["real"]  # ...and the page does not read it
+        assert [row.state for row in rows] == ["success"]  # how the try ended: the page's State column
         assert task_profile(session, TaskKey("forged_profile", dr.run_id, "forger")) is None
         assert task_profile(session, TaskKey("forged_profile", dr.run_id, "real")) is not None
         # the DAG filter's choices: a readable DAG with a GPU task's profile, never one the user may not read

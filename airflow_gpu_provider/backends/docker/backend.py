@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_gpu_provider.backends.base import Deferral, ResumableBackend
 from airflow_gpu_provider.backends.docker import durable, launch, lifecycle
 from airflow_gpu_provider.backends.docker.client import connect
+from airflow_gpu_provider.backends.docker.engine_facts import EngineFacts, engine_facts
 from airflow_gpu_provider.backends.docker.files import checkpoint_folder
 from airflow_gpu_provider.backends.docker.lifecycle import ContainerOomError
 from airflow_gpu_provider.backends.docker.options import DockerOptions
@@ -46,9 +47,11 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
         self._container_id: str | None = None  # the container being started or followed (``kill`` stops it)
         self._killed = False
         self._stop_timeout = 30.0  # the running plan's
+        self._state_dir: str | None = None  # the running plan's (where a lasting container's files lie)
         self._store: Any = None  # the task instance's task state store (Airflow >= 3.3)
         self._deadline: float | None = None  # when a deferred container times out
         self._started: launch.Started | None = None  # the container this try started, until it is followed
+        self._engine: EngineFacts | None = None  # what the engine said of itself (rootless, Podman, its limits)
 
     def plan(self, request: TaskRequest, conf: GpuConfig) -> DockerPlan:
         """Translate the request into container arguments (:func:`.plan.plan_container`)."""
@@ -56,11 +59,15 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
 
     def _open(self, plan: DockerPlan, context: Context) -> Any:
         """The engine's client, once per try: the checkpoint folder made, a dead worker's containers reaped first."""
+        self._state_dir = plan.host.state_dir
         if self._client is None:
             checkpoint_folder(plan)
             self._client = connect(self.options)
+            self._engine = engine_facts(self._client, str(self.options.engine_url))
+            self.log.info("Docker engine %s: %s", self.options.engine_url, self._engine.describe())
             self._store = context.get("task_state_store")
-            reap_orphans(self._client, self.log)  # before any GPU is taken: a dead worker's container may hold it
+            reap_orphans(self._client, plan.host.state_dir, self.log)  # before any GPU is taken: a dead worker's
+            # container may hold it
         return self._client
 
     # ------------------------------------------------------------------ the synchronous run (durable)
@@ -119,6 +126,8 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
         client = self._client = connect(self.options)
         self._store = context.get("task_state_store")
         container_id, status = str(state["container_id"]), (event or {}).get("status")
+        if status == "refused":
+            raise GpuTaskError(f"Container {container_id[:12]} is not this task's: its trigger watched nothing.")
         if status == "missing":
             durable.forget(self._store)
             raise GpuTaskError(
@@ -149,6 +158,7 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
     def _launch(self, client: Any, plan: DockerPlan, *, defer: bool) -> launch.Started | Deferral:
         """Image, GPUs, create, start (:func:`.launch.launch`); the container, or the deferral that watches it."""
         self._killed, self._stop_timeout = False, plan.stop_timeout
+        plan = plan.on(self._engine) if self._engine is not None else plan
         lasting = defer or (plan.request.durable and self._store is not None)  # it may outlive this process
         started = launch.launch(
             client, plan, self._store, self.log, lasting=lasting, attach=not defer, created=self._created
@@ -184,7 +194,7 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
         container_id, status = earlier
         why = "durable=False" if not plan.request.durable else f"it is {status}: the task starts afresh"
         self.log.warning("Removing container %s left by an earlier try of this task (%s)", container_id[:12], why)
-        lifecycle.stop(client, container_id, plan.stop_timeout)
+        lifecycle.stop(client, container_id, plan.stop_timeout, plan.host.state_dir)
         durable.forget(self._store)
 
     def _take_over(self, client: Any, plan: DockerPlan, container_id: str) -> int | None:
@@ -214,7 +224,9 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
 
         :param own: the container is this try's own start (its files, its keeper: ended with it)
         """
-        self._container_id, self._killed, self._stop_timeout = container_id, False, plan.stop_timeout
+        # _killed is not reset here: an on_kill that came while the container was being created or started (it
+        # removed the container, so its output ends with 137) must still be told as the kill it was
+        self._container_id, self._stop_timeout = container_id, plan.stop_timeout
         succeeded = False
         try:
             outcome = self._collect(client, container_id, mem_limit, stream, timed_out=timed_out)
@@ -256,4 +268,4 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
             return
         self._killed = True
         self.log.info("Stopping container %s", container_id[:12])
-        lifecycle.stop(client, container_id, self._stop_timeout)
+        lifecycle.stop(client, container_id, self._stop_timeout, self._state_dir)

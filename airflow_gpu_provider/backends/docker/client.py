@@ -13,7 +13,7 @@ from airflow_gpu_provider.exceptions import GpuTaskError
 def connect(options: DockerOptions, *, login: bool = True) -> Any:
     """A docker-py ``APIClient`` from ``DockerHook``, which pings the engine (and logs in to a registry).
 
-    The engine must be this process's default one or one of ``[gpu] allowed_docker_engines`` (``policy/docker.py``),
+    The engine must be this process's default one or one of ``[gpu_policy] allowed_clusters`` (``policy/docker.py``),
     checked here with this process's own ``[gpu]`` section: the worker's, or the triggerer's. TLS to a remote engine
     comes from this process's environment (``DOCKER_CERT_PATH``, ``DOCKER_TLS_VERIFY``, as the docker CLI reads
     them), never from a path in a DAG.

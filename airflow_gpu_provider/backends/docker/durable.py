@@ -18,7 +18,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from docker.errors import NotFound
+from docker.errors import APIError
 
 from airflow_gpu_provider.host import workers
 from airflow_gpu_provider.task.labels import PROVIDER, docker_label
@@ -111,17 +111,29 @@ def is_succeeded(state: str) -> bool:
 
 
 def find(client: Any, container_id: str, labels: Mapping[str, str]) -> dict[str, Any] | None:
-    """The recorded container, when it still exists and is this task instance's (its labels say so), else ``None``.
+    """The recorded container, when it still exists and is this task instance's (:func:`belongs`), else ``None``.
 
-    A record is data a try wrote, but the container is checked anyway: another task's container is never taken.
+    A record is data the task's own code can write, so the container is checked: another task's, or another
+    deployment's (its task instance of the same name), is never taken; nor one the engine will not show.
     """
     try:
         found = client.inspect_container(container_id)
-    except NotFound:
-        return None
-    own = found.get("Config", {}).get("Labels") or {}
-    mine = own.get(PROVIDER) == "true" and all(own.get(docker_label(key)) == labels.get(key) for key in _IDENTITY)
-    return dict(found) if mine else None
+    except APIError as err:  # gone (404), or not the deployment's to reach (403, the authorization plugin)
+        if getattr(err, "status_code", None) in (403, 404):
+            return None
+        raise
+    return dict(found) if belongs(found, labels) else None
+
+
+def belongs(found: Mapping[str, Any], identity: Mapping[str, Any] | None) -> bool:
+    """Whether a container (its inspect) is the provider's, this deployment's, and the task instance's.
+
+    :param identity: ``dag_id``, ``task_id``, ``run_id``, ``map_index``; ``None``: any task's of the deployment
+    """
+    own = (found.get("Config") or {}).get("Labels") or {}
+    if own.get(PROVIDER) != "true" or own.get(DEPLOYMENT_LABEL) != workers.deployment():
+        return False
+    return identity is None or all(own.get(docker_label(key)) == str(identity.get(key)) for key in _IDENTITY)
 
 
 def task_instance_live(labels: Mapping[str, str], log: logging.Logger) -> bool:

@@ -2,8 +2,12 @@
 
 Inputs: a fresh folder, mounted **read-only** at ``/airflow-gpu``. It lies in the worker's private state dir (0700),
 so no other user of the host can reach it, read the envelope or plant a module there; being read-only, nothing the
-container writes (a setuid binary, a symlink) ever lands in a host path. Where the engine cannot see the worker's
-files (a remote engine, a worker in a container), the inputs are copied in through the Docker API instead.
+container writes (a setuid binary, a symlink) ever lands in a host path. A container that may outlive its try
+(deferred, durable) keeps its folder (``lasting-*``): it is removed with the container (:func:`release`), or by the
+next try on the host once its worker is gone and no container mounts it (:func:`sweep`). Where the engine cannot see
+the worker's files (a remote engine, a worker in a container), the inputs are copied in through the Docker API
+instead, never into a container with a writable host folder: the engine unpacks an upload as root, into the
+container's mounts too, and what it writes there (a setuid file) would land on the host.
 
 The task's checkpoint folder (a path root) is the one folder the container may write to on the worker: private
 to the worker like the inputs, bind-mounted read-write, with the container running as the worker's user.
@@ -20,27 +24,35 @@ import os
 import shutil
 import tarfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from docker.errors import NotFound
 
 from airflow_gpu_provider.backends.docker.plan import CONTAINER_DIR, RESULT_PATH, DockerPlan
-from airflow_gpu_provider.host.state import task_folder
+from airflow_gpu_provider.host.state import folder_owner, task_folder
+from airflow_gpu_provider.host.workers import is_dead
 from airflow_gpu_provider.task.result import MAX_RESULT_BYTES, ResultError
 from airflow_gpu_provider.task.runtime_zip import FILE_NAME
 from airflow_gpu_provider.task.runtime_zip import archive as runtime_archive
 
+LASTING = "lasting"  # the prefix of the folders that live as long as their container
+
 
 class TaskFiles:
-    """The container's inputs in a fresh folder of the worker's private state dir; removed on exit.
+    """The container's inputs in a fresh folder of the worker's private state dir; removed on exit, unless kept.
 
     :param files: file name -> content, placed in ``/airflow-gpu``
     :param parent: where the folder is created (``<state_dir>/docker-tasks``, private to the worker)
+    :param lasting: for a container that may outlive this try: once it mounts the folder, the folder is
+        :attr:`kept`, and removed with the container
     """
 
-    def __init__(self, files: Mapping[str, bytes], *, parent: str | os.PathLike[str]) -> None:
+    def __init__(self, files: Mapping[str, bytes], *, parent: str | os.PathLike[str], lasting: bool = False) -> None:
         self.files = dict(files)
-        self.path = task_folder(parent)
+        self.path = task_folder(parent, prefix=LASTING if lasting else "task")
+        self.lasting = lasting
+        self.kept = False
         for name, data in self.files.items():
             (self.path / name).write_bytes(data)
             (self.path / name).chmod(0o644)
@@ -52,7 +64,8 @@ class TaskFiles:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
+        if not self.kept:
+            shutil.rmtree(self.path, ignore_errors=True)
 
     @property
     def mount(self) -> dict[str, Any]:
@@ -60,11 +73,7 @@ class TaskFiles:
         return {"Target": CONTAINER_DIR, "Source": str(self.path), "Type": "bind", "ReadOnly": True}
 
     def archive(self) -> bytes:
-        """The files as a tar of ``/airflow-gpu``, the worker's own (what the container's user could write).
-
-        The runtime goes as its plain archive, not precompiled: 240 KB smaller, so that more of the 1 MiB an engine's
-        authorization plugin sees of an upload (``policy/authz/archive.py``) is left to the envelope.
-        """
+        """The files as a tar of ``/airflow-gpu``, the worker's own (the runtime as its plain archive, the smaller)."""
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             folder = tarfile.TarInfo(CONTAINER_DIR.strip("/"))
@@ -78,9 +87,9 @@ class TaskFiles:
         return buffer.getvalue()
 
     def copy_in(self, client: Any, container_id: str) -> None:
-        """Without the mount: unpack the files into the created container (:func:`upload`)."""
+        """Without the mount: unpack the files into the created container (never one with a writable host folder)."""
         if not self.mounted:
-            upload(client, container_id, "/", self.archive())
+            client.put_archive(container_id, "/", self.archive())
 
 
 def _owned(member: tarfile.TarInfo) -> tarfile.TarInfo:
@@ -88,16 +97,36 @@ def _owned(member: tarfile.TarInfo) -> tarfile.TarInfo:
     return member
 
 
-def upload(client: Any, container_id: str, path: str, archive: bytes) -> None:
-    """``put_archive``, labelled ``application/json`` so that an engine's authorization plugin sees the archive.
+def writable_mounts(host_config: Mapping[str, Any]) -> list[str]:
+    """The targets of a create body's mounts that the container may write through (a host folder, a volume)."""
+    return [
+        str(mount.get("Target"))
+        for mount in host_config.get("Mounts") or []
+        if mount.get("Type") in ("bind", "volume") and not mount.get("ReadOnly")
+    ]
 
-    The engine unpacks an upload as root, into the container's mounts too (the checkpoint folder is one); it shows
-    a plugin only JSON bodies, and the provider's plugin refuses an upload it cannot see into a container with a
-    writable host folder (``policy/authz/archive.py``). The engine reads the body as a tar whatever its label.
-    """
-    url = client._url("/containers/{0}/archive", container_id)
-    response = client._put(url, params={"path": path}, data=archive, headers={"Content-Type": "application/json"})
-    client._raise_for_status(response)
+
+def _lasting_folder(source: str, state_dir: str) -> Path | None:
+    path = Path(source)
+    tasks = Path(state_dir) / "docker-tasks"
+    return path if path.parent == tasks and path.name.startswith(f"{LASTING}-") else None
+
+
+def release(found: Mapping[str, Any] | None, state_dir: str) -> None:
+    """Remove the files folder of a removed container (``found``: its inspect), when it is a lasting one of ours."""
+    for mount in (found or {}).get("Mounts") or []:
+        folder = _lasting_folder(str(mount.get("Source") or ""), state_dir)
+        if mount.get("Destination") == CONTAINER_DIR and folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def sweep(containers: list[dict[str, Any]], state_dir: str) -> None:
+    """Remove the lasting folders whose worker is gone and which none of ``containers`` (``containers()``) mounts."""
+    tasks = Path(state_dir) / "docker-tasks"
+    mounted = {str(m.get("Source")) for c in containers for m in c.get("Mounts") or []}
+    for folder in tasks.glob(f"{LASTING}-*") if tasks.is_dir() else ():
+        if str(folder) not in mounted and is_dead(folder_owner(folder.name)):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def checkpoint_folder(plan: DockerPlan) -> None:

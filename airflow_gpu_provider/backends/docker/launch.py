@@ -20,6 +20,7 @@ from airflow_gpu_provider.backends.docker.files import TaskFiles
 from airflow_gpu_provider.backends.docker.images.task_image import task_image
 from airflow_gpu_provider.backends.docker.lifecycle import NoGpuRuntime
 from airflow_gpu_provider.backends.docker.plan import CONTAINER_DIR, DockerPlan
+from airflow_gpu_provider.backends.docker.rootless import PODMAN_FIX, dropped_limits, gpu_problem
 from airflow_gpu_provider.exceptions import GpuUnavailableError
 from airflow_gpu_provider.host.allocator import Allocation
 from airflow_gpu_provider.host.keeper import Keeper
@@ -115,14 +116,14 @@ def _start_gpu_container(client: Any, plan: DockerPlan, image: str, locks: list[
             hint = " Waiting cannot help." if policy.waits else ""
             raise GpuUnavailableError(
                 f"Requested {requested}, but the Docker engine cannot start GPU containers: {err}. "
-                f"{TOOLKIT_FIX}; or set on_missing_gpu='cpu' to run on CPU instead.{hint}"
+                f"{err.fix or TOOLKIT_FIX}; or set on_missing_gpu='cpu' to run on CPU instead.{hint}"
             ) from None
         how["log"].warning(
             "Requested %s, but the Docker engine cannot start GPU containers (%s). on_missing_gpu='cpu': "
             "running on CPU instead. To use the GPUs: %s.",
             requested,
             err,
-            TOOLKIT_FIX,
+            err.fix or TOOLKIT_FIX,
         )
         reason = f"the Docker engine cannot start GPU containers ({err})"
         return _start(client, plan, image, locks, cpu_fallback=reason, **how)
@@ -147,7 +148,7 @@ def _start(
     :param cpu_fallback: why it runs on the CPU instead of its GPUs (``on_missing_gpu="cpu"``), or ``None``
     """
     files = _files(plan, image, cpu_fallback)
-    task_files = held.enter_context(TaskFiles(files, parent=f"{plan.host.state_dir}/docker-tasks"))
+    task_files = held.enter_context(TaskFiles(files, parent=f"{plan.host.state_dir}/docker-tasks", lasting=lasting))
     kwargs = plan.create_kwargs(image, cpu_fallback=cpu_fallback is not None)
     mem_limit = kwargs["host_config"].get("mem_limit")
     container_id = lifecycle.create(client, kwargs, task_files, plan, log, durable=lasting)
@@ -155,6 +156,7 @@ def _start(
     record = durable.entry(container_id, str(plan.options.engine_url), plan.try_number)
     started = False
     try:
+        _engine_took(client, container_id, kwargs, plan, log)
         task_files.copy_in(client, container_id)
         if lasting:  # before the start: a worker killed from now on leaves a container the next try finds
             durable.record(store, container_id, record["engine"], plan.try_number)
@@ -171,6 +173,22 @@ def _start(
         created(None)
         raise
     return Started(container_id, record, mem_limit, stream, keeper, list(locks), lasting, held)
+
+
+def _engine_took(client: Any, container_id: str, kwargs: dict[str, Any], plan: DockerPlan, log: logging.Logger) -> None:
+    """On a rootless engine or Podman: the created container has its GPUs (else :class:`NoGpuRuntime`).
+
+    A limit the engine dropped is said in the task log (:mod:`.rootless`).
+    """
+    engine = plan.engine
+    if engine is None or not (engine.rootless or engine.podman):
+        return
+    created = client.inspect_container(container_id)
+    for limit in dropped_limits(created, kwargs):
+        log.warning("The engine dropped the container's %s limit: the container has none (treated as absent).", limit)
+    problem = gpu_problem(created, kwargs)
+    if problem is not None:
+        raise NoGpuRuntime(problem, fix=PODMAN_FIX if engine.podman else "")
 
 
 def _files(plan: DockerPlan, image: str, cpu_fallback: str | None) -> dict[str, bytes]:

@@ -15,13 +15,14 @@ from docker.errors import APIError, NotFound
 from docker.utils import format_environment
 
 from airflow_gpu_provider.backends.docker.durable import DEPLOYMENT_LABEL
-from airflow_gpu_provider.backends.docker.files import TaskFiles, read_result
+from airflow_gpu_provider.backends.docker.files import TaskFiles, read_result, release, writable_mounts
 from airflow_gpu_provider.backends.docker.orphans import AUTO_REMOVE_LABEL, DURABLE_LABEL, WORKER_LABEL
+from airflow_gpu_provider.backends.docker.rootless import PODMAN_FIX, cdi_requested
 from airflow_gpu_provider.exceptions import OOM_REMEDY, GpuTaskError, HostOutOfMemoryError
 from airflow_gpu_provider.host.keeper import Keeper
 from airflow_gpu_provider.host.workers import deployment, worker_identity
 from airflow_gpu_provider.policy import Policy
-from airflow_gpu_provider.policy.engine import check_create
+from airflow_gpu_provider.policy.engine import check_create, check_volume
 from airflow_gpu_provider.settings.units import format_bytes
 from airflow_gpu_provider.task.output import LineSplitter, TaskLog
 from airflow_gpu_provider.task.result import TaskResult, task_result
@@ -37,7 +38,11 @@ class ContainerOomError(HostOutOfMemoryError):
 
 
 class NoGpuRuntime(Exception):
-    """The engine cannot start GPU containers (no NVIDIA runtime)."""
+    """The engine cannot start GPU containers (no NVIDIA runtime); ``fix``: what would make it, when not the toolkit."""
+
+    def __init__(self, message: str, fix: str = "") -> None:
+        super().__init__(message)
+        self.fix = fix
 
 
 def log_lines(stream: Iterable[tuple[bytes | None, bytes | None]], log: logging.Logger) -> None:
@@ -64,8 +69,9 @@ def create_body(
     :param durable: the container may outlive this worker process (deferred, or reattachable by a later try)
     """
     labels = {WORKER_LABEL: worker_identity(), AUTO_REMOVE_LABEL: plan.options.auto_remove}
+    labels[DEPLOYMENT_LABEL] = deployment()  # the authorization plugin lets a deployment reach only its own
     if durable:
-        labels.update({DURABLE_LABEL: "true", DEPLOYMENT_LABEL: deployment()})
+        labels[DURABLE_LABEL] = "true"
     create = {**kwargs, "labels": {**kwargs["labels"], **labels}}
     host_config = create.pop("host_config")
     mounts = [*host_config.get("mounts", []), *([files.mount] if files.mounted else [])]
@@ -84,7 +90,15 @@ def final_call(
     authorization plugin runs: nothing reaches the engine that the policy refuses, whoever sends it.
     """
     body = create_body(client, kwargs, files, plan, durable=durable)
-    check_create(body, plan.policy or Policy.current())
+    rootless = plan.engine is not None and plan.engine.rootless  # its root is the worker; a CDI name no path
+    check_create(body, plan.policy or Policy.current(), rootless=rootless)
+    for mount in (body.get("HostConfig") or {}).get("Mounts") or []:
+        if mount.get("Type") == "volume":  # rule D5: a listed volume is no bind or network mount in disguise
+            try:
+                found = client.inspect_volume(mount["Source"])
+            except NotFound:
+                found = None  # the engine makes a plain local one
+            check_volume(found, mount["Source"])
     return body
 
 
@@ -93,13 +107,24 @@ def create(
 ) -> str:
     """Create the container with the worker folder mounted, or without it where the engine cannot see it.
 
-    A durable container gets its files copied in (``files.mounted`` False): nothing of it stays on the worker.
+    A lasting container's folder is kept with it (``files.kept``: :func:`.files.release` removes it).
+
+    :raises GpuTaskError: when the files would have to be uploaded into a container with a writable host folder
     """
-    files.mounted = plan.options.mount_tmp_dir and not durable
+    files.mounted = plan.options.mount_tmp_dir
     while True:
         body = final_call(client, kwargs, files, plan, durable=durable)
+        writable = writable_mounts(body.get("HostConfig") or {})
+        if not files.mounted and writable:
+            raise GpuTaskError(
+                f"The task's files cannot be copied into a container that may write to a host folder or volume "
+                f"({', '.join(writable)}): the engine would unpack them as root into it. Let the engine see the "
+                "worker's folders (backend_options mount_tmp_dir=True, a local engine), or drop the writable mount."
+            )
         try:
-            return str(client.create_container_from_config(body)["Id"])
+            container_id = str(client.create_container_from_config(body)["Id"])
+            files.kept = files.lasting and files.mounted
+            return container_id
         except APIError as err:
             if files.mounted and str(files.path) in str(err.explanation):
                 log.warning(
@@ -109,6 +134,8 @@ def create(
                 )
                 files.mounted = False
                 continue
+            if cdi_requested(kwargs["host_config"].get("devices")):  # an engine that takes no CDI names (Podman 4)
+                raise NoGpuRuntime(f"it refused the CDI devices: {err.explanation}", fix=PODMAN_FIX) from None
             raise GpuTaskError(
                 f"Docker could not create the task container from {kwargs['image']}: {err.explanation}"
             ) from None
@@ -209,15 +236,26 @@ def cleanup(
         if keep:
             log.info("Kept container %s for inspection (auto_remove=%r)", container_id[:12], auto_remove)
         else:
-            client.remove_container(container_id, force=True)
+            remove(client, container_id, plan.host.state_dir)
     except APIError as err:
         if getattr(err, "status_code", None) != 404:
             log.warning("Could not clean up container %s: %s", container_id[:12], err)
 
 
-def stop(client: Any, container_id: str, timeout: float) -> None:
-    """Stop (SIGTERM, SIGKILL after ``timeout``) and remove a container; never raises."""
+def remove(client: Any, container_id: str, state_dir: str | None) -> None:
+    """Remove a container, then its lasting files folder (``state_dir``: the worker's, where it lies)."""
+    found = None
+    if state_dir is not None:
+        with contextlib.suppress(APIError):
+            found = client.inspect_container(container_id)
+    client.remove_container(container_id, force=True)
+    if state_dir is not None:
+        release(found, state_dir)
+
+
+def stop(client: Any, container_id: str, timeout: float, state_dir: str | None = None) -> None:
+    """Stop (SIGTERM, SIGKILL after ``timeout``) and remove a container (:func:`remove`); never raises."""
     with contextlib.suppress(APIError):
         client.stop(container_id, timeout=round(timeout))
     with contextlib.suppress(APIError):
-        client.remove_container(container_id, force=True)
+        remove(client, container_id, state_dir)

@@ -138,16 +138,16 @@ class DockerOptions(BackendOptions):
 
     :param docker_conn_id: Airflow Docker connection used to log in to a registry (pulls and pushes)
     :param docker_url: the engine, as for ``DockerOperator`` (default ``$DOCKER_HOST``, else the local socket); any
-        other only from ``[gpu] allowed_docker_engines``, with TLS from the worker's ``DOCKER_CERT_PATH``
+        other only from ``[gpu_policy] allowed_clusters``, with TLS from the worker's ``DOCKER_CERT_PATH``
     :param api_version: Docker API version
     :param timeout: API call timeout in seconds
     :param network_mode: ``bridge``, ``none``, ``host`` or a network name (default: the engine's)
     :param mounts: ``[{"source", "target", "type": "bind"|"volume"|"tmpfs", "read_only"}]``; bind sources beneath
-        ``[gpu] allowed_mount_roots`` and volumes of ``[gpu] allowed_volumes`` only (``policy/docker.py``)
+        ``[gpu_policy] allowed_mount_roots`` and volumes of ``[gpu_policy] allowed_volumes`` only (``policy/docker.py``)
     :param ipc_mode: e.g. ``"host"`` to share the host's IPC namespace and ``/dev/shm``
     :param user: who the task runs as in the container: a user of the worker host (with its primary group there)
         or ``uid:gid``, always handed to the engine as numbers resolved on the worker (default: the worker's own
-        uid:gid; others only from ``[gpu] allowed_users``)
+        uid:gid; others only from ``[gpu_policy] allowed_users``)
     :param working_dir: where the task runs in the container (default: the image's)
     :param auto_remove: ``force`` removes every container, ``success`` keeps failed ones (stopped) for
         inspection, ``never`` keeps all
@@ -163,7 +163,7 @@ class DockerOptions(BackendOptions):
         quarantined
     :param driver_capabilities: ``NVIDIA_DRIVER_CAPABILITIES`` of GPU containers
     :param group_add: supplementary groups, names of the worker host or gids, handed to the engine as the worker
-        host's gids (``[gpu] allowed_groups``); AMD GPU tasks also get the host's ``video`` and ``render``
+        host's gids (``[gpu_policy] allowed_groups``); AMD GPU tasks also get the host's ``video`` and ``render``
     :param mount_tmp_dir: share the task's files through a bind-mounted worker folder; ``False`` copies them
         through the Docker API (remote engines; tried by itself when the engine cannot see the folder)
     :param cap_add: Linux capabilities to keep (every one is dropped by default), e.g. ``["SYS_PTRACE"]`` for a
@@ -176,7 +176,7 @@ class DockerOptions(BackendOptions):
         **BackendOptions.removed,
         **dict.fromkeys(
             ("tls_ca_cert", "tls_client_cert", "tls_client_key"),
-            "TLS files are the worker's, never a path in a DAG: an engine of [gpu] allowed_docker_engines is reached "
+            "TLS files are the worker's, never a path in a DAG: an engine of [gpu_policy] allowed_clusters is reached "
             "with the worker's (and triggerer's) DOCKER_CERT_PATH and DOCKER_TLS_VERIFY.",
         ),
     }

@@ -6,7 +6,8 @@ before a task takes GPUs on this host, the containers of dead workers of this ho
 and the ended ones that their ``auto_remove`` policy would have removed (a container kept for inspection stays).
 Containers of workers on other hosts (sharing a remote engine) are left to them. A durable container (deferred,
 or left for a later try to reattach to: ``durable.py``) is spared while its task instance has not ended, and left
-to the workers of its own Airflow deployment.
+to the workers of its own Airflow deployment. Then the files folders of lasting containers that are gone
+(``files.sweep``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from docker.errors import APIError, NotFound
 
 from airflow_gpu_provider.backends.docker.durable import DEPLOYMENT_LABEL, task_instance_live
+from airflow_gpu_provider.backends.docker.files import sweep
 from airflow_gpu_provider.host.workers import deployment, is_dead
 from airflow_gpu_provider.task.labels import docker_label
 
@@ -27,10 +29,11 @@ DURABLE_LABEL = docker_label("durable")
 _ENDED = ("exited", "dead")
 
 
-def reap_orphans(client: Any, log: logging.Logger) -> list[str]:
-    """Remove the containers of this host's dead workers; return their ids."""
+def reap_orphans(client: Any, state_dir: str, log: logging.Logger) -> list[str]:
+    """Remove the containers of this host's dead workers, then the files of lasting ones that are gone; their ids."""
     reaped, ours = [], deployment()
-    for container in client.containers(all=True, filters={"label": WORKER_LABEL}):
+    containers = client.containers(all=True, filters={"label": WORKER_LABEL})
+    for container in containers:
         labels = container["Labels"]
         kept = container.get("State") in _ENDED and labels.get(AUTO_REMOVE_LABEL) in ("never", "success")
         if not is_dead(labels.get(WORKER_LABEL, "")) or kept:
@@ -49,4 +52,5 @@ def reap_orphans(client: Any, log: logging.Logger) -> list[str]:
                 "behind" if container.get("State") in _ENDED else "running",
                 labels[WORKER_LABEL],
             )
+    sweep([c for c in containers if c["Id"] not in reaped], state_dir)
     return reaped

@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.backends.docker.container import ContainerResources, map_resources
-from airflow_gpu_provider.backends.docker.images.dockerfile import BuildOptions
+from airflow_gpu_provider.backends.docker.engine_facts import EngineFacts
+from airflow_gpu_provider.backends.docker.images.spec import BuildOptions
 from airflow_gpu_provider.backends.docker.options import CONTAINER_DIR, DockerOptions
+from airflow_gpu_provider.backends.docker.rootless import engine_notes, on_engine
 from airflow_gpu_provider.checkpoint.location import CHECKPOINT_MOUNT, checkpoint_environment, unreachable
 from airflow_gpu_provider.host.allocator import HostGpus
 from airflow_gpu_provider.policy import Policy
@@ -44,6 +46,7 @@ class DockerPlan:
     :param notes: what the plan could not give the task (beyond the resource mapping's notes), for its log
     :param policy: the worker's ``[gpu]`` allow-lists, which the whole create call must meet
     :param cache_size: bytes the derived images of a local engine may take (``[gpu] cache_size``; 0: no limit)
+    :param engine: the engine the run found (:meth:`on`), whose create calls :func:`.rootless.on_engine` adapts
     """
 
     request: TaskRequest
@@ -62,6 +65,7 @@ class DockerPlan:
     notes: tuple[str, ...] = ()
     policy: Policy | None = None
     cache_size: int = 0
+    engine: EngineFacts | None = None
 
     def create_kwargs(self, image: str, *, cpu_fallback: bool = False) -> dict[str, Any]:
         """``create_container`` arguments, with ``host_config`` as ``create_host_config`` arguments."""
@@ -71,12 +75,18 @@ class DockerPlan:
             self.request.image.environment,
             self.request.resources.gpu_vendor,
         )
-        return {
+        kwargs = {
             **self.container,
             "image": image,
             "environment": environment,
             "host_config": {**self.host_config, **resources.host_config},
         }
+        return on_engine(kwargs, self.engine)
+
+    def on(self, engine: EngineFacts) -> DockerPlan:
+        """The same plan for the engine the run found, with what the task log must say of it."""
+        notes = engine_notes(self.request.resources, engine)
+        return dataclasses.replace(self, engine=engine, notes=(*self.notes, *notes))
 
     @property
     def try_number(self) -> str:
@@ -126,7 +136,8 @@ def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig
         host_config["network_mode"] = options.network_mode
     mounts = [
         {"Target": m["target"], "Source": _source(m), "Type": m.get("type", "bind"),
-         "ReadOnly": bool(m.get("read_only", False))}
+         "ReadOnly": bool(m.get("read_only", False)),
+         **({"VolumeOptions": {"NoCopy": True}} if m.get("type") == "volume" else {})}  # no copy-up from the image
         for m in options.mounts
     ]  # fmt: skip
     checkpoint_mounts, notes = checkpoint_mount(request, options, container)

@@ -1,8 +1,8 @@
 """The trigger a deferred Docker task waits on: it logs the container's output, and fires when the container ended.
 
 It reaches the engine the task used: the engine's URL is resolved on the worker (``docker_url``, ``$DOCKER_HOST`` or
-the local socket) and handed over, and the triggerer checks it again against its own ``[gpu]
-allowed_docker_engines`` (its default engine needs no listing): a trigger row is JSON in the metadata database,
+the local socket) and handed over, and the triggerer checks it again against its own ``[gpu_policy]
+allowed_clusters`` (its default engine needs no listing): a trigger row is JSON in the metadata database,
 never trusted by its content. The trigger logs in nowhere and reads no file a DAG named (TLS comes from the
 triggerer's own ``DOCKER_CERT_PATH``). So the triggerer must reach that engine too: the local socket of the same host
 (``[triggerer] queues_enabled = True`` and a triggerer per GPU host, started for its queue), or a listed
@@ -13,7 +13,10 @@ blocking stream that may stay silent for hours must not hold one of the loop's w
 context: the triggerer writes its lines into the task's log (Airflow 3 shows a trigger's log in its task's), each
 at the time it was read. The event says whether all of it was logged, or until when: the resume logs only the rest.
 
-A user who ends the deferred task (mark failed or success, clear) ends its container too: Airflow 3.3's triggerer
+The trigger reaches only its own task instance's container (its labels: the provider's, this deployment's, and the
+task instance the triggerer runs it for): a trigger row another task wrote, naming another container, fires
+``refused`` at once, having logged and stopped nothing. A user who ends the deferred task (mark failed or success,
+clear) ends its container too: Airflow 3.3's triggerer
 calls :meth:`DockerContainerTrigger.on_kill` for such an action (not on a triggerer restart, which only moves the
 trigger). Before 3.3 nothing is called: the container runs to its end, and the orphan reaper removes it once its task
 instance has ended (docs/deferrable.md).
@@ -136,9 +139,29 @@ class DockerContainerTrigger(BaseTrigger):
         except NotFound:
             return None
 
+    def _ours(self, client: Any) -> bool:
+        """Whether the container is this task instance's (:func:`.durable.belongs`); a gone one is (it fires)."""
+        from docker.errors import APIError
+
+        from airflow_gpu_provider.backends.docker.durable import belongs
+
+        ti = self.task_instance  # set by the triggerer; not by dag.test(), which runs the trigger in the task itself
+        identity = None if ti is None else {key: getattr(ti, key, None) for key in ("dag_id", "task_id", "run_id")}
+        if identity is not None:
+            identity["map_index"] = getattr(ti, "map_index", -1)
+        try:
+            return belongs(client.inspect_container(self.container_id), identity)
+        except APIError as err:
+            return getattr(err, "status_code", None) == 404
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Log the container's output as it comes; look at the container every ``poll_interval`` s until it ends."""
         client = await asyncio.to_thread(self._client)
+        if not await asyncio.to_thread(self._ours, client):
+            client.close()
+            self.log.error("Container %s is not this task's: nothing is watched", self.container_id[:12])
+            yield self._event("refused", {})
+            return
         self.log.info(
             "Watching container %s every %ss until it ends; its output follows as it is written",
             self.container_id[:12],
@@ -180,7 +203,8 @@ class DockerContainerTrigger(BaseTrigger):
 
         client = self._client()
         try:
-            stop(client, self.container_id, self.stop_timeout)
+            if self._ours(client):
+                stop(client, self.container_id, self.stop_timeout)
         finally:
             client.close()
 

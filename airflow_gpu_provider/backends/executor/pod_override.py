@@ -67,7 +67,7 @@ def check_placed(owner: str, pod_options: Mapping[str, Any], given: Mapping[str,
 
 
 def _options(owner: str, pod_options: Mapping[str, Any]) -> PodOptions:
-    """``backend_options['kubernetes']``, parsed, and its level one ``[gpu] min_pod_security`` allows."""
+    """``backend_options['kubernetes']``, parsed, and its level one ``[gpu_policy] min_pod_security`` allows."""
     try:
         options = PodOptions.parse({k: v for k, v in pod_options.items() if k != CLAIM_TEMPLATE_OPTION})
         options.permitted(owner)
@@ -86,7 +86,7 @@ def check_pod(
     """The final check of a ``pod_override`` (``policy.pods.final``, at DAG parse): ``merged`` with device isolation.
 
     Rule P1: the ``pod_override`` as merged, and the task's own worker template, meet ``level``. Rule P3: both name
-    only what ``[gpu] allowed_kubernetes_objects`` lists, or ``[kubernetes_executor] namespace``. Rule P4: every
+    only what ``[gpu_policy] allowed_objects`` lists, or ``[kubernetes_executor] namespace``. Rule P4: every
     container without an NVIDIA device gets ``NVIDIA_VISIBLE_DEVICES=void``: the ``pod_override``'s, and those of
     the worker template (when readable here) through entries the executor merges into them (:func:`_reaching`).
 
@@ -142,7 +142,7 @@ def _reaching(merged: dict[str, Any], template: Mapping[str, Any]) -> dict[str, 
 
 def _allowed() -> dict[str, frozenset[str]]:
     """What a worker pod may name (rule P3): the allow-list, and the executor's own namespace."""
-    allowed = Policy.current().kubernetes
+    allowed = Policy.current().objects
     namespace = airflow_setting("kubernetes_executor", "namespace", fallback="default") or "default"
     return {**allowed, "namespace": allowed["namespace"] | {namespace}}
 

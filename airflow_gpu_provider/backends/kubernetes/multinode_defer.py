@@ -8,6 +8,8 @@ pods have no XCom sidecar), turns a failure into the provider's typed error (the
 
 With ``TaskRequest.durable`` the Job's name is kept in the task state store (Airflow 3.3+): a later try whose
 worker died before the task deferred finds the Job still running and defers to it instead of submitting a second.
+The store is data the task's own code can write: a Job is taken over (or, once over, deleted) only in the namespace
+this try would use and when its labels name this task instance, as the provider labels its Jobs.
 
 What ``KubernetesJobTrigger`` cannot do, and what is done instead:
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from airflow.providers.cncf.kubernetes.triggers.job import KubernetesJobTrigger
@@ -48,6 +51,8 @@ if TYPE_CHECKING:
 
     from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan
 
+#: The labels of a Job that name its task instance (KubernetesPodOperator's, and the provider's own)
+IDENTITY_LABELS = ("dag_id", "task_id", "run_id", "map_index", "app.kubernetes.io/managed-by")
 #: The task state store's key for the Job a try submitted (KubernetesPodOperator keeps its pod under its own key).
 JOB_STATE_KEY = "gpu_indexed_job"
 POLL_INTERVAL = 5.0
@@ -70,10 +75,14 @@ class DeferredJob:
         """Submit the Job and its Service (or find the one an earlier try left running), then defer."""
         store = context.get("task_state_store") if self.plan.durable else None
         hook = self._hook()
-        layout = self._running_job(hook, store.get(JOB_STATE_KEY)) if store is not None else None
+        layout, service, job = multinode_manifests(self.plan, context=context)
+        earlier = (
+            self._running_job(hook, store.get(JOB_STATE_KEY), layout.namespace, job) if store is not None else None
+        )
         deadline = _deadline(context)
-        if layout is None:
-            layout, service, job = multinode_manifests(self.plan, context=context)
+        if earlier is not None:
+            layout = earlier
+        else:
             if deadline is not None:
                 job["spec"]["activeDeadlineSeconds"] = int(deadline.total_seconds())
             self.run = IndexedJobRun(
@@ -109,9 +118,18 @@ class DeferredJob:
         self.log.info("Indexed Job %s/%s submitted; the task defers", layout.namespace, layout.name)
         return Deferral(trigger=trigger, state=state, timeout=timeout)
 
-    def _running_job(self, hook: KubernetesHook, stored: Any) -> MultiNodeLayout | None:
-        """The layout of the Job an earlier try submitted, if it still runs (else it is deleted, with its Service)."""
+    def _running_job(
+        self, hook: KubernetesHook, stored: Any, namespace: str, ours: Mapping[str, Any]
+    ) -> MultiNodeLayout | None:
+        """The layout of the Job an earlier try submitted, if it still runs (else it is deleted, with its Service).
+
+        :param namespace: the namespace this try's Job would have; another's Job is never taken
+        :param ours: the Job this try would submit: the earlier one must carry its task instance's labels
+        """
         if not isinstance(stored, dict) or not all(isinstance(stored.get(k), str) for k in ("name", "namespace")):
+            return None
+        if stored["namespace"] != namespace:
+            self.log.warning("The recorded Job %s is in another namespace than this task's: it is left", stored)
             return None
         layout = MultiNodeLayout(stored["name"], stored["namespace"], self.plan.num_nodes, self.plan.port)
         try:
@@ -119,6 +137,11 @@ class DeferredJob:
         except ApiException as err:
             if err.status != 404:
                 raise
+            return None
+        labels, wanted = (job.metadata.labels or {}), ours["metadata"].get("labels") or {}
+        if any(labels.get(key) != wanted.get(key) for key in IDENTITY_LABELS if key in wanted) or not wanted:
+            self.log.warning("The recorded Job %s/%s is not this task instance's: it is left", layout.namespace,
+                             layout.name)  # fmt: skip
             return None
         if hook.is_job_complete(job):
             IndexedJobRun.attach(hook, layout, log=self.log, claim=self.plan.claim).cleanup()  # over: its try's

@@ -109,7 +109,7 @@ def load_pod_template(options: KubernetesOptions) -> dict[str, Any] | None:
 def plan_pod(request: TaskRequest, options: KubernetesOptions, conf: GpuConfig) -> KubernetesPlan:
     """Map the request onto the pod's pieces, with a CPU-only fallback pod under ``on_missing_gpu="cpu"``.
 
-    The task's pod-security level must be one this worker's ``[gpu] min_pod_security`` allows (rule P2); the pod
+    The task's pod-security level must be one this worker's ``[gpu_policy] min_pod_security`` allows (rule P2); the pod
     itself is checked against it when KubernetesPodOperator has built it (``pod_operator.py``, rule P1).
     """
     policy = Policy.of(conf)
@@ -119,11 +119,11 @@ def plan_pod(request: TaskRequest, options: KubernetesOptions, conf: GpuConfig) 
             f"{request.display_name}: backend_options['pod_security']={options.pod_security!r} is refused on this "
             f"worker: {problem}. Nothing was submitted."
         )
-    primary = _pod(request, options, conf, request.resources, policy.kubernetes)
+    primary = _pod(request, options, conf, request.resources, policy.objects)
     if request.num_nodes > 1:
         return primary  # every node must get its GPUs: no CPU fallback for a multi-node launch
     if request.missing_gpu.runs_on_cpu and request.resources.requests_gpus:
-        fallback = _pod(request, options, conf, request.resources.without_gpus(), policy.kubernetes, cpu_fallback=True)
+        fallback = _pod(request, options, conf, request.resources.without_gpus(), policy.objects, cpu_fallback=True)
         primary = dataclasses.replace(primary, cpu_fallback=fallback)
     return primary
 

@@ -24,7 +24,7 @@ from airflow_gpu_provider.settings import ResourceSettings
 TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
 TOLERATION_OPERATORS: tuple[str, ...] = ("Exists", "Equal")
 TAINT_EFFECTS: tuple[str, ...] = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-POD_SECURITY: tuple[str, ...] = LEVELS  # restricted, baseline, privileged: weaker ones as [gpu] min_pod_security allows
+POD_SECURITY: tuple[str, ...] = LEVELS  # restricted, baseline, privileged: weaker ones as min_pod_security allows
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -178,15 +178,15 @@ class PodOptions(BackendOptions):
         }
 
     def permitted(self, owner: str) -> None:
-        """At DAG parse: a level weaker than restricted only where ``[gpu] min_pod_security`` allows it (rule P2).
+        """At DAG parse: a level weaker than restricted only where ``min_pod_security`` allows it (rule P2).
 
-        And the cluster objects the options name only as ``[gpu] allowed_kubernetes_objects`` lists (rule P3). The
+        And the cluster objects the options name only as ``[gpu_policy] allowed_objects`` lists (rule P3). The
         policy is read only for tasks that name any, or ask for less than restricted.
         """
         from airflow_gpu_provider.policy import Policy
 
         named = {name: pod for name, pod in self.objects().items() if unlisted(pod, {})}
-        allowed = Policy.current().kubernetes if named else {}
+        allowed = Policy.current().objects if named else {}
         for name, pod in named.items():
             found = unlisted(pod, allowed)
             if found:

@@ -1,8 +1,8 @@
 """The security of a GPU pod: the contexts the provider writes, and the pieces the check at DAG parse judges.
 
 The restricted Pod Security Standards profile is the default for every container of a GPU pod: a non-root user, the
-runtime's seccomp profile, no capability, no privilege escalation. ``pod_security='baseline'`` (or ``'privileged'``)
-is the opt-out, where ``[gpu] min_pod_security`` allows it. Whether a pod meets its level is decided in one place,
+runtime's seccomp profile, no capability, no privilege escalation. ``pod_security='baseline'`` (or ``'privileged'``) is
+the opt-out, where ``[gpu_policy] min_pod_security`` allows it. Whether a pod meets its level is decided in one place,
 ``policy/pods.py``.
 """
 

@@ -67,7 +67,7 @@ def requested(request: dict[str, Any]) -> str:
         parts.append(f"{gib(number(memory))} memory" if number(memory) is not None else text(memory, 20))
     cpus = number(request.get("cpu_count"))
     if cpus is not None:
-        parts.append(f"{cpus:g} CPUs")
+        parts.append(f"{cpus:g} CPU{'' if cpus == 1 else 's'}")
     return ", ".join(part for part in parts if part) or "–"
 
 
@@ -108,3 +108,11 @@ class ProfileRow:
     key: TaskKey
     stored: float  # epoch seconds the XCom row was written
     profile: Profile
+    state: str | None = None  # how the try ended (try_state), None when unknown
+
+    @staticmethod
+    def try_state(ti_state: str | None, ti_try: int | None, profile_try: int | None) -> str | None:
+        """How the profiled try ended: the task instance's state, ``failed`` for a try a later one followed."""
+        if profile_try is not None and ti_try is not None and profile_try < ti_try:
+            return "failed"  # a later try runs, or ran without a profile
+        return {"up_for_retry": "failed", "up_for_reschedule": "failed"}.get(str(ti_state), ti_state)

@@ -16,7 +16,10 @@ from airflow_gpu_provider.telemetry.ui.format import ProfileRow, TaskKey, fixed,
 from airflow_gpu_provider.telemetry.ui.html import e, layout, table, task_path, when
 
 CPU_MODEL = "CPU"  # the model filter's name for tries without a GPU
-TASK_COLUMNS = ("Finished", "DAG / task", "Run", "Host", "Requested", "Assigned", "Peak memory", "Mean util", "Cost")
+TASK_COLUMNS = (
+    *("Finished", "DAG / task", "State", "Run", "Host", "Requested", "Assigned", "Peak memory", "Mean util", "Cost"),
+    "Advice",
+)
 
 
 class Filters(NamedTuple):
@@ -84,6 +87,7 @@ def _task_row(row: ProfileRow, base: str, anchor: int | None) -> list[str]:
     return [
         f'<span class="nowrap">{e(when(profile.finished or row.stored))}</span>',
         f'<a href="{e(task_path(base, row.key))}">{e(row.key.label)}</a>{kind}',
+        f'<span class="badge">{e(row.state)}</span>' if row.state not in (None, "success") else e(row.state or "–"),
         e(row.key.run_id),
         e(profile.host or "–"),
         e(requested(profile.requested)),
@@ -209,20 +213,9 @@ def render_overview(
     body += [
         "<h2>Recent GPU tasks</h2>",
         table(
-            [
-                "Finished",
-                "DAG / task",
-                "Run",
-                "Host",
-                "Requested",
-                "Assigned",
-                "Peak memory",
-                "Mean util",
-                "Cost",
-                "Advice",
-            ],
+            list(TASK_COLUMNS),
             [_task_row(row, base, anchors.get(_task(row.key))) for row in rows],
-            numeric=frozenset({6, 7}),
+            numeric=frozenset({7, 8}),
         ),
     ]
     return layout("GPUs", "".join(body))

@@ -194,6 +194,8 @@ def recent_profiles(session: Session, dag_ids: Collection[str], limit: int = REC
             XComModel.map_index,
             XComModel.timestamp,
             XComModel.value,
+            TaskInstance.state,
+            TaskInstance.try_number,
         )
         .join(TaskInstance, _of_gpu_tasks())
         .where(XComModel.key == XCOM_KEY, XComModel.dag_id.in_(sorted(dag_ids)))
@@ -205,5 +207,8 @@ def recent_profiles(session: Session, dag_ids: Collection[str], limit: int = REC
         profile = Profile.read(XComModel.deserialize_value(row))
         if profile is not None:
             stored = row.timestamp.timestamp() if row.timestamp is not None else 0.0
-            found.append(ProfileRow(TaskKey(row.dag_id, row.run_id, row.task_id, row.map_index), stored, profile))
+            state = ProfileRow.try_state(row.state and str(row.state), row.try_number, profile.try_number)
+            found.append(
+                ProfileRow(TaskKey(row.dag_id, row.run_id, row.task_id, row.map_index), stored, profile, state)
+            )
     return found

@@ -25,8 +25,8 @@ if __name__ == "__main__":
     from uv import find_uv_bin
 
     import docker
-    from airflow_gpu_provider.backends.docker.images.dockerfile import BuildOptions, derived_image_spec
     from airflow_gpu_provider.backends.docker.images.engine import ensure_derived_image
+    from airflow_gpu_provider.backends.docker.images.spec import BuildOptions, derived_image_spec
 
     logging.basicConfig(level=logging.INFO, stream=sys.stdout)
     client = docker.APIClient(version="auto", timeout=300)

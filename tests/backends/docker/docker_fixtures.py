@@ -245,6 +245,8 @@ def no_leaks(request: pytest.FixtureRequest, docker_client: Any) -> Iterator[Non
 
     On the engine the test runs on: the host's, or the one ``docker_engine`` gives it (``authz_engine.py``).
     """
+    from docker.errors import NotFound
+
     if "docker_engine" in request.fixturenames:
         docker_client = request.getfixturevalue("docker_engine")
     before = container_ids(docker_client)
@@ -252,12 +254,15 @@ def no_leaks(request: pytest.FixtureRequest, docker_client: Any) -> Iterator[Non
     left = container_ids(docker_client) - before
     described = []
     for container_id in left:
-        info = docker_client.inspect_container(container_id)
+        try:
+            info = docker_client.inspect_container(container_id)
+        except NotFound:  # a dead worker's, reaped meanwhile by another worker's task (the reaper's job)
+            continue
         described.append(
             f"{container_id[:12]} {info['Config']['Image']} {info['State']['Status']} {info['Config']['Cmd']}"
         )
         docker_client.remove_container(container_id, force=True)
-    assert not left, f"the test left {len(left)} container(s) behind: {described}"
+    assert not described, f"the test left {len(described)} container(s) behind: {described}"
 
 
 class ListHandler(logging.Handler):
@@ -314,7 +319,7 @@ def make_wheel(directory: Path, name: str, version: str, code: str) -> Path:
 def wheel_dir(build_inputs: Path) -> tuple[Path, str]:
     """A local wheel directory with a package whose version is new in every test, so its image is new too.
 
-    It lies beneath ``[gpu] allowed_build_paths`` and every local user may read it, as the build policy wants.
+    It lies beneath ``[gpu_policy] allowed_build_paths`` and every local user may read it, as the build policy wants.
     """
     version = f"1.0.{time.time_ns()}"
     make_wheel(build_inputs / "wheels", "airflow_gpu_testpkg", version, f"VERSION = {version!r}\n")
@@ -329,8 +334,8 @@ def torch_image(docker_client: Any, airflow_home: Path) -> str:
     """
     from uv import find_uv_bin
 
-    from airflow_gpu_provider.backends.docker.images.dockerfile import BuildOptions, derived_image_spec
     from airflow_gpu_provider.backends.docker.images.engine import ensure_derived_image
+    from airflow_gpu_provider.backends.docker.images.spec import BuildOptions, derived_image_spec
     from airflow_gpu_provider.settings import ImageSettings
 
     wheels = Path("/opt/wheels")

@@ -46,7 +46,9 @@ def exists(client, container_id: str) -> bool:
 def test_a_dead_builders_install_container_is_reaped_but_not_a_container_of_the_image_it_built(docker_client):
     builder = dead_identity()
     tag = f"{TEST_REPOSITORY}:reaper-{uuid.uuid4().hex[:8]}"
-    dockerfile = f"FROM {BASE_IMAGE}\nLABEL {BUILDER_LABEL}={builder}\n"  # as recipe.with_labels puts it
+    dockerfile = (
+        f"FROM {BASE_IMAGE}\nLABEL {BUILDER_LABEL}={builder}\n"  # the builder label a build puts on what it makes
+    )
     list(docker_client.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True, decode=True))
     created = []
     try:

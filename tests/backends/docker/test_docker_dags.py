@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 from airflow.utils.net import get_hostname
 from backends.docker.docker_fixtures import BASE_IMAGE, container_ids
+from backends.docker.user_engines import engines
 from helpers import load_dag, run_dag, task_states, xcom
 
 from airflow_gpu_provider import GpuStepOperator, ImageSettings
@@ -21,6 +22,7 @@ REPO = Path(__file__).resolve().parents[3]
 DAG_FILE = REPO / "tests" / "dags" / "docker_dags.py"
 
 
+@engines("host", "authz", "rootless", "podman")
 def test_gpu_task_on_docker_pushes_its_return_value_to_xcom(airflow_home, docker_engine):
     dag_run = run_dag(load_dag(DAG_FILE, "docker_xcom"))
     assert task_states(dag_run) == {"square": "success"}

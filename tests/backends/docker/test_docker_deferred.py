@@ -5,12 +5,14 @@ task instance's next try.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
 from pathlib import Path
 
 import pytest
+from backends.docker.user_engines import engines
 from helpers import start_worker, worker_result
 
 from airflow_gpu_provider.backends.docker.trigger import DockerContainerTrigger
@@ -36,6 +38,7 @@ def _logged_at(log: str, text: str) -> float:
 
 
 @pytest.mark.smoke  # before Airflow 3.3 too: the deferral needs no task state store
+@engines("host", "authz", "rootless")
 def test_a_deferred_container_ends_with_its_result_its_output_in_the_log(docker_engine):
     result, log = _run("deferred_docker_success")
     assert result["states"] == {"task": "success"}, log[-3000:]
@@ -48,6 +51,9 @@ def test_a_deferred_container_ends_with_its_result_its_output_in_the_log(docker_
     assert times["the answer is ready"] - times["thinking about"] >= 2.5, times
     assert log.index("the answer is ready") < log.index("output was logged while the task was deferred")
     assert log.count("the answer is ready") == 1, log[-3000:]
+    from airflow_gpu_provider import config  # the container's files lived as long as it did: gone with it
+
+    assert not list(Path(config.get("state_dir"), "docker-tasks").glob("lasting-*"))
 
 
 def test_a_deferred_failure_ends_as_a_failure_in_the_worker():
@@ -111,10 +117,14 @@ def test_the_trigger_imports_and_calls_docker_py_off_the_event_loop(docker_clien
     import subprocess
     import sys
 
+    from airflow_gpu_provider.backends.docker.durable import DEPLOYMENT_LABEL
     from airflow_gpu_provider.backends.docker.options import DockerOptions
+    from airflow_gpu_provider.host.workers import deployment
+    from airflow_gpu_provider.task.labels import PROVIDER
 
     image = os.environ.get("AIRFLOW_GPU_TEST_BASE_IMAGE", "airflow-gpu-base:bookworm")
-    created = docker_client.create_container(image, ["true"])["Id"]
+    labels = {PROVIDER: "true", DEPLOYMENT_LABEL: deployment()}  # the deployment's (no task instance: dag.test's way)
+    created = docker_client.create_container(image, ["true"], labels=labels)["Id"]
     try:
         docker_client.start(created)
         done = subprocess.run(
@@ -130,19 +140,24 @@ def test_the_trigger_imports_and_calls_docker_py_off_the_event_loop(docker_clien
 
 
 def test_a_recorded_container_of_another_task_instance_is_never_taken_over(docker_client):
-    """A try takes over only a container whose labels name its own task instance: a record pointing elsewhere (a
-    forged or stale one) finds nothing, and the other container is left alone.
+    """A try takes over only a container whose labels name its own task instance and deployment: a record pointing
+    elsewhere (a forged or stale one) finds nothing, and the other container is left alone. (Issue 34, low: another
+    deployment's container of a task instance of the same name was taken over.)
     """
     from airflow_gpu_provider.backends.docker import durable
+    from airflow_gpu_provider.host.workers import deployment
     from airflow_gpu_provider.task.labels import PROVIDER, docker_label
 
     theirs = {"dag_id": "other", "task_id": "task", "run_id": "r1", "map_index": "-1"}
     labels = {PROVIDER: "true", **{docker_label(key): value for key, value in theirs.items()}}
-    created = docker_client.create_container(
-        os.environ.get("AIRFLOW_GPU_TEST_BASE_IMAGE", "airflow-gpu-base:bookworm"), ["sleep", "60"], labels=labels
-    )["Id"]
+    image = os.environ.get("AIRFLOW_GPU_TEST_BASE_IMAGE", "airflow-gpu-base:bookworm")
+    created = docker_client.create_container(image, ["sleep", "60"], labels={**labels,
+                                             durable.DEPLOYMENT_LABEL: deployment()})["Id"]  # fmt: skip
+    elsewhere = docker_client.create_container(image, ["sleep", "60"], labels={**labels,
+                                               durable.DEPLOYMENT_LABEL: "staging"})["Id"]  # fmt: skip
     try:
         assert durable.find(docker_client, created, theirs) is not None  # its own task instance: found
+        assert durable.find(docker_client, elsewhere, theirs) is None  # the same task instance, another deployment
         mine = {**theirs, "dag_id": "mine"}
         assert durable.find(docker_client, created, mine) is None  # any other: never taken, never removed
         assert durable.find(docker_client, "0" * 64, mine) is None  # gone
@@ -158,6 +173,41 @@ def test_a_recorded_container_of_another_task_instance_is_never_taken_over(docke
         assert durable.recorded(Store, "tcp://elsewhere:2376") is None  # another engine's record
         store[durable.KEY] = {"id": "../../etc", "engine": "unix://var/run/docker.sock"}
         assert durable.recorded(Store, "unix://var/run/docker.sock") is None  # not a container id
+    finally:
+        for container in (created, elsewhere):
+            docker_client.remove_container(container, force=True)
+
+
+def test_a_trigger_another_task_wrote_watches_logs_and_stops_nothing(docker_client):
+    """Issue 34, low: a DAG author's own ``DockerContainerTrigger`` naming another task's container made the
+    triggerer log that container's output into the author's task log and stop it. It now fires ``refused`` at once.
+    """
+    from types import SimpleNamespace
+
+    from airflow_gpu_provider.backends.docker.durable import DEPLOYMENT_LABEL
+    from airflow_gpu_provider.backends.docker.options import DockerOptions
+    from airflow_gpu_provider.backends.docker.trigger import DockerContainerTrigger
+    from airflow_gpu_provider.host.workers import deployment
+    from airflow_gpu_provider.task.labels import PROVIDER, docker_label
+
+    victim = {"dag_id": "victim", "task_id": "train", "run_id": "r1", "map_index": "-1"}
+    labels = {PROVIDER: "true", DEPLOYMENT_LABEL: deployment(), **{docker_label(k): v for k, v in victim.items()}}
+    image = os.environ.get("AIRFLOW_GPU_TEST_BASE_IMAGE", "airflow-gpu-base:bookworm")
+    created = docker_client.create_container(image, ["sh", "-c", "echo secret-output; sleep 60"], labels=labels)["Id"]
+    try:
+        docker_client.start(created)
+        trigger = DockerContainerTrigger(created, {"docker_url": str(DockerOptions().engine_url)}, 0.1)
+        trigger.task_instance = SimpleNamespace(dag_id="author", task_id="t", run_id="r1", map_index=-1)
+
+        async def first_event():
+            async for event in trigger.run():
+                return event.payload
+
+        assert asyncio.run(first_event())["status"] == "refused"
+        asyncio.run(trigger.on_kill())
+        assert docker_client.inspect_container(created)["State"]["Running"]  # not stopped
+        trigger.task_instance = SimpleNamespace(**{**victim, "map_index": -1})  # its own task: watched
+        assert trigger._ours(docker_client)
     finally:
         docker_client.remove_container(created, force=True)
 

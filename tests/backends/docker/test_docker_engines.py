@@ -2,7 +2,7 @@
 
 Low item of issue 27: a deferred Docker task's trigger connected from the triggerer to any ``docker_url`` the author
 named, logged in there with any named connection, and read the TLS files the author named. Now the engine is the
-worker's default one (``$DOCKER_HOST`` or the local socket) or one of ``[gpu] allowed_docker_engines``, checked at
+worker's default one (``$DOCKER_HOST`` or the local socket) or one of ``[gpu_policy] allowed_clusters``, checked at
 parse, on the worker and again in the triggerer; the trigger logs in nowhere, and TLS comes from the worker's and
 triggerer's own ``DOCKER_CERT_PATH``, never from a path in the DAG.
 """
@@ -33,12 +33,14 @@ async def first_event(trigger: DockerContainerTrigger) -> dict:
 
 
 def test_an_engine_the_admin_does_not_list_is_refused_at_parse(monkeypatch):
-    with pytest.raises(PolicyError, match=r"backend_options\['docker_url'\]='tcp://.*allowed_docker_engines"):
+    with pytest.raises(PolicyError, match=r"backend_options\['docker_url'\]='tcp://.*allowed_clusters"):
         docker_task(docker_url=EVIL)
-    with pytest.raises(PolicyError, match="allowed_docker_engines"):
+    with pytest.raises(PolicyError, match="allowed_clusters"):
         docker_task(docker_url=[DockerOptions().engine_url, EVIL])  # every engine of a list
     docker_task(docker_url=DockerOptions().engine_url)  # the worker's own default needs no listing
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_DOCKER_ENGINES", "tcp://gpu-host:2376, unix:///run/user/1000/docker.sock")
+    monkeypatch.setenv(
+        "AIRFLOW__GPU_POLICY__ALLOWED_CLUSTERS", "docker=tcp://gpu-host:2376, docker=unix:///run/user/1000/docker.sock"
+    )
     docker_task(docker_url="TCP://GPU-HOST:2376/")
     docker_task(docker_url="unix://run/user/1000/docker.sock")
 
@@ -51,9 +53,9 @@ def test_tls_files_are_the_workers_never_a_path_in_the_dag(name):
 
 def test_the_trigger_reaches_no_engine_the_triggerers_section_does_not_list(monkeypatch):
     """A trigger row is JSON in the metadata database: the triggerer checks it again, with its own [gpu]."""
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_DOCKER_ENGINES", "")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CLUSTERS", "")
     trigger = DockerContainerTrigger("c" * 64, {"docker_url": EVIL, "timeout": 1}, 0.01)
-    with pytest.raises(PolicyError, match="allowed_docker_engines"):
+    with pytest.raises(PolicyError, match="allowed_clusters"):
         asyncio.run(first_event(trigger))
 
 

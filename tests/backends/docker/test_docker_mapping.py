@@ -134,7 +134,7 @@ def plan_for(options=None, **resources):
 
 
 def test_plan_holds_the_create_arguments(monkeypatch):
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_USERS", "1000:1000")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_USERS", "1000:1000")
     plan = plan_for({"network_mode": "none", "user": "1000:1000"}, gpu_count=1, cpu_count=2, memory="1Gi")
     kwargs = plan.create_kwargs("img:1")
     assert kwargs["image"] == "img:1"
@@ -237,7 +237,7 @@ def test_parsing_a_docker_task_does_not_import_docker():
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'docker' "
         "or m.startswith('airflow_gpu_provider.backends.docker.') and not m.endswith('.options')))"
     )
-    environment = {**os.environ, "AIRFLOW__GPU__ALLOWED_MOUNT_ROOTS": "/data:rw"}  # the deployment allows it
+    environment = {**os.environ, "AIRFLOW__GPU_POLICY__ALLOWED_MOUNT_ROOTS": "/data:rw"}  # the deployment allows it
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=environment)
     out = out.stdout
     assert out.strip() == "[]"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -10,12 +11,15 @@ from pathlib import Path
 
 import pytest
 from backends.docker.docker_fixtures import BASE_IMAGE, container_ids
+from backends.docker.user_engines import engines
 
 from airflow_gpu_provider.backends.docker.backend import ContainerOomError, DockerBackend
 from airflow_gpu_provider.backends.docker.images.engine import ImageError
 from airflow_gpu_provider.backends.docker.options import DockerOptions
+from airflow_gpu_provider.checkpoint.location import CheckpointLocation
 from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError, RemoteTaskError
+from airflow_gpu_provider.host.workers import worker_identity
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 from airflow_gpu_provider.task.callable import shipped_callable
 from airflow_gpu_provider.task.envelope import Envelope
@@ -51,7 +55,8 @@ def fail_with_value_error() -> None:
     raise ValueError("boom from the container")
 
 
-def test_callable_gets_arguments_and_returns_its_value(task_log):
+@engines("host", "rootless")  # the engine of the worker's own user too (user_engines.py)
+def test_callable_gets_arguments_and_returns_its_value(task_log, docker_engine):
     result = run(task_log, request(call(add, 2, b=5), cpu_count=1, memory="256Mi"))
     assert result.return_value == {"sum": 7, "user": 0, "visible": "void"}
     text = task_log[1].text
@@ -61,7 +66,8 @@ def test_callable_gets_arguments_and_returns_its_value(task_log):
     assert "[gpu] CUDA cache before task: skipped" in text
 
 
-def test_command_runs_through_the_runtime(task_log):
+@engines("host", "rootless")
+def test_command_runs_through_the_runtime(task_log, docker_engine):
     result = run(task_log, request(Envelope.run(["python3", "-c", "print('hello from a command')"])))
     assert result.return_value is None  # a command's exit status 0: no error raised
     assert "hello from a command" in task_log[1].text
@@ -163,7 +169,7 @@ def test_bad_image_name_is_a_clear_error(task_log):
 
 
 def test_unreachable_daemon_is_a_clear_error(task_log, tmp_path, monkeypatch):
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_DOCKER_ENGINES", f"unix://{tmp_path}/nothing.sock")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CLUSTERS", f"docker=unix://{tmp_path}/nothing.sock")
     started = time.monotonic()
     with pytest.raises(GpuTaskError, match=r"Cannot reach the Docker engine at unix://.*nothing\.sock"):
         run(task_log, request(Envelope.run(["true"])), {"docker_url": f"unix://{tmp_path}/nothing.sock"})
@@ -194,7 +200,8 @@ def sleep_forever() -> None:
     time.sleep(600)
 
 
-def test_kill_stops_and_removes_the_container(docker_client, task_log):
+@engines("host", "rootless")
+def test_kill_stops_and_removes_the_container(docker_engine, task_log):
     backend = DockerBackend(DockerOptions.parse({"stop_timeout": 2}), log=task_log[0])
     plan = backend.plan(request(call(sleep_forever)), GpuConfig.read())
     outcome: dict[str, BaseException] = {}
@@ -205,13 +212,13 @@ def test_kill_stops_and_removes_the_container(docker_client, task_log):
         except BaseException as err:
             outcome["error"] = err
 
-    before = container_ids(docker_client)
+    before = container_ids(docker_engine)
     thread = threading.Thread(target=target)
     thread.start()
     deadline = time.monotonic() + 30
     while task_log[1].count("sleeping") == 0 and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert len(container_ids(docker_client) - before) == 1  # it is running
+    assert len(container_ids(docker_engine) - before) == 1  # it is running
     started = time.monotonic()
     backend.kill()
     thread.join(30)
@@ -229,8 +236,10 @@ def whoami_and_read(path: str) -> dict:
 
 
 def test_user_and_read_only_mount(task_log, tmp_path: Path, monkeypatch):
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_USERS", "1000:1000")  # the deployment allows them (policy/docker.py)
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_MOUNT_ROOTS", f"{tmp_path}:ro")
+    monkeypatch.setenv(
+        "AIRFLOW__GPU_POLICY__ALLOWED_USERS", "1000:1000"
+    )  # the deployment allows them (policy/docker.py)
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_MOUNT_ROOTS", f"{tmp_path}:ro")
     (tmp_path / "data.txt").write_text("mounted data")
     tmp_path.chmod(0o755)
     options = {"user": "1000:1000", "mounts": [{"source": str(tmp_path), "target": "/data", "read_only": True}]}
@@ -252,12 +261,37 @@ def test_auto_remove_success_keeps_a_failed_container_stopped(docker_client, tas
 
 def test_files_through_the_docker_api_when_not_mounted(task_log, state_dir, monkeypatch):
     """mount_tmp_dir=False (remote engines): runtime and envelope are copied in, the result copied out."""
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_USERS", "1000:1000")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_USERS", "1000:1000")
     options = {"mount_tmp_dir": False, "user": "1000:1000"}
     assert run(task_log, request(call(add, 20, b=22)), options).return_value["sum"] == 42
     with pytest.raises(RemoteTaskError, match="boom from the container"):
         run(task_log, request(call(fail_with_value_error)), options)
     assert list((state_dir / "docker-tasks").iterdir()) == []  # the worker folders are gone too
+
+
+def test_no_upload_into_a_container_with_a_writable_host_folder(task_log, state_dir, monkeypatch, tmp_path):
+    """Issue 34, H1: the engine unpacks an upload as root into the container's mounts too. Files that cannot be
+    bound read-only (mount_tmp_dir=False) are never uploaded into a container with a writable checkpoint folder."""
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CHECKPOINT_ROOTS", str(tmp_path))
+    task = dataclasses.replace(request(call(add, 1, b=2)), checkpoint=CheckpointLocation(str(tmp_path), "d/r/t"))
+    with pytest.raises(GpuTaskError, match=r"cannot be copied into a container that may write .*checkpoint"):
+        run(task_log, task, {"mount_tmp_dir": False})
+    assert list((state_dir / "docker-tasks").iterdir()) == []
+
+
+def test_a_lasting_containers_files_go_with_it_or_once_its_worker_is_gone(state_dir):
+    """A deferred or durable container keeps its read-only files folder (``lasting-*``); the sweep removes one only
+    when its worker is gone and no container mounts it."""
+    from airflow_gpu_provider.backends.docker.files import sweep
+
+    tasks = state_dir / "docker-tasks"
+    import socket
+
+    dead = f"{socket.gethostname()}:1:0"  # this host's pid 1, which did not start at tick 0: a worker gone
+    for name in (f"lasting-{dead}-gone", f"lasting-{dead}-mounted", f"lasting-{worker_identity()}-mine"):
+        (tasks / name).mkdir(parents=True)
+    sweep([{"Mounts": [{"Source": str(tasks / f"lasting-{dead}-mounted")}]}], str(state_dir))
+    assert {p.name for p in tasks.iterdir()} == {f"lasting-{dead}-mounted", f"lasting-{worker_identity()}-mine"}
 
 
 def test_worker_folder_is_private_read_only_and_removed(task_log, state_dir):
@@ -298,7 +332,7 @@ def privileges() -> dict:
 def test_containers_keep_no_capability_and_gain_no_privilege(task_log, monkeypatch):
     value = run(task_log, request(call(privileges))).return_value
     assert value == {"uid": str(os.geteuid()), "caps": "0000000000000000", "no_new_privs": "1"}
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CAPABILITIES", "SYS_PTRACE")  # the deployment allows it
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CAPABILITIES", "SYS_PTRACE")  # the deployment allows it
     kept = run(task_log, request(call(privileges)), {"cap_add": ["SYS_PTRACE"]}).return_value
     assert int(kept["caps"], 16) == 1 << 19  # CAP_SYS_PTRACE alone
 

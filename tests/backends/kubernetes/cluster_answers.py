@@ -164,6 +164,7 @@ class Cluster:
         self.events: list[str] = []
         self.jobs: list[dict[str, Any]] = []
         self.job_status: k8s.V1JobStatus | None = None
+        self.earlier_labels: dict[str, str] | None = None  # the labels of a Job an earlier try submitted
         self.job_pods: list[k8s.V1Pod] = []
         self.kueue_webhook = False  # Kueue's pod webhook: a pod with a queue label is created gated, and labelled
         self.admitted = True  # Kueue has admitted the Job (unsuspended it); False: it is read as created
@@ -246,7 +247,8 @@ class Cluster:
             raise ApiException(status=404, reason="Not Found")
         body = next((job for job in self.jobs if job["metadata"]["name"] == name), None)
         if body is None:  # a Job submitted by an earlier try: its status is what is read
-            return k8s.V1Job(metadata=k8s.V1ObjectMeta(name=name, namespace=namespace), status=self.job_status)
+            metadata = k8s.V1ObjectMeta(name=name, namespace=namespace, labels=self.earlier_labels)
+            return k8s.V1Job(metadata=metadata, status=self.job_status)
         job = to_model(body, "V1Job")  # the whole Job, as the API server returns it
         job.spec.suspend = False if self.admitted else job.spec.suspend
         job.status = self.job_status

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -19,7 +20,8 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
-LABEL = "airflow-gpu-provider-test=pod-in-docker"
+# this test process's own: parallel test workers and sessions on one engine never count each other's containers
+LABEL = f"airflow-gpu-provider-test=pod-in-docker-{os.getpid()}"
 
 
 def leftover_containers() -> list[str]:

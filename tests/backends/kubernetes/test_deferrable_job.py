@@ -154,17 +154,40 @@ def test_resume_after_the_jobs_deadline_names_the_execution_timeout(kubeconfig, 
     assert cleaned_up(cluster, name)
 
 
+def earlier_job(kubeconfig, cluster, ctx, **labels):
+    """An earlier try's Job, running, with this task instance's labels (and ``labels``)."""
+    from airflow_gpu_provider.backends.kubernetes.multinode_run import multinode_manifests
+
+    _, plan = planned(kubeconfig, num_nodes=2)
+    cluster.earlier_labels = {**multinode_manifests(plan, context=ctx)[2]["metadata"]["labels"], **labels}
+    cluster.job_status = k8s.V1JobStatus(active=2)  # still running
+
+
 def test_a_later_try_takes_over_the_running_job_of_an_earlier_try(kubeconfig, cluster):
     store = StateStore(**{JOB_STATE_KEY: {"name": "train-earlier", "namespace": "ml"}})
-    cluster.job_status = k8s.V1JobStatus(active=2)  # still running
+    earlier_job(kubeconfig, cluster, context(store))
     _, _, deferral, _ = started(kubeconfig, cluster, context(store))
     assert cluster.jobs == []  # no second Job
     assert deferral.trigger.serialize()[1]["job_name"] == "train-earlier"
     assert deferral.state == {"job": {"name": "train-earlier", "namespace": "ml"}}
 
 
+def test_a_recorded_job_of_another_task_or_namespace_is_neither_taken_nor_deleted(kubeconfig, cluster):
+    """Issue 34, low: the record is data the task's own code can write; a Job it names in another namespace, or
+    without this task instance's labels, was taken over (and deleted once over). A new Job is submitted instead.
+    """
+    for recorded, labels in (("ml-other", {}), ("ml", {"dag_id": "another-dag"})):
+        store = StateStore(**{JOB_STATE_KEY: {"name": "victim", "namespace": recorded}})
+        earlier_job(kubeconfig, cluster, context(store), **labels)
+        cluster.job_status = k8s.V1JobStatus(conditions=[k8s.V1JobCondition(type="Complete", status="True")])
+        _, _, deferral, _ = started(kubeconfig, cluster, context(store))
+        assert deferral.state["job"]["name"] != "victim"
+        assert "victim" not in cluster.names("delete_namespaced_job")
+
+
 def test_an_earlier_tries_finished_job_is_removed_and_a_new_one_submitted(kubeconfig, cluster):
     store = StateStore(**{JOB_STATE_KEY: {"name": "train-earlier", "namespace": "ml"}})
+    earlier_job(kubeconfig, cluster, context(store))
     cluster.job_status = k8s.V1JobStatus(conditions=[k8s.V1JobCondition(type="Complete", status="True")])
     _, _, deferral, _ = started(kubeconfig, cluster, context(store))
     assert cleaned_up(cluster, "train-earlier")

@@ -162,7 +162,7 @@ def test_pods_meet_the_restricted_profile_by_default_and_baseline_is_an_opt_out(
     assert {c["securityContext"]["runAsUser"] for c in pod["spec"]["containers"]} == {2000}
     with pytest.raises(GpuTaskError, match=r"pod_security'\]='baseline' is refused.*min_pod_security"):
         plan_and_render(ResourceSettings(gpu_count=1), image, {"pod_security": "baseline"})  # the admin's default
-    monkeypatch.setenv("AIRFLOW__GPU__MIN_POD_SECURITY", "baseline")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__MIN_POD_SECURITY", "baseline")
     _, [pod] = plan_and_render(ResourceSettings(gpu_count=1), image, {"pod_security": "baseline"})
     assert main_container(pod)["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False}
     assert "securityContext" not in pod["spec"] or not pod["spec"]["securityContext"]

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("airflow_home")
 @pytest.fixture(autouse=True)
 def allowed_roots(monkeypatch):
     """The deployment allows these checkpoint roots (rule F3, policy/checkpoints.py)."""
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CHECKPOINT_ROOTS", "/checkpoints, s3://models/ckpt")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CHECKPOINT_ROOTS", "/checkpoints, s3://models/ckpt")
 
 
 def work() -> None:

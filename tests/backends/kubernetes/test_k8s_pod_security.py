@@ -95,7 +95,7 @@ def test_a_template_file_that_breaks_the_level_is_refused_before_any_api_call(
     api_server, tmp_path, monkeypatch, level, num_nodes
 ):
     kubeconfig, requests = api_server
-    monkeypatch.setenv("AIRFLOW__GPU__MIN_POD_SECURITY", level)
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__MIN_POD_SECURITY", level)
     template = tmp_path / "pod.yaml"
     template.write_text(yaml.safe_dump(ROOT_SIDECAR))
     options = {"namespace": "ml", "config_file": kubeconfig, "pod_template_file": str(template), "pod_security": level}

@@ -353,3 +353,19 @@ def test_a_lone_sample_is_drawn_over_its_interval():
     (d,) = re.findall(r' d="([^"]*)"', utilisation_chart(profile))
     start, end = (point.split(",") for point in d[1:].split("L"))
     assert start[1] == end[1] and float(start[0]) < float(end[0])  # a level stroke of some length
+
+
+def test_each_try_shows_how_it_ended_and_one_cpu_is_one_cpu():
+    """Issue 36: failed tries looked like successes on the GPUs page; one CPU read "1 CPUs"."""
+    one_cpu = {**GPU_PROFILE, "requested": {**GPU_PROFILE["requested"], "cpu_count": 1}}
+    rows = [
+        ProfileRow(TaskKey("sweep", "r2", "trial"), 2.0, Profile.read(GPU_PROFILE), "failed"),  # type: ignore[arg-type]
+        ProfileRow(TaskKey("sweep", "r1", "trial"), 1.0, Profile.read(one_cpu), "success"),  # type: ignore[arg-type]
+    ]
+    tries = render_overview(rows, base="/gpu", limit=200)
+    tries = tries[tries.index("<h2>Recent GPU tasks</h2>") :]
+    assert "<th>State</th>" in tries and tries.index('<span class="badge">failed</span>') < tries.index("success")
+    assert "16.0 GiB memory, 1 CPU<" in tries and "4 CPUs" in tries
+    assert [ProfileRow.try_state(*case) for case in (("up_for_retry", 1, 1), ("running", 2, 1), ("success", 2, 2))] == [
+        "failed", "failed", "success",
+    ]  # fmt: skip

@@ -1,8 +1,8 @@
-"""Container images: CUDA parent images (``catalogue``), derived images (``dockerfile``, ``recipe``, ``engine``).
+"""Container images: CUDA parent images (``catalogue``), derived images (``spec``, ``recipe``, ``engine``).
 
-A derived image's build: its recipe (``recipe``), what it is made of and its tag (``dockerfile``), the archives sent
-to the engine (``context``), the install container of an index with credentials (``install``), who built what and
-what a dead builder left (``builds``), and the engine calls (``engine``).
+A derived image's build: its recipe (``recipe``), what it is made of and its tag (``spec``), the archives its
+containers get (``context``), the install container and the commit (``install``), who built what and what a dead
+builder left (``builds``), and the engine calls (``engine``).
 """
 
 from airflow_gpu_provider.exceptions import GpuTaskError

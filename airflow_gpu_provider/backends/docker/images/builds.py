@@ -3,10 +3,10 @@
 Rule B2 (docs/security.md: what a killed build leaves is reaped by label): a worker killed during a build cannot
 clean up after it: its install container may still run, its build's step images stay in the build cache. So every
 container and image a build makes carries ``airflow-gpu-provider.builder=<worker identity>``
-(:func:`~airflow_gpu_provider.host.workers.worker_identity`): the install container by its labels, every step of the
-Dockerfile by a ``LABEL`` right after ``FROM`` (:func:`.recipe.with_labels`). Before a build, the containers of the
-dead builders of this host are removed, then their untagged images, children first; an image that another image is
-built on stays with it, and the builders of other hosts sharing a remote engine are left to them.
+(:func:`~airflow_gpu_provider.host.workers.worker_identity`): its containers and the image it commits
+(``install.py``). Before a build, the containers of the dead builders of this host are removed, then their untagged
+images, children first; an image that another image is built on stays with it, and the builders of other hosts
+sharing a remote engine are left to them.
 
 Every container of a finished derived image inherits the image's label too: a task's container, a pod run in
 Docker, anyone's. Such a container is no build's (:func:`build_containers`): its builder having died long ago is the

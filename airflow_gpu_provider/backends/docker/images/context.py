@@ -1,21 +1,25 @@
-"""The tar archives a derived image's build sends to the engine: its build context, and the install container's files.
+"""The tar archives a derived image's containers get (``put_archive``): the worker's files, and what was installed.
 
 Every worker file goes in after the policy layer checked it once more, right before it is read (the file may have
 changed since the task's spec was made: ``policy/build.py``); a folder goes in flat, its regular files only. The
-index credentials go in from memory, only into the install container's archive, never into a build context.
+index credentials go in from memory, only into the credentialed install container, never into a committed one.
+Archives are written to a temporary file: a wheel folder may hold gigabytes.
 """
 
 from __future__ import annotations
 
 import io
 import tarfile
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
-from airflow_gpu_provider.backends.docker.images.dockerfile import DerivedImageSpec, build_input
-from airflow_gpu_provider.backends.docker.images.recipe import BUILD_DIR, DEPS, DEPS_DIR
+from airflow_gpu_provider.backends.docker.images.recipe import BUILD_DIR, CA_PATH, DEPS_DIR, SHARE, UV_PATH
+from airflow_gpu_provider.backends.docker.images.spec import DerivedImageSpec, build_input
 from airflow_gpu_provider.task import runtime_zip
+
+CA_NAME = CA_PATH.rsplit("/", 1)[1]
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
@@ -30,55 +34,78 @@ def _add_folder(tar: tarfile.TarFile, name: str, mode: int = 0o755) -> None:
     tar.addfile(info)
 
 
-def _add_inputs(tar: tarfile.TarFile, spec: DerivedImageSpec, files: Iterable[tuple[str, str]], prefix: str) -> None:
-    """The worker files, each checked again by the policy layer right before it is read."""
+def _owned_by_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def _add_inputs(tar: tarfile.TarFile, spec: DerivedImageSpec, files: Iterable[tuple[str, str]], where: str) -> None:
+    """The worker files in the folder ``where`` (the CA bundle, :data:`CA_PATH` in an image), each checked again."""
     for name, path in files:
+        target = f"{where.strip('/')}/{name}"
         names = build_input(name, path, spec.policy)
         if names is None:
-            tar.add(path, arcname=f"{prefix}{name}", recursive=False)
+            tar.add(path, arcname=target, recursive=False, filter=_owned_by_root)
             continue
-        _add_folder(tar, f"{prefix}{name}")
+        _add_folder(tar, target)
         for entry in names:
-            tar.add(str(Path(path, entry)), arcname=f"{prefix}{name}/{entry}", recursive=False)
+            tar.add(str(Path(path, entry)), arcname=f"{target}/{entry}", recursive=False, filter=_owned_by_root)
 
 
-def build_context(spec: DerivedImageSpec, dockerfile: str, handle: IO[bytes], deps: IO[bytes] | None = None) -> None:
-    """Write the build context (Dockerfile, uv, CA bundle, wheel folders, installed files) as a tar into ``handle``.
-
-    :param deps: a tar of the install container's :data:`DEPS_DIR` (``get_archive``), copied in as ``deps``
-    """
-    with tarfile.open(fileobj=handle, mode="w") as tar:
-        _add_bytes(tar, "Dockerfile", dockerfile.encode())
-        if spec.uv_binary and not spec.install:
-            tar.add(spec.uv_binary, arcname="uv", recursive=False)
-        _add_inputs(tar, spec, spec.files, "")
-        if spec.install:
-            _add_folder(tar, DEPS)
-        if deps is not None:
-            with tarfile.open(fileobj=deps, mode="r|") as installed:
-                root = Path(DEPS_DIR).name  # get_archive names the folder's entries under its base name
-                for member in installed:
-                    if member.name == root or not member.name.startswith(f"{root}/"):
-                        continue
-                    member.name = f"{DEPS}/{member.name[len(root) + 1 :]}"
-                    if member.islnk():
-                        member.linkname = f"{DEPS}/{member.linkname[len(root) + 1 :]}"
-                    tar.addfile(member, installed.extractfile(member) if member.isreg() else None)
-    handle.seek(0)
+def _archive() -> tuple[IO[bytes], tarfile.TarFile]:
+    handle = tempfile.TemporaryFile(prefix="airflow-gpu-context-")  # noqa: SIM115 - the caller closes it
+    return handle, tarfile.open(fileobj=handle, mode="w")
 
 
-def install_files(spec: DerivedImageSpec) -> bytes:
-    """The install container's files, for ``put_archive`` at ``/``: the runtime, uv, the netrc, CA bundle, wheels."""
-    data = io.BytesIO()
-    prefix = BUILD_DIR.strip("/") + "/"
-    with tarfile.open(fileobj=data, mode="w") as tar:
-        _add_folder(tar, prefix.rstrip("/"))
-        _add_bytes(tar, prefix + runtime_zip.FILE_NAME, runtime_zip.archive())
+def image_files(spec: DerivedImageSpec) -> IO[bytes]:
+    """What an install container without credentials gets, to keep in the image: uv, the CA bundle, wheel folders."""
+    handle, tar = _archive()
+    with tar:
+        _add_folder(tar, SHARE.lstrip("/"))
         if spec.uv_binary:
-            tar.add(spec.uv_binary, arcname=prefix + "uv", recursive=False)
-        _add_bytes(tar, prefix + "netrc", spec.netrc.encode(), 0o600)  # from memory, never a file on the worker
-        _add_inputs(tar, spec, spec.install_files, prefix)
-    return data.getvalue()
+            tar.add(spec.uv_binary, arcname=UV_PATH.lstrip("/"), recursive=False, filter=_owned_by_root)
+        _add_inputs(tar, spec, spec.files, SHARE)
+    handle.seek(0)
+    return handle
+
+
+def install_files(spec: DerivedImageSpec) -> IO[bytes]:
+    """The credentialed install container's files in :data:`BUILD_DIR`: runtime, uv, netrc, CA bundle, wheels."""
+    handle, tar = _archive()
+    with tar:
+        _add_folder(tar, BUILD_DIR.strip("/"))
+        _add_bytes(tar, f"{BUILD_DIR.strip('/')}/{runtime_zip.FILE_NAME}", runtime_zip.archive())
+        if spec.uv_binary:
+            tar.add(spec.uv_binary, arcname=f"{BUILD_DIR.strip('/')}/uv", recursive=False, filter=_owned_by_root)
+        _add_bytes(tar, f"{BUILD_DIR.strip('/')}/netrc", spec.netrc.encode(), 0o600)  # from memory, never a file
+        _add_inputs(tar, spec, spec.files, BUILD_DIR)
+    handle.seek(0)
+    return handle
+
+
+def installed_files(spec: DerivedImageSpec, chunks: Iterable[bytes] | None) -> IO[bytes]:
+    """What the image container gets after a credentialed install: :data:`DEPS_DIR`, and the CA bundle.
+
+    :param chunks: ``get_archive``'s stream of :data:`DEPS_DIR` (its entries named under the folder's base name);
+        ``None`` when nothing was installed
+    """
+    handle, tar = _archive()
+    root = Path(DEPS_DIR).name
+    with tar, tarfile.open(fileobj=chunk_reader(chunks or [_EMPTY]), mode="r|") as installed:
+        for member in installed:
+            if member.name != root and not member.name.startswith(f"{root}/"):
+                continue
+            member.name = DEPS_DIR.lstrip("/") + member.name[len(root) :]
+            if member.islnk():
+                member.linkname = DEPS_DIR.lstrip("/") + member.linkname[len(root) :]
+            tar.addfile(member, installed.extractfile(member) if member.isreg() else None)
+        _add_inputs(tar, spec, [(n, p) for n, p in spec.files if n == CA_NAME], SHARE)
+    handle.seek(0)
+    return handle
+
+
+_EMPTY = b"\0" * 1024  # an empty tar archive: its two end blocks
 
 
 def chunk_reader(chunks: Iterable[bytes]) -> IO[bytes]:
@@ -87,13 +114,13 @@ def chunk_reader(chunks: Iterable[bytes]) -> IO[bytes]:
 
 
 class _ChunkReader(io.RawIOBase):
-    def __init__(self, chunks: Any) -> None:
-        self._chunks, self._pending = chunks, b""
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks, self._pending = iter(chunks), b""
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer: Any) -> int:
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
         while not self._pending:
             try:
                 self._pending = next(self._chunks)

@@ -1,6 +1,6 @@
-"""Images on a Docker engine: find or pull a parent image, build a derived image once, push it.
+"""Images on a Docker engine: find or pull a parent image, make a derived image once, push it.
 
-Everything here talks to the engine through a docker-py ``APIClient`` (from ``DockerHook``), streaming build,
+Everything here talks to the engine through a docker-py ``APIClient`` (from ``DockerHook``), streaming the install,
 pull and push progress to the task log. Run time only: DAG parsing never imports this module.
 """
 
@@ -10,31 +10,29 @@ import contextlib
 import logging
 import os
 import re
-import tempfile
+import shlex
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from docker.errors import APIError, ImageNotFound, NotFound
+from docker.errors import APIError, ImageNotFound
 from docker.utils import parse_repository_tag
 
+from airflow_gpu_provider.backends.docker.durable import DEPLOYMENT_LABEL
 from airflow_gpu_provider.backends.docker.images import ImageError
 from airflow_gpu_provider.backends.docker.images.builds import builder_labels, reap_dead_builds
 from airflow_gpu_provider.backends.docker.images.cache import key_of
-from airflow_gpu_provider.backends.docker.images.context import build_context
-from airflow_gpu_provider.backends.docker.images.dockerfile import DerivedImageSpec
-from airflow_gpu_provider.backends.docker.images.install import install_requirements
-from airflow_gpu_provider.backends.docker.images.recipe import with_labels
+from airflow_gpu_provider.backends.docker.images.install import build
 from airflow_gpu_provider.backends.docker.images.reuse import Base, find_base, recipe_labels
+from airflow_gpu_provider.backends.docker.images.spec import DerivedImageSpec
 from airflow_gpu_provider.backends.docker.options import PullPolicy
 from airflow_gpu_provider.host.state import exclusive
+from airflow_gpu_provider.host.workers import deployment
 from airflow_gpu_provider.runtime.protocol import redact
 
 TAIL_LINES = 30
-_RUNNING_IN = re.compile(r"Running in ([0-9a-f]{12,64})")
-_STEP_IMAGE = re.compile(r"---> ([0-9a-f]{12,64})\b")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -119,87 +117,38 @@ def resolve_image(client: Any, reference: str, policy: PullPolicy | str, log: lo
         ) from None
 
 
-def _remove_containers(client: Any, ids: Iterable[str], log: logging.Logger) -> None:
-
-    for container_id in ids:
-        with contextlib.suppress(NotFound):
-            client.remove_container(container_id, force=True)
-            log.info("Removed intermediate build container %s", container_id)
-
-
 def build_image(
     client: Any,
     spec: DerivedImageSpec,
     tag: str,
     log: logging.Logger,
     *,
-    nocache: bool = False,
     parent_id: str = "",
     base: Base | None = None,
 ) -> None:
-    """Build ``spec`` as ``tag`` through the engine, streaming progress; leave no intermediate container behind.
+    """Make ``spec`` as ``tag`` through the engine (``install.py``), streaming the install's output.
 
-    What the build makes carries this worker's label (``builds.py``); with index credentials, an install container
-    installs the requirements first (``install.py``) and the build only copies its files in.
+    What the build makes carries this worker's label (``builds.py``) and the deployment's (the engine's
+    authorization plugin lets a deployment reach only its own images and containers).
 
     :param parent_id: the parent image's id: the image is labelled as a base for later builds of its recipe
     :param base: a derived image of the same recipe to build on (``reuse.py``), instead of the parent
     """
-    labels = {**builder_labels(), **(recipe_labels(spec, parent_id, base) if parent_id else {})}
-    dockerfile = with_labels(spec.dockerfile if base is None else base.dockerfile(spec), labels)
+    labels = {**spec.labels, **builder_labels(), DEPLOYMENT_LABEL: deployment(),
+              **(recipe_labels(spec, parent_id, base) if parent_id else {})}  # fmt: skip
     source = spec.parent if base is None else f"{base.id[:19]} (a derived image of {spec.parent})"
-    log.info("Building derived image %s FROM %s:\n%s", tag, source, redact(dockerfile.rstrip()))
+    steps = spec.steps if base is None or spec.on_base is None else spec.on_base
+    log.info("Building derived image %s from %s: %s", tag, source, redact(" && ".join(map(shlex.join, steps.commands))))
     started = time.monotonic()
-    lines: list[str] = []
-    built = False
-    installed = None
-    with tempfile.TemporaryFile(prefix="airflow-gpu-context-") as context:
-        try:
-            if spec.install:
-                installed = install_requirements(client, spec, {**spec.labels, **labels}, log)
-            build_context(spec, dockerfile, context, installed)
-            stream = client.build(
-                fileobj=context,
-                custom_context=True,
-                tag=tag,
-                rm=True,
-                forcerm=True,  # remove intermediate containers even when a step fails
-                pull=False,
-                decode=True,
-                nocache=nocache,
-            )
-            _consume(_recording(stream, lines), log)
-            built = True
-        except (APIError, ImageError) as err:
-            raise ImageError(
-                f"Could not build the derived image {tag} (the requirements installed into {spec.parent}): "
-                f"{getattr(err, 'explanation', None) or err}"
-            ) from None
-        finally:
-            if installed is not None:
-                installed.close()
-            output = "\n".join(lines)
-            if not built:  # failed or interrupted (task timeout): the step's container must not outlive it
-                _remove_containers(client, _RUNNING_IN.findall(output), log)
-                _remove_step_images(client, _STEP_IMAGE.findall(output), log)
+    try:
+        source_id = spec.parent if base is None else base.id
+        build(client, spec, source_id, tag, labels=labels, log=log, on_base=base is not None)
+    except (APIError, ImageError) as err:
+        raise ImageError(
+            f"Could not build the derived image {tag} (the requirements installed into {spec.parent}): "
+            f"{getattr(err, 'explanation', None) or err}"
+        ) from None
     log.info("Built derived image %s in %.1fs", tag, time.monotonic() - started)
-
-
-def _remove_step_images(client: Any, ids: list[str], log: logging.Logger) -> None:
-    """The images of the steps of a failed build (untagged ones only: the parent is not among them), newest first."""
-    for image_id in reversed(ids):
-        found = inspect_image(client, image_id)
-        if found is None or found.get("RepoTags"):
-            continue
-        with contextlib.suppress(NotFound, APIError):  # still used by another image: it stays with it
-            client.remove_image(image_id, noprune=True)
-            log.info("Removed the image %s of a step of the failed build", image_id)
-
-
-def _recording(chunks: Iterable[dict[str, Any]], into: list[str]) -> Iterator[dict[str, Any]]:
-    for chunk in chunks:
-        into.append(str(chunk.get("stream", "")))
-        yield chunk
 
 
 def push_image(client: Any, reference: str, log: logging.Logger) -> None:

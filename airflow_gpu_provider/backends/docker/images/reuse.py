@@ -4,9 +4,9 @@ A derived image's tag hashes everything it is made of, so a task that adds a pac
 image. Built from its parent, it would install everything again: the downloads, the install, the compilation of
 every module and the engine's commit of the whole layer. Instead it is built ``FROM`` the derived image of the same
 recipe (the parent image's id, installer, indexes, wheel folders, CA bundle and runtime: everything but the
-requirements) whose requirements are all among the new ones, the most of them. The installer resolves the whole list
-against what that base has installed, as it does against a parent image's own packages, so the new layer holds only
-what was added.
+requirements) whose requirements are all among the new ones, the most of them: its install container runs that image.
+The installer resolves the whole list against what that base has installed, as it does against a parent image's own
+packages, so the new layer holds only what was added.
 
 Which images may be a base, and the trust in them:
 
@@ -14,9 +14,8 @@ Which images may be a base, and the trust in them:
   built (a source distribution's build) would run in a build from the parent too. An image holding another version
   of a project, or one the new list dropped, is never a base: another task's requirements could otherwise leave what
   their build did in this task's image;
-- only the derived images built from a Dockerfile carry the recipe label: an image whose index needs credentials is
-  built through an install container (``install.py``) and is never a base, so no build starts from a layer made with
-  credentials;
+- only the derived images installed without credentials carry the recipe label: an image whose index needs them is
+  never a base (``install.py``), so no build starts from a layer made with credentials;
 - the labels name requirements by project name and a digest of the (redacted) requirement: no label holds a
   requirement's text or a digest of a secret;
 - the engine is trusted as it is for the content-hash tags (whoever can tag an image there can run anything);
@@ -33,10 +32,13 @@ import hashlib
 import json
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from airflow_gpu_provider.runtime.protocol import redact
 from airflow_gpu_provider.task.labels import docker_label
+
+if TYPE_CHECKING:
+    from airflow_gpu_provider.backends.docker.images.recipe import Recipe
 
 RECIPE_LABEL = docker_label("recipe")
 REQUIREMENTS_LABEL = docker_label("requirements")
@@ -56,8 +58,8 @@ class Reusable(Protocol):
         """:func:`requirement_keys` of its requirements."""
 
     @property
-    def on_base(self) -> str:
-        """Its Dockerfile's steps after ``FROM`` on a base."""
+    def on_base(self) -> Recipe | None:
+        """Its recipe on a base (the install alone)."""
 
 
 class Base(NamedTuple):
@@ -66,10 +68,6 @@ class Base(NamedTuple):
     id: str
     depth: int
     shared: int
-
-    def dockerfile(self, spec: Reusable) -> str:
-        """The Dockerfile of ``spec`` built on this image: its labels and the install alone."""
-        return f"FROM {self.id}\n{spec.on_base}"
 
 
 def requirement_keys(requirements: Iterable[str]) -> tuple[tuple[str, str], ...]:

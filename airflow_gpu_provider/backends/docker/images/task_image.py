@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.backends.docker.images.cache import evict_images, in_use
 from airflow_gpu_provider.backends.docker.images.catalogue import cpu_only_reason
-from airflow_gpu_provider.backends.docker.images.dockerfile import derived_image_spec, worker_uv
 from airflow_gpu_provider.backends.docker.images.engine import ensure_derived_image, resolve_image
+from airflow_gpu_provider.backends.docker.images.spec import derived_image_spec, worker_uv
 
 if TYPE_CHECKING:
     from airflow_gpu_provider.backends.docker.plan import DockerPlan

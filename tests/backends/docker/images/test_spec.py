@@ -1,3 +1,5 @@
+"""A derived image's recipe and spec (pure): the install container's commands, what the image adds, the tag."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -5,84 +7,71 @@ import json
 
 import pytest
 
-from airflow_gpu_provider.backends.docker.images.dockerfile import BuildOptions, derived_image_spec
-from airflow_gpu_provider.backends.docker.images.recipe import BUILD_DIR, CA_PATH, SHARE, render_dockerfile, with_labels
+from airflow_gpu_provider.backends.docker.images.recipe import (
+    BUILD_DIR,
+    CA_PATH,
+    DEPS_DIR,
+    SHARE,
+    UV_PATH,
+    extended,
+    image_environment,
+    install_commands,
+)
+from airflow_gpu_provider.backends.docker.images.spec import BuildOptions, derived_image_spec
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.settings import ImageSettings
 
 PARENT = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
 
 
-def run_lines(dockerfile: str) -> list[list[str]]:
-    return [json.loads(line[4:]) for line in dockerfile.splitlines() if line.startswith("RUN ")]
-
-
 def test_uv_from_the_worker():
-    text = render_dockerfile(
-        PARENT,
-        ImageSettings(requirements=["numpy>=1.26"], index_url="https://mirror/simple"),
-        uv_source="worker",
-        uv_version="0.13.8",
-        ca_bundle=False,
-        find_links=[],
-    )
-    lines = text.splitlines()
-    assert lines[0] == f"FROM {PARENT}"
-    assert "COPY uv /usr/local/bin/uv" in lines
-    assert lines[1].endswith(" UV_SYSTEM_CERTS=1")
-    (install,) = run_lines(text)
-    assert install[:3] == ["/usr/local/bin/uv", "pip", "install"]
+    image = ImageSettings(requirements=["numpy>=1.26"], index_url="https://mirror/simple")
+    (install,) = install_commands(image, uv_source="worker", uv_version="0.13.8", find_links=[])
+    assert install[:3] == [UV_PATH, "pip", "install"]
     assert install[-3:] == ["--index-url", "https://mirror/simple", "numpy>=1.26"]
     assert "--system" in install
     assert "--compile-bytecode" in install  # .pyc files in the image, as pip makes them
+    assert image_environment(uv_source="worker", uv_version="0.13.8", ca_bundle=False, installed=False) == {
+        "PIP_BREAK_SYSTEM_PACKAGES": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_ROOT_USER_ACTION": "ignore",
+        "UV_SYSTEM_CERTS": "1",
+    }  # fmt: skip
 
 
-def test_uv_through_pip_installs_the_workers_uv_version():
-    text = render_dockerfile(
-        PARENT, ImageSettings(requirements=["six"]), uv_source="pip", uv_version="0.9.0", ca_bundle=False, find_links=[]
-    )
-    first, install = run_lines(text)
+def test_uv_through_pip_installs_the_workers_uv_version_first_but_not_on_a_base():
+    image = ImageSettings(requirements=["six"])
+    first, install = install_commands(image, uv_source="pip", uv_version="0.9.0", find_links=[])
     assert first[-1] == "uv==0.9.0"
     assert install[:4] == ["python3", "-m", "uv", "pip"]
-    assert " UV_NATIVE_TLS=1\n" in text
+    assert install_commands(image, uv_source="pip", uv_version="0.9.0", find_links=[], on_base=True) == [install]
+    assert "UV_NATIVE_TLS" in image_environment(uv_source="pip", uv_version="0.9.0", ca_bundle=False, installed=False)
 
 
 def test_pip_installer_with_ca_bundle_and_local_wheels():
     image = ImageSettings(requirements=["torch==2.13.0"], python_package_installer="pip")
-    text = render_dockerfile(
-        PARENT,
-        image,
-        uv_source=None,
-        uv_version="0.13.8",
-        ca_bundle=True,
-        find_links=[f"{SHARE}/find-links-0"],
-        wheel_dirs=["find-links-0"],
-    )
-    assert "uv" not in text.replace("UV", "")
-    assert f"COPY ca-bundle.pem {CA_PATH}" in text
-    assert f"SSL_CERT_FILE={CA_PATH}" in text
-    assert f"COPY find-links-0 {SHARE}/find-links-0" in text
-    (install,) = run_lines(text)
+    (install,) = install_commands(image, uv_source=None, uv_version="0.13.8", find_links=[f"{SHARE}/find-links-0"])
     assert install == [
-        "python3",
-        "-m",
-        "pip",
-        "install",
-        "--no-cache-dir",
-        "--find-links",
-        f"{SHARE}/find-links-0",
-        "torch==2.13.0",
-    ]
+        "python3", "-m", "pip", "install", "--no-cache-dir", "--find-links", f"{SHARE}/find-links-0", "torch==2.13.0",
+    ]  # fmt: skip
+    environment = image_environment(uv_source=None, uv_version="0.13.8", ca_bundle=True, installed=False)
+    assert environment["SSL_CERT_FILE"] == CA_PATH and not [name for name in environment if "UV" in name]
 
 
 def test_bytecode_compilation_can_be_turned_off():
     for installer, source, flag in (("uv", "worker", "--compile-bytecode"), ("pip", None, "--no-compile")):
         image = ImageSettings(requirements=["six"], python_package_installer=installer)
-        common = {"uv_source": source, "uv_version": "0.13.8", "ca_bundle": False, "find_links": []}
-        compiled = render_dockerfile(PARENT, image, **common)
-        plain = render_dockerfile(PARENT, image, compile_bytecode=False, **common)
+        common = {"uv_source": source, "uv_version": "0.13.8", "find_links": []}
+        (compiled,) = install_commands(image, **common)
+        (plain,) = install_commands(image, compile_bytecode=False, **common)
         assert (flag in compiled) == (installer == "uv")
         assert (flag in plain) == (installer == "pip")
+
+
+def test_the_image_extends_its_parents_path_and_keeps_the_rest():
+    parent = ["PATH=/usr/bin:/bin", "LANG=C.UTF-8", "PIP_ROOT_USER_ACTION=warn"]
+    added = image_environment(uv_source=None, uv_version="1", ca_bundle=False, installed=True)
+    result = dict(entry.split("=", 1) for entry in extended(parent, added))
+    assert result["PATH"] == f"{DEPS_DIR}/bin:/usr/bin:/bin" and result["PYTHONPATH"] == DEPS_DIR
+    assert result["LANG"] == "C.UTF-8" and result["PIP_ROOT_USER_ACTION"] == "ignore"
 
 
 def test_spec_copies_local_wheel_dirs_and_keeps_urls(build_inputs):
@@ -90,8 +79,15 @@ def test_spec_copies_local_wheel_dirs_and_keeps_urls(build_inputs):
     image = ImageSettings(requirements=["pkg"], find_links=[str(build_inputs), "https://wheels.example.com/"])
     spec = derived_image_spec(PARENT, image, BuildOptions(), uv_binary="/usr/bin/uv")
     assert spec.files == (("find-links-0", str(build_inputs)),)
-    assert f"--find-links {SHARE}/find-links-0".replace(" ", '", "') in spec.dockerfile
-    assert "https://wheels.example.com/" in spec.dockerfile
+    (install,) = spec.steps.commands
+    assert install[-5:] == (
+        "--find-links",
+        f"{SHARE}/find-links-0",
+        "--find-links",
+        "https://wheels.example.com/",
+        "pkg",
+    )
+    assert not spec.steps.installed and spec.steps.install_environment == spec.steps.environment
     assert spec.uv_binary == "/usr/bin/uv"
 
 
@@ -149,37 +145,28 @@ def test_missing_local_inputs_are_clear_errors(build_inputs):
         )
 
 
-def test_credentials_go_to_the_install_container_only_never_to_the_build():
+def test_credentials_go_to_the_install_container_only_never_to_the_image():
     image = ImageSettings(requirements=["private-pkg==1"], index_url="https://alice:s3cret@pypi.corp/simple")
     spec = derived_image_spec(PARENT, image, BuildOptions(), uv_binary="/usr/bin/uv")
-    assert "s3cret" not in spec.dockerfile and "alice" not in spec.dockerfile and "netrc" not in spec.dockerfile
-    assert "s3cret" not in spec.fingerprint  # new credentials do not make a new image
-    assert "s3cret" not in " ".join(spec.install) and "s3cret" not in json.dumps(spec.install_environment)
+    steps = spec.steps
+    assert "s3cret" not in steps.text() and "alice" not in steps.text() and "s3cret" not in spec.fingerprint
     assert spec.netrc == "machine pypi.corp login alice password s3cret\n"
-    assert spec.install == (
-        "python3", f"{BUILD_DIR}/runtime.pyz", "install", "--uv", f"{BUILD_DIR}/uv", "/opt/airflow-gpu/site-packages",
-        "uv", "--index-url", "https://pypi.corp/simple", "--", "private-pkg==1",
+    assert steps.installed and spec.on_base is None and spec.recipe == ""  # never another image's base
+    assert steps.commands == (
+        ("python3", f"{BUILD_DIR}/runtime.pyz", "install", "--uv", f"{BUILD_DIR}/uv", DEPS_DIR, "uv", "--index-url",
+         "https://pypi.corp/simple", "--", "private-pkg==1"),
+        ("python3", "-m", "compileall", "-q", DEPS_DIR),
     )  # fmt: skip
-    assert dict(spec.install_environment)["NETRC"] == f"{BUILD_DIR}/netrc"
-    assert spec.dockerfile.count("FROM ") == 1 and 'RUN ["/usr/local/bin/uv"' not in spec.dockerfile
-    assert "COPY deps /opt/airflow-gpu/site-packages" in spec.dockerfile
-    assert "ENV PYTHONPATH=/opt/airflow-gpu/site-packages" in spec.dockerfile
-    assert spec.dockerfile.endswith('RUN ["python3", "-m", "compileall", "-q", "/opt/airflow-gpu/site-packages"]\n')
+    assert steps.entrypoint()[:2] == ["/bin/sh", "-c"] and " && python3 -m compileall" in steps.entrypoint()[2]
+    assert dict(steps.install_environment)["NETRC"] == f"{BUILD_DIR}/netrc"
+    assert "NETRC" not in dict(steps.environment) and dict(steps.environment)["PYTHONPATH"].startswith(DEPS_DIR)
     uncompiled = derived_image_spec(PARENT, image, BuildOptions(compile_bytecode=False), uv_binary="/usr/bin/uv")
-    assert "compileall" not in uncompiled.dockerfile
+    assert len(uncompiled.steps.commands) == 1 and uncompiled.steps.entrypoint()[0] == "python3"
     pip = derived_image_spec(
         PARENT, dataclasses.replace(image, python_package_installer="pip"), BuildOptions(), uv_binary=None
     )
-    assert "--uv" not in pip.install and "pip" in pip.install
+    assert "--uv" not in pip.steps.commands[0] and "pip" in pip.steps.commands[0]
     through_pip = derived_image_spec(PARENT, image, BuildOptions(uv_source="pip"), uv_binary=None)
-    assert through_pip.install[3:5] == ("--uv-version", through_pip.install[4]) and through_pip.install[4][0].isdigit()
+    assert through_pip.steps.commands[0][3:5] == ("--uv-version", through_pip.steps.commands[0][4])
     plain = derived_image_spec(PARENT, ImageSettings(requirements=["six"]), BuildOptions(), uv_binary=None)
-    assert plain.netrc == "" and plain.install == () and plain.dockerfile.count("FROM ") == 1
-
-
-def test_the_builder_label_comes_right_after_from_and_is_no_part_of_the_tag():
-    spec = derived_image_spec(PARENT, ImageSettings(requirements=["six"]), BuildOptions(), uv_binary=None)
-    labelled = with_labels(spec.dockerfile, {"airflow-gpu-provider.builder": "host:1:2"})
-    lines = labelled.splitlines()
-    assert lines[0] == f"FROM {PARENT}" and lines[1] == 'LABEL airflow-gpu-provider.builder="host:1:2"'
-    assert lines[2:] == spec.dockerfile.splitlines()[1:]
+    assert plain.netrc == "" and not plain.steps.installed and json.loads(plain.steps.text())["installed"] is False

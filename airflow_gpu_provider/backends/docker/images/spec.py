@@ -1,11 +1,11 @@
-"""What a derived image is made of: its Dockerfile, its build-context files and its content-hash tag.
+"""What a derived image is made of: its recipe, the worker files it gets, and its content-hash tag.
 
-A derived image is ``FROM`` the parent image with the task's requirements installed (uv by default, pip on
-request; the text: ``recipe.py``). Its tag is a hash of the parent image's id, the Dockerfile (requirements,
-installer, indexes), the install container's command when there is one, the content of every file copied in (CA
-bundle; wheel directories by name, size and mtime) and the provider's runtime version: the same inputs always give
-the same tag, so an image is built once and found again in milliseconds. The worker files a task names for its build
-are checked by the policy layer before anything is read (``policy/build.py``).
+A derived image is the parent image with the task's requirements installed (uv by default, pip on request) by an
+install container (the recipe: ``recipe.py``; the containers: ``engine.py``). Its tag is a hash of the parent image's
+id, the recipe (requirements, installer, indexes, the commands and environment), the content of every file it gets
+(CA bundle; wheel directories by name, size and mtime; the runtime where it installs) and the provider's runtime
+version: the same inputs always give the same tag, so an image is built once and found again in milliseconds. The
+worker files a task names for its build are checked by the policy layer before anything is read (``policy/build.py``).
 """
 
 from __future__ import annotations
@@ -26,9 +26,11 @@ from airflow_gpu_provider.backends.docker.images.recipe import (
     CA_PATH,
     DEPS_DIR,
     SHARE,
-    install_command,
+    Recipe,
+    credentialed_commands,
+    image_environment,
+    install_commands,
     install_environment,
-    render_dockerfile,
 )
 from airflow_gpu_provider.backends.docker.images.reuse import requirement_keys
 from airflow_gpu_provider.backends.docker.options import DockerOptions, UvSource
@@ -74,39 +76,36 @@ class BuildOptions:
 
 @dataclass(frozen=True)
 class DerivedImageSpec:
-    """A derived image before its parent is resolved: Dockerfile, context files, and the inputs' hash.
+    """A derived image before its parent is resolved: its recipe, the worker files it gets, and the inputs' hash.
 
-    :param files: ``(name in the build context, path on the worker)``; directories are copied flat (their regular
-        files); checked again against ``policy`` when copied, but for the admin's own CA bundle
-    :param uv_binary: the worker's uv binary, copied in as ``uv`` (not part of the hash: it is only a build tool)
+    :param files: ``(name, path on the worker)`` of what the install container gets (``context.py``): uploaded into
+        the image (``SHARE/<name>``, the CA bundle at :data:`CA_PATH`), or beside the installer in :data:`BUILD_DIR`
+        when the index needs credentials; directories go flat (their regular files); checked again against
+        ``policy`` when read, but for the admin's own CA bundle
+    :param uv_binary: the worker's uv binary, uploaded too (not part of the hash: it is only a build tool)
     :param netrc: the index credentials, as a ``netrc`` file for the install container (not part of the hash
         either: new credentials do not change what is installed)
-    :param install: the install container's command, when the index needs credentials (else the Dockerfile installs)
-    :param install_files: what the install container gets in :data:`BUILD_DIR` (as ``files``)
-    :param install_environment: the install container's environment
-    :param policy: what of the worker the build may read (checked again when each file is copied)
-    :param labels: the image's labels (the install container carries them too)
+    :param steps: how the install container makes the image (``recipe.py``)
+    :param policy: what of the worker the build may read (checked again when each file is read)
+    :param labels: the image's labels
     :param recipe: the digest of everything but the requirements (``reuse.py``); empty where the image may not be
         another one's base (its index needs credentials)
     :param requirements: ``(project name, digest)`` of each requirement (``reuse.requirement_keys``)
-    :param on_base: the Dockerfile's steps after ``FROM`` when it is built on a derived image of the same recipe
+    :param on_base: the steps when it is built on a derived image of the same recipe (the install alone)
     """
 
     parent: str
-    dockerfile: str
     name: str
+    steps: Recipe
     files: tuple[tuple[str, str], ...] = ()
     fingerprint: str = ""
     uv_binary: str | None = None
     netrc: str = field(default="", repr=False)
-    install: tuple[str, ...] = ()
-    install_files: tuple[tuple[str, str], ...] = ()
-    install_environment: tuple[tuple[str, str], ...] = ()
     policy: BuildPolicy = field(default_factory=lambda: BuildPolicy((), None))
     labels: dict[str, str] = field(default_factory=dict)
     recipe: str = ""
     requirements: tuple[tuple[str, str], ...] = ()
-    on_base: str = ""
+    on_base: Recipe | None = None
 
     def tag_for(self, parent_id: str) -> str:
         """The image reference for a parent image id: ``name:<16 hex digits>``."""
@@ -167,11 +166,11 @@ def build_input(name: str, path: str, policy: BuildPolicy, *, value: str | None 
 def derived_image_spec(
     parent: str, image: ImageSettings, options: BuildOptions, *, uv_binary: str | None
 ) -> DerivedImageSpec:
-    """Describe the derived image of ``image`` over ``parent``, reading the worker files it copies in.
+    """Describe the derived image of ``image`` over ``parent``, reading the worker files it gets.
 
-    :param uv_binary: the worker's uv binary to copy in; ``None`` pip-installs uv in the image instead
+    :param uv_binary: the worker's uv binary to upload; ``None`` pip-installs uv in the image instead
     :raises InvalidSettingError: when the CA bundle or a local ``find_links`` directory does not exist
-    :raises PolicyError: when ``[gpu] allowed_build_paths`` does not allow it, or it could be a secret
+    :raises PolicyError: when ``[gpu_policy] allowed_build_paths`` does not allow it, or it could be a secret
     """
     policy = options.policy or BuildPolicy.current()
     netrc = split_credentials(image.installer_index_args())[1]
@@ -188,7 +187,6 @@ def derived_image_spec(
     if options.ca_bundle:
         inputs["ca-bundle.pem"] = Path(options.ca_bundle), build_input("ca-bundle.pem", options.ca_bundle, policy)
     files = tuple((name, str(path)) for name, (path, _) in inputs.items())
-    wheel_dirs = [name for name in inputs if name.startswith("find-links-")]
     uv_source: UvSource | None = None
     if image.python_package_installer == "uv":
         uv_source = "worker" if uv_binary else "pip"
@@ -199,40 +197,41 @@ def derived_image_spec(
         f"{LABEL_PREFIX}.installer": image.python_package_installer,
         f"{LABEL_PREFIX}.runtime": RUNTIME_VERSION,
     }
-    render = functools.partial(
-        render_dockerfile, uv_source=uv_source, uv_version=_uv_version(), ca_bundle=bool(options.ca_bundle),
-        find_links=find_links, wheel_dirs=() if netrc else wheel_dirs, compile_bytecode=options.compile_bytecode,
-        installed=bool(netrc),
-    )  # fmt: skip
-    dockerfile = render(parent, image, labels=labels)
-    install: list[str] = []
-    if netrc:
-        install = install_command(image, uv_source=uv_source, uv_version=_uv_version(), find_links=find_links)
+    how = {"uv_source": uv_source, "uv_version": _uv_version(), "find_links": find_links,
+           "compile_bytecode": options.compile_bytecode}  # fmt: skip
+    ca, installed = bool(options.ca_bundle), bool(netrc)
+    environment = tuple(image_environment(uv_source=uv_source, uv_version=_uv_version(), ca_bundle=ca,
+                                          installed=installed).items())  # fmt: skip
+
+    def recipe_of(of: ImageSettings, *, on_base: bool = False) -> Recipe:
+        if installed:
+            commands = credentialed_commands(of, **how)  # type: ignore[arg-type]
+            install_env = install_environment(uv_source=uv_source, uv_version=_uv_version(), ca_bundle=ca)
+            return Recipe(tuple(map(tuple, commands)), tuple(install_env.items()), environment, installed=True)
+        commands = install_commands(of, on_base=on_base, **how)  # type: ignore[arg-type]
+        return Recipe(tuple(map(tuple, commands)), environment, environment)
+
     prints = {name: _file_fingerprint(path, names) for name, (path, names) in inputs.items()}
 
-    def fingerprint_of(text: str) -> str:
-        files = {**prints, **({runtime_zip.FILE_NAME: {"sha256": runtime_zip.digest()}} if install else {})}
-        made_of = {"dockerfile": text, **({"install": install} if install else {}), "files": files}
-        return json.dumps({**made_of, "runtime": RUNTIME_VERSION}, sort_keys=True)
+    def fingerprint_of(steps: Recipe) -> str:
+        runtime = {runtime_zip.FILE_NAME: {"sha256": runtime_zip.digest()}} if installed else {}
+        return json.dumps({"recipe": steps.text(), "files": {**prints, **runtime}, "runtime": RUNTIME_VERSION},
+                          sort_keys=True)  # fmt: skip
 
-    reusable = not netrc  # an install container's image is never another one's base (reuse.py)
-    recipe = fingerprint_of(render(parent, dataclasses.replace(image, requirements=()))) if reusable else ""
-    ca = bool(options.ca_bundle)
-    environment = install_environment(uv_source=uv_source, uv_version=_uv_version(), ca_bundle=ca) if install else {}
+    steps = recipe_of(image)
+    reusable = not installed  # an install container's image is never another one's base (reuse.py)
+    recipe = fingerprint_of(recipe_of(dataclasses.replace(image, requirements=()))) if reusable else ""
     return DerivedImageSpec(
         parent,
-        dockerfile,
         options.image_name,
-        tuple((n, p) for n, p in files if n == "ca-bundle.pem") if install else files,
-        fingerprint_of(dockerfile),
+        steps,
+        files,
+        fingerprint_of(steps),
         uv_binary if uv_source == "worker" else None,
         netrc,
-        install=tuple(install),
-        install_files=files if install else (),
-        install_environment=tuple(environment.items()),
         policy=policy,
         labels=labels,
         recipe=hashlib.sha256(recipe.encode()).hexdigest() if reusable else "",
         requirements=requirement_keys(image.requirements) if reusable else (),
-        on_base=render(parent, image, labels=labels, on_base=True) if reusable else "",
+        on_base=recipe_of(image, on_base=True) if reusable else None,
     )

@@ -1,14 +1,34 @@
-"""The ``[gpu]`` options with which the deployment's admin allows DAG authors more of a host: default deny.
+"""The ``[gpu_policy]`` section: the admin's allow-lists, read the same way by every process that judges a task.
 
-Each is read by the policy layer (``policy/``) and named in the error a DAG author gets when a task asks for more
-(docs/security.md lists them with their defaults).
+Default deny: each option allows DAG authors more of a host, and is named in the error a task gets when it asks for
+more (docs/security.md). ONE reader, :func:`read`, standard library only, serves the DAG processor, the worker and
+the triggerer (through Airflow's configuration: ``config.policy_values()``) and the Docker engine's authorization
+plugin (from its own root-owned file: ``policy/authz/``), so that both read the same values the same way.
+
+The allow-lists were ``[gpu]`` options until 0.x: an old name still set is read for one more release, with a warning
+naming its replacement (:data:`RENAMED`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from airflow_gpu_provider.config.options import Option
 
-ALLOW_LISTS: tuple[Option, ...] = (
+SECTION = "gpu_policy"
+OLD_SECTION = "gpu"
+#: The kinds of ``allowed_clusters`` (``KIND=ADDRESS``): a backend that reaches a cluster adds its kind here.
+CLUSTER_KINDS: tuple[str, ...] = ("docker",)
+#: The kinds of ``allowed_objects`` (``KIND=NAME``): the cluster objects a task may name that RBAC does not bound.
+OBJECT_KINDS: tuple[str, ...] = (
+    "namespace", "service_account", "runtime_class", "priority_class", "kueue_queue", "kueue_priority_class",
+)  # fmt: skip
+#: An option's name in ``[gpu]`` before it moved here, where it had another one.
+RENAMED = {"allowed_clusters": "allowed_docker_engines", "allowed_objects": "allowed_kubernetes_objects"}
+#: ``lookup(section, option)``: the option's text, or ``None`` when it is not set (a default is not "set")
+Lookup = Callable[[str, str], "str | None"]
+
+POLICY_OPTIONS: tuple[Option, ...] = (
     Option(
         "allowed_mount_roots",
         "string",
@@ -52,14 +72,14 @@ ALLOW_LISTS: tuple[Option, ...] = (
         "ml",
     ),
     Option(
-        "allowed_docker_engines",
+        "allowed_clusters",
         "string",
         "",
-        "Docker engines that Docker tasks may reach (backend_options docker_url), besides the worker's default one "
-        "($DOCKER_HOST, else unix://var/run/docker.sock): comma-separated URLs. Checked at parse, on the worker and "
-        "in the triggerer (a deferred task's trigger), which logs in nowhere; TLS to a tcp:// engine comes from the "
-        "worker's and triggerer's own DOCKER_CERT_PATH and DOCKER_TLS_VERIFY. Empty: the default engine only.",
-        "tcp://gpu-host-1:2376, tcp://gpu-host-2:2376",
+        "Engines and clusters that tasks may reach besides the worker's default ones: comma-separated KIND=ADDRESS, "
+        "KIND docker (backend_options docker_url; the default: $DOCKER_HOST, else unix://var/run/docker.sock). "
+        "Checked at parse, on the worker and in the triggerer, which logs in nowhere; TLS to a tcp:// engine comes "
+        "from the worker's and triggerer's own DOCKER_CERT_PATH and DOCKER_TLS_VERIFY. Empty: the defaults only.",
+        "docker=tcp://gpu-host-1:2376, docker=tcp://gpu-host-2:2376",
     ),
     Option(
         "allowed_network_modes",
@@ -105,7 +125,7 @@ ALLOW_LISTS: tuple[Option, ...] = (
         "baseline",
     ),
     Option(
-        "allowed_kubernetes_objects",
+        "allowed_objects",
         "string",
         "",
         "Cluster objects that GPU pods (the kubernetes backend's pods and Jobs, KubernetesExecutor pod_overrides) "
@@ -115,4 +135,47 @@ ALLOW_LISTS: tuple[Option, ...] = (
         "namespace's default service account, no runtime or priority class, [gpu] kueue_queue. Empty: only those.",
         "namespace=ml, service_account=gpu-trainer, runtime_class=nvidia, kueue_queue=team-a",
     ),
+    Option(
+        "deployment",
+        "string",
+        "",
+        "This Airflow deployment's name in the label of every container the provider makes (a Docker engine may be "
+        "shared by several deployments): the Docker authorization plugin lets a deployment reach only its own, and "
+        "requires this option, the same in its policy file as on the workers. Empty: a digest of the Execution "
+        "API's URL and AIRFLOW_HOME.",
+        "ml-prod",
+    ),
 )
+_BY_NAME = {option.name: option for option in POLICY_OPTIONS}
+
+
+def read(lookup: Lookup, warn: Callable[[str], None]) -> dict[str, str]:
+    """Every ``[gpu_policy]`` option's text (its default where it is not set), an old ``[gpu]`` name's for one release.
+
+    :param lookup: where the options come from: Airflow's configuration, or the plugin's policy file
+    :param warn: told once per old name that is still set, naming its replacement
+    """
+    values = {}
+    for option in POLICY_OPTIONS:
+        value, old_name = lookup(SECTION, option.name), RENAMED.get(option.name, option.name)
+        old = None if option.name == "deployment" else lookup(OLD_SECTION, old_name)
+        if old is not None and value in (None, option.default):
+            warn(f"[{OLD_SECTION}] {old_name} is deprecated and read for one more release only: set "
+                 f"[{SECTION}] {option.name} instead")  # fmt: skip
+            value = _renamed(option.name, old)
+        elif old is not None:
+            warn(f"[{OLD_SECTION}] {old_name} is ignored: [{SECTION}] {option.name} is set (remove the old name)")
+        values[option.name] = (option.default if value is None else value).strip()
+    return values
+
+
+def _renamed(name: str, old: str) -> str:
+    """An old value in the new option's form: ``allowed_docker_engines``'s URLs become ``docker=URL``."""
+    if name != "allowed_clusters":
+        return old
+    return ", ".join(f"docker={url.strip()}" for url in old.split(",") if url.strip())
+
+
+def option(name: str) -> Option:
+    """The ``[gpu_policy]`` option ``name``."""
+    return _BY_NAME[name]
