@@ -173,7 +173,7 @@ def endpoint(conn_id: str | None, address: str | None, *, owner: str = "The Ray 
     check_cluster(owner, field_name, found, clusters)
     if clusters.without_token(found):
         return Endpoint(found, settings)
-    opt_in = f"the admin lists it as ray-unauthenticated={found} in [gpu] allowed_clusters (docs/security.md)"
+    opt_in = f"the admin lists it as ray-unauthenticated={found} in [gpu_policy] allowed_clusters (docs/security.md)"
     if not _authenticates(settings):
         raise GpuTaskError(
             f"No token for the Ray cluster {found}: put the cluster's token (Ray token auth) in the password of "

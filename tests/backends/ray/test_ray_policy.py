@@ -27,7 +27,7 @@ from airflow_gpu_provider.backends.ray.plan import ENVELOPE, plan_job
 from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import GpuTaskError
 from airflow_gpu_provider.host.workers import deployment
-from airflow_gpu_provider.policy import PolicyError
+from airflow_gpu_provider.policy import Policy, PolicyError
 from airflow_gpu_provider.runtime.protocol import RESULT_MARKER
 from airflow_gpu_provider.task.envelope import Envelope
 from airflow_gpu_provider.task.request import TaskRequest
@@ -66,23 +66,24 @@ def _default(monkeypatch, address: str, password: str | None) -> None:
 
 
 def test_a_task_reaches_only_the_deployments_cluster_or_a_listed_one(monkeypatch):
-    """Rule R1 at parse: a literal address must be ray_default's or listed as ray=ADDRESS; other kinds are others'."""
+    """Rule R1 at parse: a literal address must be ray_default's or listed as ray=ADDRESS in [gpu_policy] (one reader)."""
     monkeypatch.delenv("AIRFLOW_CONN_RAY_DEFAULT", raising=False)
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CLUSTERS", "docker=tcp://gpu-1:2376, ray=HTTP://Ray-Head:8265/")
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CLUSTERS", "docker=tcp://gpu-1:2376, ray=HTTP://Ray-Head:8265/")
     RAY.parse_options({"address": "http://ray-head:8265"}).permitted("task 't'")
     with pytest.raises(PolicyError, match=r"backend_options\['address'\]='http://evil:8265'.*allowed_clusters"):
         RAY.parse_options({"address": "http://evil:8265"}).permitted("task 't'")
     _default(monkeypatch, "http://evil:8265", None)  # the deployment's own cluster needs no listing
     RAY.parse_options({"address": "http://evil:8265"}).permitted("task 't'")
-    assert RayClusters.of("ray-unauthenticated=http://lab:8265").without_token("http://LAB:8265/")
-    for bad in ("ray=head:8265", "ray"):
-        with pytest.raises(ValueError, match="KIND=ADDRESS"):
-            RayClusters.of(bad)
+    listed = RayClusters.of(Policy.of(GpuConfig.read(allowed_clusters="ray-unauthenticated=http://lab:8265")))
+    assert listed.without_token("http://LAB:8265/") and listed.listed == {"http://lab:8265"}
+    for bad, why in (("ray=head:8265", "ray=URL"), ("ray", "KIND=ADDRESS"), ("rey=http://h:8265", "KIND one of")):
+        with pytest.raises(ValueError, match=why):
+            RayClusters.of(Policy.of(GpuConfig.read(allowed_clusters=bad)))
 
 
 def test_no_token_or_a_cluster_without_token_auth_is_refused_unless_the_admin_opts_in(monkeypatch, cluster):
     address, answers = cluster
-    monkeypatch.delenv("AIRFLOW__GPU__ALLOWED_CLUSTERS", raising=False)
+    monkeypatch.delenv("AIRFLOW__GPU_POLICY__ALLOWED_CLUSTERS", raising=False)
     _default(monkeypatch, address, None)
     with pytest.raises(GpuTaskError, match="No token for the Ray cluster .* password of the Ray connection"):
         endpoint(None, None)
@@ -98,7 +99,7 @@ def test_no_token_or_a_cluster_without_token_auth_is_refused_unless_the_admin_op
     with pytest.raises(GpuTaskError, match="accepts requests without a token.*ray-unauthenticated="):
         endpoint(None, None)
     _default(monkeypatch, address, None)
-    monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_CLUSTERS", f"ray-unauthenticated={address}")  # the admin's choice
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_CLUSTERS", f"ray-unauthenticated={address}")  # the admin's choice
     assert endpoint(None, None).address == address == endpoint("ray_default", None).address
     with pytest.raises(PolicyError, match="allowed_clusters"):  # checked before any request: no token leaves
         endpoint(None, "http://127.0.0.1:9")
