@@ -18,7 +18,7 @@ from airflow_gpu_provider.config.options import Option
 SECTION = "gpu_policy"
 OLD_SECTION = "gpu"
 #: The kinds of ``allowed_clusters`` (``KIND=ADDRESS``): a backend that reaches a cluster adds its kind here.
-CLUSTER_KINDS: tuple[str, ...] = ("docker",)
+CLUSTER_KINDS: tuple[str, ...] = ("docker", "ray", "ray-unauthenticated")
 #: The kinds of ``allowed_objects`` (``KIND=NAME``): the cluster objects a task may name that RBAC does not bound.
 OBJECT_KINDS: tuple[str, ...] = (
     "namespace", "service_account", "runtime_class", "priority_class", "kueue_queue", "kueue_priority_class",
@@ -78,10 +78,12 @@ POLICY_OPTIONS: tuple[Option, ...] = (
         "string",
         "",
         "Engines and clusters that tasks may reach besides the worker's default ones: comma-separated KIND=ADDRESS, "
-        "KIND docker (backend_options docker_url; the default: $DOCKER_HOST, else unix://var/run/docker.sock). "
+        "KIND docker (backend_options docker_url; the default: $DOCKER_HOST, else unix://var/run/docker.sock), ray "
+        "(backend_options address or ray_conn_id; the default: the ray_default connection's cluster, which must "
+        "enforce Ray's token auth) or ray-unauthenticated (a Ray cluster tasks may use without token auth). "
         "Checked at parse, on the worker and in the triggerer, which logs in nowhere; TLS to a tcp:// engine comes "
         "from the worker's and triggerer's own DOCKER_CERT_PATH and DOCKER_TLS_VERIFY. Empty: the defaults only.",
-        "docker=tcp://gpu-host-1:2376, docker=tcp://gpu-host-2:2376",
+        "docker=tcp://gpu-host-1:2376, ray=http://ray-b:8265",
     ),
     Option(
         "allowed_network_modes",

@@ -201,16 +201,17 @@ class Cluster:
         value = json.loads(rows[0][0]) if rows else None
         return json.loads(value) if isinstance(value, str) else value
 
-    def task_log_records(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> list[dict[str, Any]]:
-        """A task's log as the UI shows it: the API server's reader, the worker's and the triggerer's files merged."""
+    def api(self, path: str, body: Any = None, method: str | None = None) -> Any:
+        """A call of the REST API, as the deployment's user (the simple auth manager's generated password)."""
         import urllib.request
 
-        def call(path: str, body: Any = None, token: str = "") -> Any:
+        def call(path: str, body: Any = None, token: str = "", method: str | None = None) -> Any:
             headers = {"Content-Type": "application/json", "Accept": "application/json"}
             request = urllib.request.Request(
                 f"http://127.0.0.1:{self.api_port}{path}",
                 data=None if body is None else json.dumps(body).encode(),
                 headers={**headers, **({"Authorization": f"Bearer {token}"} if token else {})},
+                method=method,
             )
             with urllib.request.urlopen(request, timeout=60) as response:
                 return json.loads(response.read())
@@ -218,8 +219,12 @@ class Cluster:
         passwords = json.loads((self.home / "simple_auth_manager_passwords.json.generated").read_text())
         user, password = next(iter(passwords.items()))
         token = call("/auth/token", {"username": user, "password": password})["access_token"]
+        return call(path, body, token, method)
+
+    def task_log_records(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> list[dict[str, Any]]:
+        """A task's log as the UI shows it: the API server's reader, the worker's and the triggerer's files merged."""
         path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}?full_content=true"
-        return [record for record in call(path, token=token)["content"] if isinstance(record, dict)]
+        return [record for record in self.api(path)["content"] if isinstance(record, dict)]
 
     def _wait(self, probe: Any, timeout: float, what: str) -> Any:
         deadline = time.monotonic() + timeout

@@ -1,13 +1,13 @@
 """Containers whose worker died: found by a label naming the worker process, removed before new work starts.
 
 A worker killed with SIGKILL cannot remove its container, and its GPU locks are freed with it while the container
-may still be using the GPUs. Every container is labelled with its worker (:func:`.host.workers.worker_identity`);
-before a task takes GPUs on this host, the containers of dead workers of this host are removed: those that still run,
-and the ended ones that their ``auto_remove`` policy would have removed (a container kept for inspection stays).
-Containers of workers on other hosts (sharing a remote engine) are left to them. A durable container (deferred,
-or left for a later try to reattach to: ``durable.py``) is spared while its task instance has not ended, and left
-to the workers of its own Airflow deployment. Then the files folders of lasting containers that are gone
-(``files.sweep``).
+may still be using the GPUs. Every container is labelled with its worker (:func:`.host.workers.worker_identity`)
+and its Airflow deployment; before a task takes GPUs on this host, the containers of this deployment's dead workers
+of this host are removed: those that still run, and the ended ones that their ``auto_remove`` policy would have
+removed (a container kept for inspection stays). Containers of workers on other hosts (sharing a remote engine) or
+of another deployment are left to them (the authorization plugin would refuse it anyway). A durable container
+(deferred, or left for a later try to reattach to: ``durable.py``) is spared while its task instance has not ended.
+Then the files folders of lasting containers that are gone (``files.sweep``).
 """
 
 from __future__ import annotations
@@ -36,13 +36,10 @@ def reap_orphans(client: Any, state_dir: str, log: logging.Logger) -> list[str]:
     for container in containers:
         labels = container["Labels"]
         kept = container.get("State") in _ENDED and labels.get(AUTO_REMOVE_LABEL) in ("never", "success")
-        if not is_dead(labels.get(WORKER_LABEL, "")) or kept:
-            continue
-        if labels.get(DURABLE_LABEL) == "true":
-            if labels.get(DEPLOYMENT_LABEL, ours) != ours:
-                continue  # another Airflow's task instance: only its own workers can tell whether it has ended
-            if task_instance_live(labels, log):
-                continue  # its task instance goes on: a later try or the deferred task's resume takes it over
+        if not is_dead(labels.get(WORKER_LABEL, "")) or kept or labels.get(DEPLOYMENT_LABEL, ours) != ours:
+            continue  # another Airflow's is its own workers' (one without the label, from 0.1.0, is ours)
+        if labels.get(DURABLE_LABEL) == "true" and task_instance_live(labels, log):
+            continue  # its task instance goes on: a later try or the deferred task's resume takes it over
         with contextlib.suppress(NotFound, APIError):
             client.remove_container(container["Id"], force=True)
             reaped.append(container["Id"])
