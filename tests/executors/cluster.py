@@ -106,25 +106,29 @@ class Cluster:
         wait_for_port(self.api_port, 120, self)
 
     def stop(self) -> list[str]:
-        """Stop every process (workers first); return those still alive afterwards (none expected)."""
+        """Stop every process (SIGTERM to all, workers first, then one grace for all); return those still alive
+        afterwards (none expected)."""
         import psutil
 
+        trees: list[psutil.Process] = []
         for name in reversed(list(self.processes)):
             process = self.processes[name]
-            try:
-                tree = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
-            except psutil.NoSuchProcess:
-                tree = []
+            with contextlib.suppress(psutil.NoSuchProcess):
+                trees += [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE
+        for process in self.processes.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(STOP_GRACE)
+                process.wait(max(0.0, deadline - time.monotonic()))
+        for process in self.processes.values():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-            _, alive = psutil.wait_procs(tree, timeout=5)
-            for survivor in alive:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    survivor.kill()
+        _, alive = psutil.wait_procs(trees, timeout=5)
+        for survivor in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                survivor.kill()
+        for process in self.processes.values():
             process.wait()
         return self.leftovers()
 
