@@ -84,7 +84,7 @@ cluster-check: venv
 	$(PY) scripts/cluster_check.py $(CLUSTER_CHECK_ARGS)
 
 reliability: venv
-	AIRFLOW_GPU_RELIABILITY_REPORT=$(CURDIR)/docs/reliability.md $(PY) -m pytest tests/reliability -p no:cacheprovider $(PYTEST_ARGS)
+	AIRFLOW_GPU_MATRIX=full AIRFLOW_GPU_RELIABILITY_REPORT=$(CURDIR)/docs/reliability.md $(PY) -m pytest tests/reliability -p no:cacheprovider $(PYTEST_ARGS)
 
 wheel: venv
 	rm -rf dist

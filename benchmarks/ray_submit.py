@@ -1,7 +1,8 @@
 """Ray backend speed, side by side in one run on a real one-node Ray cluster started here.
 
 A trivial task (print a time stamp) run by ``GpuStepOperator(backend="ray").execute()`` vs the same job submitted
-by hand with ``ray job submit`` (the CLI waits for the job and streams its log, as the operator does), interleaved:
+by hand with ``ray job submit`` (the CLI waits for the job and streams its log, as the operator does), interleaved,
+both with the cluster's token (token auth on, as the tests' cluster runs):
 
 * submit-to-function-start: from the call to the moment the function (or the hand-written script) starts, as the
   job itself stamps it;
@@ -15,6 +16,7 @@ Goal: the operator within 1.1x of the hand submission plus one poll interval (``
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
@@ -32,6 +34,7 @@ os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__GPU__STATE_DIR", os.path.join(os.environ["AIRFLOW_HOME"], "gpu-state"))
 
 SCRIPT = "import time; print('STARTED', time.time(), flush=True)"
+TOKEN: dict[str, str] = {}  # the CLI's token (Ray's own variables), once the cluster runs
 
 
 def stamp() -> float:
@@ -46,10 +49,10 @@ def context() -> dict:
 
 
 def by_operator(address: str) -> tuple[float, float]:
+    """The operator, reaching the cluster through ``ray_default`` (its password: the token)."""
     from airflow_gpu_provider import GpuStepOperator
 
-    options = {"address": address}
-    operator = GpuStepOperator(task_id="ray", python_callable=stamp, backend="ray", backend_options=options)
+    operator = GpuStepOperator(task_id="ray", python_callable=stamp, backend="ray")
     started = time.time()
     function_start = operator.execute(context())
     return function_start - started, time.time() - started
@@ -60,7 +63,7 @@ def by_hand(address: str) -> tuple[float, float]:
     out = subprocess.run(
         [str(Path(sys.executable).with_name("ray")), "job", "submit", "--address", address, "--", "python", "-c",
          SCRIPT],
-        capture_output=True, text=True, check=True,
+        capture_output=True, text=True, check=True, env={**os.environ, **TOKEN},
     ).stdout  # fmt: skip
     function_start = float(re.search(r"STARTED (\S+)", out)[1])  # type: ignore[index]
     return function_start - started, time.time() - started
@@ -80,6 +83,9 @@ def main() -> int:
 
     poll = GpuConfig.read().trigger_poll_interval
     with ray_cluster(nodes=1) as cluster:
+        connection = {"conn_type": "ray", "password": cluster.token, "extra": {"address": cluster.address}}
+        os.environ["AIRFLOW_CONN_RAY_DEFAULT"] = json.dumps(connection)
+        TOKEN.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=cluster.token)
         by_operator(cluster.address), by_hand(cluster.address)  # warm-up: the first job's worker start
         times: dict[str, list[tuple[float, float]]] = {"operator": [], "ray job submit": []}
         for _ in range(runs):

@@ -78,7 +78,7 @@ def configure(args: argparse.Namespace) -> None:
     os.environ.setdefault("AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT", str(worker_logs))
     os.environ.setdefault("AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT", str(trigger_logs))
     os.environ.setdefault("AIRFLOW__GPU__STATE_DIR", str(home / "gpu-state"))
-    # what dags/example_kubernetes_gpu.py names of the cluster, as an admin lists it (docs/kubernetes.md)
+    # what dags/example_kubernetes_gpu.py names of the cluster, as an admin lists it (docs/kubernetes-admin.md)
     os.environ.setdefault("AIRFLOW__GPU_POLICY__ALLOWED_OBJECTS", "namespace=ml, service_account=trainer")
     os.environ.setdefault("AIRFLOW__API__HOST", "127.0.0.1")  # 0.0.0.0 to reach it from other machines
     os.environ.setdefault("AIRFLOW__CORE__PARALLELISM", "8")  # LocalExecutor worker processes

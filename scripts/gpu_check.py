@@ -18,6 +18,10 @@ profile        the demo's train task comes back with a GPU profile (NVML through
                peak memory and energy, the real figures of this card
 accelerate     a 1-GPU launch of dags/accelerate_training.py (AccelerateOperator): accelerate launch with one
                process, world size 1, device cuda
+oom            a real CUDA out-of-memory error is a gpu_oom that names the GPU's memory; the next try gets a larger GPU
+shares         two tasks of half a GPU at once share one GPU, each refused 65 % of it (CUDA OOM) and given 35 %:
+               enforced by MPS where the host has it (the provider starts its daemon), else by PyTorch's cap
+share-throughput  the same small workload as two shares at once and as two whole-GPU tasks in turn: the makespans
 =============  ====================================================================================================
 
 Exit status: 0 when every check passed, 1 when one failed, 2 when this machine has no NVIDIA GPU (nothing is checked
@@ -42,7 +46,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from redirect import output_to  # scripts/, this script's folder
+from gpu_check_shares import (  # scripts/, this script's folder
+    ShareCheckError,
+    enforcement,
+    one_after_the_other,
+    probe_share,
+    two_at_once,
+    verdict_shares,
+    verdict_throughput,
+)
+from redirect import output_to
 
 from airflow_gpu_provider.config.worker import GpuConfig
 
@@ -186,9 +199,9 @@ def check_allocator(ctx: Context) -> str:
 
 
 def _run_local_task(
-    ctx: Context, function: Callable[..., Any], *args: Any, min_gpu_memory: int | None = None
+    ctx: Context, function: Callable[..., Any], *args: Any, min_gpu_memory: int | None = None, gpus: float = 1
 ) -> tuple[Any, list[str]]:
-    """Run a function as a 1-GPU local-backend task; return its value and the GPUs the backend gave it."""
+    """Run a function as a local-backend task of ``gpus`` GPUs (a share below 1); its value and the GPUs given."""
     from airflow_gpu_provider.backends import BACKENDS
     from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
     from airflow_gpu_provider.task.callable import shipped_callable
@@ -198,7 +211,7 @@ def _run_local_task(
     backend = BACKENDS["local"].create({}, log=ctx.log)  # the host's GPUs: [gpu] devices = auto (main)
     envelope = Envelope.call(shipped_callable(function, owner="gpu_check"), list(args), {})
     request = TaskRequest(
-        ResourceSettings(gpu_count=1),
+        ResourceSettings(gpu_count=gpus),
         ImageSettings(),
         envelope,
         "fail",
@@ -380,6 +393,38 @@ def check_accelerate(ctx: Context) -> str:
     return f"accelerate launch --num_processes 1: world size 1 on {result['device']}"
 
 
+def _share_task(ctx: Context, share: float) -> dict:
+    from gpu_check_shares import MARGIN, WORK
+
+    return dict(_run_local_task(ctx, probe_share, share, MARGIN, WORK, gpus=share)[0])
+
+
+def _said(ctx: Context, first: int) -> list[str]:
+    return [record.getMessage() for record in ctx.records[first:] if "a share of " in record.getMessage()]
+
+
+def check_shares(ctx: Context) -> str:
+    """Two shares of one GPU at once, each held to its share: MPS where the host has it, else PyTorch's cap."""
+    first = len(ctx.records)
+    try:
+        reports, _ = two_at_once(lambda share: _share_task(ctx, share))
+        return verdict_shares(reports, _said(ctx, first))
+    except ShareCheckError as err:
+        raise Failed(str(err)) from None
+
+
+def check_share_throughput(ctx: Context) -> str:
+    """Two small tasks as shares at once vs whole-GPU tasks one after the other: the makespans."""
+    first = len(ctx.records)
+    try:
+        _, shared = two_at_once(lambda share: _share_task(ctx, share))
+        how = enforcement(_said(ctx, first))
+        _, in_turn = one_after_the_other(lambda share: _share_task(ctx, share))
+        return verdict_throughput(shared, in_turn, how)
+    except ShareCheckError as err:
+        raise Failed(str(err)) from None
+
+
 CHECKS: dict[str, Callable[[Context], str]] = {
     "inventory": check_inventory,
     "allocator": check_allocator,
@@ -389,6 +434,8 @@ CHECKS: dict[str, Callable[[Context], str]] = {
     "profile": check_profile,
     "accelerate": check_accelerate,
     "oom": check_oom,
+    "shares": check_shares,
+    "share-throughput": check_share_throughput,
 }
 
 

@@ -98,6 +98,7 @@ SHARED = {"ray_cluster_address": "ray-cluster", "slurm": "slurm-cluster"}  # fix
 CLUSTER_PATHS = ("tests/executors/", "tests/backends/ray/", "tests/backends/slurm/", "tests/test_local_airflow.py")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The lane marker of each test, and the xdist group of the lanes that run one test at a time."""
     for item in items:
@@ -112,6 +113,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             lane = group = "docker"
         else:
             lane = "unit"
+            if path.startswith("tests/backends/kubernetes/"):  # test_rbac.py reads what this worker's tests recorded
+                group = "kubernetes"
         item.add_marker(getattr(pytest.mark, lane))
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))

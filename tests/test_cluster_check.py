@@ -4,7 +4,7 @@ check's decision from recorded API answers.
 No cluster runs here: the kubernetes client runs whole (its REST layer, its models), and its HTTP pool answers with
 what an API server answers (recorded JSON, in the API's own shapes), so what is shown is what the script does with
 each answer, not that a cluster gives it. The tasks' checks (a pod end to end, deferred, on_kill, two nodes, DRA,
-Kueue) are decided here from their runs' outcomes; they ran on no cluster (docs/kubernetes.md says so).
+Kueue) are decided here from their runs' outcomes; they ran on no cluster (docs/kubernetes-admin.md says so).
 """
 
 from __future__ import annotations

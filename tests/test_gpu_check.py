@@ -12,7 +12,10 @@ from gpu_support import gpu_environment, nvidia_gpus
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_check.py"
-CHECKS = ["inventory", "allocator", "local-task", "cuda-cache", "demo-bf16", "profile", "accelerate", "oom"]
+CHECKS = [
+    *("inventory", "allocator", "local-task", "cuda-cache", "demo-bf16", "profile", "accelerate", "oom"),
+    *("shares", "share-throughput"),
+]
 
 
 def gpu_check(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -45,6 +48,47 @@ def test_the_table_lines_up():
     assert table[2] == "inventory  | PASS   | 1 GPU(s)"
     assert table[3] == "cuda-cache | FAIL   | reserved 2 MiB"
     assert len({line.index("|") for line in table if "|" in line}) == 1
+
+
+def _shares_module():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import gpu_check_shares
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    return gpu_check_shares
+
+
+MPS_SAID = [
+    "[gpu] a share of 40.0 GiB (50 %) of GPU GPU-1 (NVIDIA H100), enforced by MPS (the provider's daemon): "
+    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=40960M, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50"
+] * 2
+HELD = {"gpu": "GPU-1", "above": "refused: CUDA out of memory. Tried to allocate", "mps_limit": "0=40960M"}
+
+
+def test_the_share_rows_pass_only_for_two_enforced_shares_of_one_gpu():
+    shares = _shares_module()
+    assert shares.verdict_shares([HELD, HELD], MPS_SAID).endswith(
+        "enforced by MPS (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=40960M)"
+    )
+    capped = ["[gpu] a share of 50 % of GPU GPU-1 (H100), enforced by PyTorch's cap on its CUDA allocator (no MPS)"]
+    assert "enforced by PyTorch's cap on its CUDA allocator" in shares.verdict_shares([HELD, HELD], capped)
+    with pytest.raises(shares.ShareCheckError, match="share one GPU, they ran on"):
+        shares.verdict_shares([HELD, {**HELD, "gpu": "GPU-2"}], MPS_SAID)
+    with pytest.raises(shares.ShareCheckError, match="allocated 65% of the GPU while its share was 50%"):
+        shares.verdict_shares([HELD, {**HELD, "above": "allocated"}], MPS_SAID)
+    with pytest.raises(shares.ShareCheckError, match="does not say how the shares were enforced"):
+        shares.verdict_shares([HELD, HELD], ["Starting task process on GPUs ['GPU-1']"])
+
+
+def test_the_throughput_row_compares_the_makespans_and_fails_when_sharing_is_slower():
+    shares = _shares_module()
+    assert "6.00 s as two shares at once (MPS) vs 10.00 s one after the other" in shares.verdict_throughput(
+        6.0, 10.0, "MPS"
+    )
+    assert "0.60x the time (1.67x the throughput)" in shares.verdict_throughput(6.0, 10.0, "MPS")
+    with pytest.raises(shares.ShareCheckError, match="sharing made the pair slower"):
+        shares.verdict_throughput(13.0, 10.0, "MPS")
 
 
 def test_without_a_gpu_it_says_so_and_fails_without_checking_anything(tmp_path):

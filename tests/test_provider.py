@@ -129,6 +129,19 @@ def test_an_old_gpu_name_of_an_allow_list_is_read_one_more_release_with_a_warnin
         assert config.policy_values()["allowed_volumes"] == "datasets"
 
 
+def test_allowing_unenforced_gpu_shares_is_the_admins_policy(monkeypatch):
+    """``allow_unenforced_gpu_shares`` is a ``[gpu_policy]`` boolean (new in 0.2.0: no ``[gpu]`` name is read)."""
+    from airflow_gpu_provider.config.worker import GpuConfig
+
+    monkeypatch.setenv("AIRFLOW__GPU__ALLOW_UNENFORCED_GPU_SHARES", "True")
+    assert GpuConfig.read().allow_unenforced_gpu_shares is False
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOW_UNENFORCED_GPU_SHARES", "true")
+    assert GpuConfig.read().allow_unenforced_gpu_shares is True
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOW_UNENFORCED_GPU_SHARES", "yes")
+    with pytest.raises(ValueError, match=r"\[gpu_policy\] allow_unenforced_gpu_shares='yes' is not a boolean"):
+        GpuConfig.read()
+
+
 def test_the_description_the_trigger_form_and_the_triggers_follow_the_registry():
     """``airflow providers list`` named three backends of five, the form's ``backend`` described three (issue 36)."""
     from airflow_gpu_provider.backends import BACKENDS, RUN_TIME_NAMES

@@ -44,7 +44,7 @@ class BackendInfo(NamedTuple):
         executor, ``executor_config``), for a backend whose tasks Airflow's executor places; ``None``: none
     :param defers: whether a running task can be deferred (``deferrable=True``: :meth:`.base.Backend.start`); a
         backend whose task is a child of the worker cannot (it defers only the wait for GPUs)
-    :param gpu_shares: whether a share of one GPU (``gpu_count=0.5``) means something there
+    :param gpu_shares: whether a share of one GPU (``gpu_count=0.5``, ``gpu_share="8GiB"``) means something there
     :param host_gpus: whether its GPUs come from the worker host's allocator (a deferred wait for them may start in
         the triggerer: ``host/trigger.py`` ``start_args``)
     :param avoids_nodes: whether it places its work on a cluster's nodes: the next try avoids the node where an
@@ -127,15 +127,19 @@ class BackendInfo(NamedTuple):
                 f"the {self.name} backend asks for a number of GPUs; 'all' works only on the {able} backends",
                 "an integer such as gpu_count=8",
             )
-        if isinstance(resources.gpu_count, float) and not self.gpu_shares:
-            able = " and ".join(b.name for b in BACKENDS.values() if b.gpu_shares)
+        if resources.share is not None and not self.gpu_shares:
+            able = ", ".join(b.name for b in BACKENDS.values() if b.gpu_shares)
+            field = "gpu_share" if resources.gpu_share is not None else "gpu_count"
             raise InvalidSettingError(
                 "ResourceSettings",
-                "gpu_count",
-                resources.gpu_count,
-                f"the {self.name} backend gives a task whole GPUs; a share of one works only on the {able} backend",
+                field,
+                getattr(resources, field),
+                f"the {self.name} backend gives a task whole GPUs; a share of one works on the {able} backends",
                 "a whole number such as gpu_count=1",
             )
+        if resources.share is not None and self.host_gpus and resources.gpu_vendor.name != "nvidia":
+            why = f"the {self.name} backend shares NVIDIA GPUs only (MPS or PyTorch's CUDA cap enforce a share)"
+            raise InvalidSettingError("ResourceSettings", "gpu_vendor", resources.gpu_vendor.name, why, "'nvidia'")
         options.check(resources)
 
     def create(self, options: Mapping[str, Any] | BackendOptions | None = None, log: Any = None) -> Backend[Any, Any]:
@@ -161,6 +165,7 @@ BACKENDS: dict[str, BackendInfo] = {
             "local",
             backend="airflow_gpu_provider.backends.local.backend:LocalBackend",
             options="airflow_gpu_provider.backends.local.options:LocalOptions",
+            gpu_shares=True,
             host_gpus=True,
             summary="a child process of the worker",
         ),
@@ -170,6 +175,7 @@ BACKENDS: dict[str, BackendInfo] = {
             options="airflow_gpu_provider.backends.docker.options:DockerOptions",
             extra="docker",
             defers=True,
+            gpu_shares=True,
             host_gpus=True,
             summary="a container on a Docker engine",
         ),

@@ -29,6 +29,7 @@ __all__ = [
     "check_choice",
     "default_deferrable",
     "get",
+    "policy_typed",
     "policy_values",
     "provider_config",
 ]
@@ -72,11 +73,11 @@ def airflow_setting(section: str, key: str, fallback: str | None = None) -> str 
     return _conf().get(section, key, fallback=fallback)  # type: ignore[no-any-return]
 
 
-def _typed(option: Option, text: str) -> Any:
+def _typed(option: Option, text: str, section: str = SECTION) -> Any:
     if option.type == "boolean":
         lowered = text.strip().lower()
         if lowered not in ("t", "true", "1", "f", "false", "0"):
-            raise ValueError(f"[{SECTION}] {option.name}={text!r} is not a boolean (True or False)")
+            raise ValueError(f"[{section}] {option.name}={text!r} is not a boolean (True or False)")
         return lowered in ("t", "true", "1")
     if option.type == "integer":
         return int(text)
@@ -143,6 +144,11 @@ def policy_values() -> dict[str, str]:
     An old ``[gpu]`` name still set warns (``AirflowProviderDeprecationWarning``) naming its replacement.
     """
     return policy.read(_setting, _deprecated)
+
+
+def policy_typed(name: str, text: str) -> Any:
+    """A :func:`policy_values` value typed as its option says (``allow_unenforced_gpu_shares`` a bool; text else)."""
+    return _typed(policy.option(name), text, policy.SECTION)
 
 
 def _deprecated(message: str) -> None:

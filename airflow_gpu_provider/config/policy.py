@@ -18,7 +18,7 @@ from airflow_gpu_provider.config.options import Option
 SECTION = "gpu_policy"
 OLD_SECTION = "gpu"
 #: The kinds of ``allowed_clusters`` (``KIND=ADDRESS``): a backend that reaches a cluster adds its kind here.
-CLUSTER_KINDS: tuple[str, ...] = ("docker", "slurm")
+CLUSTER_KINDS: tuple[str, ...] = ("docker", "ray", "ray-unauthenticated", "slurm")
 #: The kinds of ``allowed_objects`` (``KIND=NAME``): the cluster objects a task may name that RBAC (a pod's) or
 #: Slurm's associations (a job's: every task submits as the worker's one user) do not bound.
 POD_OBJECT_KINDS: tuple[str, ...] = (
@@ -28,6 +28,8 @@ SLURM_OBJECT_KINDS: tuple[str, ...] = ("partition", "account", "qos", "reservati
 OBJECT_KINDS: tuple[str, ...] = POD_OBJECT_KINDS + SLURM_OBJECT_KINDS
 #: An option's name in ``[gpu]`` before it moved here, where it had another one.
 RENAMED = {"allowed_clusters": "allowed_docker_engines", "allowed_objects": "allowed_kubernetes_objects"}
+#: Options new in 0.2.0, never in ``[gpu]``: no old name to read.
+NEW = frozenset({"deployment", "allow_unenforced_gpu_shares"})
 #: ``lookup(section, option)``: the option's text, or ``None`` when it is not set (a default is not "set")
 Lookup = Callable[[str, str], "str | None"]
 
@@ -79,11 +81,13 @@ POLICY_OPTIONS: tuple[Option, ...] = (
         "string",
         "",
         "Engines and clusters that tasks may reach besides the worker's default ones: comma-separated KIND=ADDRESS, "
-        "KIND docker (backend_options docker_url; the default: $DOCKER_HOST, else unix://var/run/docker.sock) or "
-        "slurm (the Airflow connection that backend_options slurm_conn_id names; the default: slurm_default). "
+        "KIND docker (backend_options docker_url; the default: $DOCKER_HOST, else unix://var/run/docker.sock), ray "
+        "(backend_options address or ray_conn_id; the default: the ray_default connection's cluster, which must "
+        "enforce Ray's token auth), ray-unauthenticated (a Ray cluster tasks may use without token auth) or slurm "
+        "(the Airflow connection backend_options slurm_conn_id names; the default: slurm_default). "
         "Checked at parse, on the worker and in the triggerer, which logs in nowhere; TLS to a tcp:// engine comes "
         "from the worker's and triggerer's own DOCKER_CERT_PATH and DOCKER_TLS_VERIFY. Empty: the defaults only.",
-        "docker=tcp://gpu-host-1:2376, slurm=slurm_team_a",
+        "docker=tcp://gpu-host-1:2376, ray=http://ray-b:8265, slurm=slurm_team_a",
     ),
     Option(
         "allowed_network_modes",
@@ -142,6 +146,14 @@ POLICY_OPTIONS: tuple[Option, ...] = (
         "namespace=ml, service_account=gpu-trainer, kueue_queue=team-a, partition=gpu, account=ml",
     ),
     Option(
+        "allow_unenforced_gpu_shares",
+        "boolean",
+        "False",
+        "Whether a share of one GPU (gpu_count=0.25, gpu_share) may run where nothing enforces it: no MPS on the host "
+        "and no PyTorch in the task (a command, a JAX task). False: such a try is refused, naming why.",
+        "True",
+    ),
+    Option(
         "deployment",
         "string",
         "",
@@ -164,7 +176,7 @@ def read(lookup: Lookup, warn: Callable[[str], None]) -> dict[str, str]:
     values = {}
     for option in POLICY_OPTIONS:
         value, old_name = lookup(SECTION, option.name), RENAMED.get(option.name, option.name)
-        old = None if option.name == "deployment" else lookup(OLD_SECTION, old_name)
+        old = None if option.name in NEW else lookup(OLD_SECTION, old_name)
         if old is not None and value in (None, option.default):
             warn(f"[{OLD_SECTION}] {old_name} is deprecated and read for one more release only: set "
                  f"[{SECTION}] {option.name} instead")  # fmt: skip

@@ -59,6 +59,7 @@ class GpuConfig:
     allowed_checkpoint_roots: str
     min_pod_security: str
     allowed_objects: str
+    allow_unenforced_gpu_shares: bool
     deployment: str
 
     @classmethod
@@ -69,7 +70,9 @@ class GpuConfig:
         """
         section = config.policy_values()
         values = {
-            field.name: section[field.name] if field.name in section else config.get(field.name)
+            field.name: config.policy_typed(field.name, section[field.name])
+            if field.name in section
+            else config.get(field.name)
             for field in dataclasses.fields(cls)
             if field.name not in overrides
         }

@@ -1,4 +1,4 @@
-"""The DAG processor imports the provider's parse path once, before it forks its parse children (a listener).
+"""The provider's modules imported once, before Airflow forks the processes that need them (a listener).
 
 Airflow's DAG processor parses each DAG file in a child forked from its manager, and imports in the manager, before
 the fork, the ``airflow.*`` modules the file imports (``[dag_processor] parsing_pre_import_modules``), so that no
@@ -6,6 +6,11 @@ parse pays for them again. A DAG file that uses ``@task.gpu`` or ``GpuStepOperat
 ``airflow.sdk`` or ``airflow_gpu_provider``, which that does not cover: every parse child would import the
 provider's parse path anew. :func:`on_starting` imports it in the manager instead, when its job starts (before the
 manager freezes its heap), under the same option.
+
+Likewise the scheduler of a ``LocalExecutor``, whose worker processes it forks, and which fork each task process
+(Linux: no ``exec``): a GPU task's process would import the local backend's run half when its try starts, between
+the GPU's hand-over and the task's start (``benchmarks/gpu_queue.py``). The scheduler imports it first
+(:data:`RUN_PATH`, the standard library and the provider alone), under ``[core] executor`` naming ``LocalExecutor``.
 """
 
 from __future__ import annotations
@@ -21,6 +26,13 @@ log = logging.getLogger(__name__)
 
 #: What parsing a DAG file of GPU tasks imports, whatever the tasks ask for (each backend's parse half too).
 PARSE_PATH = ("airflow_gpu_provider.decorators.gpu",)
+#: What a try of a local-backend task imports when it starts (the executor backend's too: the same run half).
+RUN_PATH = (
+    "airflow_gpu_provider.operators.execution",
+    "airflow_gpu_provider.backends.local.backend",
+    "airflow_gpu_provider.telemetry.report",
+    "airflow_gpu_provider.telemetry.right_size",
+)
 
 
 def is_dag_processor(component: Any) -> bool:
@@ -44,13 +56,33 @@ def preload() -> None:
             importlib.import_module(backend.placement.split(":")[0])
 
 
-@hookimpl
-def on_starting(component: Any) -> None:
-    """When the DAG processor starts, unless ``[dag_processor] parsing_pre_import_modules`` is off."""
-    if not is_dag_processor(component):
-        return
+def forks_local_tasks(component: Any) -> bool:
+    """Whether ``component`` is the job of a scheduler whose ``LocalExecutor`` forks the task processes."""
+    job_type = getattr(component, "job_type", "")
+    if not (job_type == "SchedulerJob" or (job_type is None and sys.argv[1:2] == ["scheduler"])):
+        return False
     from airflow_gpu_provider.config import airflow_setting
 
+    return "LocalExecutor" in (airflow_setting("core", "executor", "") or "")
+
+
+@hookimpl
+def on_starting(component: Any) -> None:
+    """When the DAG processor or the scheduler of a ``LocalExecutor`` starts.
+
+    The DAG processor's unless ``[dag_processor] parsing_pre_import_modules`` is off.
+    """
+    from airflow_gpu_provider.config import airflow_setting
+
+    if forks_local_tasks(component):
+        try:
+            for module in (*PARSE_PATH, *RUN_PATH):
+                importlib.import_module(module)
+        except Exception:  # never stop the scheduler: each task process imports what it needs itself
+            log.exception("Importing the GPU provider's run half in the scheduler failed")
+        return
+    if not is_dag_processor(component):
+        return
     if (airflow_setting("dag_processor", "parsing_pre_import_modules", "True") or "").lower() not in ("true", "t", "1"):
         return
     try:

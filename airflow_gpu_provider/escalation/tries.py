@@ -66,8 +66,10 @@ def rung_for(
     else:
         last = next(entry for entry in reversed(history) if entry.get("kind") in (GPU_OOM, HOST_OOM))
         what = "GPU" if last["kind"] == GPU_OOM else "host"
-        ran = last.get("gpu_model") or last.get("resources", {}).get("accelerator")
-        on = f" on {ran}" if what == "GPU" and ran else ""
+        ran, ran_with = last.get("gpu_model"), last.get("resources") or {}
+        ran = ran or ran_with.get("accelerator")
+        shared = "a share of " if ran_with.get("gpu_share") or isinstance(ran_with.get("gpu_count"), float) else ""
+        on = f" on {shared}{ran}" if what == "GPU" and ran else ""
         on += f" ({_gib(last['gpu_memory'])})" if what == "GPU" and last.get("gpu_memory") else ""
         why = f"try {last.get('try')} ran out of {what} memory{on}"
         if minimum is not None:
@@ -83,7 +85,9 @@ def record(tries: int, resources: ResourceSettings, error: BaseException | None)
     if kind == GPU_OOM:
         gpus = error.gpus if isinstance(error, RemoteTaskError) else []
         sizes = [g["memory_total"] for g in gpus if isinstance(g.get("memory_total"), int)]
-        entry["gpu_memory"] = min(sizes) if sizes else None  # the GPUs it ran on; none after a CPU fallback
+        total = min(sizes) if sizes else None  # the GPUs it ran on; none after a CPU fallback
+        share = resources.share  # a share ran out of its own part of the GPU
+        entry["gpu_memory"] = share.memory_on(total) if share is not None and total is not None else total
         entry["gpu_model"] = next((g.get("name") for g in gpus if g.get("name")), resources.accelerator)
     if error is not None:
         entry["error"] = f"{type(error).__name__}: {error}"[:500]

@@ -12,40 +12,59 @@ import fcntl
 import json
 import logging
 import os
-import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.exceptions import GpuUnavailableError
-from airflow_gpu_provider.host import quarantine
-from airflow_gpu_provider.host.inventory import Device, host_devices, matching, model_groups, narrowed, right_sized
+from airflow_gpu_provider.host import quarantine, shares
+from airflow_gpu_provider.host.busy import describe, left_out, what_helps
+from airflow_gpu_provider.host.inventory import (
+    Device,
+    host_devices,
+    larger,
+    matching,
+    model_groups,
+    narrowed,
+    right_sized,
+    right_sized_share,
+)
 from airflow_gpu_provider.host.state import open_private, private_dir
-from airflow_gpu_provider.host.waiting import MustWait, waited_too_long
+from airflow_gpu_provider.host.waiting import MustWait, wait_for
 from airflow_gpu_provider.host.workers import describe_holder
 from airflow_gpu_provider.settings import GpuVendor
-from airflow_gpu_provider.settings.units import format_bytes
+from airflow_gpu_provider.settings.shares import GpuShare
 from airflow_gpu_provider.task.environment import lock_holder
-from airflow_gpu_provider.task.missing_gpu import POLICIES, MissingGpuPolicy, OnMissingGpu
+from airflow_gpu_provider.task.missing_gpu import POLICIES, OnMissingGpu
 from airflow_gpu_provider.task.request import TaskRequest
 
 if TYPE_CHECKING:
     from airflow_gpu_provider.config.worker import GpuConfig
 
+INFO_SIZE = 1024  # bytes of the holder record of a GPU lock: JSON (a holder of 150 characters at most), padded
+#: the daemon a GPU's shares need (its MPS daemon: ``host/mps.py``), or ``None``
+Daemon = Callable[[Device], shares.GpuDaemon | None]
+
 
 @dataclass
 class Allocation:
-    """GPUs held by one task. ``devices`` is empty for a CPU run (``reason`` says why after a CPU fallback)."""
+    """GPUs held by one task. ``devices`` is empty for a CPU run (``reason`` says why after a CPU fallback).
+
+    :param share: a share of ``devices[0]`` (``host/shares.py``), whose descriptors are ``fds``
+    """
 
     devices: list[Device]
     fds: list[int] = field(default_factory=list)
     cpu_fallback: bool = False
     reason: str = ""
+    share: shares.Held | None = None
 
     def release(self) -> None:
         """Drop the locks (idempotent). Closing the descriptor releases the flock."""
+        if self.share is not None:
+            self.share.release()
         while self.fds:
             os.close(self.fds.pop())
 
@@ -73,15 +92,29 @@ class GpuAllocator:
         return self.lock_dir / f"{self.vendor}-{safe_id}.lock"
 
     def try_acquire(
-        self, candidates: Sequence[Device], count: int, holder: str, groups: Sequence[Sequence[Device]] = ()
+        self,
+        candidates: Sequence[Device],
+        count: int,
+        holder: str,
+        groups: Sequence[Sequence[Device]] = (),
+        *,
+        share: GpuShare | None = None,
+        daemon: Daemon | None = None,
     ) -> Allocation | None:
-        """Lock ``count`` free devices now, or none at all.
+        """Lock ``count`` free devices now, or none at all; or ``share`` of one of them.
 
         :param groups: the candidates of each model of a fallback list, preferred first: all devices from the first
             group with ``count`` free, never a mix of models (:func:`.inventory.model_groups`)
+        :param daemon: what the shares of a GPU need running (:func:`.shares.place`)
         """
         private_dir(self.lock_dir)
-        return next(filter(None, (self._try_group(group, count, holder) for group in groups or [candidates])), None)
+        take = self._try_group if share is None else lambda group, _, who: self._try_share(group, share, who, daemon)
+        return next(filter(None, (take(group, count, holder) for group in groups or [candidates])), None)
+
+    def _try_share(self, gpus: Sequence[Device], share: GpuShare, holder: str, daemon: Daemon | None) -> Any:
+        first = None if daemon is None else (lambda index: daemon(gpus[index]))
+        taken = shares.place_best([(self.lock_path(d), d.memory_total) for d in gpus], share, holder, first)
+        return None if taken is None else Allocation([gpus[taken[0]]], taken[1].fds, share=taken[1])
 
     def _try_group(self, candidates: Sequence[Device], count: int, holder: str) -> Allocation | None:
         allocation = Allocation(devices=[])
@@ -92,9 +125,8 @@ class GpuAllocator:
             except BlockingIOError:
                 os.close(fd)
                 continue
-            info = json.dumps({"holder": holder, "pid": os.getpid(), "since": time.time()}).encode()
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, info, 0)
+            info = json.dumps({"holder": holder[:150], "pid": os.getpid(), "since": time.time()})
+            os.pwrite(fd, info.ljust(INFO_SIZE).encode(), 0)  # a fixed size: no ftruncate (milliseconds on some disks)
             allocation.devices.append(device)
             allocation.fds.append(fd)
             if len(allocation.devices) == count:
@@ -103,7 +135,7 @@ class GpuAllocator:
         return None
 
     def holder_of(self, device: Device) -> str | None:
-        """Who holds a device, from its lock file, or ``None`` when it is free."""
+        """Who holds a device (a whole-GPU task, or the tasks that hold shares of it), or ``None`` when it is free."""
         path = self.lock_path(device)
         if not path.exists():
             return None
@@ -117,9 +149,9 @@ class GpuAllocator:
                 except ValueError:
                     info = {}
                 return describe_holder(info)
-            return None
         finally:
             os.close(fd)
+        return shares.holders(path)
 
     def acquire(
         self,
@@ -136,8 +168,10 @@ class GpuAllocator:
         sleep: Callable[[float], None] = time.sleep,
         groups: Sequence[Sequence[Device]] = (),
         quarantined: Sequence[str] = (),
+        share: GpuShare | None = None,
+        daemon: Daemon | None = None,
     ) -> Allocation:
-        """Lock ``count`` of ``candidates`` according to ``policy``.
+        """Lock ``count`` of ``candidates`` according to ``policy`` (or ``share`` of one of them: ``count`` is 1).
 
         :param candidates: devices that match the request (model, MIG profile)
         :param requested: the request in words, for messages ("2x nvidia A100")
@@ -146,70 +180,34 @@ class GpuAllocator:
         :param defer: with ``"wait"``, raise :class:`MustWait` instead of waiting here (``deferrable=True``)
         :param groups: the candidates by model of a fallback list, preferred first (:meth:`try_acquire`)
         :param quarantined: the matching devices left out of ``candidates`` by their quarantine, in words
+        :param daemon: what the shares of a GPU need running (:func:`.shares.place`)
         :raises GpuUnavailableError: with ``policy="fail"``, or with ``"wait"`` when the host can never satisfy it
             or the wait timed out
         """
-        allocation = self.try_acquire(candidates, count, holder, groups)
+        attempt = lambda: self.try_acquire(candidates, count, holder, groups, share=share, daemon=daemon)  # noqa: E731
+        allocation = attempt()
         if allocation is not None:
             return allocation
-        state = self._describe(present, candidates)
+        state = describe(self.holder_of, self.lock_path, present, candidates, share is not None)
         rule = POLICIES[policy]
         if rule.runs_on_cpu:
             log.warning("Requested %s but %s. on_missing_gpu='cpu': running on CPU instead.", requested, state)
             return Allocation(devices=[], cpu_fallback=True, reason=f"requested {requested} but {state}")
+        if share is not None:  # the GPUs that could ever hold it
+            candidates = [d for d in candidates if share.parts_on(d.memory_total) is not None]
+            groups = [[d for d in group if d in candidates] for group in groups]
         enough = max((len(group) for group in groups or [candidates]), default=0)  # of one model
         if quarantined and enough < count:  # not the request's fault: the GPUs it needs failed a while ago
-            raise GpuUnavailableError(
-                f"Requested {requested} but {'; '.join(quarantined)}, left out after a fault of the GPU itself "
-                f"([gpu] quarantine_seconds); {state}. It comes back by itself then: run the task later or on "
-                "another host, or set on_missing_gpu='cpu' to run on CPU."
-            )
+            raise GpuUnavailableError(left_out(requested, quarantined, state))
         if not rule.waits or enough < count:
-            raise GpuUnavailableError(f"Requested {requested} but {state}. {_what_helps(enough, count, rule)}")
+            helps = what_helps(enough, count, rule, share=share is not None)
+            raise GpuUnavailableError(f"Requested {requested} but {state}. {helps}")
         if defer:
-            raise MustWait([str(self.lock_path(d)) for d in candidates], count, requested, state, timeout)
+            parts = [share.parts_on(d.memory_total) or 0 for d in candidates] if share is not None else []
+            raise MustWait([str(self.lock_path(d)) for d in candidates], count, requested, state, timeout, parts)
         log.info("Requested %s but %s. Waiting for GPUs to become free (on_missing_gpu='wait').", requested, state)
-        waited, next_report = 0.0, 60.0
-        while True:
-            delay = min(self.poll_interval * random.uniform(0.8, 1.2), max(timeout - waited, 0.01))
-            sleep(delay)
-            waited += delay
-            allocation = self.try_acquire(candidates, count, holder, groups)
-            if allocation is not None:
-                log.info("Got GPUs %s after waiting %.0fs.", [d.id for d in allocation.devices], waited)
-                return allocation
-            if waited >= timeout:
-                now = self._describe(present, candidates)
-                raise GpuUnavailableError(waited_too_long(requested, waited, timeout, now))
-            if waited >= next_report:
-                log.info(
-                    "Still waiting for %s after %.0fs: %s.", requested, waited, self._describe(present, candidates)
-                )
-                next_report *= 2
-
-    def _describe(self, present: Sequence[Device], candidates: Sequence[Device]) -> str:
-        if not present:
-            return "this host has no GPUs (none found by NVML and none listed in [gpu] devices)"
-        busy = {d.id: self.holder_of(d) for d in candidates}
-        parts = [f"this host has {len(present)} GPU(s) ({', '.join(d.name or d.id for d in present)})"]
-        if len(candidates) != len(present):
-            parts.append(f"{len(candidates)} of them match the request and are usable")
-        taken = [f"{device_id} held by {who}" for device_id, who in busy.items() if who]
-        free = [device_id for device_id, who in busy.items() if not who]
-        parts.append(f"free: {', '.join(free) or 'none'}")
-        parts += [f"busy: {'; '.join(taken)}"] if taken else []
-        return ", ".join(parts)
-
-
-def _what_helps(matching: int, count: int, rule: MissingGpuPolicy) -> str:
-    """What the task's author can do on this host: waiting helps only where enough GPUs exist and are busy."""
-    if matching >= count:
-        return "Set on_missing_gpu='wait' to wait for the busy GPUs, or on_missing_gpu='cpu' to run on CPU."
-    never = "Waiting cannot help: the host does not have that many. " if rule.waits else ""
-    return (
-        f"{never}Set on_missing_gpu='cpu' to run on CPU, run the task where there are GPUs (a GPU worker's queue, "
-        "the Docker or Kubernetes backend), or list this host's GPUs in [gpu] devices."
-    )
+        now = lambda: describe(self.holder_of, self.lock_path, present, candidates, share is not None)  # noqa: E731
+        return wait_for(attempt, now, requested, poll=self.poll_interval, timeout=timeout, log=log, sleep=sleep)
 
 
 @dataclass(frozen=True)
@@ -240,14 +238,22 @@ class HostGpus:
         return narrowed(host_devices(self.devices, vendor), self.only, self.devices)
 
     def allocate(
-        self, request: TaskRequest, *, backend: str, log: logging.Logger, present: Sequence[Device] | None = None
+        self,
+        request: TaskRequest,
+        *,
+        backend: str,
+        log: logging.Logger,
+        present: Sequence[Device] | None = None,
+        daemon: Daemon | None = None,
     ) -> Allocation:
         """Lock the devices a request needs (model and MIG filters applied), as its ``on_missing_gpu`` says.
 
-        ``gpu_count="all"`` takes every matching device. Local and Docker tasks take their GPUs here, so that
-        tasks of both never share a GPU.
+        ``gpu_count="all"`` takes every matching device; a share (``ResourceSettings.share``) a part of one GPU, by
+        memory (``host/shares.py``). Local and Docker tasks take their GPUs here, so that tasks of both never share
+        a GPU unless both asked for a share.
 
         :param present: the host's devices, when the caller has listed them already
+        :param daemon: what the shares of a GPU need running: its MPS daemon (``host/mps.py``)
         """
         resources = request.resources
         if not resources.requests_gpus:
@@ -256,29 +262,21 @@ class HostGpus:
             present = self.present(resources.gpu_vendor)
         candidates, quarantined = quarantine.usable(self.state_dir, matching(resources, present), log)
         requested = resources.describe().split(",")[0]
+        share = resources.share
         if request.min_gpu_memory is not None:  # a try after a GPU out-of-memory failure
-            larger = [d for d in candidates if d.memory_total is not None and d.memory_total > request.min_gpu_memory]
-            if not larger and request.missing_gpu.runs_on_cpu:
-                log.warning("Requested %s larger than the GPU that ran out of memory, but this host has none; "
-                            "running on CPU (on_missing_gpu='cpu').", requested)  # fmt: skip
-                reason = f"requested {requested} larger than the GPU that ran out of memory, but this host has none"
-                return Allocation(devices=[], cpu_fallback=True, reason=reason)
-            if not larger:
-                sizes = {d.id: format_bytes(d.memory_total) if d.memory_total else "unknown memory" for d in present}
-                known, limit = ", ".join(f"{i}: {m}" for i, m in sizes.items()) or "none", request.min_gpu_memory
-                raise GpuUnavailableError(
-                    f"Requested {requested} with more than {format_bytes(limit)} of memory, after a try "
-                    f"ran out of GPU memory, but no GPU of this host has more ({known}). Give the task a smaller "
-                    "batch, an on_oom ladder of accelerators on Kubernetes, or list the GPUs' models in [gpu] devices "
-                    "(0=L4,1=A100-80GB) when NVML cannot tell their memory."
-                )
-            candidates = sorted(larger, key=lambda d: d.memory_total or 0)  # the smallest GPU that is larger
+            policy, minimum = request.missing_gpu, request.min_gpu_memory
+            found = larger(candidates, present, minimum, requested=requested, policy=policy, log=log)
+            if found is None:
+                why = "larger than the GPU that ran out of memory, but this host has none"
+                return Allocation(devices=[], cpu_fallback=True, reason=f"requested {requested} {why}")
+            candidates = found
+        elif request.right_size and share is not None:  # the share sized by the last successful run's peak
+            share = right_sized_share(share, candidates, int(request.right_size["need"]), log)
         elif request.right_size:  # right_size=True: the smallest GPUs that held the last successful run's peak
             candidates = right_sized(candidates, int(request.right_size["need"]), log)
         groups = model_groups(resources, candidates)
         first_present = next((group for group in groups if group), candidates)
-        # a share of a GPU (0.5) never reaches a host backend: BackendInfo.check refuses it there
-        count = len(first_present) if isinstance(resources.gpu_count, str) else int(resources.gpu_count)
+        count = len(first_present) if isinstance(resources.gpu_count, str) else max(1, int(resources.gpu_count))
         if count == 0:  # "all" on a host with none
             if request.missing_gpu.runs_on_cpu:
                 log.warning("Requested %s but this host has none; running on CPU.", requested)
@@ -297,4 +295,6 @@ class HostGpus:
             defer=request.defer_wait,
             groups=groups,
             quarantined=quarantined,
+            share=share,
+            daemon=daemon,
         )

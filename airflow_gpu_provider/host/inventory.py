@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.exceptions import GpuUnavailableError, InvalidSettingError
 from airflow_gpu_provider.runtime.protocol import format_bytes
 from airflow_gpu_provider.settings.accelerators import (
     ACCELERATOR_PATTERN,
@@ -17,6 +17,7 @@ from airflow_gpu_provider.settings.accelerators import (
     mig_memory_gib,
     model_words,
 )
+from airflow_gpu_provider.settings.shares import GpuShare
 
 if TYPE_CHECKING:
     from airflow_gpu_provider.settings import ResourceSettings
@@ -94,8 +95,6 @@ def narrowed(devices: Sequence[Device], only: Sequence[str], configured: str) ->
     by_id = {key: device for device in devices for key in (device.id, device.index) if key is not None}
     unknown = [device_id for device_id in only if device_id not in by_id]
     if unknown:
-        from airflow_gpu_provider.exceptions import GpuUnavailableError
-
         raise GpuUnavailableError(
             f"backend_options devices {', '.join(map(repr, unknown))} are not GPUs of this host ([gpu] devices="
             f"{configured!r}: {', '.join(d.id for d in devices) or 'none'}). A task's devices only narrow the host's "
@@ -141,3 +140,37 @@ def right_sized(candidates: Sequence[Device], need: int, log: Any) -> list[Devic
     sizes = ", ".join(f"{d.name or d.id} ({format_bytes(d.memory_total)})" for d in holding) or "none"
     log.info("[gpu] right_size: this host's GPUs that hold %s, smallest first: %s", format_bytes(need), sizes)
     return holding or list(candidates)
+
+
+def larger(
+    candidates: Sequence[Device], present: Sequence[Device], minimum: int, *, requested: str, policy: Any, log: Any
+) -> list[Device] | None:
+    """A try after a GPU out-of-memory failure: the candidates with more memory than ``minimum``, smallest first.
+
+    :param policy: the task's :class:`~airflow_gpu_provider.task.missing_gpu.MissingGpuPolicy`
+    :return: ``None`` for a CPU fallback (there is none, and ``on_missing_gpu="cpu"``)
+    :raises GpuUnavailableError: there is none
+    """
+    found = [d for d in candidates if d.memory_total is not None and d.memory_total > minimum]
+    if not found and policy.runs_on_cpu:
+        log.warning("Requested %s larger than the GPU that ran out of memory, but this host has none; "
+                    "running on CPU (on_missing_gpu='cpu').", requested)  # fmt: skip
+        return None
+    if not found:
+        sizes = {d.id: format_bytes(d.memory_total) if d.memory_total else "unknown memory" for d in present}
+        raise GpuUnavailableError(
+            f"Requested {requested} with more than {format_bytes(minimum)} of memory, after a try ran out of GPU "
+            f"memory, but no GPU of this host has more ({', '.join(f'{i}: {m}' for i, m in sizes.items()) or 'none'})."
+            " Give the task a smaller batch, an on_oom ladder of accelerators on Kubernetes, or list the GPUs' models "
+            "in [gpu] devices (0=L4,1=A100-80GB) when NVML cannot tell their memory."
+        )
+    return sorted(found, key=lambda d: d.memory_total or 0)  # the smallest GPU that is larger
+
+
+def right_sized_share(share: GpuShare, candidates: Sequence[Device], need: int, log: Any) -> GpuShare:
+    """A right-sized try of a share (``right_size=True``): ``need`` bytes of a GPU, where one of them holds it."""
+    if any((d.memory_total or 0) >= need for d in candidates):
+        log.info("[gpu] right_size: a share of %s instead of %s", format_bytes(need), share.describe())
+        return GpuShare(memory=need)
+    log.info("[gpu] right_size: no GPU of this host holds %s: the share stays %s", format_bytes(need), share.describe())
+    return share

@@ -121,6 +121,18 @@ def exclusive(path: str | os.PathLike[str]) -> Iterator[float]:
         os.close(fd)
 
 
+def left_by_dead_workers(parent: str | os.PathLike[str]) -> bool:
+    """Whether a worker of this host died while a task of its ran: it left its task folder in ``parent``.
+
+    A task process starts only once its folder holds its envelope, and the folder goes only after the task's last
+    process has ended: where no dead worker's folder is left, no task process of a dead worker is (the local
+    backend then skips its scan of every process's environment, ``reap_orphans``).
+    """
+    with contextlib.suppress(OSError):
+        return any(is_dead(folder_owner(p.name)) for p in Path(parent).glob("task-*"))
+    return False
+
+
 def task_folder(parent: str | os.PathLike[str], *, prefix: str = "task") -> Path:
     """A new private folder for one task in ``parent`` (made private), named ``<prefix>-<its worker>-...``.
 
@@ -159,6 +171,39 @@ def runtime_file(state_dir: str | os.PathLike[str]) -> Path:
     try:
         with os.fdopen(descriptor, "wb") as handle:
             handle.write(compiled(str(path)))
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    return path
+
+
+def compiled_script(state_dir: str | os.PathLike[str], script: str | os.PathLike[str]) -> Path:
+    """A standard-library script compiled once per host into the state dir: the interpreter runs the ``.pyc``.
+
+    A script run as a file is compiled from its source at every start (the local backend's supervisor: milliseconds
+    of CPU before each task). ``<state_dir>/runtime/<name>-<digest>-<python>.pyc``, compiled by this Python, 0600 in
+    a folder of the worker's own, written atomically; its name holds its source's digest, so a changed script gets
+    a file of its own.
+    """
+    import hashlib
+    import importlib.util
+    import marshal
+
+    source = Path(script).read_bytes()
+    folder = private_dir(Path(state_dir) / "runtime")
+    name = Path(script).stem
+    path = folder / f"{name}-{hashlib.sha256(source).hexdigest()[:16]}-{sys.implementation.cache_tag}.pyc"
+    with contextlib.suppress(FileNotFoundError):
+        os.close(open_private(path, os.O_RDONLY))  # there, and the worker's own (else refused)
+        return path
+    code = compile(source, str(script), "exec", dont_inherit=True)
+    header = importlib.util.MAGIC_NUMBER + (0b01).to_bytes(4, "little") + importlib.util.source_hash(source)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{name}-", suffix=".tmp", dir=folder)  # 0600
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(header + marshal.dumps(code))  # an unchecked hash-based .pyc (PEP 552)
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):

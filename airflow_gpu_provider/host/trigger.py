@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, StartTriggerArgs, TriggerEvent
 
-from airflow_gpu_provider.host.waiting import free_count
+from airflow_gpu_provider.host.waiting import ready
 
 if TYPE_CHECKING:
     from airflow_gpu_provider.settings.resources import ResourceSettings
@@ -32,12 +32,15 @@ MIN_POLL = 0.05
 class GpuFreeTrigger(BaseTrigger):
     """Fire ``{"status": "free"}`` when ``count`` of ``lock_files`` are free, ``{"status": "timeout"}`` at the deadline.
 
+    A share's wait (``parts``) fires when one of the GPUs has the parts it needs unpromised.
+
     :param lock_files: the lock files of the devices that would do
     :param count: how many must be free at once
     :param deadline: when the wait ends (seconds since the epoch)
     :param poll_interval: seconds between two looks (``[gpu] trigger_poll_interval``)
     :param requested: the request in words, for the log
     :param since: when the wait began (seconds since the epoch), for the log and the event
+    :param parts: a share's wait: the parts of each GPU of ``lock_files`` it needs (``host/waiting.py`` ``ready``)
     """
 
     def __init__(
@@ -49,6 +52,7 @@ class GpuFreeTrigger(BaseTrigger):
         poll_interval: float = 1.0,
         requested: str = "GPUs",
         since: float | None = None,
+        parts: list[int] | None = None,
     ) -> None:
         super().__init__()
         if len(lock_files) > MAX_LOCKS:
@@ -59,6 +63,7 @@ class GpuFreeTrigger(BaseTrigger):
         self.poll_interval = max(float(poll_interval), MIN_POLL)
         self.requested = requested
         self.since = time.time() if since is None else since
+        self.parts = list(parts or [])
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """The classpath and the arguments the triggerer rebuilds the trigger from."""
@@ -71,6 +76,7 @@ class GpuFreeTrigger(BaseTrigger):
                 "poll_interval": self.poll_interval,
                 "requested": self.requested,
                 "since": self.since,
+                **({"parts": self.parts} if self.parts else {}),
             },
         )
 
@@ -78,7 +84,7 @@ class GpuFreeTrigger(BaseTrigger):
         """Look every ``poll_interval`` seconds; log while waiting (every minute, then less often)."""
         next_report = 60.0
         while True:
-            free = await asyncio.to_thread(free_count, self.lock_files)  # /proc/locks and a stat per device
+            over, free = await asyncio.to_thread(ready, self.lock_files, self.count, self.parts)  # /proc/locks, stats
             waited = time.time() - self.since
             # the event carries what the task's resume needs: a runner may pass on no more (dag.test())
             state = {
@@ -88,7 +94,7 @@ class GpuFreeTrigger(BaseTrigger):
                 "limit": self.deadline - self.since,
                 "count": self.count,
             }
-            if free >= self.count:
+            if over:
                 yield TriggerEvent({"status": "free", "waited": waited, "free": free, "state": state})
                 return
             if time.time() >= self.deadline:
@@ -132,7 +138,11 @@ class GpuStartTrigger(GpuFreeTrigger):
         host, resources = HostGpus.configured(conf), ResourceSettings(**self.gpus)
         candidates = matching(resources, host.present(resources.gpu_vendor))
         allocator = GpuAllocator(Path(host.state_dir) / "locks", resources.gpu_vendor.name, host.poll_interval)
-        count = len(candidates) if isinstance(resources.gpu_count, str) else int(resources.gpu_count or 0)
+        count = len(candidates) if isinstance(resources.gpu_count, str) else max(1, int(resources.gpu_count or 0))
+        share = resources.share
+        if share is not None:  # the GPUs that could ever hold it, and what it needs of each
+            candidates = [d for d in candidates if share.parts_on(d.memory_total) is not None]
+            self.parts = [share.parts_on(d.memory_total) or 0 for d in candidates]
         self.lock_files = [str(allocator.lock_path(device)) for device in candidates]
         self.count = count if 0 < count <= len(candidates) else 0  # never enough here: the worker says why
         self.requested = resources.describe().split(",")[0]

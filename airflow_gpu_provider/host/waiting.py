@@ -3,18 +3,24 @@
 A task with ``on_missing_gpu="wait"`` and ``deferrable=True`` does not sleep in its worker: the allocator raises
 :class:`MustWait`, the operator defers to :class:`~airflow_gpu_provider.host.trigger.GpuFreeTrigger`, and the trigger
 asks :func:`free_count` until enough of the lock files are free, then the task starts again and allocates (racing
-tasks allowed: a lost race defers again). The locks are ``flock`` s (``host/allocator.py``); whether one is held is
-read from ``/proc/locks``, without taking it: a probe that took the lock, even for a moment, could make another
-task's ``on_missing_gpu="fail"`` allocation fail.
+tasks allowed: a lost race defers again). The locks are ``flock`` s (``host/allocator.py``, ``host/shares.py``);
+whether one is held, and how, is read from ``/proc/locks``, without taking it: a probe that took the lock, even for a
+moment, could make another task's ``on_missing_gpu="fail"`` allocation fail. A share waits for one GPU whose
+unpromised parts hold it (:func:`free_parts`).
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-PROC_LOCKS = "/proc/locks"
+from airflow_gpu_provider.exceptions import GpuUnavailableError
+from airflow_gpu_provider.host.locks import free_count, held_now
+from airflow_gpu_provider.host.shares import free_parts
 
 
 @dataclass
@@ -26,6 +32,7 @@ class MustWait(Exception):
     :param requested: the request in words ("1x nvidia GPU")
     :param state: what the host has and who holds it, in words
     :param timeout: seconds the task may wait (``[gpu] wait_timeout`` or the task's)
+    :param parts: a share's wait: the parts of each GPU of ``lock_files`` the share needs (one GPU must hold them)
     """
 
     lock_files: list[str]
@@ -33,6 +40,7 @@ class MustWait(Exception):
     requested: str
     state: str
     timeout: float
+    parts: list[int] = field(default_factory=list)
 
     def __str__(self) -> str:
         return f"Requested {self.requested} but {self.state}"
@@ -47,34 +55,46 @@ def waited_too_long(requested: str, waited: float, limit: float, state: str) -> 
     )
 
 
-def _held_inodes(text: str) -> set[tuple[int, int, int]]:
-    """``(major, minor, inode)`` of every file with an ``flock`` in ``/proc/locks``'s text."""
-    held = set()
-    for line in text.splitlines():
-        fields = line.split()
-        if "->" in fields:  # a waiter, not a holder
-            continue
-        if len(fields) < 6 or fields[1] != "FLOCK":
-            continue
-        try:
-            major, minor, inode = fields[5].split(":")
-            held.add((int(major, 16), int(minor, 16), int(inode)))
-        except ValueError:
-            continue
-    return held
+def wait_for(
+    attempt: Callable[[], Any],
+    now: Callable[[], str],
+    requested: str,
+    *,
+    poll: float,
+    timeout: float,
+    log: logging.Logger,
+    sleep: Callable[[float], None],
+) -> Any:
+    """Wait in the worker (``on_missing_gpu="wait"``, not deferred) until ``attempt`` gives an ``Allocation``.
+
+    It tries every ``poll`` seconds (jittered), logs what ``now`` says of the host every minute (then less often)
+    and fails at ``timeout``.
+    """
+    waited, next_report = 0.0, 60.0
+    while True:
+        delay = min(poll * random.uniform(0.8, 1.2), max(timeout - waited, 0.01))
+        sleep(delay)
+        waited += delay
+        allocation = attempt()
+        if allocation is not None:
+            log.info("Got GPUs %s after waiting %.0fs.", [d.id for d in allocation.devices], waited)
+            return allocation
+        if waited >= timeout:
+            raise GpuUnavailableError(waited_too_long(requested, waited, timeout, now()))
+        if waited >= next_report:
+            log.info("Still waiting for %s after %.0fs: %s.", requested, waited, now())
+            next_report *= 2
 
 
-def free_count(lock_files: Sequence[str]) -> int:
-    """How many of ``lock_files`` nobody holds now (a missing lock file: a device never taken)."""
-    with open(PROC_LOCKS, encoding="ascii", errors="replace") as handle:
-        held = _held_inodes(handle.read())
-    free = 0
-    for path in lock_files:
-        try:
-            info = os.stat(path, follow_symlinks=False)
-        except FileNotFoundError:
-            free += 1
-            continue
-        if (os.major(info.st_dev), os.minor(info.st_dev), info.st_ino) not in held:
-            free += 1
-    return free
+def ready(lock_files: Sequence[str], count: int, parts: Sequence[int] = ()) -> tuple[bool, int]:
+    """Whether a wait is over, and how many GPUs would do now.
+
+    Over when ``count`` of ``lock_files`` are free, or for a share (``parts``: what it needs of each GPU) when one
+    GPU's unpromised parts hold it.
+    """
+    if not parts:
+        free = free_count(lock_files)
+        return free >= count, free
+    held = held_now()
+    fitting = sum(1 for path, need in zip(lock_files, parts, strict=False) if free_parts(Path(path), held) >= need)
+    return fitting >= 1, fitting

@@ -98,6 +98,14 @@ class AccelerateOperator(GpuStepOperator):
             spec = TaskSpec.settle(owner, arguments, num_nodes=nodes)
         else:
             spec = settled.changed(arguments, num_nodes=nodes)
+        share = spec.resources.share
+        if share is not None:
+            field = "gpu_share" if spec.resources.gpu_share is not None else "gpu_count"
+            raise InvalidSettingError(
+                spec.owner, field, getattr(spec.resources, field),
+                "a multi-process launch (accelerate launch) takes whole GPUs: each rank would take the share again",
+                "gpu_count=1 or more whole GPUs; a share runs a function or a command in one process",
+            )  # fmt: skip
         launch_section(spec.resources, _without_machines(launch), num_machines=nodes, owner=spec.owner)  # a check
         return spec._replace(launch=launch)
 

@@ -284,6 +284,7 @@ class GpuExecution(DurableJob):
             poll_interval=conf.trigger_poll_interval,
             requested=wait.requested,
             since=since,
+            parts=wait.parts,
         )
         state = {"phase": "wait", "since": since, "requested": wait.requested, "limit": wait.timeout}
         state["count"] = wait.count

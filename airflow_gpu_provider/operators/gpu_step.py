@@ -57,6 +57,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         step (a larger GPU, MIG slice or memory limit); other failures retry unchanged
     :param cpu_count: shortcut for ``resources.cpu_count`` (a template is validated when rendered)
     :param gpu_count: shortcut for ``resources.gpu_count`` (likewise)
+    :param gpu_share: shortcut for ``resources.gpu_share``, a share of one GPU by memory: ``"8GiB"`` (likewise)
     :param memory: shortcut for ``resources.memory`` (likewise)
     :param accelerator: shortcut for ``resources.accelerator`` (likewise)
     :param gpu_vendor: shortcut for ``resources.gpu_vendor`` (likewise)
@@ -68,14 +69,12 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
     :param modules: modules and packages next to the DAG file to ship with the task (``["plmod", "mypkg"]``):
         checked at parse (present, no link, at most 256 KiB), read when the task starts, first on the task's path
         on every backend. The local and executor backends also put the DAG's folder and bundle on the path.
-    :param checkpoint: an absolute path or an object-storage URI (``s3://bucket/ckpt``, an ``ObjectStoragePath``)
-        under which the task's checkpoint folder is made; ``False`` for none; default ``[gpu] checkpoint_root``
-        (templated)
-    :param resume: each try looks for the newest checkpoint in the task's checkpoint folder
-        (``AIRFLOW_GPU_CHECKPOINT_DIR``): an ``accelerator.save_state`` folder or a Hugging Face Trainer's
-        ``checkpoint-N``. Its path is in ``AIRFLOW_GPU_RESUME_FROM`` (unset on a fresh start), its number in
-        ``AIRFLOW_GPU_RESUME_STEP``; a function's ``save_state`` checkpoint is loaded right after its first
-        ``accelerator.prepare(...)`` (see ``docs/resilience.md``); default ``False``
+    :param checkpoint: an absolute path or object-storage URI (``s3://bucket/ckpt``, an ``ObjectStoragePath``) under
+        which the task's checkpoint folder is made; ``False`` for none; default ``[gpu] checkpoint_root`` (templated)
+    :param resume: each try looks for the newest checkpoint in its checkpoint folder (``AIRFLOW_GPU_CHECKPOINT_DIR``):
+        an ``accelerator.save_state`` folder or a Hugging Face Trainer's ``checkpoint-N``. Its path is in
+        ``AIRFLOW_GPU_RESUME_FROM`` (unset on a fresh start), its number in ``AIRFLOW_GPU_RESUME_STEP``; a function's
+        ``save_state`` checkpoint is loaded right after its first ``accelerator.prepare(...)``; default ``False``
     :param deferrable: run the container or pod while the task is deferred (no worker slot held), and defer a wait
         for GPUs; default Airflow's ``[operators] default_deferrable`` (docs/deferrable.md)
     :param durable: a later try of the same task instance takes over the container or pod an earlier try left
@@ -121,6 +120,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         on_oom: OomEscalation | None = None,
         cpu_count: float | str | None = None,
         gpu_count: float | str | None = None,
+        gpu_share: int | str | None = None,
         memory: int | str | None = None,
         accelerator: str | Sequence[str] | None = None,
         gpu_vendor: Any = None,

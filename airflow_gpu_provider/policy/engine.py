@@ -106,7 +106,7 @@ def check_create(body: Mapping[str, Any], policy: Policy, *, rootless: bool = Fa
     gpus: list[str] = []
     if rootless and "devices" in host:
         host["devices"], gpus = split_cdi(host["devices"])
-    check_host_config(host, policy)
+    check_host_config(host, policy, cdi_gpus=bool(gpus))
     user = str(top.get("user") or "")
     own = _user_allowed(user, policy) or (rootless and user == "0:0")
     if (gpus or reaches_host(host)) and not own:  # rule D2
@@ -154,22 +154,22 @@ def reaches_host(host: Mapping[str, Any]) -> bool:
     return bool(kinds - {"tmpfs"} or host.get("devices") or host.get("devicerequests") or host.get("binds"))
 
 
-def check_host_config(host: Mapping[str, Any], policy: Policy) -> None:
-    """Every field of a HostConfig (folded names, :func:`fields`), or of a container update's resources."""
+def check_host_config(host: Mapping[str, Any], policy: Policy, *, cdi_gpus: bool = False) -> None:
+    """Every field of a HostConfig (folded names), or of an update's; ``cdi_gpus``: rootless GPUs split off."""
     for name, value in host.items():
         if name in JUDGED:
             JUDGED[name](value, policy)
-    _ulimits(host)
+    _ulimits(host, cdi_gpus)
     _null_only("HostConfig.", host)
     _none_but("HostConfig.", host, HARMLESS | JUDGED.keys() | NULL_ONLY | {"capdrop", "ulimits"})
 
 
-def _ulimits(host: Mapping[str, Any]) -> None:
+def _ulimits(host: Mapping[str, Any], cdi_gpus: bool) -> None:
     for limit in host.get("ulimits") or []:
         members = fields("HostConfig.Ulimits", limit)
         _none_but("HostConfig.Ulimits.", members, frozenset({"name", "soft", "hard"}))
         pair = GPU_ULIMITS.get(str(members.get("name")))
-        gpu = host.get("devicerequests") or any("=" in str(d) for d in host.get("devices") or [])  # CDI: rootless
+        gpu = cdi_gpus or host.get("devicerequests")
         if pair is None or pair != (members.get("soft"), members.get("hard")) or not gpu:
             why = "only NVIDIA's memlock=-1 and stack=64 MiB, with a GPU request (rtprio, nice reach the host's CPU)"
             raise _refuse("HostConfig.Ulimits", limit, why)

@@ -103,15 +103,18 @@ def with_gpu_pool(
 ) -> dict[str, Any]:
     """``kwargs`` of a GPU task with the ``[gpu] pool`` arguments added (unless the task names its own pool).
 
-    ``pool_slots`` is ``gpu_count``. A templated ``gpu_count`` is known only when the task runs, after the
-    scheduler took the slots: it takes one. ``gpu_count="all"`` is marked in ``executor_config`` and gets every
-    slot of the pool in the scheduler (:func:`takes_the_pool`).
+    ``pool_slots`` is ``gpu_count``; a share of one GPU joins no pool (the host allocator places it). A templated
+    ``gpu_count`` is known only when the task runs, after the scheduler took the slots: it takes one.
+    ``gpu_count="all"`` is marked in ``executor_config`` and gets every slot of the pool in the scheduler
+    (:func:`takes_the_pool`).
 
     :param pool: the pool of this task's worker class (:func:`pool_for`); default ``[gpu] pool``
     """
     pool = pool or config.get("pool")
     templated = "gpu_count" in overrides
     if "pool" in kwargs or not pool or not (resources.requests_gpus or templated):
+        return kwargs
+    if resources.share is not None or "gpu_share" in overrides:  # the pool counts whole GPUs: the host places shares
         return kwargs
     count = resources.gpu_count
     if count == ALL_GPUS and not templated:

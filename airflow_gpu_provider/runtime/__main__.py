@@ -44,6 +44,7 @@ from .protocol import (
 )
 from .ranks import CopyWatch, announce_secondary, end_leftover_ranks, framework_rank, is_secondary, mark_task_process
 from .resuming import resume_after_prepare
+from .share import enforce_share, refuse_copy
 from .signals import Terminated, die_with_parent, end_by_sigterm, exit_on_sigterm
 from .summary import describe_cache, print_summary
 
@@ -102,6 +103,11 @@ def run(envelope: dict[str, Any], source: str, result_to: str | None, *, rank: b
         if "effective" in summary:  # for the user's code, its commands and a launcher's ranks
             os.environ[RESOURCES_ENV] = json.dumps(summary["effective"])
         gpus = print_summary(summary, before)
+        unenforced = enforce_share(summary.get("share"))
+        if unenforced is not None:
+            if result_to is not None:
+                write_result(result_to, {"ok": False, "error": error_record(unenforced), "gpus": gpus})
+            return EXIT_USER_ERROR
         describe_modules(envelope)
         prepare_checkpoint(envelope)
         profiler = _start_profiler(envelope)
@@ -187,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         if result_to is not None:
             write_result(result_to, {"ok": False, "error": error_record(exc)})
         return EXIT_BAD_ENVELOPE
+    if secondary and refuse_copy((envelope.get("summary") or {}).get("share")):
+        return EXIT_USER_ERROR
     return run(envelope, argv[0], result_to, rank=rank or secondary)
 
 

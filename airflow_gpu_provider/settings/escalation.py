@@ -1,8 +1,8 @@
 """``OomEscalation``: what the next try of a task asks for after it ran out of memory. Pure and validated.
 
 A ladder lists the steps *above* the task's own resources, smallest first; the task's own accelerator (MIG profile,
-memory) may be its first entry. After a GPU out-of-memory failure the next try takes the next MIG profile, then
-the next accelerator; after a host out-of-memory failure (a container or pod OOM-killed, Python's
+memory) may be its first entry. After a GPU out-of-memory failure the next try takes the whole GPU of a share, the
+next MIG profile, then the next accelerator; after a host out-of-memory failure (a container or pod OOM-killed, Python's
 ``MemoryError``), the next memory step. Every other failure retries unchanged. On the local and Docker backends a
 try after a GPU OOM also needs a GPU with more memory than the one that failed (``TaskRequest.min_gpu_memory``).
 """
@@ -83,8 +83,10 @@ class OomEscalation:
 
     # ------------------------------------------------------------------ the steps above a task's resources
     def gpu_steps(self, resources: ResourceSettings) -> list[dict[str, Any]]:
-        """The resource changes after each GPU OOM, in order: MIG slices first, then whole cards."""
+        """The resource changes after each GPU OOM, in order: a share's whole GPU or MIG slices first, then cards."""
         steps: list[dict[str, Any]] = []
+        if resources.share is not None:  # a share of a GPU climbs back to the whole GPU first
+            steps.append({"gpu_count": 1, "gpu_share": None})
         if resources.mig_profile is not None:
             slice_gib = mig_memory_gib(resources.mig_profile)
             steps += [{"mig_profile": p} for p in self.mig_profiles if mig_memory_gib(p) > slice_gib]
@@ -137,7 +139,7 @@ class OomEscalation:
         for step in memory[: min(host_ooms, len(memory))]:
             changes.update(step)
         if "accelerator" in changes:
-            changes["gpu_count"] = resources.gpu_count  # a new model, the same count
+            changes["gpu_count"] = changes.get("gpu_count", resources.gpu_count)  # a new model, the same count
         climbed = resources.with_overrides(**changes) if changes else resources
         exhausted = None
         if gpu_ooms > len(gpu) and (self.accelerators or self.mig_profiles):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from airflow_gpu_provider.dag_line import entry_point
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
@@ -17,7 +17,8 @@ from airflow_gpu_provider.settings.accelerators import (
     VENDORS,
     GpuVendor,
 )
-from airflow_gpu_provider.settings.grammar import DECIMAL, FRACTION
+from airflow_gpu_provider.settings.grammar import DECIMAL
+from airflow_gpu_provider.settings.shares import ALL_GPUS, MAX_GPUS, GpuCount, GpuShare, parse_count, parse_share
 from airflow_gpu_provider.settings.units import (
     BYTES_ACCEPTED,
     CPU_ACCEPTED,
@@ -29,9 +30,6 @@ from airflow_gpu_provider.settings.units import (
     parse_cpu,
 )
 
-ALL_GPUS: Literal["all"] = "all"
-GpuCount = int | float | Literal["all"]  # a float is a share of one GPU (0 < x < 1), on the backends that share
-MAX_GPUS = 1024  # per machine; more is a typo (or a count in the wrong field)
 _OWNER = "ResourceSettings"
 _DECIMAL = DECIMAL  # "２", "٣" and "¹" are digits to str.isdigit(), not to Kubernetes
 
@@ -40,35 +38,15 @@ def _invalid(name: str, value: object, reason: str, accepted: str | None = None)
     return InvalidSettingError(_OWNER, name, value, reason, accepted)
 
 
-def _parse_count(name: str, value: object, *, allow_all: bool) -> GpuCount:
-    accepted = f"an integer from 0 to {MAX_GPUS}, or a share of one GPU (0.5)" + (" or 'all'" if allow_all else "")
-    if allow_all and value == ALL_GPUS:
-        return ALL_GPUS
-    if isinstance(value, bool):
-        raise _invalid(name, value, "booleans are not counts", accepted)
-    if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
-        value = int(value.strip())  # rendered templates arrive as text
-    if isinstance(value, str) and FRACTION.fullmatch(value.strip()):
-        value = float(value.strip())
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, float) and 0 < value < 1 and round(value, 4) == value:
-        return value  # a share of one GPU: BackendInfo.check refuses it where the backend cannot share one
-    if not isinstance(value, int):
-        raise _invalid(name, value, "it should be an integer", accepted)
-    if value < 0:
-        raise _invalid(name, value, "it must not be negative", accepted)
-    if value > MAX_GPUS:
-        raise _invalid(name, value, f"more than {MAX_GPUS} GPUs on one machine", accepted)
-    return value
-
-
 @dataclass(frozen=True)
 class ResourceSettings:
     """Compute resources for one task. Immutable; every field is checked when the object is built.
 
     :param cpu_count: CPU cores (``4``, ``0.5``, ``"500m"``). Local: sets thread-count variables.
-    :param gpu_count: number of GPUs (or MIG slices), or ``"all"`` (local and Docker only)
+    :param gpu_count: number of GPUs (or MIG slices), ``"all"`` (local and Docker only), or a share of one GPU
+        (``0.25``: local, Docker, Ray)
+    :param gpu_share: a share of one GPU by its memory (``"8GiB"``): local and Docker place it on a GPU whose
+        unpromised memory holds it (docs/sharing.md)
     :param memory: memory limit: integer bytes or ``"16GB"``, ``"16Gi"``, ``"512Mi"``
     :param accelerator: GPU model, e.g. ``"A100"``, ``"H100-80GB"``, or SkyPilot-style ``"A100:2"``,
         which also sets ``gpu_count``; or an ordered list of acceptable models, preferred first:
@@ -90,6 +68,7 @@ class ResourceSettings:
     mig_profile: str | None = None
     shm_size: int | None = None
     fallback_accelerators: tuple[str, ...] = ()
+    gpu_share: int | str | None = None
 
     @entry_point()
     def __post_init__(self) -> None:
@@ -135,7 +114,7 @@ class ResourceSettings:
             raise _invalid("gpu_vendor", vendor, "expected a vendor name or a GpuVendor", ", ".join(VENDORS))
         put("gpu_vendor", vendor)
 
-        gpu_count = _parse_count("gpu_count", self.gpu_count, allow_all=True)
+        gpu_count = parse_count("gpu_count", self.gpu_count, allow_all=True)
         models = self._models()
         if models:
             parsed = [self._parse_accelerator(m) for m in models]
@@ -186,6 +165,9 @@ class ResourceSettings:
             if gpu_count == 0:
                 gpu_count = 1
             put("mig_profile", profile)
+        if self.gpu_share is not None:
+            put("gpu_share", parse_share(self.gpu_share, gpu_count, self.mig_profile))
+            gpu_count = 1  # a share of one GPU: a backend that cannot place shares would give it a whole one
         put("gpu_count", gpu_count)
 
     def _models(self) -> tuple[object, ...]:
@@ -251,6 +233,13 @@ class ResourceSettings:
         """Whether the task asks for any accelerator."""
         return isinstance(self.gpu_count, str) or self.gpu_count > 0
 
+    @property
+    def share(self) -> GpuShare | None:
+        """The share of one GPU asked for (``gpu_count=0.25`` or ``gpu_share``), or ``None`` for whole GPUs."""
+        if self.gpu_share is not None:
+            return GpuShare(memory=int(self.gpu_share))
+        return GpuShare(fraction=self.gpu_count) if isinstance(self.gpu_count, float) else None
+
     def with_overrides(self, **overrides: Any) -> ResourceSettings:
         """Return a copy with some fields replaced, validated again (used for templated shortcuts)."""
         unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
@@ -271,7 +260,9 @@ class ResourceSettings:
             what = " or ".join(self.accelerators) or "GPU"
             if self.mig_profile:
                 what += f" MIG {self.mig_profile}"
-            parts.append(f"{self.gpu_count}x {self.gpu_vendor.name} {what}")
+            share = self.share
+            count = f"{share.describe()} of 1x" if share is not None else f"{self.gpu_count}x"
+            parts.append(f"{count} {self.gpu_vendor.name} {what}")
         else:
             parts.append("no GPU")
         if self.cpu_count is not None:
@@ -289,10 +280,12 @@ class ResourceSettings:
         """
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         values.pop("fallback_accelerators")
+        if self.gpu_share is None:
+            values.pop("gpu_share")
         if self.fallback_accelerators:
             values["fallback_accelerators"] = list(self.fallback_accelerators)
         return {**values, "gpu_vendor": self.gpu_vendor.name}
 
     def without_gpus(self) -> ResourceSettings:
         """The same request on the CPU only: what a task falls back to under ``on_missing_gpu="cpu"``."""
-        return self.with_overrides(gpu_count=0, accelerator=None, mig_profile=None)
+        return self.with_overrides(gpu_count=0, accelerator=None, mig_profile=None, gpu_share=None)

@@ -144,7 +144,7 @@ _PARSING = threading.Lock()
 @functools.lru_cache(maxsize=32)
 def _file_functions(filename: str, mtime_ns: int) -> dict[int, ast.FunctionDef]:
     """Every function of a source file by its first line (decorators included), parsed once per file."""
-    with _PARSING:  # ast.parse in two threads at once fails on CPython 3.11.7 (gh-106905: recursion depth mismatch)
+    with _PARSING:  # CPython 3.11's AST conversion is not thread-safe (gh-106905): tasks of threads parse at once
         tree = ast.parse("".join(linecache.getlines(filename)), filename)
     return {
         (node.decorator_list[0].lineno if node.decorator_list else node.lineno): node
@@ -180,7 +180,8 @@ def _function_source(function: Callable[..., Any] | CodeType, owner: str) -> tup
     try:  # not in a file we could parse (e.g. defined interactively), or it changed since: ask inspect
         lines, start = inspect.getsourcelines(code)
         text = textwrap.dedent("".join(lines))
-        parsed = ast.parse(text).body[0]
+        with _PARSING:
+            parsed = ast.parse(text).body[0]
         if not isinstance(parsed, ast.FunctionDef) or parsed.name != code.co_name:
             raise OSError(f"{filename}:{code.co_firstlineno} holds other code: the file changed since it was loaded")
     except (OSError, TypeError, SyntaxError, IndexError) as err:

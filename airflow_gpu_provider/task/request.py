@@ -128,6 +128,7 @@ class TaskRequest:
         fallback_reason: str = "",
         die_with_parent: bool = False,
         modules_from: str | None = None,
+        share: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The envelope as the runtime reads it, with the summary that starts the task's log.
 
@@ -140,6 +141,7 @@ class TaskRequest:
         :param die_with_parent: the task process is SIGKILLed when its worker dies (the local backend's child)
         :param modules_from: the environment variable that carries the project modules' archive instead of the
             envelope (a pod's)
+        :param share: a share of one GPU, as it is enforced (``host/mps.py`` ``Enforcement.share``)
         """
         task_summary = summary(
             self.resources,
@@ -150,6 +152,8 @@ class TaskRequest:
             cpu_fallback=cpu_fallback,
             fallback_reason=fallback_reason,
         )
+        if share is not None and not cpu_fallback:
+            task_summary["share"] = dict(share)
         return self.envelope.to_json(
             summary=task_summary, resume=self.resume, die_with_parent=die_with_parent, modules_from=modules_from
         )

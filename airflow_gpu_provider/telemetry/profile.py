@@ -132,6 +132,26 @@ class Series:
 
 
 @dataclass(frozen=True)
+class Share:
+    """The share of one GPU a try held: how much, of which GPU, enforced how (``host/mps.py``)."""
+
+    memory: float | None
+    percent: float | None
+    gpu: str
+    enforcement: str
+    line: str
+
+    @classmethod
+    def read(cls, value: Any) -> Share | None:
+        """From a profile's ``share`` (``None``: the try held whole GPUs)."""
+        raw = _mapping(value)
+        if not raw:
+            return None
+        fields = ("gpu", "enforcement", "line")
+        return cls(number(raw.get("memory")), number(raw.get("percent")), *(text(raw.get(f), 300) for f in fields))
+
+
+@dataclass(frozen=True)
 class Profile:
     """One task try's profile, as the pages need it."""
 
@@ -155,6 +175,7 @@ class Profile:
     host_cpu: HostCpu | None = None
     cpu_fallback: bool = False  # on_missing_gpu="cpu" was taken: the task ran on the CPU instead of its GPUs
     cpu_fallback_reason: str = ""
+    share: Share | None = None  # a share of one GPU (gpu_count=0.25, gpu_share): its size and enforcement
 
     @property
     def try_number(self) -> int | None:
@@ -229,4 +250,5 @@ class Profile:
             host_cpu=HostCpu.read(raw.get("host_cpu")),
             cpu_fallback=raw.get("cpu_fallback") is True,
             cpu_fallback_reason=text(raw.get("cpu_fallback_reason")) if raw.get("cpu_fallback") is True else "",
+            share=Share.read(raw.get("share")),
         )

@@ -9,13 +9,14 @@ its next try starts, the store keeps every try's), to the end of the log, and to
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.settings.accelerators import MODEL_VENDORS
 from airflow_gpu_provider.task.request import TaskRequest
 from airflow_gpu_provider.task.result import failure_class_of
-from airflow_gpu_provider.telemetry import TRY_KEY_PREFIX, XCOM_KEY, metrics
+from airflow_gpu_provider.telemetry import TRY_KEY_PREFIX, XCOM_KEY, metrics, stored
 from airflow_gpu_provider.telemetry.advice import advice, cost, gib, parse_prices
 from airflow_gpu_provider.telemetry.profile import Profile
 
@@ -63,6 +64,7 @@ def complete(
         },
         requested={
             "gpu_count": resources.gpu_count,
+            **({"gpu_share": resources.gpu_share} if resources.gpu_share is not None else {}),
             "accelerator": resources.accelerator,
             "mig_profile": resources.mig_profile,
             "memory": resources.memory,
@@ -93,6 +95,8 @@ def summary_lines(profile: Profile) -> list[str]:
     ]
     if profile.cpu_fallback:
         lines.append(f"  CPU fallback (on_missing_gpu='cpu'): {profile.cpu_fallback_reason}")
+    if profile.share is not None:
+        lines.append(f"  {profile.share.line}")
     for device in profile.devices:
         mean, p95 = device.mean_util, device.p95_util
         util = "?" if mean is None else f"mean {mean:.0f} %" + ("" if p95 is None else f", p95 {p95:.0f} %")
@@ -120,6 +124,14 @@ def summary_lines(profile: Profile) -> list[str]:
     return lines
 
 
+def _store(context: Any, completed: dict[str, Any]) -> None:
+    """The profile to XCom and to the try's task state store key."""
+    context["ti"].xcom_push(key=XCOM_KEY, value=completed)
+    state_store = context.get("task_state_store")  # None before Airflow 3.3: only the latest try's is kept
+    if state_store is not None and completed["task"]["try_number"] > 0:
+        state_store.set(try_key(completed["task"]["try_number"]), completed)
+
+
 def publish(
     profile: Mapping[str, Any] | None,
     request: TaskRequest,
@@ -131,6 +143,8 @@ def publish(
     failure: BaseException | None = None,
 ) -> dict[str, Any] | None:
     """Complete the profile, store it (XCom, the try's key), log it and send its metrics. Never raises.
+
+    A success's profile is stored once the task instance is ``success`` (``stored.py``): off the GPU's hand-over.
 
     :param failure: the error the try ended with (``None``: it succeeded), whose class tags the metrics
     """
@@ -145,10 +159,8 @@ def publish(
         completed = complete(profile, request, backend, prices)
         for line in summary_lines(Profile.read(completed)):  # type: ignore[arg-type]  # complete() read it
             log.info("[gpu] %s", line)
-        context["ti"].xcom_push(key=XCOM_KEY, value=completed)
-        state_store = context.get("task_state_store")  # None before Airflow 3.3: only the latest try's is kept
-        if state_store is not None and completed["task"]["try_number"] > 0:
-            state_store.set(try_key(completed["task"]["try_number"]), completed)
+        store = functools.partial(_store, context, completed)
+        stored.later(store) if failure is None else store()  # a success's after its state: off the hand-over
         outcome = "success" if failure is None else (failure_class_of(failure) or ("failed", ""))[0]
         metrics.emit(Profile.read(completed), outcome, log)  # type: ignore[arg-type]
     except Exception as err:  # noqa: BLE001 - the task's own outcome stands

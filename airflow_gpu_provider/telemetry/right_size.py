@@ -4,6 +4,7 @@ The evidence is the profile that run kept in XCom (``gpu_profile``, :mod:`.repor
 ``get_previous_ti(state="success")`` (without that call, no try is right-sized): its devices' largest peak memory.
 A try needs a GPU holding that peak times :data:`~.advice.HEADROOM` (1.2, the advice's own headroom); the host
 allocator (local and Docker: ``host/inventory.right_sized``) takes the smallest matching GPU or MIG slice that does.
+A share of a GPU (``gpu_count=0.25``, ``gpu_share``) becomes a share of that size instead (``right_sized_share``).
 The other backends place by a model name or a resource count, not among a host's devices: ``right_size=True`` is
 refused there at parse (``TaskSpec._on_backend``).
 
@@ -30,8 +31,13 @@ if TYPE_CHECKING:
 STATE_KEY = "airflow_gpu_provider.right_size"
 
 
-def decision(profile: Mapping[str, Any] | None, run_id: str, try_number: int) -> dict[str, Any] | None:
-    """What a try asks for after the successful run ``run_id`` left ``profile``; ``None`` without a GPU peak."""
+def decision(
+    profile: Mapping[str, Any] | None, run_id: str, try_number: int, *, share: bool = False
+) -> dict[str, Any] | None:
+    """What a try asks for after the successful run ``run_id`` left ``profile``; ``None`` without a GPU peak.
+
+    :param share: the task asks for a share of a GPU, which becomes the need (else: the smallest GPU that holds it)
+    """
     read = Profile.read(profile) if profile else None
     if read is None or read.is_cpu:
         return None
@@ -42,7 +48,8 @@ def decision(profile: Mapping[str, Any] | None, run_id: str, try_number: int) ->
     need = int(peak * HEADROOM)
     line = (
         f"right_size: run {run_id} (try {try_number}) peaked at {gib(peak)} on {device.name} "
-        f"({gib(device.memory_total)}); x {HEADROOM:g} headroom: a GPU or MIG slice with at least {gib(need)}"
+        f"({gib(device.memory_total)}); x {HEADROOM:g} headroom: "
+        + (f"a share of {gib(need)} of a GPU" if share else f"a GPU or MIG slice with at least {gib(need)}")
     )
     return {
         "need": need,
@@ -96,7 +103,7 @@ def applied(request: TaskRequest, wanted: bool, tries: Tries | None, context: An
             found = previous_success(context["ti"])
         except Exception as err:  # noqa: BLE001 - right-sizing never fails the task: it runs as declared
             why = f"the last successful run could not be read ({type(err).__name__}: {err})"
-    chosen = decision(*found) if found is not None else None
+    chosen = decision(*found, share=request.resources.share is not None) if found is not None else None
     if chosen is None:
         why = why or "no earlier successful run of this task left a GPU profile (peak memory)"
         log.info("[gpu] right_size: not right-sized: %s", why)

@@ -1,6 +1,6 @@
 """DAGs of the Ray backend's tests (tests/backends/ray/): each task is a Ray job on the tests' own cluster.
 
-The cluster's Jobs API address comes from ``AIRFLOW_GPU_TEST_RAY_ADDRESS`` (set by the cluster fixture); the
+The cluster is the ``ray_default`` connection's (set by the cluster fixture, with the cluster's token); the
 wheels folder of the injected requirement from ``AIRFLOW_GPU_TEST_WHEELS``. Its two nodes are labelled
 ``gpu-model=A100`` (the head) and ``gpu-model=H100``: ``accelerator=`` selects on that label here.
 """
@@ -16,9 +16,8 @@ from airflow.sdk import DAG
 from airflow_gpu_provider import AccelerateOperator, GpuStepOperator, ImageSettings, OomEscalation
 
 START = datetime.datetime(2024, 1, 1)
-ADDRESS = os.environ.get("AIRFLOW_GPU_TEST_RAY_ADDRESS", "http://127.0.0.1:9")
-RAY = {"backend": "ray", "backend_options": {"address": ADDRESS, "accelerator_label": "gpu-model"}}
-ON_HEAD = {**RAY, "backend_options": {"address": ADDRESS, "label_selector": {"gpu-model": "A100"}}}
+RAY = {"backend": "ray", "backend_options": {"accelerator_label": "gpu-model"}}
+ON_HEAD = {**RAY, "backend_options": {"label_selector": {"gpu-model": "A100"}}}
 
 
 def where(run: str = "") -> dict:
@@ -70,11 +69,15 @@ def uses_the_requirement() -> bool:
     return airflow_gpu_private.SECRET_PACKAGE
 
 
-def sleeps() -> None:
+def sleeps(*_arguments: str) -> None:
     import time
 
     print("sleeping", flush=True)
     time.sleep(300)
+
+
+def needs_a_module_the_cluster_lacks() -> None:
+    import airflow_gpu_no_such_module  # noqa: F401 - the job's Python has no such module: the job says so at once
 
 
 def grows(megabytes: int) -> dict:
@@ -108,6 +111,10 @@ with DAG("ray_basics", schedule=None, start_date=START):  # what one worker chec
     GpuStepOperator(
         task_id="timeout", python_callable=sleeps, execution_timeout=datetime.timedelta(seconds=10), gpu_count=1, **RAY
     )
+    GpuStepOperator(task_id="missing_module", python_callable=needs_a_module_the_cluster_lacks, **RAY)
+    GpuStepOperator(  # a connection without the token (the test's environment defines it): refused, nothing sent
+        task_id="no_token", python_callable=where, backend="ray", backend_options={"ray_conn_id": "ray_no_token"}
+    )
     GpuStepOperator(
         task_id="grow",
         python_callable=grows,
@@ -139,8 +146,15 @@ with DAG("ray_at_once", schedule=None, start_date=START):  # run by two workers 
     )
     _two >> _half
 
-with DAG("ray_sleeps", schedule=None, start_date=START):
-    GpuStepOperator(task_id="task", python_callable=sleeps, gpu_count=1, **RAY)
+with DAG("ray_sleeps", schedule=None, start_date=START):  # its argument and variable: secrets no Jobs API reader sees
+    GpuStepOperator(
+        task_id="task",
+        python_callable=sleeps,
+        op_args=["argument-secret-6f1e"],
+        image=ImageSettings(environment={"WANDB_API_KEY": "wandb-secret-8c2d"}),
+        gpu_count=1,
+        **RAY,
+    )
 
 with DAG("ray_durable_sleeps", schedule=None, start_date=START):  # its job outlives a killed worker, by design
     GpuStepOperator(task_id="task", python_callable=sleeps, durable=True, **RAY)

@@ -59,6 +59,5 @@ with DAG(
         python_callable=counts_its_runs,
         op_args=["{{ params.seconds }}"],
         checkpoint="{{ params.root }}",
-        backend="ray",
-        backend_options={"address": os.environ.get("AIRFLOW_GPU_TEST_RAY_ADDRESS", "http://127.0.0.1:9")},
+        backend="ray",  # the tests' cluster: the ray_default connection (tests/backends/ray/ray_cluster.py)
     )

@@ -25,6 +25,7 @@ else:  # another component's job: its listeners are called alike
     from airflow.jobs.job import Job
     Job()
 print(json.dumps(sorted(m for m in sys.modules if m.startswith("airflow_gpu_provider."))))
+print(json.dumps(sorted({m.split(".")[0] for m in sys.modules})))
 """
 
 
@@ -36,6 +37,14 @@ def _imported(command: str, **environment: str) -> list[str]:
         text=True,
         check=True,
     ).stdout
+    return json.loads(out.strip().splitlines()[-2])
+
+
+def _third_party(command: str) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", JOB, command], env={**os.environ, "AIRFLOW__CORE__EXECUTOR": "LocalExecutor"},
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -47,4 +56,14 @@ def test_the_dag_processor_imports_the_parse_path_once_unless_told_not_to():
     assert not [m for m in imported if m.startswith("airflow_gpu_provider.backends.") and m.endswith(".backend")]
     off = _imported("dag-processor", AIRFLOW__DAG_PROCESSOR__PARSING_PRE_IMPORT_MODULES="False")
     assert "airflow_gpu_provider.decorators.gpu" not in off
-    assert "airflow_gpu_provider.decorators.gpu" not in _imported("scheduler")  # other components: nothing
+    celery = {"AIRFLOW__CORE__EXECUTOR": "CeleryExecutor"}
+    assert "airflow_gpu_provider.decorators.gpu" not in _imported("scheduler", **celery)  # other components: nothing
+
+
+def test_the_scheduler_of_a_local_executor_imports_the_run_half_its_task_processes_inherit():
+    """The LocalExecutor forks its task processes from the scheduler (no exec): they find the run half imported."""
+    imported = _imported("scheduler", AIRFLOW__CORE__EXECUTOR="LocalExecutor")
+    for module in ("operators.execution", "backends.local.backend", "telemetry.report", "host.allocator"):
+        assert f"airflow_gpu_provider.{module}" in imported, module
+    heavy = {"docker", "kubernetes", "ray", "torch"} & set(_third_party("scheduler"))
+    assert not heavy  # the local run half: the standard library and the provider alone

@@ -106,25 +106,29 @@ class Cluster:
         wait_for_port(self.api_port, 120, self)
 
     def stop(self) -> list[str]:
-        """Stop every process (workers first); return those still alive afterwards (none expected)."""
+        """Stop every process (SIGTERM to all, workers first, then one grace for all); return those still alive
+        afterwards (none expected)."""
         import psutil
 
+        trees: list[psutil.Process] = []
         for name in reversed(list(self.processes)):
             process = self.processes[name]
-            try:
-                tree = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
-            except psutil.NoSuchProcess:
-                tree = []
+            with contextlib.suppress(psutil.NoSuchProcess):
+                trees += [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE
+        for process in self.processes.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(STOP_GRACE)
+                process.wait(max(0.0, deadline - time.monotonic()))
+        for process in self.processes.values():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-            _, alive = psutil.wait_procs(tree, timeout=5)
-            for survivor in alive:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    survivor.kill()
+        _, alive = psutil.wait_procs(trees, timeout=5)
+        for survivor in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                survivor.kill()
+        for process in self.processes.values():
             process.wait()
         return self.leftovers()
 
@@ -201,16 +205,17 @@ class Cluster:
         value = json.loads(rows[0][0]) if rows else None
         return json.loads(value) if isinstance(value, str) else value
 
-    def task_log_records(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> list[dict[str, Any]]:
-        """A task's log as the UI shows it: the API server's reader, the worker's and the triggerer's files merged."""
+    def api(self, path: str, body: Any = None, method: str | None = None) -> Any:
+        """A call of the REST API, as the deployment's user (the simple auth manager's generated password)."""
         import urllib.request
 
-        def call(path: str, body: Any = None, token: str = "") -> Any:
+        def call(path: str, body: Any = None, token: str = "", method: str | None = None) -> Any:
             headers = {"Content-Type": "application/json", "Accept": "application/json"}
             request = urllib.request.Request(
                 f"http://127.0.0.1:{self.api_port}{path}",
                 data=None if body is None else json.dumps(body).encode(),
                 headers={**headers, **({"Authorization": f"Bearer {token}"} if token else {})},
+                method=method,
             )
             with urllib.request.urlopen(request, timeout=60) as response:
                 return json.loads(response.read())
@@ -218,8 +223,12 @@ class Cluster:
         passwords = json.loads((self.home / "simple_auth_manager_passwords.json.generated").read_text())
         user, password = next(iter(passwords.items()))
         token = call("/auth/token", {"username": user, "password": password})["access_token"]
+        return call(path, body, token, method)
+
+    def task_log_records(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> list[dict[str, Any]]:
+        """A task's log as the UI shows it: the API server's reader, the worker's and the triggerer's files merged."""
         path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}?full_content=true"
-        return [record for record in call(path, token=token)["content"] if isinstance(record, dict)]
+        return [record for record in self.api(path)["content"] if isinstance(record, dict)]
 
     def _wait(self, probe: Any, timeout: float, what: str) -> Any:
         deadline = time.monotonic() + timeout

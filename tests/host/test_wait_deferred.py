@@ -137,8 +137,8 @@ def test_a_trigger_row_cannot_block_the_triggerers_loop(tmp_path, monkeypatch):
 
     import airflow_gpu_provider.host.trigger as module
 
-    counted = module.free_count
-    monkeypatch.setattr(module, "free_count", lambda files: looks.append(1) or counted(files))
+    counted = module.ready
+    monkeypatch.setattr(module, "ready", lambda *args: looks.append(1) or counted(*args))
     event, ticks = asyncio.run(run())
     assert event["status"] == "timeout" and len(looks) <= 0.5 / MIN_POLL + 2 and ticks > 10, (len(looks), ticks)
 

@@ -198,3 +198,35 @@ def test_a_bind_source_reaches_the_engine_in_the_form_that_was_checked(monkeypat
     body, _ = _create_call({"allowed_mount_roots": f"{tmp_path}:ro"}, monkeypatch, tmp_path,
                            mounts=[{"source": f"/{tmp_path}/data/", "target": "/d", "read_only": True}])  # fmt: skip
     assert [m["Source"] for m in body["HostConfig"]["Mounts"]] == [f"{tmp_path}/data"]
+
+
+def test_a_shares_create_call_meets_the_policy_and_the_plugins_form(monkeypatch, tmp_path):
+    """A share of a GPU adds nothing to the container (PyTorch's cap rides in the envelope; no MPS pipe or host IPC):
+    its create call is a one-GPU call on the device the allocator gave, passed by the plugin's check and its form."""
+    import json
+
+    from airflow_gpu_provider.policy.authz.calls import match
+
+    backend = BACKENDS["docker"].create({}, logging.getLogger("t"))
+    bodies = []
+    for resources in (
+        ResourceSettings(gpu_count=0.5),
+        ResourceSettings(gpu_share="1GiB"),
+        ResourceSettings(gpu_count=1),
+    ):
+        plan = backend.plan(TaskRequest(resources, ImageSettings(), Envelope.run(["true"])), GpuConfig.read())
+        with TaskFiles({}, parent=tmp_path / "files") as files:
+            files.mounted = False
+            body = create_body(
+                docker.APIClient(version="1.41"), plan.on_devices(["0"]).create_kwargs("img"), files, plan
+            )
+        check_create(body, plan.policy)
+        sent = json.dumps({k: v for k, v in body.items() if v is not None}).encode()  # as docker-py posts it
+        headers = {"Content-Type": "application/json", "Content-Length": str(len(sent))}
+        request = {"RequestMethod": "POST", "RequestUri": "/v1.41/containers/create", "RequestHeaders": headers}
+        assert match(request, sent).form.what == "create a container"
+        bodies.append(body)
+    assert bodies[0]["HostConfig"]["DeviceRequests"] == bodies[2]["HostConfig"]["DeviceRequests"]
+    assert bodies[0]["HostConfig"]["DeviceRequests"][0]["DeviceIDs"] == ["0"]
+    assert bodies[0]["HostConfig"].get("IpcMode") == bodies[2]["HostConfig"].get("IpcMode")
+    assert not [v for body in bodies[:2] for v in body.get("Env") or [] if v.startswith("CUDA_MPS")]

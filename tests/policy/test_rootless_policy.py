@@ -83,3 +83,12 @@ def test_root_and_cdi_names_only_for_a_rootless_engine_and_only_in_the_providers
     for variant in variants:
         with pytest.raises(UnsafePathError, match="Devices"):
             check_create(body(Devices=[variant]), policy, rootless=True)
+
+
+def test_nvidias_stack_ulimit_goes_with_cdi_gpus_on_a_rootless_engine_only():
+    """The CDI names are split off ``Devices`` before the HostConfig is judged: the ulimit still sees its GPU."""
+    policy, stack = Policy.current(), [{"Name": "stack", "Soft": 67108864, "Hard": 67108864}]
+    check_create({**body(Devices=[CDI], Ulimits=stack), "User": "0:0"}, policy, rootless=True)
+    for host in ({"Ulimits": stack}, {"Devices": [{**CDI, "PathOnHost": "/dev/x=y"}], "Ulimits": stack}):
+        with pytest.raises(UnsafePathError, match="Ulimits|Devices"):
+            check_create(body(**host), policy, rootless=True)

@@ -153,12 +153,16 @@ def _ray(scope: Scope) -> dict[str, set[str]]:
     address = scope.ray_address
     if not address:
         return {"Ray jobs": set(), "Ray actors": set(), "placement groups": set()}
-    from ray.job_submission import JobSubmissionClient
-    from ray.util.state import list_actors, list_placement_groups
+    from backends.ray.ray_cluster import client, state
+    from ray.util.state.common import ListApiOptions, StateResource
 
-    jobs = JobSubmissionClient(address).list_jobs()
-    actors = list_actors(address=address, filters=[("state", "!=", "DEAD")], timeout=30)
-    groups = list_placement_groups(address=address, filters=[("state", "!=", "REMOVED")], timeout=30)
+    jobs = client(address).list_jobs()
+
+    def listed(resource: StateResource, filters: list[Any]) -> list[Any]:
+        return list(state(address).list(resource, ListApiOptions(filters=filters, timeout=30), False))
+
+    actors = listed(StateResource.ACTORS, [("state", "!=", "DEAD")])
+    groups = listed(StateResource.PLACEMENT_GROUPS, [("state", "!=", "REMOVED")])
     return {
         "Ray jobs": {
             f"job {j.submission_id} ({j.status})" for j in jobs if (j.metadata or {}).get("worker") in scope.workers

@@ -43,12 +43,14 @@ class Setup:
     :param environment: the workers' environment, read once (cells run in threads: ``os.environ`` stays unread)
     :param database: the tests' migrated SQLite DB, which each cell gets a copy of
     :param ray_address: the Jobs API of the tests' Ray cluster, once it runs (what the Ray cells need)
+    :param ray_connection: its ``ray_default`` connection (``AIRFLOW_CONN_RAY_DEFAULT``, with the cluster's token)
     """
 
     work: Path
     environment: dict[str, str]
     database: Path
     ray_address: str = ""
+    ray_connection: str = ""
 
 
 @dataclass
@@ -68,7 +70,7 @@ class Place:
         database = setup.work / f"{name}.db"
         environment = {
             **setup.environment,
-            **({RAY_VARIABLE: setup.ray_address} if ray else {}),
+            **({RAY_VARIABLE: setup.ray_address, "AIRFLOW_CONN_RAY_DEFAULT": setup.ray_connection} if ray else {}),
             **database_copy(setup.database, database),
             "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(BUNDLE),
             "AIRFLOW__GPU__DEVICES": ",".join(DEVICES),

@@ -54,6 +54,7 @@ def lanes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
                     running.missing[backend] = problem
             if "ray" in group:
                 running.setup.ray_address = os.environ.get("AIRFLOW_GPU_TEST_RAY_ADDRESS", "")
+                running.setup.ray_connection = os.environ.get("AIRFLOW_CONN_RAY_DEFAULT", "")
             running.start([(b, s) for b, s in selected if b in group and b not in running.missing])
         yield running
     finally:

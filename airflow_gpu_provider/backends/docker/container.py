@@ -49,7 +49,7 @@ def gpu_mapping(
     :param device_ids: GPU indices or UUIDs to request instead of a count (MIG slices need their UUIDs)
     :param device_groups: the host's gids of the groups that own AMD's device nodes (``video``, ``render``)
     """
-    count = resources.gpu_count
+    count = 1 if resources.share is not None else resources.gpu_count  # a share: the one GPU the allocator gave
     vendor = resources.gpu_vendor
     if not resources.requests_gpus:
         return {}, gpu_free_environment(resources), []

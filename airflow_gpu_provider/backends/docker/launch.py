@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,7 @@ from airflow_gpu_provider.backends.docker.rootless import PODMAN_FIX, dropped_li
 from airflow_gpu_provider.exceptions import GpuUnavailableError
 from airflow_gpu_provider.host.allocator import Allocation
 from airflow_gpu_provider.host.keeper import Keeper
+from airflow_gpu_provider.host.mps import ShareEnforcer, shared
 from airflow_gpu_provider.host.quarantine import on_fault
 from airflow_gpu_provider.task.runtime_zip import FILE_NAME, compiled
 
@@ -78,7 +79,10 @@ def launch(
         image = held.enter_context(task_image(client, plan, log))  # a derived image stays in use while it runs
         allocation = held.enter_context(host_gpus(plan, log))
         held.enter_context(on_fault(plan.host, allocation.devices, log, positional=True))  # positional: 0, 1, ...
+        enforcer = ShareEnforcer(plan.host.state_dir, log, in_container=True, allow_unenforced=plan.allow_unenforced)
+        share = shared(enforcer, allocation, plan.request)  # PyTorch's cap in the container, said in its log
         how = {"store": store, "log": log, "held": held, "lasting": lasting, "attach": attach, "created": created}
+        how["share"] = None if share is None else share.share
         if allocation.cpu_fallback:
             return _start(client, plan, image, allocation.fds, cpu_fallback=allocation.reason, **how)
         if allocation.devices:
@@ -97,9 +101,15 @@ def host_gpus(plan: DockerPlan, log: logging.Logger) -> Allocation:
     Otherwise (a remote engine, or GPUs neither NVML nor ``[gpu] devices`` knows) Docker hands out GPUs by count.
     """
     resources = plan.request.resources
-    if not resources.requests_gpus or not plan.options.engine_is_local:
+    if not resources.requests_gpus:
         return Allocation(devices=[])
-    present = plan.host.present(resources.gpu_vendor)
+    present = plan.host.present(resources.gpu_vendor) if plan.options.engine_is_local else []
+    if not present and resources.share is not None:
+        where = "a remote Docker engine" if not plan.options.engine_is_local else "a host whose GPUs are not known"
+        raise GpuUnavailableError(
+            f"Requested {resources.describe().split(',')[0]} on {where}: a share of a GPU is placed by the host "
+            "allocator among the GPUs of the worker's host (NVML, or [gpu] devices). Give the task a whole GPU there."
+        )
     if not present:
         return Allocation(devices=[])
     return plan.host.allocate(plan.request, backend="docker", log=log, present=present)
@@ -142,12 +152,14 @@ def _start(
     lasting: bool,
     attach: bool,
     created: Callable[[str | None], None],
+    share: Mapping[str, Any] | None,
 ) -> Started:
     """Create the container, record it (a lasting one), start it; remove it if that fails.
 
     :param cpu_fallback: why it runs on the CPU instead of its GPUs (``on_missing_gpu="cpu"``), or ``None``
+    :param share: the share of a GPU it holds, as it is enforced (``host/mps.py``)
     """
-    files = _files(plan, image, cpu_fallback)
+    files = _files(plan, image, cpu_fallback, share)
     task_files = held.enter_context(TaskFiles(files, parent=f"{plan.host.state_dir}/docker-tasks", lasting=lasting))
     kwargs = plan.create_kwargs(image, cpu_fallback=cpu_fallback is not None)
     mem_limit = kwargs["host_config"].get("mem_limit")
@@ -191,7 +203,7 @@ def _engine_took(client: Any, container_id: str, kwargs: dict[str, Any], plan: D
         raise NoGpuRuntime(problem, fix=PODMAN_FIX if engine.podman else "")
 
 
-def _files(plan: DockerPlan, image: str, cpu_fallback: str | None) -> dict[str, bytes]:
+def _files(plan: DockerPlan, image: str, cpu_fallback: str | None, share: Any = None) -> dict[str, bytes]:
     """The runtime (precompiled by the worker's Python) and the envelope (with the summary the runtime prints first)."""
     # gpus None: the runtime asks nvidia-smi in the container (a CPU task gets NVIDIA_VISIBLE_DEVICES=void)
     envelope = plan.request.runtime_envelope(
@@ -200,5 +212,6 @@ def _files(plan: DockerPlan, image: str, cpu_fallback: str | None) -> dict[str, 
         gpus=None,
         cpu_fallback=cpu_fallback is not None,
         fallback_reason=cpu_fallback or "",
+        share=share,
     )
     return {FILE_NAME: compiled(f"{CONTAINER_DIR}/{FILE_NAME}"), "envelope.json": json.dumps(envelope).encode()}

@@ -1,13 +1,13 @@
 """Containers whose worker died: found by a label naming the worker process, removed before new work starts.
 
 A worker killed with SIGKILL cannot remove its container, and its GPU locks are freed with it while the container
-may still be using the GPUs. Every container is labelled with its worker (:func:`.host.workers.worker_identity`);
-before a task takes GPUs on this host, the containers of dead workers of this host are removed: those that still run,
-and the ended ones that their ``auto_remove`` policy would have removed (a container kept for inspection stays).
-Containers of workers on other hosts (sharing a remote engine) are left to them. A durable container (deferred,
-or left for a later try to reattach to: ``durable.py``) is spared while its task instance has not ended, and left
-to the workers of its own Airflow deployment. Then the files folders of lasting containers that are gone
-(``files.sweep``).
+may still be using the GPUs. Every container is labelled with its worker (:func:`.host.workers.worker_identity`)
+and its Airflow deployment; before a task takes GPUs on this host, the containers of this deployment's dead workers
+of this host are removed: those that still run, and the ended ones that their ``auto_remove`` policy would have
+removed (a container kept for inspection stays). Containers of workers on other hosts (sharing a remote engine) or
+of another deployment are left to them (the authorization plugin would refuse it anyway). A durable container
+(deferred, or left for a later try to reattach to: ``durable.py``) is spared while its task instance has not ended.
+Then the files folders of lasting containers that are gone (``files.sweep``).
 """
 
 from __future__ import annotations

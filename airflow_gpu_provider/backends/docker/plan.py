@@ -66,6 +66,7 @@ class DockerPlan:
     policy: Policy | None = None
     cache_size: int = 0
     engine: EngineFacts | None = None
+    allow_unenforced: bool = False  # [gpu_policy] allow_unenforced_gpu_shares (host/mps.py)
 
     def create_kwargs(self, image: str, *, cpu_fallback: bool = False) -> dict[str, Any]:
         """``create_container`` arguments, with ``host_config`` as ``create_host_config`` arguments."""
@@ -167,6 +168,7 @@ def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig
         notes=notes,
         policy=policy,
         cache_size=parse_bytes(conf.cache_size) if conf.cache_size else 0,
+        allow_unenforced=conf.allow_unenforced_gpu_shares,
     )
 
 

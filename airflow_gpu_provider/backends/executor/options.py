@@ -11,7 +11,7 @@ from airflow_gpu_provider.backends.options import BadOption, WorkerOptions, opti
 from airflow_gpu_provider.backends.pods.options import PodOptions
 
 #: A ResourceClaimTemplate the deployment's admin created: the worker pod's GPUs come from DRA claims made from it
-#: (a ``pod_override`` cannot create the template; docs/kubernetes.md).
+#: (a ``pod_override`` cannot create the template; docs/kubernetes-admin.md).
 CLAIM_TEMPLATE_OPTION = "dra_claim_template"
 #: The options that shape a KubernetesExecutor worker pod: the pod options the kubernetes backend takes too.
 POD_OPTIONS: tuple[str, ...] = tuple(sorted({*PodOptions.names(), CLAIM_TEMPLATE_OPTION}))

@@ -29,11 +29,11 @@ def orphaned(marks: Mapping[str, str], log: logging.Logger, ours: str | None = N
     """
     if not is_dead(marks.get("worker", "")):
         return None
-    if marks.get("durable") != "true":
-        return "left running by a worker that died"
     ours = ours or deployment()
     if marks.get("deployment", ours) != ours:
-        return None  # another Airflow's task instance: only its own workers can tell whether it has ended
+        return None  # another Airflow's is its own workers' (one without the mark, from 0.1.0, is ours)
+    if marks.get("durable") != "true":
+        return "left running by a worker that died"
     identity = {key: marks[key] for key in IDENTITY if key in marks}
     if task_instance_live(identity, log):
         return None  # its task instance goes on: its next try, or the deferred task's resume, takes it over

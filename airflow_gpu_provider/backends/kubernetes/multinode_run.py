@@ -3,7 +3,7 @@
 Uses the cncf-kubernetes provider's ``KubernetesHook`` (connection, namespace, in-cluster handling) and
 ``PodManager`` (log streaming). Cleanup deletes the Job, its pods and the Service on success, on failure and from
 ``kill()``; the Job's ``ttlSecondsAfterFinished`` and the Service's owner reference are the safety net when the
-worker itself dies. ``run()`` needs a cluster: it has no test that runs it (see docs/kubernetes.md); the deferred
+worker itself dies. ``run()`` needs a cluster: it has no test that runs it (see docs/testing.md); the deferred
 run (:mod:`.multinode_defer`) uses ``create``, ``rank0_result`` and ``cleanup`` with the wait in the triggerer.
 """
 

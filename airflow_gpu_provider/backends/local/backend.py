@@ -24,8 +24,9 @@ from airflow_gpu_provider.backends.local.venv import ensure_venv, venv_in_use
 from airflow_gpu_provider.backends.options import WorkerOptions
 from airflow_gpu_provider.checkpoint.location import checkpoint_environment
 from airflow_gpu_provider.host.allocator import HostGpus
+from airflow_gpu_provider.host.mps import ShareEnforcer, shared
 from airflow_gpu_provider.host.quarantine import on_fault
-from airflow_gpu_provider.host.state import runtime_file, task_folder
+from airflow_gpu_provider.host.state import left_by_dead_workers, runtime_file, task_folder
 from airflow_gpu_provider.settings.units import format_bytes, parse_bytes
 from airflow_gpu_provider.task.environment import thread_environment, visible_devices
 from airflow_gpu_provider.task.modules import python_path
@@ -50,6 +51,7 @@ class LocalPlan:
     environment: Mapping[str, str] = field(default_factory=dict)
     kill_grace: float = 10.0
     cache_size: int = 0  # [gpu] cache_size: bytes the cached venvs may take (0: no limit)
+    allow_unenforced_shares: bool = False  # [gpu_policy] allow_unenforced_gpu_shares (host/mps.py)
 
 
 class LocalBackend(Backend[WorkerOptions, LocalPlan]):
@@ -75,6 +77,7 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
             },
             kill_grace=conf.grace(self.options.kill_grace),
             cache_size=parse_bytes(conf.cache_size) if conf.cache_size else 0,
+            allow_unenforced_shares=conf.allow_unenforced_gpu_shares,
         )
 
     # ------------------------------------------------------------------ run
@@ -111,14 +114,22 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
         request = plan.request
         if request.checkpoint is not None and not request.checkpoint.is_uri:
             request.checkpoint.make(request.labels)  # 0700, the worker's own: the same folder for the next try
-        reap_orphans(self.log)  # before any GPU is taken: a dead worker's task process may still hold it
-        allocation = plan.host.allocate(request, backend=self.options.backend, log=self.log)
+        if left_by_dead_workers(Path(plan.host.state_dir) / "tasks"):  # a dead worker's task may still hold a GPU
+            reap_orphans(self.log)  # before any GPU is taken
+        enforcer = None
+        if request.resources.share is not None:  # MPS, PyTorch's cap or nothing (host/mps.py)
+            enforcer = ShareEnforcer(plan.host.state_dir, self.log, in_container=False,
+                                     allow_unenforced=plan.allow_unenforced_shares)  # fmt: skip
+        daemon = None if enforcer is None else enforcer.daemon
+        allocation = plan.host.allocate(request, backend=self.options.backend, log=self.log, daemon=daemon)
         survivors: list[int] = []
         try:
+            share = None if enforcer is None else shared(enforcer, allocation, request)
             with _task_folder(plan.host.state_dir) as workdir:
                 ids = [device.id for device in allocation.devices]
                 environment = {**os.environ, **plan.environment, **visible_devices(request.resources.gpu_vendor, ids)}
                 environment.update(python_path(request.project_path, environment.get("PYTHONPATH")))
+                environment.update(share.environment if share is not None else {})
                 envelope = request.runtime_envelope(
                     backend=self.options.backend,
                     image=image_name,
@@ -126,6 +137,7 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
                     cpu_fallback=allocation.cpu_fallback,
                     fallback_reason=allocation.reason,
                     die_with_parent=True,
+                    share=None if share is None else share.share,
                 )
                 envelope_path = Path(workdir, "envelope.json")
                 result_path = Path(workdir, "result.json")
@@ -139,6 +151,7 @@ class LocalBackend(Backend[WorkerOptions, LocalPlan]):
                     pass_fds=[*allocation.fds, *in_use],
                     log=self.log,
                     kill_grace=plan.kill_grace,
+                    state_dir=plan.host.state_dir,
                 )
                 self._task = task
                 try:

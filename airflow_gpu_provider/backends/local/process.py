@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,12 +29,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from airflow_gpu_provider.backends.local.supervisor import KILL_WAIT, MODULE, SCRIPT, STOP_NOW
+from airflow_gpu_provider.host.state import compiled_script
 from airflow_gpu_provider.host.workers import is_dead, worker_identity
 from airflow_gpu_provider.runtime.reaper import Pinned
 from airflow_gpu_provider.task.output import log_output
 
 TOKEN_VARIABLE = "AIRFLOW_GPU_TASK"  # noqa: S105 - the name of a variable, not a secret
 _PREFIX = f"\0{TOKEN_VARIABLE}=".encode()  # a variable of its own, not the end of another
+COMPILED = re.compile(r"supervisor-[0-9a-f]{16}-[\w.-]+\.pyc")  # the supervisor compiled into the state dir
 
 
 def _token(pid: int | str) -> str | None:
@@ -86,8 +89,10 @@ def _signal(tokens: Mapping[int, str], sig: int) -> None:
 
 
 def _is_supervisor(pid: int) -> bool:
+    """Whether ``pid`` runs the supervisor: its script, or the script compiled into the state dir."""
     with contextlib.suppress(OSError):
-        return any(part.endswith(MODULE.encode()) for part in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
+        parts = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        return any(part.endswith(MODULE.encode()) or COMPILED.fullmatch(Path(os.fsdecode(part)).name) for part in parts)
     return False
 
 
@@ -121,6 +126,7 @@ class TaskProcess:
 
     :param pass_fds: descriptors the supervisor and the task process inherit (the GPU locks: held while they live)
     :param kill_grace: seconds between SIGTERM and SIGKILL
+    :param state_dir: where the supervisor's compiled script is kept (``host/state.py`` ``compiled_script``)
     """
 
     def __init__(
@@ -132,12 +138,14 @@ class TaskProcess:
         pass_fds: Sequence[int],
         log: logging.Logger,
         kill_grace: float,
+        state_dir: str = "",
     ) -> None:
         self.token = f"{worker_identity()}/{uuid.uuid4().hex}"
         self.kill_grace = kill_grace
         self.log = log
         status_read, status_write = os.pipe()
-        supervisor = [sys.executable, "-I", "-S", SCRIPT, "--grace", str(kill_grace), "--worker", worker_identity()]
+        script = str(compiled_script(state_dir, SCRIPT)) if state_dir else SCRIPT  # compiled once per host
+        supervisor = [sys.executable, "-I", "-S", script, "--grace", str(kill_grace), "--worker", worker_identity()]
         try:
             self.process = subprocess.Popen(
                 [*supervisor, "--status", str(status_write), "--", *argv],

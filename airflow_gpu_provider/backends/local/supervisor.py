@@ -37,8 +37,10 @@ if __package__:
 else:  # run as a script (python -I -S): the pinned subreaper by its path, with nothing else of the package
     import importlib.util
 
+    # by its source's folder: __file__ may be the copy compiled into the state dir (host/state.py compiled_script)
+    _source = sys._getframe(0).f_code.co_filename
     _spec = importlib.util.spec_from_file_location(
-        "airflow_gpu_reaper", os.path.join(os.path.dirname(__file__), "..", "..", "runtime", "reaper.py")
+        "airflow_gpu_reaper", os.path.join(os.path.dirname(_source), "..", "..", "runtime", "reaper.py")
     )
     assert _spec is not None and _spec.loader is not None
     reaper = importlib.util.module_from_spec(_spec)

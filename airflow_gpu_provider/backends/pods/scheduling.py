@@ -1,6 +1,6 @@
 """Where a pod may run: the GPU toleration, and the merge of the provider's scheduling fields with the user's.
 
-Merge rules (documented in ``docs/kubernetes.md``):
+Merge rules (documented in ``docs/kubernetes-admin.md``):
 
 - nodeSelector: pod template, provider-derived and ``node_selector`` keys are united; one key with two different
   values is an error, because no node can satisfy both;

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_gpu_provider.backends.base import Backend, Deferral
 from airflow_gpu_provider.backends.ray import durable, job
 from airflow_gpu_provider.backends.ray.capacity import infeasible
-from airflow_gpu_provider.backends.ray.connection import options_client
+from airflow_gpu_provider.backends.ray.connection import Endpoint, endpoint
 from airflow_gpu_provider.backends.ray.options import RayOptions
 from airflow_gpu_provider.backends.ray.orphans import reap_orphans
 from airflow_gpu_provider.backends.ray.plan import RayPlan, plan_job
@@ -45,7 +45,7 @@ class RayBackend(Backend[RayOptions, RayPlan]):
     def __init__(self, options: RayOptions, log: Any = None) -> None:
         super().__init__(options, log)
         self._client: Any = None
-        self._address = ""
+        self._endpoint = Endpoint("")
         self._job: str | None = None  # the running job's submission id, for kill()
         self._killed = False
         self._store: Any = None  # the task instance's task state store (Airflow >= 3.3)
@@ -57,7 +57,8 @@ class RayBackend(Backend[RayOptions, RayPlan]):
         return plan_job(request, self.options, conf)
 
     def _connect(self, context: Context) -> Any:
-        self._client, self._address = options_client(self.options)
+        self._endpoint = endpoint(self.options.ray_conn_id, self.options.address)
+        self._client = self._endpoint.jobs()
         self._store = context.get("task_state_store")
         return self._client
 
@@ -85,7 +86,7 @@ class RayBackend(Backend[RayOptions, RayPlan]):
             return self._reattach(client, plan, earlier, defer=defer)
         # ``wait`` leaves an infeasible job to Ray (an autoscaler may add the node it needs)
         checked = plan.request.resources.requests_gpus and not plan.request.missing_gpu.waits
-        why = infeasible(self._address, plan) if checked else None
+        why = infeasible(self._endpoint, plan) if checked else None
         if why is not None:
             plan = self._missing_gpus(plan, why, waited=False)
         try:
@@ -111,7 +112,7 @@ class RayBackend(Backend[RayOptions, RayPlan]):
         submission_id = f"airflow-gpu-{identity}-{labels.get('try_number', 0)}-{uuid.uuid4().hex[:8]}"
         envelope = plan.request.runtime_envelope(
             backend=self.name,
-            image=f"Ray cluster {self._address}",
+            image=f"Ray cluster {self._endpoint.address}",
             gpus=None,
             cpu_fallback=plan.on_cpu,
             fallback_reason=self._fallback_reason if plan.on_cpu else "",
@@ -138,7 +139,7 @@ class RayBackend(Backend[RayOptions, RayPlan]):
     def _finish(self, client: Any, plan: RayPlan, submission_id: str, result: dict[str, Any] | None) -> TaskResult:
         """The ended job's outcome, with the node it ran on in the log and the profile."""
         info = job.ended(client, submission_id)
-        node = job.node_of(self._address, info, result)
+        node = job.node_of(self._endpoint, info, result)
         self.log.info("Ray job %s ended %s on node %s", submission_id, info.status, node)
         if self._killed:
             raise GpuTaskError(f"Ray job {submission_id} was stopped because the task was killed.")
@@ -158,7 +159,7 @@ class RayBackend(Backend[RayOptions, RayPlan]):
         from airflow_gpu_provider.backends.ray.trigger import RayJobTrigger
 
         cluster = {"ray_conn_id": self.options.ray_conn_id, "address": self.options.address}
-        self.log.info("Deferred: the triggerer watches Ray job %s (%s)", submission_id, self._address)
+        self.log.info("Deferred: the triggerer watches Ray job %s (%s)", submission_id, self._endpoint.address)
         state = {"submission_id": submission_id}
         pending = time.time() + plan.pending_timeout if plan.request.resources.requests_gpus else None
         trigger = RayJobTrigger(submission_id, cluster, plan.poll_interval, self._deadline, pending, state=state)
@@ -171,6 +172,8 @@ class RayBackend(Backend[RayOptions, RayPlan]):
         if status == "missing":
             durable.forget(self._store)
             raise GpuTaskError(f"Ray job {submission_id} was deleted while the task was deferred: its result is lost.")
+        if not self._mine(client, plan, submission_id):  # a deferral's state is data a task wrote
+            raise GpuTaskError(f"Ray job {submission_id} is not this task instance's job: it is left alone.")
         if status == "pending":
             why = f"Ray job {submission_id} waited {plan.pending_timeout:.0f}s for the cluster's resources"
             self._clean_up(client, plan, submission_id)
@@ -186,6 +189,13 @@ class RayBackend(Backend[RayOptions, RayPlan]):
             return self._finish(client, plan, submission_id, job.log_all(client, submission_id, self.log))
         finally:
             self._clean_up(client, plan, submission_id)
+
+    @staticmethod
+    def _mine(client: Any, plan: RayPlan, submission_id: str) -> bool:
+        """Whether the job (if the cluster still has it) is this task instance's, of this deployment."""
+        if job.status(client, submission_id) is None:
+            return True
+        return durable.mine(client.get_job_info(submission_id).metadata, plan.request.labels)
 
     # ------------------------------------------------------------------ reattach
     def _earlier_job(self, client: Any, plan: RayPlan) -> Any:

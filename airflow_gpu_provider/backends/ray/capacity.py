@@ -8,10 +8,13 @@ state API, ``ray.util.state.list_nodes``); a busy cluster is told after ``pendin
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.backends.ray.plan import RayPlan, label_selector, resource_request
 from airflow_gpu_provider.settings.units import format_bytes
+
+if TYPE_CHECKING:
+    from airflow_gpu_provider.backends.ray.connection import Endpoint
 
 
 def label_matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
@@ -35,12 +38,14 @@ def _describe(node: Any) -> str:
     return f"{node.node_ip} ({str(node.node_id)[:8]}): {', '.join(parts)}" + (f", labels {labels}" if labels else "")
 
 
-def infeasible(address: str, plan: RayPlan) -> str | None:
+def infeasible(endpoint: Endpoint, plan: RayPlan) -> str | None:
     """Why no node (or too few, on several machines) could ever run the job; ``None`` when some could, or unknown."""
     try:
-        from ray.util.state import list_nodes
+        from ray.util.state.common import ListApiOptions, StateResource
 
-        nodes = [n for n in list_nodes(address=address, timeout=15, limit=10_000) if n.state == "ALIVE"]
+        options = ListApiOptions(limit=10_000, timeout=15)
+        found = endpoint.state().list(StateResource.NODES, options=options, raise_on_missing_output=False)
+        nodes = [n for n in found if n.state == "ALIVE"]
     except Exception:  # noqa: BLE001 - the state API is not every endpoint's (a proxy): Ray decides alone then
         return None
     resources = plan.request.resources

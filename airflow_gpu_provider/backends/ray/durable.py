@@ -3,8 +3,9 @@
 A Ray task's job is recorded in its task instance's task state store (Airflow 3.3, AIP-103) before it is submitted.
 When the task is deferred, or its worker dies, the next try of the same task instance finds the record and takes
 the job over (``TaskRequest.durable``): it follows the job's log and collects its result instead of submitting a
-second copy; ``durable=False`` stops it and starts afresh. The job's metadata names its task instance; a record
-that points at another task's job is never followed.
+second copy; ``durable=False`` stops it and starts afresh. The job's metadata names its task instance and its
+Airflow deployment: a record that points at another task's job, or at another deployment's (two deployments that
+share a cluster run the same DAGs), is never followed nor stopped (:func:`mine`).
 """
 
 from __future__ import annotations
@@ -60,8 +61,22 @@ def owns(state_store: Any, submission_id: str, try_number: str, log: logging.Log
     return True
 
 
-def mine(metadata: Mapping[str, str] | None, labels: Mapping[str, str]) -> bool:
-    """Whether a job's metadata names this task instance (a record is data a try wrote: the job is checked too)."""
+def identity_of(task_instance: Any) -> dict[str, str]:
+    """A task instance's identity (a trigger's, the listener's) as a job's metadata names it (``plan.IDENTITY``)."""
+    return {key: str(getattr(task_instance, key, "")) for key in IDENTITY}
+
+
+def mine(metadata: Mapping[str, str] | None, labels: Mapping[str, str], deployment: str | None = None) -> bool:
+    """Whether a job's metadata names this task instance of this deployment.
+
+    A record, a trigger's arguments or a deferral's state are data a try wrote: the job itself is checked before it
+    is followed or stopped.
+
+    :param deployment: this deployment (:func:`~airflow_gpu_provider.host.workers.deployment`), read when ``None``
+    """
+    from airflow_gpu_provider.host.workers import deployment as this_deployment
+
     metadata = metadata or {}
     same = all(str(metadata.get(key, "")) == str(labels.get(key, "")) for key in IDENTITY)
-    return metadata.get("airflow_gpu_provider") == "true" and same
+    ours = metadata.get("deployment") == (deployment if deployment is not None else this_deployment())
+    return metadata.get("airflow_gpu_provider") == "true" and same and ours

@@ -17,9 +17,10 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.backends.ray.plan import DRIVER, ENVELOPE, NODES, REAPER, RayPlan
+from airflow_gpu_provider.backends.ray.reaper import ENVIRONMENT
 from airflow_gpu_provider.backends.ray.reaper import ON_WORKER as CHECKPOINT_ON_WORKER
 from airflow_gpu_provider.exceptions import GpuTaskError, RemoteTaskError
 from airflow_gpu_provider.runtime.protocol import RESULT_MARKER
@@ -27,15 +28,19 @@ from airflow_gpu_provider.task.output import LineSplitter, TaskLog
 from airflow_gpu_provider.task.result import MAX_RESULT_BYTES, TaskResult, task_result
 from airflow_gpu_provider.task.runtime_zip import FILE_NAME, archive
 
+if TYPE_CHECKING:
+    from airflow_gpu_provider.backends.ray.connection import Endpoint
+
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
 def submit(
     client: Any, plan: RayPlan, envelope: dict[str, Any], submission_id: str, log: logging.Logger, *, durable: bool
 ) -> None:
-    """Submit the job with its ``working_dir``: the runtime, the envelope, the reaper and the node driver (nodes).
+    """Submit the job with its ``working_dir``: the runtime, the envelope, the task's variables, reaper and driver.
 
     Ray uploads the folder when the job is submitted (once per content hash); the worker's copy is removed then.
+    The reaper takes the envelope and the variables out of the node's copy before the task runs.
     A checkpoint folder the worker made is named to the reaper, which fails the job on a node that lacks it.
     The job's metadata names its task instance, its worker, whether a later try may take it over (``durable``) and
     the Airflow deployment that can tell whether its task instance has ended (``orphans.py``).
@@ -45,7 +50,9 @@ def submit(
     folder = Path(tempfile.mkdtemp(prefix="airflow-gpu-ray-"))
     try:
         (folder / FILE_NAME).write_bytes(archive())
-        (folder / ENVELOPE).write_text(json.dumps(envelope))
+        for name, content in ((ENVELOPE, envelope), (ENVIRONMENT, plan.environment)):
+            with os.fdopen(os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as handle:
+                json.dump(content, handle)
         shutil.copyfile(Path(__file__).with_name("reaper.py"), folder / REAPER)
         if plan.nodes is not None:
             spec = {**plan.nodes, "pending_timeout": plan.pending_timeout}
@@ -189,15 +196,15 @@ def delete(client: Any, submission_id: str, log: Any) -> None:
         log.warning("Could not delete Ray job %s: %s", submission_id, err)
 
 
-def node_of(address: str, info: Any, result: dict[str, Any] | None) -> str:
+def node_of(endpoint: Endpoint, info: Any, result: dict[str, Any] | None) -> str:
     """The node the job (rank 0's on several machines) ran on: its address and id, as far as Ray says."""
     node_id = (result or {}).get("node") or getattr(info, "driver_node_id", None) or ""
     if not node_id:
         return "unknown"
     try:
-        from ray.util.state import get_node
+        from ray.util.state.common import GetApiOptions, StateResource
 
-        node = get_node(node_id, address=address, timeout=10)
+        node = endpoint.state().get(StateResource.NODES, node_id, GetApiOptions(timeout=10))
     except Exception:  # noqa: BLE001 - the state API is optional to a Jobs API endpoint
         node = None
     return f"{node.node_ip} ({node_id[:12]})" if node is not None else node_id[:12]

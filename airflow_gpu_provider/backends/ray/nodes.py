@@ -1,8 +1,10 @@
 """The node driver of a task on several machines: the Ray job's entrypoint there, run on the cluster (imports ``ray``).
 
 Shipped in the job's ``working_dir`` beside the runtime archive, the envelope and ``nodes.json``; it imports nothing
-of the provider. It reserves one bundle per node in a ``STRICT_SPREAD`` placement group (Ray's scheduling, with the
-task's label selector on every bundle), finds the first node's address and a free port there (the rendezvous),
+of the provider. It takes the envelope and the task's variables out of the ``working_dir`` at once and hands them
+to each rank (Ray's object store), which writes them into a private folder for its reaper. It reserves one bundle
+per node in a ``STRICT_SPREAD`` placement group (Ray's scheduling, with the task's label selector on every bundle),
+finds the first node's address and a free port there (the rendezvous),
 then runs the runtime on every bundle, as a Ray task holding the bundle's resources, with ``NODE_RANK``,
 ``NUM_NODES``, ``MASTER_ADDR`` and ``MASTER_PORT`` (the launcher's rank arguments). Its last line is the result: rank
 0's, or the error of the node that failed first (the other nodes are then stopped). The placement group is removed
@@ -11,8 +13,10 @@ on every path (and by Ray with the job, should the driver be killed).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import platform
 import signal
 import socket
 import subprocess
@@ -20,11 +24,20 @@ import sys
 import tempfile
 from typing import Any
 
-import ray
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
 MARKER = "[gpu] result: "  # runtime/protocol.py RESULT_MARKER
+try:
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+except ImportError:  # the job runs the node's first `python` on the PATH of `ray start`: not always Ray's own
+    _why = (
+        f"[gpu] error: the node driver of a task on several machines needs Ray, which this Ray node's Python cannot "
+        f"import: {sys.executable} (Python {platform.python_version()}) on {socket.gethostname()}. Start Ray from "
+        "the environment that has Ray and the task's packages (docs/ray.md)."
+    )
+    print(_why, flush=True)
+    print(MARKER + json.dumps({"ok": False, "error": {"type": "ImportError", "kind": "error", "message": _why[13:]}}))
+    sys.exit(2)
 #: a rank's reaper (and so its runtime) gets SIGTERM when the Ray worker that started it dies
 _DIE_WITH_WORKER = (
     "import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
@@ -46,9 +59,20 @@ def _rendezvous(port: int | None) -> tuple[str, int]:
         return ray.util.get_node_ip_address(), int(probe.getsockname()[1])
 
 
+def _take(name: str) -> str:
+    """A file of the ``working_dir`` (this node's copy), read and removed."""
+    with open(name, encoding="utf-8") as handle:
+        content = handle.read()
+    os.unlink(name)
+    return content
+
+
 @ray.remote(max_retries=0)
-def _rank(rank: int, spec: dict[str, Any], address: str, port: int) -> dict[str, Any]:
+def _rank(rank: int, spec: dict[str, Any], files: dict[str, str], address: str, port: int) -> dict[str, Any]:
     """One node's runtime, to its end: its exit status, its result envelope, the node it ran on."""
+    for name in files:  # this node's copy of the working_dir keeps neither
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
     environment = {
         **os.environ,
         "NODE_RANK": str(rank),
@@ -58,7 +82,11 @@ def _rank(rank: int, spec: dict[str, Any], address: str, port: int) -> dict[str,
     }
     with tempfile.TemporaryDirectory(prefix="airflow-gpu-node-") as folder:
         result_file = os.path.join(folder, "result.json")
-        argv = [sys.executable, "-c", _DIE_WITH_WORKER, spec["reaper"], spec["runtime"], spec["envelope"], result_file]
+        for name, content in files.items():
+            with os.fdopen(os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT, 0o600), "w") as handle:
+                handle.write(content)
+        envelope = os.path.join(folder, spec["envelope"])
+        argv = [sys.executable, "-c", _DIE_WITH_WORKER, spec["reaper"], spec["runtime"], envelope, result_file]
         status = subprocess.run(argv, env=environment, check=False).returncode
         result = None
         if os.path.exists(result_file):
@@ -97,6 +125,7 @@ def main(spec_file: str) -> int:
     """Reserve the nodes, run a rank on each, print the result; remove the placement group on every path."""
     with open(spec_file, encoding="utf-8") as handle:
         spec = json.load(handle)
+    files = {spec[key]: _take(spec[key]) for key in ("envelope", "environment")}
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped job: the finally below still runs
     ray.init()
     count, bundle = int(spec["num_nodes"]), dict(spec["bundle"])
@@ -126,7 +155,7 @@ def main(spec_file: str) -> int:
                 memory=bundle.get("memory"),
                 resources=custom or None,
                 scheduling_strategy=_strategy(group, index),
-            ).remote(index, spec, address, port)
+            ).remote(index, spec, files, address, port)
             for index in range(count)
         ]
         result = _outcomes(ranks)

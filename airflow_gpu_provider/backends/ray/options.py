@@ -61,9 +61,10 @@ class RayOptions(BackendOptions):
     """The Ray backend's options.
 
     :param ray_conn_id: an Airflow connection of type ``ray``: its extra ``address`` is the Jobs API's URL (the
-        dashboard, ``http://head:8265``); ``headers``, ``cookies`` and ``verify`` reach the client (the fields of the
-        Apache Ray provider's ``RayHook``)
-    :param address: the Jobs API's URL, instead of a connection
+        dashboard, ``http://head:8265``), its password the cluster's token; ``headers``, ``cookies`` and ``verify``
+        reach the client (the fields of the Apache Ray provider's ``RayHook``)
+    :param address: the Jobs API's URL, instead of a connection: ``ray_default``'s or one of ``[gpu]
+        allowed_clusters`` (``ray=ADDRESS``), checked at parse
     :param label_selector: node labels the task's job must run on (Ray's ``entrypoint_label_selector``; with
         several machines, each bundle's ``bundle_label_selector``)
     :param accelerator_label: the node label that names a node's GPU model, which ``accelerator`` selects on
@@ -88,8 +89,21 @@ class RayOptions(BackendOptions):
                 "address", self.address, "ray_conn_id names the cluster already", "ray_conn_id or address, not both"
             )
 
+    def permitted(self, owner: str) -> None:
+        """At DAG parse: a literal ``address`` is the deployment's own cluster or one it lists (rule R1)."""
+        if self.address is not None:
+            from airflow_gpu_provider.backends.ray.connection import check_cluster
+
+            check_cluster(owner, "backend_options['address']", self.address)
+
     def check(self, resources: ResourceSettings) -> None:
-        """MIG slices cannot be asked of Ray; a label selector must not contradict ``accelerator``."""
+        """MIG slices and memory shares cannot be asked of Ray; a label selector must not contradict ``accelerator``."""
+        if resources.gpu_share is not None:
+            raise InvalidSettingError(
+                "ResourceSettings", "gpu_share", resources.gpu_share,
+                "Ray schedules fractions of a GPU (num_gpus), not amounts of its memory",
+                "gpu_count=0.25 (a share of one GPU) on Ray",
+            )  # fmt: skip
         if resources.mig_profile is not None:
             raise InvalidSettingError(
                 "ResourceSettings",

@@ -2,9 +2,12 @@
 
 One task try is one Ray job. Its entrypoint runs the provider's runtime archive with the task's envelope; both
 travel in the job's ``runtime_env`` ``working_dir`` (Ray uploads a folder once per content hash, so the modules a
-task ships with ``modules=``, inside the envelope, are hashed with it). The resources become the entrypoint's
-(``entrypoint_num_gpus`` & co., fractions of a GPU included), the accelerator a node label selector, the
-requirements the ``runtime_env``'s ``uv`` or ``pip`` field. On several machines the entrypoint is the node driver
+task ships with ``modules=``, inside the envelope, are hashed with it), and so do the task's own variables
+(``ImageSettings.environment``, often credentials). Every holder of the cluster's token reads a job's
+``runtime_env``, entrypoint and metadata through the Jobs API, and Ray logs the ``runtime_env`` on every node: those
+carry only the provider's own variables, file names and the task instance's identity. The resources become the
+entrypoint's (``entrypoint_num_gpus`` & co., fractions of a GPU included), the accelerator a node label selector,
+the requirements the ``runtime_env``'s ``uv`` or ``pip`` field. On several machines the entrypoint is the node driver
 (``nodes.py``): a ``STRICT_SPREAD`` placement group of one bundle per node, and a rank on each. The runtime always
 runs beneath ``reaper.py``, which stops whatever the task left running on its node.
 """
@@ -17,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.backends.ray.options import VENDOR_RESOURCES, RayOptions, ray_accelerator_type
+from airflow_gpu_provider.backends.ray.reaper import ENVIRONMENT
 from airflow_gpu_provider.checkpoint.location import checkpoint_environment
 from airflow_gpu_provider.settings import ResourceSettings
 from airflow_gpu_provider.task.environment import thread_environment, with_user_environment
@@ -41,7 +45,9 @@ class RayPlan:
 
     :param submit: ``JobSubmissionClient.submit_job`` arguments but ``runtime_env``, ``submission_id`` and
         ``metadata`` (made when it is submitted)
-    :param runtime_env: the job's runtime environment but its ``working_dir`` (the folder ``run()`` writes)
+    :param runtime_env: the job's runtime environment but its ``working_dir`` (the folder ``run()`` writes): no
+        secret, no argument
+    :param environment: the task's own variables, for the ``working_dir``'s ``environment.json`` (``reaper.py``)
     :param nodes: the node driver's instructions on several machines (``nodes.json``), else ``None``
     :param pending_timeout: seconds the job may wait for the cluster's resources before ``on_missing_gpu`` applies
     :param poll_interval: seconds between two looks at the job (``[gpu] trigger_poll_interval``)
@@ -54,6 +60,7 @@ class RayPlan:
     submit: dict[str, Any]
     runtime_env: dict[str, Any]
     metadata: dict[str, str]
+    environment: dict[str, str] = field(default_factory=dict)
     nodes: dict[str, Any] | None = None
     pending_timeout: float = 300.0
     poll_interval: float = 1.0
@@ -113,9 +120,10 @@ def _installer(request: TaskRequest) -> dict[str, Any]:
 
 
 def environment(request: TaskRequest, resources: ResourceSettings, grace: float) -> dict[str, str]:
-    """The job's variables: threads, the checkpoint folder, no GPU for a task without one, the grace, the user's own.
+    """The job's ``runtime_env`` variables: threads, the checkpoint folder, no GPU for a task without one, the grace.
 
-    The grace is the reaper's (``reaper.py``), and Ray's before it SIGKILLs a stopped job (a little longer).
+    The grace is the reaper's (``reaper.py``), and Ray's before it SIGKILLs a stopped job (a little longer). The
+    user's own variables are not here: the reaper sets them over these (:func:`plan_job`'s ``environment``).
     """
     location = request.checkpoint
     provider = {
@@ -126,7 +134,7 @@ def environment(request: TaskRequest, resources: ResourceSettings, grace: float)
         **({} if resources.requests_gpus else {"CUDA_VISIBLE_DEVICES": ""}),  # Ray leaves them all visible
         "PYTHONUNBUFFERED": "1",
     }
-    return with_user_environment(provider, request.image.environment, resources.gpu_vendor)
+    return provider
 
 
 def plan_job(request: TaskRequest, options: RayOptions, conf: GpuConfig, *, on_cpu: bool = False) -> RayPlan:
@@ -135,6 +143,7 @@ def plan_job(request: TaskRequest, options: RayOptions, conf: GpuConfig, *, on_c
     wanted, selector = resource_request(resources), label_selector(resources, options)
     grace = conf.grace(options.kill_grace)
     runtime_env: dict[str, Any] = {"env_vars": environment(request, resources, grace), **_installer(request)}
+    own = with_user_environment({}, request.image.environment, resources.gpu_vendor)
     metadata = {key: str(request.labels.get(key, "")) for key in (*IDENTITY, "try_number")}
     metadata["airflow_gpu_provider"] = "true"
     if request.num_nodes > 1:
@@ -145,6 +154,7 @@ def plan_job(request: TaskRequest, options: RayOptions, conf: GpuConfig, *, on_c
             "port": request.rendezvous_port,
             "runtime": FILE_NAME,
             "envelope": ENVELOPE,
+            "environment": ENVIRONMENT,
             "reaper": REAPER,
         }
         entrypoint, submit = f"python {DRIVER} {NODES}", dict[str, Any](entrypoint_num_cpus=0)
@@ -161,6 +171,7 @@ def plan_job(request: TaskRequest, options: RayOptions, conf: GpuConfig, *, on_c
         submit=submit,
         runtime_env=runtime_env,
         metadata=metadata,
+        environment=own,
         nodes=nodes,
         pending_timeout=options.pending_timeout or (conf.wait_timeout if policy.waits else policy.pending_timeout),
         poll_interval=conf.trigger_poll_interval,

@@ -1,9 +1,11 @@
 """The trigger a deferred Ray task waits on: it fires when the task's job has ended, by polling the Jobs API.
 
-It reaches the cluster as the task did (the connection's id or the address: a connection's headers and cookies
-are read again in the triggerer, never put in the trigger's arguments). The Jobs API client is synchronous: each
-look runs in a thread (``asyncio.to_thread``), and so does the first import of ``ray``. A user who ends the deferred
-task (Airflow 3.3's triggerer calls :meth:`RayJobTrigger.on_kill`) stops its job and deletes it.
+It reaches the cluster as the task did (the connection's id or the address: a connection's token, headers and
+cookies are read again in the triggerer, never put in the trigger's arguments), once the triggerer's own policy
+allows that cluster (``connection.endpoint``). The Jobs API client is synchronous: each look runs in a thread
+(``asyncio.to_thread``), and so does the first import of ``ray``. A user who ends the deferred task (Airflow 3.3's
+triggerer calls :meth:`RayJobTrigger.on_kill`) stops its job and deletes it: only a job whose metadata names that
+very task instance and this deployment (a trigger's arguments are a task's to write).
 """
 
 from __future__ import annotations
@@ -60,9 +62,10 @@ class RayJobTrigger(BaseTrigger):
         return f"{type(self).__module__}.{type(self).__qualname__}", arguments
 
     def _client(self) -> Any:
-        from airflow_gpu_provider.backends.ray.connection import job_client
+        from airflow_gpu_provider.backends.ray.connection import endpoint
 
-        return job_client(self.cluster.get("ray_conn_id"), self.cluster.get("address"))
+        cluster = self.cluster
+        return endpoint(cluster.get("ray_conn_id"), cluster.get("address"), owner="RayJobTrigger").jobs()
 
     def _event(self, status: str, **details: Any) -> TriggerEvent:
         payload = {"status": status, "submission_id": self.submission_id, **details}
@@ -91,9 +94,13 @@ class RayJobTrigger(BaseTrigger):
             await asyncio.sleep(self.poll_interval)
 
     def _stop(self) -> None:
+        from airflow_gpu_provider.backends.ray.durable import identity_of, mine
         from airflow_gpu_provider.backends.ray.job import delete, stop
 
-        client = self._client()
+        client, ti = self._client(), self.task_instance
+        if ti is None or not mine(client.get_job_info(self.submission_id).metadata, identity_of(ti)):
+            self.log.warning("Ray job %s is not this task instance's: it is left alone", self.submission_id)
+            return
         stop(client, self.submission_id)
         delete(client, self.submission_id, self.log)
 

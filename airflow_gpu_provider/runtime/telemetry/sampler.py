@@ -33,18 +33,21 @@ class Profiler:
     thinned as it grows (pairs of points merged), so memory and the result stay bounded whatever the duration.
     """
 
-    def __init__(self, interval_s: float, *, host: str = "", cpu_fallback: str | None = None) -> None:
+    def __init__(
+        self, interval_s: float, *, host: str = "", cpu_fallback: str | None = None, share: Any = None
+    ) -> None:
         """Start sampling.
 
         :param host: the worker's host name as Airflow knows it (the envelope's); empty: this machine's own name
         :param cpu_fallback: why the task runs on the CPU instead of its GPUs (``on_missing_gpu="cpu"``), or None
+        :param share: the share of a GPU the task holds, as it is enforced (the summary's), or None
         """
         import threading
 
         self.interval_s = max(0.05, float(interval_s))
         self.node = os.uname().nodename  # the container's id on Docker, the pod's name on Kubernetes
         self.host = host or self.node
-        self.cpu_fallback = cpu_fallback
+        self.cpu_fallback, self.share = cpu_fallback, share
         self.pressure = HostPressure()
         reason = "no GPU visible to the task"
         try:
@@ -165,6 +168,7 @@ class Profiler:
             "host_cpu": self.pressure.summary(),
             "cpu_fallback": self.cpu_fallback is not None,
             "cpu_fallback_reason": self.cpu_fallback,
+            **({"share": self.share} if self.share else {}),
             "gpu_faults": self.faults,
             "error": self.error,
         }
@@ -182,6 +186,7 @@ def start_profiler(envelope: dict[str, Any]) -> Profiler | None:
             float(settings.get("interval_s", 1.0)),
             host=str(settings.get("host") or ""),
             cpu_fallback=str(summary.get("cpu_fallback_reason") or "no reason given") if fell_back else None,
+            share=summary.get("share"),
         )
     except Exception as exc:  # noqa: BLE001 - the task runs without its profile
         say(f"{PREFIX} profile: not sampled ({type(exc).__name__}: {exc})")

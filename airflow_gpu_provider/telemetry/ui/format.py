@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from airflow_gpu_provider.runtime.protocol import format_bytes
-from airflow_gpu_provider.telemetry.profile import Profile, number, text
+from airflow_gpu_provider.telemetry.profile import Profile, Share, number, text
 
 GIB = 1024**3
 MIB = 1024**2
@@ -52,15 +52,22 @@ def money(cost: dict[str, Any] | None) -> str:
     return f"{amount:.3f}{detail}"
 
 
+def shared(share: Share) -> str:
+    """A try's share of one GPU: ``8.0 GiB (34 %) of GPU-…, enforced by mps``."""
+    size = f"{gib(share.memory)} ({pct(share.percent)})" if share.memory else pct(share.percent)
+    return f"{size} of GPU {share.gpu}, enforced by {share.enforcement}"
+
+
 def requested(request: dict[str, Any]) -> str:
     """What the task asked for: ``"1× A100 (MIG 1g.10gb), 16.0 GiB memory, 4 CPUs"``."""
     count = request.get("gpu_count")
     model = text(request.get("accelerator"), 40) or "GPU"
     if request.get("mig_profile"):
         model += f" (MIG {text(request.get('mig_profile'), 20)})"
+    share = number(request.get("gpu_share"))
     parts = [
-        "no GPU" if count == 0 else f"all {model}s" if count == "all" else
-        f"{number(count):.0f}× {model}" if number(count) is not None else ""
+        f"{gib(share)} of 1× {model}" if share else "no GPU" if count == 0 else f"all {model}s" if count == "all" else
+        f"{number(count):g}× {model}" if number(count) is not None else ""
     ]  # fmt: skip
     memory = request.get("memory")
     if memory:  # bytes (the operator's parsed request) or the string as written ("16Gi")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from airflow_gpu_provider.telemetry.profile import number
-from airflow_gpu_provider.telemetry.ui.format import ProfileRow, TaskKey, fixed, gib, money, pct, requested
+from airflow_gpu_provider.telemetry.ui.format import ProfileRow, TaskKey, fixed, gib, money, pct, requested, shared
 from airflow_gpu_provider.telemetry.ui.html import e, layout, table, task_path, when
 
 CPU_MODEL = "CPU"  # the model filter's name for tries without a GPU
@@ -56,7 +56,37 @@ def _assigned(row: ProfileRow) -> str:
     if row.profile.is_cpu:
         return "no GPU (CPU profile)"
     names = Counter(d.name or "GPU" for d in row.profile.devices)
-    return ", ".join(f"{count}× {name}" for name, count in sorted(names.items())) or "–"
+    share = "a share of " if row.profile.share is not None else ""
+    return share + (", ".join(f"{count}× {name}" for name, count in sorted(names.items())) or "–")
+
+
+def _shares(rows: Sequence[ProfileRow], base: str) -> str:
+    """The tries that held a share of a GPU, by host and GPU: who shared which GPU, when, and how it was enforced."""
+    held = sorted(
+        (row for row in rows if row.profile.share is not None),
+        key=lambda row: (
+            row.profile.host,
+            row.profile.share.gpu if row.profile.share else "",
+            row.profile.started or 0,
+        ),
+    )
+    if not held:
+        return ""
+    return "<h2>Shared GPUs</h2>" + table(
+        ["Host", "GPU", "Task", "Run", "Share", "From", "To"],
+        [
+            [
+                e(row.profile.host or "–"),
+                e(", ".join(d.name or "GPU" for d in row.profile.devices) or "–"),
+                f'<a href="{e(task_path(base, row.key))}">{e(row.key.label)}</a>',
+                e(row.key.run_id),
+                e(shared(row.profile.share)) if row.profile.share is not None else "",
+                f'<span class="nowrap">{e(when(row.profile.started))}</span>',
+                f'<span class="nowrap">{e(when(row.profile.finished))}</span>',
+            ]
+            for row in held
+        ],
+    )
 
 
 def _peak(row: ProfileRow) -> str:
@@ -210,6 +240,7 @@ def render_overview(
                 numeric=frozenset({1}),
             ),
         ]
+    body.append(_shares(rows, base))
     body += [
         "<h2>Recent GPU tasks</h2>",
         table(

@@ -9,7 +9,17 @@ from collections.abc import Sequence
 
 from airflow_gpu_provider.telemetry.profile import Device, Profile
 from airflow_gpu_provider.telemetry.ui.chart import colour, memory_chart, utilisation_chart
-from airflow_gpu_provider.telemetry.ui.format import TaskKey, TaskTry, duration, fixed, gib, money, pct, requested
+from airflow_gpu_provider.telemetry.ui.format import (
+    TaskKey,
+    TaskTry,
+    duration,
+    fixed,
+    gib,
+    money,
+    pct,
+    requested,
+    shared,
+)
 from airflow_gpu_provider.telemetry.ui.html import e, fact_table, layout, table, task_path, when
 
 CPU_BADGE = "CPU profile (no GPU on this host)"
@@ -46,7 +56,8 @@ def _assigned(profile: Profile) -> str:
         return "no GPU (CPU fallback)"
     if profile.is_cpu:
         return "no GPU (CPU profile)"
-    return f"{len(profile.devices)}× " + ", ".join(sorted({d.name or "GPU" for d in profile.devices}))
+    share = "a share of " if profile.share is not None else ""
+    return f"{share}{len(profile.devices)}× " + ", ".join(sorted({d.name or "GPU" for d in profile.devices}))
 
 
 def _try_row(entry: TaskTry, key: TaskKey, home: str, shown: int | None) -> list[str]:
@@ -133,6 +144,7 @@ def render_task_page(
         ("Samples", f"{profile.samples} every {fixed(profile.interval_s, 's', 1)}"),
         ("Requested", requested(profile.requested)),
         ("Assigned", _assigned(profile)),
+        *([("GPU share", shared(profile.share))] if profile.share is not None else []),
         *([("CPU fallback", profile.cpu_fallback_reason or "yes")] if profile.cpu_fallback else []),
         ("Host", _host(profile)),
         ("Host CPUs", _host_cpu(profile)),

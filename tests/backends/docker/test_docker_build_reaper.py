@@ -18,6 +18,7 @@ import pytest
 from backends.docker.docker_fixtures import BASE_IMAGE, TEST_REPOSITORY
 
 import docker
+from airflow_gpu_provider.backends.docker.durable import DEPLOYMENT_LABEL
 from airflow_gpu_provider.backends.docker.images.builds import BUILDER_LABEL, build_containers, reap_dead_builds
 from airflow_gpu_provider.host.workers import is_dead, started_at
 
@@ -58,12 +59,16 @@ def test_a_dead_builders_install_container_is_reaped_but_not_a_container_of_the_
             BASE_IMAGE, command=["true"], labels={**TEST_LABEL, BUILDER_LABEL: builder}
         )["Id"]
         created.append(install)
+        theirs = docker_client.create_container(  # another Airflow deployment's on this engine: its workers' own
+            BASE_IMAGE, command=["true"], labels={**TEST_LABEL, BUILDER_LABEL: builder, DEPLOYMENT_LABEL: "staging"}
+        )["Id"]
+        created.append(theirs)
         assert docker_client.inspect_container(of_image)["Config"]["Labels"][BUILDER_LABEL] == builder  # inherited
-        assert [c["Id"] for c in build_containers(docker_client) if c["Id"] in created] == [install]
+        assert {c["Id"] for c in build_containers(docker_client) if c["Id"] in created} == {install, theirs}
 
         reap_dead_builds(docker_client, logging.getLogger("test"))
         assert not exists(docker_client, install)
-        assert exists(docker_client, of_image)
+        assert exists(docker_client, of_image) and exists(docker_client, theirs)
     finally:
         for container_id in created:
             with contextlib.suppress(docker.errors.NotFound):

@@ -80,3 +80,25 @@ def test_a_gpu_container_sees_exactly_the_gpu_the_host_allocator_gave_it(real_gp
     assert result.return_value == {"visible": given.group(1), "listed": [given.group(1)]}
     assert "[gpu] GPUs assigned: none" not in text  # the runtime in the container found the GPU too
     assert GpuAllocator(state_dir / "locks").holder_of(Device(given.group(1))) is None  # released after the run
+
+
+def test_a_share_for_a_container_lands_beside_a_local_share_and_is_capped_by_pytorch(
+    two_gpus, task_log, no_gpu_runtime
+):
+    """Shares gather on the GPU that has some already; in a container a share is PyTorch's cap (MPS would need the
+    host's IPC namespace). This engine has no NVIDIA runtime: the try falls back to the CPU, and frees its share."""
+    from airflow_gpu_provider.settings.shares import GpuShare
+
+    held = two_gpus.acquire(
+        [Device("0"), Device("1")], 1, policy="fail", holder="dag.local_share run r4", requested="half a GPU",
+        present=[Device("0"), Device("1")], log=task_log[0], share=GpuShare(fraction=0.5),
+    )  # fmt: skip
+    try:
+        result = run(task_log, request(call(add, 2), gpu_count=0.5, on_missing_gpu="cpu"))
+    finally:
+        held.release()
+    text = task_log[1].text
+    assert held.devices == [Device("0")] and "GPUs ['0'] from the host allocator" in text  # beside the local share
+    assert "a share of 50 % of GPU 0 (model unknown), enforced by PyTorch's cap" in text
+    assert "in a container (MPS needs the host's IPC namespace)" in text and result.return_value["sum"] == 3
+    assert two_gpus.holder_of(Device("0")) is None and not list(two_gpus.lock_dir.glob("*.share-*"))

@@ -9,6 +9,8 @@ import pytest
 from backends.docker.docker_fixtures import BASE_IMAGE
 from backends.docker.test_docker_run import add, call, request, run
 
+from airflow_gpu_provider.backends.docker.durable import DEPLOYMENT_LABEL
+
 pytestmark = [pytest.mark.docker]
 
 KEEPING_WORKER = """
@@ -78,7 +80,14 @@ def test_a_killed_workers_container_keeps_its_gpus_until_it_is_reaped(docker_cli
     holder = locks.holder_of(Device("0"))
     assert holder is not None and f"its worker, pid {worker.pid}, has exited" in holder  # the container still runs
 
-    result = run(task_log, request(call(add, 1), gpu_count=2, on_missing_gpu="cpu"))
+    dead = mine[0]["Labels"]["airflow-gpu-provider.worker"]  # another Airflow deployment's, on this engine
+    theirs = docker_client.create_container(BASE_IMAGE, ["sleep", "300"], labels={
+        "airflow-gpu-provider.worker": dead, DEPLOYMENT_LABEL: "staging", "airflow-gpu-provider-test": "orphans"})["Id"]  # fmt: skip
+    try:
+        result = run(task_log, request(call(add, 1), gpu_count=2, on_missing_gpu="cpu"))
+        assert docker_client.containers(all=True, filters={"id": theirs})  # its own workers' to judge
+    finally:
+        docker_client.remove_container(theirs, force=True)
     assert result.return_value["sum"] == 2
     assert "left running by a worker that died" in task_log[1].text
     assert "GPUs ['0', '1'] from the host allocator" in task_log[1].text  # free again once the orphan was reaped

@@ -1,5 +1,5 @@
 """One ResourceSettings, two ways to get its GPUs on Kubernetes: the device plugin and DRA (the golden test in
-tests/backends/kubernetes/test_k8s_dra.py and the worked examples of docs/kubernetes.md render these tasks)."""
+tests/backends/kubernetes/test_k8s_dra.py and the worked examples of docs/kubernetes-admin.md render these tasks)."""
 
 from __future__ import annotations
 

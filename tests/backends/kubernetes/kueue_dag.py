@@ -1,4 +1,4 @@
-"""The Kueue worked example of docs/kubernetes.md: one pod and one two-node Indexed Job in LocalQueue ``team-a``."""
+"""The Kueue worked example of docs/kubernetes-admin.md: one pod and one two-node Indexed Job in LocalQueue ``team-a``."""
 
 from __future__ import annotations
 

@@ -229,8 +229,8 @@ def test_one_resource_settings_rendered_both_ways_matches_the_golden_files(airfl
 
 
 def test_the_worked_example_in_the_docs_is_the_golden_rendering():
-    """docs/kubernetes.md shows the claim template as the real code renders it (the golden file)."""
-    text = (REPO / "docs" / "kubernetes.md").read_text()
+    """docs/kubernetes-admin.md shows the claim template as the real code renders it (the golden file)."""
+    text = (REPO / "docs" / "kubernetes-admin.md").read_text()
     blocks = re.findall(r"```yaml\n(.*?)```", text, flags=re.S)
     shown = next(list(yaml.safe_load_all(b)) for b in blocks if b.startswith("apiVersion: resource.k8s.io/v1"))
     golden = list(yaml.safe_load_all((GOLDEN / "dra_render.train_dra.yaml").read_text()))[1:]  # the Secret: not shown

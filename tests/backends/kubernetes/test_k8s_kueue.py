@@ -1,5 +1,5 @@
 """Kueue admission: the queue label on the pod and the Indexed Job (created suspended), the WorkloadPriorityClass
-label, the wait for admission in the task log, and the admin's objects of docs/kubernetes.md.
+label, the wait for admission in the task log, and the admin's objects of docs/kubernetes-admin.md.
 
 Kueue's own names and schemas are the reference: ``tests/data/kueue/v0.19.2/`` holds its CRDs and the Go constants
 that name its labels and scheduling gate (see that folder's README). The rendered objects are built by the real
@@ -56,12 +56,12 @@ def crd_schema(kind: str, version: str = "v1beta2") -> dict:
 
 
 def kueue_section() -> str:
-    text = (REPO / "docs" / "kubernetes.md").read_text()
+    text = (REPO / "docs" / "kubernetes-admin.md").read_text()
     return text.split("\n## Kueue", 1)[1].split("\n## ", 1)[0]
 
 
 def docs_yaml(marker: str) -> list[dict]:
-    """The YAML block that follows ``<!-- marker -->`` in the Kueue section of docs/kubernetes.md."""
+    """The YAML block that follows ``<!-- marker -->`` in the Kueue section of docs/kubernetes-admin.md."""
     block = kueue_section().split(f"<!-- {marker} -->", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
     return [doc for doc in yaml.safe_load_all(block) if doc]
 

@@ -158,3 +158,29 @@ def test_what_a_killed_worker_left_is_cleaned_by_the_next_task(tmp_path):
 
 def returns_one() -> int:
     return 1
+
+
+def test_a_dead_workers_task_process_is_stopped_by_the_next_task_which_finds_its_folder(tmp_path, caplog):
+    """A worker killed mid-task leaves its task folder: the next task looks for its processes (and only then: the scan
+    of every process's environment is skipped on a host where no worker died)."""
+    import subprocess
+
+    from airflow_gpu_provider.backends.local.process import TOKEN_VARIABLE
+
+    dead = f"{socket.gethostname()}:999999999:12345"
+    folder = tmp_path / "state" / "tasks" / f"task-{dead}-left"
+    folder.mkdir(parents=True)
+    (tmp_path / "state").chmod(0o700)
+    (tmp_path / "state" / "tasks").chmod(0o700)
+    orphan = subprocess.Popen(["sleep", "600"], env={**os.environ, TOKEN_VARIABLE: f"{dead}/token"})
+    try:
+        local = backend()
+        with caplog.at_level(logging.WARNING):
+            assert local.run(local.plan(request(returns_one, gpus=0), GpuConfig.read()), {}).return_value == 1
+        assert orphan.wait(timeout=30) == -signal.SIGTERM
+        assert f"Stopping processes [{orphan.pid}], left running by a worker that died" in caplog.text
+    finally:
+        if orphan.poll() is None:
+            orphan.kill()
+            orphan.wait()
+    assert not folder.exists()

@@ -1,5 +1,9 @@
 """A real two-node Ray cluster on this machine, for the Ray backend's tests: ``ray start`` twice, as a user would.
 
+It runs with Ray's token auth (``RAY_AUTH_MODE=token`` and a token file of its own, as docs/ray.md says to start a
+cluster): every client here sends the token (:func:`client`, :func:`state`), and the tasks reach the cluster
+through the ``ray_default`` connection, whose password is the token (the fixture sets ``AIRFLOW_CONN_RAY_DEFAULT``).
+
 Each node declares two logical GPUs (``--num-gpus 2``; Ray sets ``CUDA_VISIBLE_DEVICES`` for what it assigns) and a
 label the tests select on (``gpu-model``: ``A100`` on the head, ``H100`` on the second node). Every port is a free
 one picked here and the cluster has a temp dir of its own (one for both nodes: a node's dashboard agent reads a
@@ -19,7 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -58,6 +64,7 @@ class RayCluster:
 
     address: str = ""  # http://127.0.0.1:PORT, the dashboard: what JobSubmissionClient takes
     gcs: str = ""  # 127.0.0.1:PORT, what ray.init and a joining node take
+    token: str = field(default_factory=lambda: secrets.token_hex(32))  # Ray's token auth: the cluster's one secret
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     folders: list[Path] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
@@ -65,6 +72,10 @@ class RayCluster:
     def _node(self, name: str, model: str, ip: str, *, head: bool) -> None:
         if head:  # one temp dir for the cluster, its own: short, as Ray's socket paths must fit
             self.folders.append(Path(tempfile.mkdtemp(prefix="rt-", dir="/tmp")))
+            token = self.folders[0].with_name(f"{self.folders[0].name}-token")
+            token.touch(mode=0o600)
+            token.write_text(self.token)
+            self.folders.append(token)  # removed with the folders
         folder = self.folders[0]
         ports = free_ports(9)
         argv = [
@@ -87,6 +98,7 @@ class RayCluster:
         # the test process's CUDA_VISIBLE_DEVICES="" (conftest) would leave Ray no device for its logical GPUs
         environment = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
         environment["RAY_USAGE_STATS_ENABLED"] = "0"
+        environment.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=f"{folder}-token")
         # a runtime_env that fails to install fails once, not three times (each a fresh venv and resolve: ~1 min)
         environment["RUNTIME_ENV_RETRY_TIMES"] = "1"
         # a job's `python` is the nodes' Python, as on a cluster whose image or venv has Ray: this one's
@@ -106,7 +118,7 @@ class RayCluster:
         return self
 
     def _wait_for(self, nodes: int) -> None:
-        from ray.util.state import list_nodes
+        from ray.util.state.common import ListApiOptions, StateResource
 
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
@@ -114,7 +126,8 @@ class RayCluster:
                 if process.poll() is not None:
                     raise RuntimeError(f"ray start exited with {process.returncode}:\n{log.read_text()[-3000:]}")
             with contextlib.suppress(Exception):
-                alive = [n for n in list_nodes(address=self.address, timeout=10) if n.state == "ALIVE"]
+                found = state(self.address, self.token).list(StateResource.NODES, ListApiOptions(timeout=10), False)
+                alive = [n for n in found if n.state == "ALIVE"]
                 if len(alive) >= nodes:
                     return
             time.sleep(1)
@@ -172,7 +185,12 @@ def ray_cluster_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
     wheels = tmp_path_factory.mktemp("ray-wheels")
     make_wheel(wheels, "airflow_gpu_private", "1.0", "SECRET_PACKAGE = True\n")
     with ray_cluster() as cluster:
-        variables = {"AIRFLOW_GPU_TEST_RAY_ADDRESS": cluster.address, "AIRFLOW_GPU_TEST_WHEELS": str(wheels)}
+        connection = {"conn_type": "ray", "password": cluster.token, "extra": {"address": cluster.address}}
+        variables = {
+            "AIRFLOW_GPU_TEST_RAY_ADDRESS": cluster.address,
+            "AIRFLOW_GPU_TEST_WHEELS": str(wheels),
+            "AIRFLOW_CONN_RAY_DEFAULT": json.dumps(connection),  # the tasks' cluster, with its token
+        }
         os.environ.update(variables)
         try:
             yield cluster.address
@@ -181,8 +199,28 @@ def ray_cluster_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
                 os.environ.pop(name, None)
 
 
-def jobs(address: str) -> list[Any]:
-    """The provider's jobs the cluster still knows (each task deletes its own once it has ended)."""
+def _token(token: str | None) -> str:
+    """The tests' cluster's token (from the connection the fixture sets), unless given."""
+    if token is not None:
+        return token
+    return str(json.loads(os.environ.get("AIRFLOW_CONN_RAY_DEFAULT", "{}")).get("password", ""))
+
+
+def client(address: str, token: str | None = None) -> Any:
+    """A Jobs API client of the tests' cluster, with its token (as every holder of the token can have one)."""
     from ray.job_submission import JobSubmissionClient
 
-    return [j for j in JobSubmissionClient(address).list_jobs() if (j.metadata or {}).get("airflow_gpu_provider")]
+    return JobSubmissionClient(address, headers={"Authorization": f"Bearer {_token(token)}"})
+
+
+def state(address: str, token: str | None = None) -> Any:
+    """Ray's state API client of the tests' cluster, with its token."""
+    from ray.util.state.api import StateApiClient
+
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {_token(token)}"}
+    return StateApiClient(address, headers=headers)
+
+
+def jobs(address: str) -> list[Any]:
+    """The provider's jobs the cluster still knows (each task deletes its own once it has ended)."""
+    return [j for j in client(address).list_jobs() if (j.metadata or {}).get("airflow_gpu_provider")]

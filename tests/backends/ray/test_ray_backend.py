@@ -7,18 +7,24 @@ the DAG bundle synced) is the dearest step here: one DAG checks several things, 
 
 from __future__ import annotations
 
+import asyncio
+import glob
 import importlib.util
 import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
-from backends.ray.ray_cluster import jobs
+from backends.ray.ray_cluster import client, jobs
 from helpers import database_copy, start_worker, worker_result
+
+from airflow_gpu_provider.backends.ray.trigger import RayJobTrigger
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("airflow_home", "ray_cluster_address")]
 DAG_FILE = Path(__file__).resolve().parents[2] / "dags" / "ray_dags.py"
@@ -89,12 +95,22 @@ def test_gpus_code_requirements_models_deferral_timeout_oom_and_a_durable_job_wh
 
     # the next Ray task on this host stops it before it submits its own job; then each task of ray_basics
     started = time.monotonic()
-    result, log = _run("ray_basics")
+    no_token = {"conn_type": "ray", "extra": {"address": ray_cluster_address}}  # the cluster's, without its token
+    result, log = _run("ray_basics", env={"AIRFLOW_CONN_RAY_NO_TOKEN": json.dumps(no_token)})
     assert f"Stopped Ray job {durable.submission_id}, whose task instance has ended" in log, log[-4000:]
-    states = {"timeout": "failed"} | dict.fromkeys(
+    states = dict.fromkeys(("timeout", "missing_module", "no_token"), "failed") | dict.fromkeys(
         ("one_gpu", "requirement", "second_model", "no_such_model", "deferred", "grow"), "success"
     )
     assert result["states"] == states, log[-6000:]
+    # token auth: the cluster refuses a client without the token, and the provider sends nothing without one
+    from ray.job_submission import JobSubmissionClient
+
+    with pytest.raises(Exception, match="Authentication required"):
+        JobSubmissionClient(ray_cluster_address).submit_job(entrypoint="true")
+    assert f"No token for the Ray cluster {ray_cluster_address}" in log
+    # issue 36: the job names its interpreter; one whose imports do not resolve there fails at once, saying so
+    assert f"[gpu] Ray runs the task with {sys.executable} (Python " in log
+    assert "the task imports airflow_gpu_no_such_module, which this Ray node's Python cannot" in log
     xcom = result["xcom"]
     assert xcom["one_gpu"]["gpus"] in ("0", "1")  # one GPU id
     assert xcom["one_gpu"]["plmod"] == 42 and xcom["one_gpu"]["layers"]  # modules= shipped in the working_dir
@@ -135,13 +151,32 @@ def test_two_gpus_tasks_run_at_once_on_the_two_nodes_and_two_half_gpu_tasks_shar
     _no_job_left(ray_cluster_address)
 
 
-def test_on_kill_stops_the_job(ray_cluster_address):
+def test_no_jobs_api_reader_sees_a_tasks_secrets_and_on_kill_stops_the_job(ray_cluster_address):
+    """H4 of issue 34: every holder of the cluster's token (any job's code: its node has the token) reads every job's
+    record and log through the Jobs API; a task's variables and arguments are in none of them, nor left on a node."""
     worker, output = _in_background("ray_sleeps")
     deadline = time.monotonic() + 300
-    while not any(str(j.status) == "RUNNING" for j in jobs(ray_cluster_address)) and time.monotonic() < deadline:
+    while not (running := [j for j in jobs(ray_cluster_address) if str(j.status) == "RUNNING"]):
+        assert time.monotonic() < deadline, "the task's job never started"
         time.sleep(0.5)
-    assert jobs(ray_cluster_address), "the task's job never started"
-    time.sleep(1)
+    reader, [victim] = client(ray_cluster_address), running
+    while "sleeping" not in (logs := reader.get_job_logs(victim.submission_id)) and time.monotonic() < deadline:
+        time.sleep(0.5)  # the task runs: the reaper has set its variables and taken its files away
+    seen = repr(reader.list_jobs()) + repr(reader.get_job_info(victim.submission_id)) + logs
+    assert "airflow_gpu_ray_reaper.py" in seen and "sleeping" in seen  # what a reader does see
+    assert "wandb-secret-8c2d" not in seen and "argument-secret-6f1e" not in seen, seen
+    unpacked = glob.glob("/tmp/rt-*/session_*/runtime_resources/working_dir_files/*/airflow_gpu_ray_reaper.py")
+    assert unpacked  # the nodes' copies of the working_dirs: not one keeps the task's envelope or variables
+    assert not [
+        p for f in unpacked for p in Path(f).parent.glob("*.json") if "secret-" in p.read_text("utf-8", "replace")
+    ]
+    # another task's trigger naming this job (its arguments are a task's to write) is ended: the job is left alone
+    trigger = RayJobTrigger(victim.submission_id, {"ray_conn_id": None, "address": None})
+    trigger.task_instance = SimpleNamespace(
+        dag_id="another", task_id="task", run_id=victim.metadata["run_id"], map_index=-1
+    )
+    asyncio.run(trigger.on_kill())
+    assert str(reader.get_job_status(victim.submission_id)) == "RUNNING"
     worker.send_signal(signal.SIGTERM)  # as Airflow ends a task: on_kill
     log = _ended(worker, output)
     assert "Stopping Ray job" in log, log[-4000:]

@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from airflow_gpu_provider import ImageSettings, ResourceSettings
 from airflow_gpu_provider.backends import BACKENDS
-from airflow_gpu_provider.backends.ray import job
 from airflow_gpu_provider.backends.ray.capacity import label_matches
 from airflow_gpu_provider.backends.ray.connection import client_settings
 from airflow_gpu_provider.backends.ray.options import RayOptions, ray_accelerator_type
 from airflow_gpu_provider.backends.ray.plan import plan_job
-from airflow_gpu_provider.backends.ray.reaper import ON_WORKER
 from airflow_gpu_provider.backends.ray.trigger import RayJobTrigger
 from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import InvalidSettingError, UnknownSettingError
@@ -79,7 +73,9 @@ def test_resources_become_the_entrypoints():
     assert plan.runtime_env["env_vars"]["OMP_NUM_THREADS"] == "2"
     assert "CUDA_VISIBLE_DEVICES" not in plan.runtime_env["env_vars"]  # Ray sets it for the GPUs it gives
     cpu = _plan(ResourceSettings(cpu_count=1), ImageSettings(environment={"CUDA_VISIBLE_DEVICES": "0", "A": "b"}))
-    assert cpu.runtime_env["env_vars"]["CUDA_VISIBLE_DEVICES"] == "" and cpu.runtime_env["env_vars"]["A"] == "b"
+    assert cpu.runtime_env["env_vars"]["CUDA_VISIBLE_DEVICES"] == ""
+    # the task's own variables (credentials, often) are in no runtime_env: the reaper sets them (issue 34, H4)
+    assert cpu.environment == {"A": "b"} and "A" not in cpu.runtime_env["env_vars"]
     neuron = _plan(ResourceSettings(gpu_count=2, gpu_vendor="aws-neuron"))
     assert neuron.submit == {"entrypoint_resources": {"neuron_cores": 2.0}}
 
@@ -120,15 +116,21 @@ def test_missing_gpus_and_several_machines():
     assert nodes.nodes["num_nodes"] == 2
 
 
-def test_the_cluster_comes_from_the_options_a_connection_or_the_environment(monkeypatch):
-    assert client_settings(None, "http://head:8265") == ("http://head:8265", {})
+def test_the_cluster_comes_from_the_options_a_connection_or_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    assert client_settings(None, "http://head:8265") == ("http://head:8265", {"headers": {}})
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "from-the-cli")  # an address takes the token where Ray's CLI finds it
+    assert client_settings(None, "http://head:8265")[1] == {"headers": {"Authorization": "Bearer from-the-cli"}}
     extra = {"address": "https://ray.example:443", "headers": json.dumps({"Authorization": "Bearer t"}), "verify": "0"}
     monkeypatch.setenv("AIRFLOW_CONN_MY_RAY", json.dumps({"conn_type": "ray", "extra": extra}))
     address, settings = client_settings("my_ray", None)
     assert address == "https://ray.example:443"
     assert settings == {"headers": {"Authorization": "Bearer t"}, "cookies": {}, "verify": False}
-    monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", json.dumps({"conn_type": "ray", "host": "head"}))
-    assert client_settings(None, None)[0] == "http://head:8265"
+    connection = {"conn_type": "ray", "host": "head", "password": "the-token"}  # the connection carries the token
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", json.dumps(connection))
+    address, settings = client_settings(None, None)
+    assert address == "http://head:8265" and settings["headers"] == {"Authorization": "Bearer the-token"}
 
 
 def test_the_trigger_serialises_what_the_triggerer_needs():
@@ -137,19 +139,3 @@ def test_the_trigger_serialises_what_the_triggerer_needs():
     assert path == "airflow_gpu_provider.backends.ray.trigger.RayJobTrigger"
     assert json.loads(json.dumps(arguments)) == arguments
     assert RayJobTrigger(**arguments).serialize() == (path, arguments)
-
-
-def test_a_node_without_the_checkpoint_folder_the_worker_made_refuses_the_task(tmp_path):
-    """The reaper, first on every node: a folder the worker made that the node lacks is a file system not shared."""
-    reaper = Path(job.__file__).with_name("reaper.py")
-    run = [sys.executable, str(reaper), "-c", "print('the task ran')"]
-    missing = {**os.environ, ON_WORKER: str(tmp_path / "not-on-this-node")}
-    refused = subprocess.run(run, env=missing, capture_output=True, text=True, timeout=60, check=False)
-    assert refused.returncode == 2 and "the task ran" not in refused.stdout
-    assert (
-        f"checkpoint folder {tmp_path / 'not-on-this-node'}, made by the Airflow worker, is not on this Ray node"
-        in (refused.stderr)
-    )
-    shared = {**os.environ, ON_WORKER: str(tmp_path)}
-    ran = subprocess.run(run, env=shared, capture_output=True, text=True, timeout=60, check=False)
-    assert ran.returncode == 0 and "the task ran" in ran.stdout

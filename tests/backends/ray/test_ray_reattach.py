@@ -4,13 +4,18 @@ The scheduler finds the task instance's heartbeat gone and retries it; the retry
 submission id the first try recorded in the task state store and takes the job over instead of submitting a second
 one: the task's result is the first job's, and exactly one process ran the function (each run appends a line to a
 file in the task's checkpoint folder). The pattern of tests/executors/test_reattach.py, with a Ray job.
+
+Then the second worker is SIGKILLed too, with its task process, and a user marks the task instance failed: the API
+server's listener (``backends/ray/listener.py``) stops the job at once, with no other Ray task on the host.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 
+import psutil
 import pytest
 from backends.ray.ray_cluster import jobs
 from executors.cluster import Cluster, celery_worker, reattach_cluster, try_log
@@ -60,3 +65,16 @@ def test_a_killed_workers_job_is_taken_over_by_the_next_try(cluster, ray_cluster
     assert "Submitted Ray job" not in second
     assert not runs[0].exists()  # the successful run's checkpoints are deleted with it
     assert jobs(ray_cluster_address) == []  # collected, then deleted from the cluster
+
+    # A second run's worker dies with its task process (nothing of it follows the job), and a user marks the task
+    # instance failed: its durable job, which no try will take over now, is stopped by the API server's listener
+    cluster.run("dags", "trigger", DAG_ID, "--run-id", "r2", "--conf", f'{{"root": "{cluster.root}", "seconds": 300}}')
+    cluster._wait(lambda: [j for j in jobs(ray_cluster_address) if str(j.status) == "RUNNING"], 240, "the r2 job")
+    worker = psutil.Process(cluster.processes["worker-2"].pid)
+    for process in [worker, *worker.children(recursive=True)]:
+        process.kill()
+    cluster.processes.pop("worker-2").wait()
+    marked = time.monotonic()
+    cluster.api(f"/api/v2/dags/{DAG_ID}/dagRuns/r2/taskInstances/task", {"new_state": "failed"}, "PATCH")
+    cluster._wait(lambda: not jobs(ray_cluster_address), 60, "the listener to stop and delete the r2 job")
+    print(f"the job of the failed task instance was stopped and deleted {time.monotonic() - marked:.1f}s after")

@@ -172,7 +172,7 @@ def operator_arguments(backend: str, scenario: str) -> dict[str, Any]:
     if backend == "ray":  # a job on the matrix's cluster, carrying the run's token into its processes
         environment = {name: os.environ[name] for name in RAY_PASSED if name in os.environ}
         arguments["image"] = ImageSettings(requirements=arguments["image"].requirements, environment=environment)
-        arguments["backend_options"] = {"address": os.environ.get(RAY_VARIABLE, "http://127.0.0.1:9"), "kill_grace": 2}
+        arguments["backend_options"] = {"kill_grace": 2}  # the ray_default connection: the matrix's cluster
         arguments["durable"] = False  # as the Docker cells: the killed worker's job is the orphan reaper's
     return arguments
 

@@ -6,7 +6,7 @@ container and image a build makes carries ``airflow-gpu-provider.builder=<worker
 (:func:`~airflow_gpu_provider.host.workers.worker_identity`): its containers and the image it commits
 (``install.py``). Before a build, the containers of the dead builders of this host are removed, then their untagged
 images, children first; an image that another image is built on stays with it, and the builders of other hosts
-sharing a remote engine are left to them.
+sharing a remote engine, and those of another Airflow deployment on this host, are left to them.
 
 Every container of a finished derived image inherits the image's label too: a task's container, a pod run in
 Docker, anyone's. Such a container is no build's (:func:`build_containers`): its builder having died long ago is the
@@ -21,7 +21,8 @@ from typing import Any
 
 from docker.errors import APIError, NotFound
 
-from airflow_gpu_provider.host.workers import is_dead, worker_identity
+from airflow_gpu_provider.backends.docker.durable import DEPLOYMENT_LABEL
+from airflow_gpu_provider.host.workers import deployment, is_dead, worker_identity
 from airflow_gpu_provider.task.labels import docker_label
 
 BUILDER_LABEL = docker_label("builder")
@@ -32,8 +33,10 @@ def builder_labels() -> dict[str, str]:
     return {BUILDER_LABEL: worker_identity()}
 
 
-def _dead(found: dict[str, Any]) -> bool:
-    return is_dead((found.get("Labels") or {}).get(BUILDER_LABEL, ""))
+def _dead(found: dict[str, Any], ours: str) -> bool:
+    """Built by a dead worker of this deployment (one without the label: made before 0.2.0)."""
+    labels = found.get("Labels") or {}
+    return labels.get(DEPLOYMENT_LABEL, ours) == ours and is_dead(labels.get(BUILDER_LABEL, ""))
 
 
 def _untagged(image: dict[str, Any]) -> bool:
@@ -61,13 +64,13 @@ def build_containers(client: Any) -> list[dict[str, Any]]:
 
 def reap_dead_builds(client: Any, log: logging.Logger) -> list[str]:
     """Remove what the builds of this host's dead workers left: containers, then untagged images; their ids."""
-    reaped = []
+    reaped, ours = [], deployment()
     for container in build_containers(client):
-        if _dead(container):
+        if _dead(container, ours):
             with contextlib.suppress(NotFound, APIError):
                 client.remove_container(container["Id"], force=True, v=True)
                 reaped.append(container["Id"])
-    images = [i for i in client.images(all=True, filters={"label": BUILDER_LABEL}) if _dead(i) and _untagged(i)]
+    images = [i for i in client.images(all=True, filters={"label": BUILDER_LABEL}) if _dead(i, ours) and _untagged(i)]
     while images:  # children first: an image is removed once no other one of these is built on it
         parents = {image.get("ParentId") for image in images}
         leaves = [image for image in images if image["Id"] not in parents]
