@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from airflow_gpu_provider.config import options, policy
 from airflow_gpu_provider.config.options import SECTION, Option
 
 OPTIONS: tuple[Option, ...] = options.OPTIONS
-POSITIVE_SECONDS = ("wait_poll_interval", "wait_timeout", "trigger_poll_interval", "kill_grace", "profile_interval")
+POSITIVE_SECONDS = ("poll_interval", "wait_timeout", "kill_grace", "profile_interval")
 # Each NVML call of a sample takes the driver's lock, which the task's own CUDA calls on that GPU wait for: below
 # this, telemetry could slow the task it measures (docs/telemetry.md)
 MIN_PROFILE_INTERVAL = 0.25
@@ -28,10 +29,29 @@ __all__ = [
     "airflow_setting",
     "check_choice",
     "default_deferrable",
+    "deprecated",
     "get",
     "policy_values",
     "provider_config",
 ]
+
+
+class Moved(NamedTuple):
+    """Where a removed ``[gpu]`` option went: read for one more release, with a warning naming ``replacement``."""
+
+    replacement: str
+    #: the ``[gpu]`` option whose value it gives while that one is unset (or at its default); ``None``: read where
+    #: the replacement is (:func:`deprecated`)
+    option: str | None = None
+    #: the old text in the new option's form (``None``: no effect there)
+    value: Callable[[str], str | None] = str
+
+
+#: The ``[gpu]`` options removed in 0.2.0 (issue 37), each one entry.
+MOVED: dict[str, Moved] = {
+    "wait_poll_interval": Moved("[gpu] poll_interval", "poll_interval"),
+    "trigger_poll_interval": Moved("[gpu] poll_interval", "poll_interval"),
+}
 
 _BY_NAME = {option.name: option for option in OPTIONS}
 _VARIABLES = {option.name: f"AIRFLOW__{SECTION.upper()}__{option.name.upper()}" for option in OPTIONS}
@@ -115,21 +135,27 @@ def _home() -> str:
         return os.environ.get("HOME", "").rstrip("/")
 
 
-@functools.cache
-def _from_config_file(name: str) -> Any:
-    """The airflow.cfg value (or the default), read once per process: Airflow does not reload it either."""
-    option = _BY_NAME[name]
-    return _typed(option, _conf().get(SECTION, name, fallback=option.default))
-
-
 def get(name: str) -> Any:
     """Read one ``[gpu]`` option, typed.
 
-    ``AIRFLOW__GPU__<NAME>`` first (as Airflow does), then airflow.cfg, then the documented default. Cheap enough
-    for every operator built while a DAG is parsed.
+    ``AIRFLOW__GPU__<NAME>`` first (as Airflow does), then airflow.cfg, then an old name of it (:data:`MOVED`, with a
+    warning), then the documented default. Cheap enough for every operator built while a DAG is parsed.
     """
-    text = os.environ.get(_VARIABLES[name])
-    return _typed(_BY_NAME[name], text) if text is not None else _from_config_file(name)
+    option = _BY_NAME[name]
+    text = _setting(SECTION, name)
+    for old_name, moved in MOVED.items():
+        old = deprecated(old_name) if moved.option == name and text in (None, option.default) else None
+        text = text if old is None or moved.value(old) is None else moved.value(old)
+    return _typed(option, option.default if text is None else text)
+
+
+def deprecated(old_name: str) -> str | None:
+    """A removed ``[gpu]`` option's text while it is still set (warning, naming its replacement), else ``None``."""
+    text = _setting(SECTION, old_name)
+    if text is not None:
+        _deprecated(f"[{SECTION}] {old_name} is deprecated and read for one more release only: set "
+                    f"{MOVED[old_name].replacement} instead")  # fmt: skip
+    return text
 
 
 @functools.cache

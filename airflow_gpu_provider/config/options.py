@@ -123,7 +123,13 @@ OPTIONS: tuple[Option, ...] = (
         "A100=16, H100=8",
     ),
     Option(
-        "wait_poll_interval", "float", "5.0", "Seconds between attempts to get GPUs when on_missing_gpu is wait.", "1.0"
+        "poll_interval",
+        "float",
+        "0.25",
+        "Seconds between two looks of a waiting task: at the GPU locks (on_missing_gpu=wait, in the worker or "
+        "deferred), at a deferred task's container or job. On average half of it is added to the task's time. A look "
+        "costs about a millisecond of the engine's time (an inspect of the container) or a read of /proc/locks.",
+        "1.0",
     ),
     Option(
         "wait_timeout",
@@ -132,15 +138,6 @@ OPTIONS: tuple[Option, ...] = (
         "Seconds a task with on_missing_gpu=wait waits for GPUs (in the worker, or deferred) before it fails, "
         "naming what it waited for. A task's wait_timeout overrides it.",
         "3600",
-    ),
-    Option(
-        "trigger_poll_interval",
-        "float",
-        "0.25",
-        "Seconds between two looks of a deferred task's trigger (is the container over, is a GPU free): on average "
-        "half of it is added to the task's time. A look costs about a millisecond of the engine's time (an inspect of "
-        "the container) or a read of /proc/locks.",
-        "1.0",
     ),
     Option(
         "default_parent_image",

@@ -30,9 +30,8 @@ class GpuConfig:
     kueue_queue: str
     executor: str
     inventory: str
-    wait_poll_interval: float
+    poll_interval: float
     wait_timeout: float
-    trigger_poll_interval: float
     default_parent_image: str
     shm_size: str
     ca_bundle: str
