@@ -73,6 +73,7 @@ def test_gpu_options_can_be_set_by_environment(monkeypatch):
     [
         ("wait_poll_interval", "2.5", "poll_interval", 2.5),
         ("trigger_poll_interval", "0.75", "poll_interval", 0.75),
+        ("profile", "False", "profile_interval", 0.0),
     ],
 )
 def test_a_removed_gpu_option_still_works_for_one_release_and_warns_naming_its_replacement(
@@ -100,6 +101,8 @@ def test_profile_interval_has_a_floor_that_keeps_telemetry_off_the_tasks_back(mo
         config.get("profile_interval")
     monkeypatch.setenv("AIRFLOW__GPU__PROFILE_INTERVAL", "0.25")
     assert config.get("profile_interval") == 0.25
+    monkeypatch.setenv("AIRFLOW__GPU__PROFILE_INTERVAL", "0")  # off (was [gpu] profile = False)
+    assert config.get("profile_interval") == 0.0
 
 
 def test_the_policy_section_is_declared_and_read_by_one_reader_for_airflow_and_the_plugin(monkeypatch):

@@ -17,7 +17,7 @@ from airflow_gpu_provider.config import options, policy
 from airflow_gpu_provider.config.options import SECTION, Option
 
 OPTIONS: tuple[Option, ...] = options.OPTIONS
-POSITIVE_SECONDS = ("poll_interval", "wait_timeout", "kill_grace", "profile_interval")
+POSITIVE_SECONDS = ("poll_interval", "wait_timeout", "kill_grace")
 # Each NVML call of a sample takes the driver's lock, which the task's own CUDA calls on that GPU wait for: below
 # this, telemetry could slow the task it measures (docs/telemetry.md)
 MIN_PROFILE_INTERVAL = 0.25
@@ -47,10 +47,16 @@ class Moved(NamedTuple):
     value: Callable[[str], str | None] = str
 
 
+def _off_when_false(text: str) -> str | None:
+    """``[gpu] profile``'s text as ``profile_interval``: ``0`` when false; true changes nothing."""
+    return None if _typed(Option("profile", "boolean", "True", ""), text) else "0"
+
+
 #: The ``[gpu]`` options removed in 0.2.0 (issue 37), each one entry.
 MOVED: dict[str, Moved] = {
     "wait_poll_interval": Moved("[gpu] poll_interval", "poll_interval"),
     "trigger_poll_interval": Moved("[gpu] poll_interval", "poll_interval"),
+    "profile": Moved("[gpu] profile_interval = 0 (off)", "profile_interval", _off_when_false),
 }
 
 _BY_NAME = {option.name: option for option in OPTIONS}
@@ -104,10 +110,11 @@ def _typed(option: Option, text: str) -> Any:
         seconds = float(text)
         if option.name in POSITIVE_SECONDS and not 0 < seconds <= 10**9:  # NaN and infinity fail this too
             raise ValueError(f"[{SECTION}] {option.name}={text!r} is not a positive number of seconds (at most 1e9)")
-        if option.name == "profile_interval" and seconds < MIN_PROFILE_INTERVAL:
+        if option.name == "profile_interval" and not (seconds == 0 or MIN_PROFILE_INTERVAL <= seconds <= 10**9):
             raise ValueError(
                 f"[{SECTION}] profile_interval={text!r} is below {MIN_PROFILE_INTERVAL} s: every sample takes the GPU "
-                "driver's lock, which the task's own CUDA calls wait for (docs/telemetry.md). Accepted: 0.25 or more"
+                "driver's lock, which the task's own CUDA calls wait for (docs/telemetry.md). Accepted: 0.25 or more "
+                "(at most 1e9), or 0 for no profile"
             )
         return seconds
     value = text.strip()

@@ -179,15 +179,6 @@ OPTIONS: tuple[Option, ...] = (
         "False",
     ),
     Option(
-        "profile",
-        "boolean",
-        "True",
-        "Whether GPU tasks are profiled while they run: GPU utilisation, memory, power and temperature through NVML "
-        "(or CPU and memory of the task's processes where there is no GPU), summarised with advice at the end of "
-        "the log, stored in XCom under gpu_profile and shown in the UI's GPU tab.",
-        "False",
-    ),
-    Option(
         "checkpoint_root",
         "string",
         "",
@@ -245,8 +236,10 @@ OPTIONS: tuple[Option, ...] = (
         "profile_interval",
         "float",
         "1.0",
-        "Seconds between two samples of a task's profile: 0.25 or more (each sample takes the GPU driver's lock, "
-        "which the task's own CUDA calls wait for).",
+        "Seconds between two samples of the profile of every GPU task while it runs: GPU utilisation, memory, power "
+        "and temperature through NVML (or CPU and memory of the task's processes where there is no GPU), summarised "
+        "with advice at the end of the log, stored in XCom under gpu_profile and shown in the UI's GPU tab. 0.25 or "
+        "more (each sample takes the GPU driver's lock, which the task's own CUDA calls wait for); 0: not profiled.",
         "5.0",
     ),
     Option(

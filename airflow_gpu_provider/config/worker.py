@@ -37,7 +37,6 @@ class GpuConfig:
     ca_bundle: str
     image_registry: str
     clear_cache_between_tasks: bool
-    profile: bool
     checkpoint_root: str
     checkpoint_cleanup: bool
     kill_grace: float
