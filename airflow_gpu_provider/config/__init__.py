@@ -57,6 +57,7 @@ MOVED: dict[str, Moved] = {
     "wait_poll_interval": Moved("[gpu] poll_interval", "poll_interval"),
     "trigger_poll_interval": Moved("[gpu] poll_interval", "poll_interval"),
     "profile": Moved("[gpu] profile_interval = 0 (off)", "profile_interval", _off_when_false),
+    "kubernetes_gpu_allocation": Moved("the Kubernetes connection's extra gpu_allocation"),
 }
 
 _BY_NAME = {option.name: option for option in OPTIONS}

@@ -223,16 +223,6 @@ OPTIONS: tuple[Option, ...] = (
         "2",
     ),
     Option(
-        "kubernetes_gpu_allocation",
-        "string",
-        "device-plugin",
-        "How a Kubernetes GPU pod gets its GPUs: device-plugin (an extended resource such as nvidia.com/gpu in the "
-        "container's limits, and node labels for the model) or dra (a ResourceClaimTemplate of resource.k8s.io/v1, "
-        "Kubernetes 1.34+, made from the task's ResourceSettings and created with its pod). The kubernetes backend's "
-        "gpu_allocation option overrides it per task.",
-        "dra",
-    ),
-    Option(
         "profile_interval",
         "float",
         "1.0",

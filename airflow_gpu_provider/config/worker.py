@@ -42,7 +42,6 @@ class GpuConfig:
     kill_grace: float
     quarantine_seconds: float
     infra_retries: int
-    kubernetes_gpu_allocation: str
     profile_interval: float
     prices: str
     allowed_mount_roots: str
