@@ -18,7 +18,7 @@ process (Airflow's task runner) per phase: ``execute``, and after a deferral ``e
    was busy with it (the slot as the executor counts it: the task process plus Airflow's supervisor before and
    after it, which may wait up to ``[workers] min_heartbeat_interval`` after the process has exited).
 2. **End to end**: from the task's first task process's start to its last one's end. Goal: deferred <= 1.1x the
-   synchronous one + ``[gpu] trigger_poll_interval``.
+   synchronous one + ``[gpu] poll_interval``.
 3. **GPU free -> the waiting task runs**: while a deferred holder (the same task) runs, a local task with
    ``on_missing_gpu="wait"`` and ``deferrable=True`` needing the one GPU is deferred to ``GpuFreeTrigger``. The
    sampler also reads the GPU's lock in ``/proc/locks``; from its release, the times until the trigger fires (the
@@ -345,7 +345,7 @@ def main() -> None:
         left = airflow.stop()
         containers = remove_containers(prefix)
         shutil.rmtree(home, ignore_errors=True)
-    report(results, args, GpuConfig.read().trigger_poll_interval)
+    report(results, args, GpuConfig.read().poll_interval)
     for retry in retries:
         print(f"\nRun again: {retry}.")
     print(

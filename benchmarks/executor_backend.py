@@ -142,7 +142,7 @@ def main() -> None:
     parser.add_argument("--skip-docker", action="store_true", help="only the parse part (no Docker engine)")
     args = parser.parse_args()
     os.environ["AIRFLOW__GPU__DEVICES"] = "none"
-    os.environ["AIRFLOW__GPU__PROFILE"] = "False"  # same work on both sides: no sampler thread
+    os.environ["AIRFLOW__GPU__PROFILE_INTERVAL"] = "0"  # same work on both sides: no sampler thread
     airflow_home()
     if not args.skip_docker:
         times = bench_wall_time(args.runs, args.base_image)

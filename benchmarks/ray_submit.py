@@ -8,7 +8,7 @@ both with the cluster's token (token auth on, as the tests' cluster runs):
   job itself stamps it;
 * end to end: from the call until the call returns.
 
-Goal: the operator within 1.1x of the hand submission plus one poll interval (``[gpu] trigger_poll_interval``).
+Goal: the operator within 1.1x of the hand submission plus one poll interval (``[gpu] poll_interval``).
 
     python benchmarks/ray_submit.py [--runs 8]
 """
@@ -81,7 +81,7 @@ def main() -> int:
 
     from airflow_gpu_provider.config.worker import GpuConfig
 
-    poll = GpuConfig.read().trigger_poll_interval
+    poll = GpuConfig.read().poll_interval
     with ray_cluster(nodes=1) as cluster:
         connection = {"conn_type": "ray", "password": cluster.token, "extra": {"address": cluster.address}}
         os.environ["AIRFLOW_CONN_RAY_DEFAULT"] = json.dumps(connection)

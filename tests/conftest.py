@@ -68,7 +68,7 @@ os.environ.update(
         "AIRFLOW__GPU_POLICY__DEPLOYMENT": f"tests-{_HOME.name.rsplit('-', 1)[-1]}",
         "AIRFLOW__GPU__DEVICES": "none",
         "CUDA_VISIBLE_DEVICES": "",  # torch sees no GPU unless a test (marked gpu) or the provider says otherwise
-        "AIRFLOW__GPU__WAIT_POLL_INTERVAL": "0.2",
+        "AIRFLOW__GPU__POLL_INTERVAL": "0.2",
         "AIRFLOW__GPU_POLICY__ALLOWED_BUILD_PATHS": f"{BUILD_INPUTS},/opt/wheels",
         # what the tests' pods name of the cluster (rule P3), as a deployment's admin lists it
         "AIRFLOW__GPU_POLICY__ALLOWED_OBJECTS": "namespace=ml, namespace=ml-training, service_account=trainer, "

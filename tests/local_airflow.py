@@ -57,7 +57,7 @@ class LocalAirflow:
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__CORE__PARALLELISM": "4",
-            "AIRFLOW__GPU__WAIT_POLL_INTERVAL": "0.5",
+            "AIRFLOW__GPU__POLL_INTERVAL": "0.5",
             # the Docker tasks' parent image (no registry can be reached: the local base image)
             "AIRFLOW__GPU__DEFAULT_PARENT_IMAGE": os.environ.get(
                 "AIRFLOW_GPU_TEST_BASE_IMAGE", "airflow-gpu-base:bookworm"

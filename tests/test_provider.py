@@ -63,9 +63,33 @@ def test_gpu_options_can_be_set_by_environment(monkeypatch):
     from airflow_gpu_provider import config
 
     monkeypatch.setenv("AIRFLOW__GPU__BACKEND", "docker")
-    monkeypatch.setenv("AIRFLOW__GPU__WAIT_POLL_INTERVAL", "0.5")
+    monkeypatch.setenv("AIRFLOW__GPU__POLL_INTERVAL", "0.5")
     assert config.get("backend") == "docker"
-    assert config.get("wait_poll_interval") == 0.5
+    assert config.get("poll_interval") == 0.5
+
+
+@pytest.mark.parametrize(
+    ("old", "text", "new", "value"),
+    [
+        ("wait_poll_interval", "2.5", "poll_interval", 2.5),
+        ("trigger_poll_interval", "0.75", "poll_interval", 0.75),
+        ("profile", "False", "profile_interval", 0.0),
+    ],
+)
+def test_a_removed_gpu_option_still_works_for_one_release_and_warns_naming_its_replacement(
+    monkeypatch, old, text, new, value
+):
+    """Issue 37: ``[gpu]`` shrinks; each removed option is one entry of ``config.MOVED``."""
+    from airflow.exceptions import AirflowProviderDeprecationWarning
+
+    from airflow_gpu_provider import config
+
+    monkeypatch.delenv(f"AIRFLOW__GPU__{new.upper()}", raising=False)
+    monkeypatch.setenv(f"AIRFLOW__GPU__{old.upper()}", text)
+    with pytest.warns(AirflowProviderDeprecationWarning, match=rf"\[gpu\] {old} is deprecated .* set \[gpu\] {new}"):
+        assert config.get(new) == value
+    monkeypatch.setenv(f"AIRFLOW__GPU__{new.upper()}", "3.0")  # the new name, once set, wins
+    assert config.get(new) == 3.0
 
 
 def test_profile_interval_has_a_floor_that_keeps_telemetry_off_the_tasks_back(monkeypatch):
@@ -77,6 +101,8 @@ def test_profile_interval_has_a_floor_that_keeps_telemetry_off_the_tasks_back(mo
         config.get("profile_interval")
     monkeypatch.setenv("AIRFLOW__GPU__PROFILE_INTERVAL", "0.25")
     assert config.get("profile_interval") == 0.25
+    monkeypatch.setenv("AIRFLOW__GPU__PROFILE_INTERVAL", "0")  # off (was [gpu] profile = False)
+    assert config.get("profile_interval") == 0.0
 
 
 def test_the_policy_section_is_declared_and_read_by_one_reader_for_airflow_and_the_plugin(monkeypatch):

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from airflow_gpu_provider.config import options, policy
 from airflow_gpu_provider.config.options import SECTION, Option
 
 OPTIONS: tuple[Option, ...] = options.OPTIONS
-POSITIVE_SECONDS = ("wait_poll_interval", "wait_timeout", "trigger_poll_interval", "kill_grace", "profile_interval")
+POSITIVE_SECONDS = ("poll_interval", "wait_timeout", "kill_grace")
 # Each NVML call of a sample takes the driver's lock, which the task's own CUDA calls on that GPU wait for: below
 # this, telemetry could slow the task it measures (docs/telemetry.md)
 MIN_PROFILE_INTERVAL = 0.25
@@ -28,11 +29,37 @@ __all__ = [
     "airflow_setting",
     "check_choice",
     "default_deferrable",
+    "deprecated",
     "get",
     "policy_typed",
     "policy_values",
     "provider_config",
 ]
+
+
+class Moved(NamedTuple):
+    """Where a removed ``[gpu]`` option went: read for one more release, with a warning naming ``replacement``."""
+
+    replacement: str
+    #: the ``[gpu]`` option whose value it gives while that one is unset (or at its default); ``None``: read where
+    #: the replacement is (:func:`deprecated`)
+    option: str | None = None
+    #: the old text in the new option's form (``None``: no effect there)
+    value: Callable[[str], str | None] = str
+
+
+def _off_when_false(text: str) -> str | None:
+    """``[gpu] profile``'s text as ``profile_interval``: ``0`` when false; true changes nothing."""
+    return None if _typed(Option("profile", "boolean", "True", ""), text) else "0"
+
+
+#: The ``[gpu]`` options removed in 0.2.0 (issue 37), each one entry.
+MOVED: dict[str, Moved] = {
+    "wait_poll_interval": Moved("[gpu] poll_interval", "poll_interval"),
+    "trigger_poll_interval": Moved("[gpu] poll_interval", "poll_interval"),
+    "profile": Moved("[gpu] profile_interval = 0 (off)", "profile_interval", _off_when_false),
+    "kubernetes_gpu_allocation": Moved("the Kubernetes connection's extra gpu_allocation"),
+}
 
 _BY_NAME = {option.name: option for option in OPTIONS}
 _VARIABLES = {option.name: f"AIRFLOW__{SECTION.upper()}__{option.name.upper()}" for option in OPTIONS}
@@ -85,10 +112,11 @@ def _typed(option: Option, text: str, section: str = SECTION) -> Any:
         seconds = float(text)
         if option.name in POSITIVE_SECONDS and not 0 < seconds <= 10**9:  # NaN and infinity fail this too
             raise ValueError(f"[{SECTION}] {option.name}={text!r} is not a positive number of seconds (at most 1e9)")
-        if option.name == "profile_interval" and seconds < MIN_PROFILE_INTERVAL:
+        if option.name == "profile_interval" and not (seconds == 0 or MIN_PROFILE_INTERVAL <= seconds <= 10**9):
             raise ValueError(
                 f"[{SECTION}] profile_interval={text!r} is below {MIN_PROFILE_INTERVAL} s: every sample takes the GPU "
-                "driver's lock, which the task's own CUDA calls wait for (docs/telemetry.md). Accepted: 0.25 or more"
+                "driver's lock, which the task's own CUDA calls wait for (docs/telemetry.md). Accepted: 0.25 or more "
+                "(at most 1e9), or 0 for no profile"
             )
         return seconds
     value = text.strip()
@@ -116,21 +144,27 @@ def _home() -> str:
         return os.environ.get("HOME", "").rstrip("/")
 
 
-@functools.cache
-def _from_config_file(name: str) -> Any:
-    """The airflow.cfg value (or the default), read once per process: Airflow does not reload it either."""
-    option = _BY_NAME[name]
-    return _typed(option, _conf().get(SECTION, name, fallback=option.default))
-
-
 def get(name: str) -> Any:
     """Read one ``[gpu]`` option, typed.
 
-    ``AIRFLOW__GPU__<NAME>`` first (as Airflow does), then airflow.cfg, then the documented default. Cheap enough
-    for every operator built while a DAG is parsed.
+    ``AIRFLOW__GPU__<NAME>`` first (as Airflow does), then airflow.cfg, then an old name of it (:data:`MOVED`, with a
+    warning), then the documented default. Cheap enough for every operator built while a DAG is parsed.
     """
-    text = os.environ.get(_VARIABLES[name])
-    return _typed(_BY_NAME[name], text) if text is not None else _from_config_file(name)
+    option = _BY_NAME[name]
+    text = _setting(SECTION, name)
+    for old_name, moved in MOVED.items():
+        old = deprecated(old_name) if moved.option == name and text in (None, option.default) else None
+        text = text if old is None or moved.value(old) is None else moved.value(old)
+    return _typed(option, option.default if text is None else text)
+
+
+def deprecated(old_name: str) -> str | None:
+    """A removed ``[gpu]`` option's text while it is still set (warning, naming its replacement), else ``None``."""
+    text = _setting(SECTION, old_name)
+    if text is not None:
+        _deprecated(f"[{SECTION}] {old_name} is deprecated and read for one more release only: set "
+                    f"{MOVED[old_name].replacement} instead")  # fmt: skip
+    return text
 
 
 @functools.cache

@@ -123,7 +123,13 @@ OPTIONS: tuple[Option, ...] = (
         "A100=16, H100=8",
     ),
     Option(
-        "wait_poll_interval", "float", "5.0", "Seconds between attempts to get GPUs when on_missing_gpu is wait.", "1.0"
+        "poll_interval",
+        "float",
+        "0.25",
+        "Seconds between two looks of a waiting task: at the GPU locks (on_missing_gpu=wait, in the worker or "
+        "deferred), at a deferred task's container or job. On average half of it is added to the task's time. A look "
+        "costs about a millisecond of the engine's time (an inspect of the container) or a read of /proc/locks.",
+        "1.0",
     ),
     Option(
         "wait_timeout",
@@ -132,15 +138,6 @@ OPTIONS: tuple[Option, ...] = (
         "Seconds a task with on_missing_gpu=wait waits for GPUs (in the worker, or deferred) before it fails, "
         "naming what it waited for. A task's wait_timeout overrides it.",
         "3600",
-    ),
-    Option(
-        "trigger_poll_interval",
-        "float",
-        "0.25",
-        "Seconds between two looks of a deferred task's trigger (is the container over, is a GPU free): on average "
-        "half of it is added to the task's time. A look costs about a millisecond of the engine's time (an inspect of "
-        "the container) or a read of /proc/locks.",
-        "1.0",
     ),
     Option(
         "default_parent_image",
@@ -179,15 +176,6 @@ OPTIONS: tuple[Option, ...] = (
         "True",
         "Whether the listener clears the CUDA cache of a worker's task process after each task "
         "(a no-op when the task never loaded torch).",
-        "False",
-    ),
-    Option(
-        "profile",
-        "boolean",
-        "True",
-        "Whether GPU tasks are profiled while they run: GPU utilisation, memory, power and temperature through NVML "
-        "(or CPU and memory of the task's processes where there is no GPU), summarised with advice at the end of "
-        "the log, stored in XCom under gpu_profile and shown in the UI's GPU tab.",
         "False",
     ),
     Option(
@@ -235,21 +223,13 @@ OPTIONS: tuple[Option, ...] = (
         "2",
     ),
     Option(
-        "kubernetes_gpu_allocation",
-        "string",
-        "device-plugin",
-        "How a Kubernetes GPU pod gets its GPUs: device-plugin (an extended resource such as nvidia.com/gpu in the "
-        "container's limits, and node labels for the model) or dra (a ResourceClaimTemplate of resource.k8s.io/v1, "
-        "Kubernetes 1.34+, made from the task's ResourceSettings and created with its pod). The kubernetes backend's "
-        "gpu_allocation option overrides it per task.",
-        "dra",
-    ),
-    Option(
         "profile_interval",
         "float",
         "1.0",
-        "Seconds between two samples of a task's profile: 0.25 or more (each sample takes the GPU driver's lock, "
-        "which the task's own CUDA calls wait for).",
+        "Seconds between two samples of the profile of every GPU task while it runs: GPU utilisation, memory, power "
+        "and temperature through NVML (or CPU and memory of the task's processes where there is no GPU), summarised "
+        "with advice at the end of the log, stored in XCom under gpu_profile and shown in the UI's GPU tab. 0.25 or "
+        "more (each sample takes the GPU driver's lock, which the task's own CUDA calls wait for); 0: not profiled.",
         "5.0",
     ),
     Option(

@@ -30,21 +30,18 @@ class GpuConfig:
     kueue_queue: str
     executor: str
     inventory: str
-    wait_poll_interval: float
+    poll_interval: float
     wait_timeout: float
-    trigger_poll_interval: float
     default_parent_image: str
     shm_size: str
     ca_bundle: str
     image_registry: str
     clear_cache_between_tasks: bool
-    profile: bool
     checkpoint_root: str
     checkpoint_cleanup: bool
     kill_grace: float
     quarantine_seconds: float
     infra_retries: int
-    kubernetes_gpu_allocation: str
     profile_interval: float
     prices: str
     allowed_mount_roots: str

@@ -230,7 +230,7 @@ class HostGpus:
     @classmethod
     def configured(cls, conf: GpuConfig, *, only: Sequence[str] = ()) -> HostGpus:
         """From the worker's ``[gpu]`` options; ``only``: the task's ``devices``, which narrow the host's GPUs."""
-        limits = (conf.wait_poll_interval, conf.wait_timeout, conf.quarantine_seconds)
+        limits = (conf.poll_interval, conf.wait_timeout, conf.quarantine_seconds)
         return cls(conf.devices, conf.state_dir, *limits, only=tuple(only))
 
     def present(self, vendor: GpuVendor) -> list[Device]:

@@ -37,7 +37,7 @@ class GpuFreeTrigger(BaseTrigger):
     :param lock_files: the lock files of the devices that would do
     :param count: how many must be free at once
     :param deadline: when the wait ends (seconds since the epoch)
-    :param poll_interval: seconds between two looks (``[gpu] trigger_poll_interval``)
+    :param poll_interval: seconds between two looks (``[gpu] poll_interval``)
     :param requested: the request in words, for the log
     :param since: when the wait began (seconds since the epoch), for the log and the event
     :param parts: a share's wait: the parts of each GPU of ``lock_files`` it needs (``host/waiting.py`` ``ready``)
@@ -146,7 +146,7 @@ class GpuStartTrigger(GpuFreeTrigger):
         self.lock_files = [str(allocator.lock_path(device)) for device in candidates]
         self.count = count if 0 < count <= len(candidates) else 0  # never enough here: the worker says why
         self.requested = resources.describe().split(",")[0]
-        self.poll_interval = max(conf.trigger_poll_interval, MIN_POLL)
+        self.poll_interval = max(conf.poll_interval, MIN_POLL)
         self.since = time.time()
         self.deadline = self.since + (self.limit if self.limit is not None else conf.wait_timeout)
 

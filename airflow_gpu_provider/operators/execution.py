@@ -281,7 +281,7 @@ class GpuExecution(DurableJob):
             wait.lock_files,
             wait.count,
             since + wait.timeout,
-            poll_interval=conf.trigger_poll_interval,
+            poll_interval=conf.poll_interval,
             requested=wait.requested,
             since=since,
             parts=wait.parts,

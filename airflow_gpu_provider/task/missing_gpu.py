@@ -11,7 +11,7 @@ fail    fail at once, naming the request,    as local when the engine is on this
         busy ones                            engine without the NVIDIA runtime    the task fails with the scheduler's
                                              fails naming the toolkit             reason
 wait    poll the GPU locks every             as local; an engine without the      Pending for up to
-        ``[gpu] wait_poll_interval`` until   NVIDIA runtime fails (waiting        ``pending_timeout`` (24 h)
+        ``[gpu] poll_interval`` until        NVIDIA runtime fails (waiting        ``pending_timeout`` (24 h)
         free; fail at once when the host     cannot help)
         has too few
 cpu     run on the CPU now, with a warning   run a CPU-only container, with a     after ``pending_timeout`` (300 s),

@@ -25,12 +25,12 @@ if TYPE_CHECKING:
 
 
 def envelope_section(conf: GpuConfig) -> dict[str, Any] | None:
-    """What the runtime needs to sample (``envelope["profile"]``), or ``None`` when ``[gpu] profile`` is off.
+    """What the runtime needs to sample (``envelope["profile"]``), or ``None`` when ``[gpu] profile_interval`` is 0.
 
     ``host`` is this worker's host name as Airflow records it for the task instance (``[core] hostname_callable``):
     inside a container or pod the sampler's own name is the container's id or the pod's name.
     """
-    if not conf.profile:
+    if not conf.profile_interval:
         return None
     from airflow.utils.net import get_hostname
 

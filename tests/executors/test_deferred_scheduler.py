@@ -63,7 +63,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             "AIRFLOW__CORE__PARALLELISM": "4",
             "AIRFLOW__TRIGGERER__QUEUES_ENABLED": "True",
             "AIRFLOW__GPU__DEVICES": "0",  # no real GPU here: the allocator hands out the listed one
-            "AIRFLOW__GPU__TRIGGER_POLL_INTERVAL": "0.5",
+            "AIRFLOW__GPU__POLL_INTERVAL": "0.5",
             "TMPDIR": str(home / "tmp"),  # every process's temp files, counted after each run
         },
     )

@@ -41,7 +41,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             "AIRFLOW__CORE__PARALLELISM": "2",
             "AIRFLOW__GPU__DEVICES": "0",  # no real GPU here: the allocator hands out the listed one
-            "AIRFLOW__GPU__TRIGGER_POLL_INTERVAL": "0.5",
+            "AIRFLOW__GPU__POLL_INTERVAL": "0.5",
         },
     )
     try:

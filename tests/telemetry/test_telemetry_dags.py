@@ -88,7 +88,7 @@ def test_a_failed_try_keeps_its_profile_too(capfd):
 
 
 def test_profile_off_samples_and_stores_nothing(capfd, monkeypatch):
-    monkeypatch.setenv("AIRFLOW__GPU__PROFILE", "False")
+    monkeypatch.setenv("AIRFLOW__GPU__PROFILE_INTERVAL", "0")
     dag_run = run_dag(load_dag(DAG_FILE, "telemetry_local"))
     assert xcom(dag_run, "busy") == "burnt"
     assert xcom(dag_run, "busy", "gpu_profile") is None

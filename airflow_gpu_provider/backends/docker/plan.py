@@ -41,7 +41,7 @@ class DockerPlan:
     :param mapping: the arguments the resources were mapped with, to map them again onto the devices the host
         allocator hands out
     :param stop_timeout: seconds between SIGTERM and SIGKILL when the container is stopped
-    :param poll_interval: seconds between two looks of a deferred task's trigger (``[gpu] trigger_poll_interval``)
+    :param poll_interval: seconds between two looks of a deferred task's trigger (``[gpu] poll_interval``)
     :param cuda_image: a CUDA image to suggest when a GPU task's image looks CPU-only (``[gpu] default_parent_image``)
     :param notes: what the plan could not give the task (beyond the resource mapping's notes), for its log
     :param policy: the worker's ``[gpu]`` allow-lists, which the whole create call must meet
@@ -163,7 +163,7 @@ def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig
         host=HostGpus.configured(conf, only=options.devices),
         mapping=mapping,
         stop_timeout=conf.grace(options.stop_timeout),
-        poll_interval=conf.trigger_poll_interval,
+        poll_interval=conf.poll_interval,
         cuda_image=conf.default_parent_image,
         notes=notes,
         policy=policy,

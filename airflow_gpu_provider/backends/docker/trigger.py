@@ -52,7 +52,7 @@ class DockerContainerTrigger(JobTrigger):
     :param container_id: the task's container
     :param engine: how to reach the engine: ``docker_url`` (resolved), ``api_version``, ``timeout`` (anything else a
         stored row holds is ignored)
-    :param poll_interval: seconds between two looks (``[gpu] trigger_poll_interval``)
+    :param poll_interval: seconds between two looks (``[gpu] poll_interval``)
     :param deadline: when the task times out (seconds since the epoch), or ``None``
     :param state: what the task's resume needs (the ``Deferral``'s state), echoed in every event: the event alone
         resumes the task, even where a runner passes on no more than the event (``dag.test()``)

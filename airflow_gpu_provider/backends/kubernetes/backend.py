@@ -10,8 +10,10 @@ triggers: KubernetesPodOperator's deferrable mode (:mod:`.deferral`), Kubernetes
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any, cast
 
+from airflow_gpu_provider import config
 from airflow_gpu_provider.backends.base import Backend, Deferral
 from airflow_gpu_provider.backends.kubernetes import container
 from airflow_gpu_provider.backends.kubernetes.deferral import DeferredPod
@@ -42,8 +44,14 @@ class KubernetesBackend(Backend[KubernetesOptions, KubernetesPlan]):
         self._running: Any = None  # the GpuPodOperator or IndexedJobRun of the current try, for kill()
 
     def plan(self, request: TaskRequest, conf: GpuConfig) -> KubernetesPlan:
-        """Map the request onto the pod's pieces (:func:`.plan.plan_pod`). No cluster access."""
-        return plan_pod(request, self.options, conf)
+        """Map the request onto the pod's pieces (:func:`.plan.plan_pod`). No cluster access.
+
+        A task that names no ``gpu_allocation`` gets its cluster's: :func:`cluster_gpu_allocation`.
+        """
+        options = self.options
+        if options.gpu_allocation is None:
+            options = dataclasses.replace(options, gpu_allocation=cluster_gpu_allocation(options.kubernetes_conn_id))
+        return plan_pod(request, options, conf)
 
     def run(self, plan: KubernetesPlan, context: Context) -> TaskResult:
         """Run the pod with KubernetesPodOperator inside the current task; the pod is deleted on every path."""
@@ -143,3 +151,15 @@ class KubernetesBackend(Backend[KubernetesOptions, KubernetesPlan]):
         running = self._running
         if running is not None:
             running.on_kill()
+
+
+def cluster_gpu_allocation(conn_id: str) -> str:
+    """How the cluster gives pods GPUs: its Kubernetes connection's ``gpu_allocation`` extra (device-plugin, dra).
+
+    Else the deprecated ``[gpu] kubernetes_gpu_allocation`` (read for one more release, warning), else
+    ``device-plugin``. A connection that does not exist reads as one without extras (as KubernetesHook reads it).
+    """
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+    value = KubernetesHook(conn_id=conn_id).conn_extras.get("gpu_allocation")
+    return str(value or config.deprecated("kubernetes_gpu_allocation") or "device-plugin")

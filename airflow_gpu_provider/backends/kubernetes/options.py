@@ -109,7 +109,7 @@ class KubernetesOptions(PodOptions):
     on_finish_action: str = option("delete_pod", check=one_of(*FINISH_ACTIONS))
     kueue_queue: str | None = option(check=kueue_queue_name)  # None: [gpu] kueue_queue; '': no Kueue
     kueue_priority_class: str | None = option(check=kueue_name)
-    gpu_allocation: str | None = option(check=one_of(*dra.ALLOCATIONS))  # None: [gpu] kubernetes_gpu_allocation
+    gpu_allocation: str | None = option(check=one_of(*dra.ALLOCATIONS))  # None: the connection's
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -219,11 +219,12 @@ def _pod(
 def gpu_claim(
     request: TaskRequest, options: KubernetesOptions, conf: GpuConfig, wanted: ResourceSettings, template: Any
 ) -> dict[str, Any] | None:
-    """The spec of the pod's DRA claim when the task allocates GPUs by DRA (the option, else ``[gpu]``'s)."""
-    allocation = options.gpu_allocation or conf.kubernetes_gpu_allocation
+    """The spec of the pod's DRA claim when the task allocates GPUs by DRA (the option, else the connection's)."""
+    allocation = options.gpu_allocation or "device-plugin"
     if allocation not in dra.ALLOCATIONS:
         raise GpuTaskError(
-            f"{request.display_name}: [gpu] kubernetes_gpu_allocation={allocation!r} is not one of "
+            f"{request.display_name}: gpu_allocation={allocation!r} (the {options.kubernetes_conn_id} connection's "
+            "extra) is not one of "
             f"{', '.join(map(repr, dra.ALLOCATIONS))}. Nothing was submitted."
         )
     if allocation != "dra" or not wanted.requests_gpus:

@@ -50,7 +50,7 @@ class RayPlan:
     :param environment: the task's own variables, for the ``working_dir``'s ``environment.json`` (``reaper.py``)
     :param nodes: the node driver's instructions on several machines (``nodes.json``), else ``None``
     :param pending_timeout: seconds the job may wait for the cluster's resources before ``on_missing_gpu`` applies
-    :param poll_interval: seconds between two looks at the job (``[gpu] trigger_poll_interval``)
+    :param poll_interval: seconds between two looks at the job (``[gpu] poll_interval``)
     :param cpu_fallback: the same job without GPUs (``on_missing_gpu="cpu"``), or ``None``
     """
 
@@ -174,7 +174,7 @@ def plan_job(request: TaskRequest, options: RayOptions, conf: GpuConfig, *, on_c
         environment=own,
         nodes=nodes,
         pending_timeout=options.pending_timeout or (conf.wait_timeout if policy.waits else policy.pending_timeout),
-        poll_interval=conf.trigger_poll_interval,
+        poll_interval=conf.poll_interval,
         on_cpu=on_cpu,
     )
     if policy.runs_on_cpu and resources.requests_gpus and not on_cpu:

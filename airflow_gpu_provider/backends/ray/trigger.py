@@ -25,7 +25,7 @@ class RayJobTrigger(BaseTrigger):
 
     :param submission_id: the task's job
     :param cluster: ``{"ray_conn_id": ..., "address": ...}``, as the task's options name the cluster
-    :param poll_interval: seconds between two looks (``[gpu] trigger_poll_interval``)
+    :param poll_interval: seconds between two looks (``[gpu] poll_interval``)
     :param deadline: when the task times out (seconds since the epoch), or ``None``
     :param pending_deadline: when a job still waiting for the cluster's resources counts as missing its GPUs
     :param state: what the task's resume needs (the ``Deferral``'s state), echoed in every event

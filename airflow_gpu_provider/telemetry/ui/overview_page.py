@@ -195,7 +195,7 @@ def render_overview(
     if not rows:
         body.append(
             '<p class="empty">No GPU task has reported a profile yet. GPU tasks of this provider push one when '
-            "a try ends (unless <code>[gpu] profile = False</code>).</p>"
+            "a try ends (unless <code>[gpu] profile_interval = 0</code>).</p>"
             if not read
             else '<p class="empty">No try matches these filters.</p>'
         )

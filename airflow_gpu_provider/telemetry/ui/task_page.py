@@ -207,7 +207,7 @@ def render_no_profile(
     else:
         reason = (
             f"This task try ({e(state)}) has no GPU profile: it is not a GPU task of this provider, profiling is off "
-            "(<code>[gpu] profile = False</code>), or it ended before the first sample."
+            "(<code>[gpu] profile_interval = 0</code>), or it ended before the first sample."
         )
     body = (
         "<h1>No GPU profile</h1>"

@@ -4,6 +4,7 @@ show one ResourceSettings, and its try after a GPU OOM, both ways. Regenerate th
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -130,14 +131,27 @@ def test_a_bad_allocation_name_is_refused_at_parse():
         GpuStepOperator(task_id="t", command=["true"], backend="kubernetes", backend_options={"gpu_allocation": "DRA"})
 
 
-def test_the_worker_default_comes_from_gpu_kubernetes_gpu_allocation(monkeypatch):
-    monkeypatch.setenv("AIRFLOW__GPU__KUBERNETES_GPU_ALLOCATION", "dra")
+def test_the_worker_default_comes_from_the_kubernetes_connections_gpu_allocation(monkeypatch):
+    """A cluster fact lives in its connection (issue 37); a task's backend_options still override it."""
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KUBERNETES_DEFAULT", json.dumps({"conn_type": "kubernetes", "extra": {"gpu_allocation": "dra"}})
+    )
     _, objects = plan_and_render(ResourceSettings(gpu_count=1))
     assert [o["kind"] for o in objects] == ["ResourceClaimTemplate", "Pod"]  # and the task's Secret before them
     _, objects = plan_and_render(ResourceSettings(gpu_count=1), options={"gpu_allocation": "device-plugin"})
     assert [o["kind"] for o in objects] == ["Pod"]
     _, objects = plan_and_render(ResourceSettings())  # a CPU task: no claim
     assert [o["kind"] for o in objects] == ["Pod"]
+
+
+def test_the_removed_gpu_kubernetes_gpu_allocation_still_works_for_one_release_and_warns(monkeypatch):
+    from airflow.exceptions import AirflowProviderDeprecationWarning
+
+    monkeypatch.delenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", raising=False)
+    monkeypatch.setenv("AIRFLOW__GPU__KUBERNETES_GPU_ALLOCATION", "dra")
+    with pytest.warns(AirflowProviderDeprecationWarning, match="set the Kubernetes connection's extra gpu_allocation"):
+        _, objects = plan_and_render(ResourceSettings(gpu_count=1))
+    assert [o["kind"] for o in objects] == ["ResourceClaimTemplate", "Pod"]
 
 
 def test_a_multi_node_job_has_one_claim_template_and_each_pod_its_claim():
