@@ -39,6 +39,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(1800))
 
 
+def _bare(item: pytest.Item) -> str:
+    """The item's node id without the ``@group`` that ``--dist loadgroup`` appends (the user's session has none)."""
+    groups = sorted({str(mark.args[0]) for mark in item.iter_markers("xdist_group") if mark.args})
+    suffix = "@" + "_".join(groups)
+    return item.nodeid.removesuffix(suffix) if groups else item.nodeid
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     """In a root session, an item on an engine of the worker's user: its outcome in that user's session."""
@@ -47,9 +54,9 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         return None
     engine: UserEngine = pyfuncitem._request.getfixturevalue(f"{kind}_engine")
     if engine.outcomes is None:
-        items = [item.nodeid for item in pyfuncitem.session.items if delegated(item) == kind]
+        items = [_bare(item) for item in pyfuncitem.session.items if delegated(item) == kind]
         engine.outcomes = _engine_user_session(engine, items)
-    outcome = engine.outcomes.get(pyfuncitem.nodeid)
+    outcome = engine.outcomes.get(_bare(pyfuncitem))
     if outcome is None:
         pytest.fail(f"the {kind} engine user's session did not report it:\n{engine.outcomes.get('', {})}")
     if outcome["outcome"] == "skipped":
