@@ -42,7 +42,7 @@ class JobTrigger(BaseEventTrigger):
     :param job_id: the task's job
     :param where: how to reach the job's engine or cluster (JSON; never a credential: the triggerer reads those
         itself, from a connection or its own configuration)
-    :param poll_interval: seconds between two looks (``[gpu] trigger_poll_interval``)
+    :param poll_interval: seconds between two looks (``[gpu] poll_interval``)
     :param deadline: when the task times out (seconds since the epoch), or ``None``
     :param pending_deadline: when a job still waiting to start counts as missing its GPUs, or ``None``
     :param state: what the task's resume needs (the ``Deferral``'s state), echoed in every event

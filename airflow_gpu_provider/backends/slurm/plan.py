@@ -107,7 +107,7 @@ def plan_job(
         environment=with_user_environment(provider, request.image.environment, resources.gpu_vendor),
         memory=memory,
         pending_timeout=options.pending_timeout or (conf.wait_timeout if policy.waits else policy.pending_timeout),
-        poll_interval=conf.trigger_poll_interval,
+        poll_interval=conf.poll_interval,
         grace=grace,
         on_cpu=on_cpu,
     )
