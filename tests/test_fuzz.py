@@ -1177,7 +1177,7 @@ def test_docker_operator_accepts_and_plans_a_valid_container_or_names_the_field(
 
 BACKEND_NAMES = field(
     st.sampled_from(["local", "docker", "kubernetes", None, "{{ params.backend }}"]),
-    st.sampled_from(["Kubernetes", "k8s", "slurm", "", " local", "local\n"]),
+    st.sampled_from(["Kubernetes", "k8s", "lsf", "", " local", "local\n"]),
     WRONG_TYPES,
 )
 LOCAL_OPTIONS: dict[str, st.SearchStrategy[Any]] = {

@@ -158,7 +158,7 @@ def test_gpu_pool_slots_follow_gpu_count(monkeypatch):
         ({"python_callable": uses_module_constant}, InvalidSettingError, "'MODULE_CONSTANT' from outside"),
         ({"python_callable": add, "command": ["x"]}, InvalidSettingError, "give exactly one of them"),
         ({}, InvalidSettingError, "give exactly one of them"),
-        ({"python_callable": add, "backend": "slurm"}, InvalidSettingError, "backend='slurm' is invalid"),
+        ({"python_callable": add, "backend": "lsf"}, InvalidSettingError, "backend='lsf' is invalid"),
         ({"python_callable": add, "on_missing_gpu": "skip"}, InvalidSettingError, "'fail' or 'wait' or 'cpu'"),
         ({"python_callable": add, "gpu_count": -1}, InvalidSettingError, "gpu_count=-1"),
         ({"python_callable": add, "memory": "16XB"}, InvalidSettingError, "memory='16XB'"),

@@ -51,6 +51,6 @@ def test_a_decorated_task_names_itself_as_written():
             pass
 
     with pytest.raises(
-        InvalidSettingError, match=r"test_mapping\.py:\d+: @task\.gpu\('fit'\): backend='slurm' is invalid"
+        InvalidSettingError, match=r"test_mapping\.py:\d+: @task\.gpu\('fit'\): backend='lsf' is invalid"
     ):
-        gpu_task(task_id="fit", backend="slurm")(lambda: None)
+        gpu_task(task_id="fit", backend="lsf")(lambda: None)
