@@ -35,7 +35,7 @@ def test_every_example_dag_has_tags_docs_and_described_params(airflow_home):
             assert param.value is not None, (dag_id, name)
         assert dag.params.get_param("on_missing_gpu").schema["enum"] == ["fail", "wait", "cpu"]
         if not pinned:
-            assert dag.params.get_param("backend").schema["enum"] == ["local", "docker", "kubernetes", "ray"]
+            assert dag.params.get_param("backend").schema["enum"] == ["local", "docker", "kubernetes", "ray", "slurm"]
 
 
 def test_gpu_tasks_join_the_gpu_pool(airflow_home, monkeypatch):

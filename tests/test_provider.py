@@ -143,6 +143,8 @@ def test_an_old_gpu_name_of_an_allow_list_is_read_one_more_release_with_a_warnin
 
     from airflow_gpu_provider import config
 
+    for name in ("ALLOWED_VOLUMES", "ALLOWED_CLUSTERS"):  # a cluster fixture of this session may have set them
+        monkeypatch.delenv(f"AIRFLOW__GPU_POLICY__{name}", raising=False)
     monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_VOLUMES", "hf-cache")
     monkeypatch.setenv("AIRFLOW__GPU__ALLOWED_DOCKER_ENGINES", "tcp://a:2376, unix:///run/user/1/docker.sock")
     with pytest.warns(AirflowProviderDeprecationWarning, match=r"\[gpu\] allowed_docker_engines is deprecated .* "

@@ -218,10 +218,10 @@ def _run(cell: Cell, place: Place) -> None:
     cell.leftovers = settle(place.scope, place.state_dir, before)
 
 
-#: The scenarios ``make test`` runs: how a task ends that only a backend's reapers and cleanup answer for. The others
-#: (success, an exception, an exit code, a timeout, output, a missing GPU, a failed install) each have a real run per
-#: backend in its own tests; ``make reliability`` runs every cell (``AIRFLOW_GPU_MATRIX=full``).
-REAPERS = ("out of memory", "on_kill", "worker SIGKILL", "setsid grandchild", "escaped child", BUILD_KILLED)
+#: The scenarios ``make test`` runs: how a task ends that only a backend's reapers answer for. The others (success,
+#: an exception, an exit code, OOM, a timeout, on_kill, output, a missing GPU, a failed install) each have a real run
+#: per backend in its own tests; ``make reliability`` runs every cell (``AIRFLOW_GPU_MATRIX=full``).
+REAPERS = ("worker SIGKILL", "setsid grandchild", "escaped child", BUILD_KILLED)
 
 
 def cells(backends: tuple[str, ...] = BACKENDS) -> list[tuple[str, str]]:
