@@ -58,6 +58,8 @@ class LocalAirflow:
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__CORE__PARALLELISM": "4",
             "AIRFLOW__GPU__POLL_INTERVAL": "0.5",
+            # the clusters the tests' DAGs name (tests/dags/slurm_dags.py), as this deployment's admin lists them
+            "AIRFLOW__GPU_POLICY__ALLOWED_CLUSTERS": "slurm=slurm_test, slurm=slurm_rest",
             # the Docker tasks' parent image (no registry can be reached: the local base image)
             "AIRFLOW__GPU__DEFAULT_PARENT_IMAGE": os.environ.get(
                 "AIRFLOW_GPU_TEST_BASE_IMAGE", "airflow-gpu-base:bookworm"
