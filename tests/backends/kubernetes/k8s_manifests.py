@@ -4,6 +4,7 @@ that a JSON schema cannot express (names, quantities, GPU requests equal to limi
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import re
 from typing import Any
@@ -23,6 +24,9 @@ LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+# kubernetes-validate reads and parses a schema file (megabytes of JSON) on every call, most of a call's time: the
+# suite validates thousands of objects, so each file is parsed once per process (the validator only reads it)
+kubernetes_validate.utils.schema_contents = functools.cache(kubernetes_validate.utils.schema_contents)
 
 
 def _check_labels(labels: dict[str, str], where: str) -> None:
