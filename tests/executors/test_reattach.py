@@ -13,7 +13,7 @@ import signal
 
 import psutil
 import pytest
-from cluster import Cluster, celery_worker, reattach_cluster, try_log
+from cluster import Cluster, celery_worker, let_go, reattach_cluster, try_log
 
 pytest.importorskip("airflow.providers.celery", reason="the Celery provider is not installed (the dev extra has it)")
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.usefixtures("no_leaks")]
@@ -58,6 +58,9 @@ def test_a_killed_workers_container_is_taken_over_by_the_next_try(cluster, docke
     assert orphans, "the first try's task process should outlive its worker's process group"
     assert docker_client.inspect_container(first)["State"]["Running"]  # the container outlives its worker
     _worker(cluster, "worker-2")
+    # the second try has taken the container over (or the run ended without it): the function may end now
+    cluster._wait(lambda: "Reattached to" in _task_log(cluster, 2) or cluster.xcom(DAG_ID, "r1", "task"), 240, "try 2")
+    let_go(cluster.root)
 
     state = cluster.wait_for_run(DAG_ID, "r1", timeout=240)
     tis = cluster.task_instances(DAG_ID, "r1")

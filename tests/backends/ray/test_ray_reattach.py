@@ -18,7 +18,7 @@ import time
 import psutil
 import pytest
 from backends.ray.ray_cluster import jobs
-from executors.cluster import Cluster, celery_worker, reattach_cluster, try_log
+from executors.cluster import Cluster, celery_worker, let_go, reattach_cluster, try_log
 
 pytest.importorskip("airflow.providers.celery", reason="the Celery provider is not installed (the dev extra has it)")
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster_address")]
@@ -55,6 +55,9 @@ def test_a_killed_workers_job_is_taken_over_by_the_next_try(cluster, ray_cluster
     cluster.processes.pop("worker-1").wait()
     assert [(j.submission_id, str(j.status)) for j in jobs(ray_cluster_address)] == [(first, "RUNNING")]
     _worker(cluster, "worker-2")
+    # the second try has taken the job over (or the run ended without it): the function may end now
+    cluster._wait(lambda: "Reattached to" in _task_log(cluster, 2) or cluster.xcom(DAG_ID, "r1", "task"), 300, "try 2")
+    let_go(cluster.root)
 
     state = cluster.wait_for_run(DAG_ID, "r1", timeout=300)
     second = _task_log(cluster, 2)
