@@ -30,7 +30,7 @@ import pytest
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "tests" / "executors"))
-from cluster import Cluster, wait_for_port
+from cluster import Cluster, let_go, wait_for_port
 
 pytest.importorskip("airflow.providers.celery", reason="the Celery provider is not installed (the dev extra has it)")
 pytestmark = [pytest.mark.upgrade, pytest.mark.slow, pytest.mark.docker]
@@ -190,6 +190,16 @@ def states(cluster: Cluster, dag_id: str, run_id: str) -> dict[str, str]:
     return {task: ti["state"] for task, ti in cluster.task_instances(dag_id, run_id).items()}
 
 
+def followed(cluster: Cluster) -> str:
+    """The log of the deferred task's trigger in this release's triggerer (the second), or "" before it exists."""
+    triggerers = cluster.query("SELECT id FROM job WHERE job_type = 'TriggererJob' ORDER BY id")
+    if len(triggerers) < 2:
+        return ""
+    newest = triggerers[-1][0]
+    pattern = f"dag_id=upgrade_story/**/task_id=deferred/attempt=1.log.trigger.{newest}.log"
+    return "\n".join(path.read_text(errors="replace") for path in (cluster.home / "logs").glob(pattern))
+
+
 def test_the_previous_releases_deferred_and_durable_tasks_are_finished_by_this_one(tmp_path, docker_client):
     commit = previous_commit()
     source = tmp_path / "previous"
@@ -236,6 +246,16 @@ def test_the_previous_releases_deferred_and_durable_tasks_are_finished_by_this_o
         # --- this release finishes both: the stored trigger, the recorded container
         start_fleet(cluster, python, "this")
         worker(cluster, python, "worker-this", "default,this")
+        # this release has taken both containers over (or the run ended without it): their functions may end now
+        cluster._wait(
+            lambda: (
+                ("Reattached to" in try_log(cluster, "upgrade_story", 2, "durable") and followed(cluster))
+                or states(cluster, "upgrade_story", "r1").get("deferred") in ("success", "failed")
+            ),
+            300,
+            "this release to take both containers over",
+        )
+        let_go(root)
         state = cluster.wait_for_run("upgrade_story", "r1", timeout=300)
         tis = cluster.task_instances("upgrade_story", "r1")
         assert state == "success", f"{tis}\n{cluster.logs()}"
@@ -247,12 +267,8 @@ def test_the_previous_releases_deferred_and_durable_tasks_are_finished_by_this_o
         assert cluster.xcom("upgrade_story", "r1", "deferred") == {"runs": 1}
         assert f"Reattached to container {containers['durable']}" in durable, durable[-3000:]
         assert cluster.xcom("upgrade_story", "r1", "durable") == {"runs": 1}  # one process ran the function
-        ((*_, this_triggerer),) = zip(*cluster.query("SELECT id FROM job WHERE job_type = 'TriggererJob' ORDER BY id"))
-        followed = next(
-            (cluster.home / "logs").glob(f"dag_id=upgrade_story/**/attempt=1.log.trigger.{this_triggerer}.log")
-        )
-        assert f"Watching container {containers['deferred']}" in followed.read_text()  # this release's triggerer
-        assert "done after 1 run(s)" in followed.read_text()
+        assert f"Watching container {containers['deferred']}" in followed(cluster)  # this release's triggerer
+        assert "done after 1 run(s)" in followed(cluster)
 
         # --- a mixed fleet: a worker of the previous release beside this release's, each on its own queue
         worker(cluster, previous / "bin" / "python", "worker-previous-2", "previous")

@@ -18,7 +18,10 @@ RETRY = {"retries": 1, "retry_delay": datetime.timedelta(seconds=0)}
 
 
 def counts_its_runs(seconds: str) -> dict:
-    """Append a line to the checkpoint folder for every process that runs this; return how many did."""
+    """Append a line to the checkpoint folder for every process that runs this; return how many did.
+
+    It works ``seconds`` at most: until the test has seen what it waited for and put a file ``go`` in the folder.
+    """
     import os
     import time
 
@@ -26,7 +29,9 @@ def counts_its_runs(seconds: str) -> dict:
     with open(os.path.join(folder, "runs.txt"), "a") as handle:
         handle.write(f"{os.getpid()}\n")
     print("counted; working", flush=True)
-    time.sleep(int(seconds))
+    deadline = time.monotonic() + int(seconds)
+    while time.monotonic() < deadline and not os.path.exists(os.path.join(folder, "go")):
+        time.sleep(0.2)
     with open(os.path.join(folder, "runs.txt")) as handle:
         runs = len(handle.read().split())
     print("done after", runs, "run(s)", flush=True)
