@@ -367,12 +367,8 @@ def slurm_cluster(nodes: int = 2) -> Iterator[SlurmCluster]:
 
 
 @pytest.fixture(scope="session")
-def slurm() -> Iterator[SlurmCluster]:
-    """The session's two-node cluster (skip, or fail in CI, where it cannot start); two connections to it.
-
-    ``slurm_test`` reaches it as a submit host (the CLI, with its ``slurm.conf``), ``slurm_rest`` through
-    ``slurmrestd`` with a JWT.
-    """
+def slurm_session() -> Iterator[tuple[SlurmCluster, dict[str, str]]]:
+    """The session's two-node cluster (skip, or fail in CI, where it cannot start) and its tests' variables."""
     reason = why_not()
     if reason is not None:
         if IN_CI:
@@ -390,9 +386,17 @@ def slurm() -> Iterator[SlurmCluster]:
             "AIRFLOW__GPU_POLICY__ALLOWED_CLUSTERS": "slurm=slurm_test, slurm=slurm_rest",  # not the default one
             "AIRFLOW_GPU_TEST_WHEELS": str(wheels),
         }
-        os.environ.update(variables)
-        try:
-            yield cluster
-        finally:
-            for name in variables:
-                os.environ.pop(name, None)
+        yield cluster, variables
+
+
+@pytest.fixture
+def slurm(slurm_session: tuple[SlurmCluster, dict[str, str]], monkeypatch: pytest.MonkeyPatch) -> SlurmCluster:
+    """The session's cluster, with two connections to it set for this test only.
+
+    ``slurm_test`` reaches it as a submit host (the CLI, with its ``slurm.conf``), ``slurm_rest`` through
+    ``slurmrestd`` with a JWT. (Set per test: a session's variables would reach the later tests of its worker.)
+    """
+    cluster, variables = slurm_session
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    return cluster
