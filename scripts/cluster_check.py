@@ -9,7 +9,7 @@ through ``dag.test()``, the tasks of ``scripts/cluster_check_dags.py``), never a
 ==============  ===================================================================================================
 rbac            every permission of the shipped Role (deploy/kubernetes/rbac.yaml) is granted to the workers' and
                 the triggerers' service accounts (SelfSubjectAccessReview, impersonating them; --as-self: yours)
-pod-security    the namespace enforces Pod Security admission at [gpu] min_pod_security or stronger
+pod-security    the namespace enforces Pod Security admission at [gpu_policy] min_pod_security or stronger
 cpu-pod         a CPU task end to end: its pod runs, its result comes back to XCom and its log to the task log
 gpu-pod         where a node has GPUs: a one-GPU task's pod sees its GPU
 deferred-pod    the CPU task deferred (deferrable=True): the trigger waits for the pod, the task collects it
@@ -107,7 +107,7 @@ def decide_rbac(needed: Mapping[str, Sequence[Call]], answers: Mapping[str, Mapp
 
 
 def decide_pod_security(labels: Mapping[str, str] | None, minimum: str) -> Outcome:
-    """The namespace's enforced Pod Security level, against ``[gpu] min_pod_security``."""
+    """The namespace's enforced Pod Security level, against ``[gpu_policy] min_pod_security``."""
     from airflow_gpu_provider.policy import LEVELS
 
     level = (labels or {}).get(PSA)
@@ -115,7 +115,7 @@ def decide_pod_security(labels: Mapping[str, str] | None, minimum: str) -> Outco
     if level is None:
         return Outcome("FAIL", f"no Pod Security admission is enforced: {fix}")
     if level not in LEVELS or LEVELS.index(level) > LEVELS.index(minimum):
-        return Outcome("FAIL", f"enforces {level!r}, weaker than [gpu] min_pod_security={minimum!r}: {fix}")
+        return Outcome("FAIL", f"enforces {level!r}, weaker than [gpu_policy] min_pod_security={minimum!r}: {fix}")
     version = (labels or {}).get(f"{PSA}-version", "latest")
     return Outcome("PASS", f"enforce={level} (version {version})")
 
@@ -372,7 +372,7 @@ def check_rbac(ctx: Context) -> Outcome:
 
 
 def check_pod_security(ctx: Context) -> Outcome:
-    """The namespace enforces Pod Security admission at [gpu] min_pod_security or stronger."""
+    """The namespace enforces Pod Security admission at [gpu_policy] min_pod_security or stronger."""
     from airflow_gpu_provider.config.worker import GpuConfig
 
     return decide_pod_security(ctx.cluster.facts["labels"], GpuConfig.read().min_pod_security)
