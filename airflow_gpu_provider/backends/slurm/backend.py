@@ -98,7 +98,7 @@ class SlurmBackend(ResumableBackend[SlurmOptions, SlurmPlan]):
             cpu_fallback=plan.on_cpu,
             fallback_reason=self._fallback_reason if plan.on_cpu else "",
         )
-        nodes = [] if facts.rest or not request.avoid_nodes else self._client.nodes()
+        nodes = self._client.nodes() if request.avoid_nodes else []  # asked only after a try failed on a node
         avoid = avoided(plan, nodes, facts, self.log)
         folder = job.make_folder(plan, facts.shared_dir, facts.python, envelope)
         found = directives(
