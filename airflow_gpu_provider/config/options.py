@@ -163,14 +163,6 @@ OPTIONS: tuple[Option, ...] = (
         "/etc/ssl/certs/ca-certificates.crt",
     ),
     Option(
-        "image_registry",
-        "string",
-        "",
-        "Registry (and namespace) that derived images are pushed to after they are built, so other hosts and "
-        "Kubernetes can pull them; empty keeps them on the local Docker engine.",
-        "registry.example.com/ml",
-    ),
-    Option(
         "clear_cache_between_tasks",
         "boolean",
         "True",

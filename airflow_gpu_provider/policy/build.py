@@ -1,7 +1,7 @@
 """What of the worker a derived image's build may read: only what the admin allows, and nothing secret.
 
 Rule B1 (docs/security.md: a build reads of the worker only what the admin allows): a derived image keeps what its build
-copies in, on the engine and in ``[gpu] image_registry``, for whoever may pull it. So the worker files a task names for
+copies in, on the engine and in the image registry, for whoever may pull it. So the worker files a task names for
 its build (``ImageSettings.find_links`` folders, ``backend_options['ca_bundle']``) must lie beneath ``[gpu_policy]
 allowed_build_paths``, be resolved as stable paths (``policy/paths.py``: no symbolic link on the way, every folder
 root's or the worker's and writable by no one else), be a regular file (a CA bundle) or a folder (a wheel folder: its

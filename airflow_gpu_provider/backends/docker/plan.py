@@ -154,7 +154,7 @@ def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig
         fallback=fallback,
         build=BuildOptions(
             repository=options.repository,
-            registry=options.registry or conf.image_registry or None,
+            registry=options.registry or None,
             ca_bundle=options.ca_bundle or conf.ca_bundle or None,
             uv_source=options.uv_source,
             compile_bytecode=options.compile_bytecode,
