@@ -155,14 +155,6 @@ OPTIONS: tuple[Option, ...] = (
         "16Gi",
     ),
     Option(
-        "ca_bundle",
-        "string",
-        "",
-        "PEM file on the worker with the CA certificates that package installs inside derived images must trust "
-        "(a TLS-intercepting proxy's CA). Copied into the image and exported as SSL_CERT_FILE; empty for none.",
-        "/etc/ssl/certs/ca-certificates.crt",
-    ),
-    Option(
         "clear_cache_between_tasks",
         "boolean",
         "True",

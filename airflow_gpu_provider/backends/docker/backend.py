@@ -57,13 +57,15 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
     def plan(self, request: TaskRequest, conf: GpuConfig) -> DockerPlan:
         """Translate the request into container arguments (:func:`.plan.plan_container`).
 
-        A task that names no ``registry`` gets its engine's: the Docker connection's extra ``image_registry``.
+        A task that names no ``registry`` gets its engine's: the Docker connection's extra ``image_registry``; its
+        ``ca_bundle`` (the admin's, always allowed) is used where the task names none.
         """
         options = self.options
         if options.registry is None:
             registry = connection_extra(options.docker_conn_id, "image_registry", "image_registry")
             options = dataclasses.replace(options, registry=registry or None)
-        return plan_container(request, options, conf)
+        ca = connection_extra(options.docker_conn_id, "ca_bundle", "ca_bundle") or None
+        return plan_container(request, options, conf, engine_ca=ca)
 
     def _open(self, plan: DockerPlan, context: Context) -> Any:
         """The engine's client, once per try: the checkpoint folder made, a dead worker's containers reaped first."""
