@@ -59,6 +59,8 @@ MOVED: dict[str, Moved] = {
     "trigger_poll_interval": Moved("[gpu] poll_interval", "poll_interval"),
     "profile": Moved("[gpu] profile_interval = 0 (off)", "profile_interval", _off_when_false),
     "kubernetes_gpu_allocation": Moved("the Kubernetes connection's extra gpu_allocation"),
+    "image_registry": Moved("the Docker connection's extra image_registry"),
+    "ca_bundle": Moved("the Docker connection's extra ca_bundle"),
 }
 
 _BY_NAME = {option.name: option for option in OPTIONS}

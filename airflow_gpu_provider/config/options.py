@@ -155,22 +155,6 @@ OPTIONS: tuple[Option, ...] = (
         "16Gi",
     ),
     Option(
-        "ca_bundle",
-        "string",
-        "",
-        "PEM file on the worker with the CA certificates that package installs inside derived images must trust "
-        "(a TLS-intercepting proxy's CA). Copied into the image and exported as SSL_CERT_FILE; empty for none.",
-        "/etc/ssl/certs/ca-certificates.crt",
-    ),
-    Option(
-        "image_registry",
-        "string",
-        "",
-        "Registry (and namespace) that derived images are pushed to after they are built, so other hosts and "
-        "Kubernetes can pull them; empty keeps them on the local Docker engine.",
-        "registry.example.com/ml",
-    ),
-    Option(
         "clear_cache_between_tasks",
         "boolean",
         "True",

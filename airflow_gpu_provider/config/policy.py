@@ -110,8 +110,8 @@ POLICY_OPTIONS: tuple[Option, ...] = (
         "string",
         "",
         "Worker files and folders that a derived image's build may read (ImageSettings find_links folders, "
-        "backend_options ca_bundle): comma-separated paths, each file or folder beneath them. [gpu] ca_bundle "
-        "is always allowed. Empty: nothing of the worker's goes into an image but [gpu] ca_bundle.",
+        "backend_options ca_bundle): comma-separated paths, each file or folder beneath them. The Docker "
+        "connection's ca_bundle is always allowed. Empty: nothing of the worker's goes into an image but that one.",
         "/opt/wheels",
     ),
     Option(

@@ -34,8 +34,6 @@ class GpuConfig:
     wait_timeout: float
     default_parent_image: str
     shm_size: str
-    ca_bundle: str
-    image_registry: str
     clear_cache_between_tasks: bool
     checkpoint_root: str
     checkpoint_cleanup: bool

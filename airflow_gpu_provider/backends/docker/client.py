@@ -42,3 +42,19 @@ def connect(options: DockerOptions, *, login: bool = True) -> Any:
             f"Cannot reach the Docker engine at {options.engine_url}: {err}. Start the Docker daemon on the "
             "worker, or point backend_options docker_url (or DOCKER_HOST) at a running engine."
         ) from None
+
+
+def connection_extra(conn_id: str | None, name: str, old_option: str) -> str:
+    """An engine fact from the Docker connection's extras (``conn_id``, else ``docker_default``; none: no extras).
+
+    Else the removed ``[gpu] <old_option>``, read for one more release with a warning naming the connection field.
+    """
+    from airflow.exceptions import AirflowNotFoundException
+
+    from airflow_gpu_provider import config
+
+    try:
+        extras = DockerHook.get_connection(conn_id or DockerHook.default_conn_name).extra_dejson
+    except AirflowNotFoundException:
+        extras = {}
+    return str(extras.get(name) or config.deprecated(old_option) or "")

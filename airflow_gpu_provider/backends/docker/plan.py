@@ -16,6 +16,7 @@ from airflow_gpu_provider.backends.docker.rootless import engine_notes, on_engin
 from airflow_gpu_provider.checkpoint.location import CHECKPOINT_MOUNT, checkpoint_environment, unreachable
 from airflow_gpu_provider.host.allocator import HostGpus
 from airflow_gpu_provider.policy import Policy
+from airflow_gpu_provider.policy.build import BuildPolicy
 from airflow_gpu_provider.policy.docker import task_groups, task_user
 from airflow_gpu_provider.policy.paths import canonical
 from airflow_gpu_provider.policy.users import device_gids
@@ -100,8 +101,13 @@ class DockerPlan:
         return dataclasses.replace(self, resources=remapped)
 
 
-def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig) -> DockerPlan:
+def plan_container(
+    request: TaskRequest, options: DockerOptions, conf: GpuConfig, *, engine_ca: str | None = None
+) -> DockerPlan:
     """Map a request onto container arguments, with the worker's ``[gpu]`` options. No engine calls.
+
+    ``engine_ca``: the admin's CA bundle of derived-image builds (the Docker connection's extra ``ca_bundle``),
+    used when the task names none, and always allowed.
 
     Users and groups are resolved in this host's passwd and group databases (``policy/users.py``): the engine gets
     numbers only, never a name the task's image would resolve.
@@ -155,8 +161,9 @@ def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig
         fallback=fallback,
         build=BuildOptions(
             repository=options.repository,
-            registry=options.registry or conf.image_registry or None,
-            ca_bundle=options.ca_bundle or conf.ca_bundle or None,
+            registry=options.registry or None,
+            ca_bundle=options.ca_bundle or engine_ca or None,
+            policy=BuildPolicy.of(conf, engine_ca),
             uv_source=options.uv_source,
             compile_bytecode=options.compile_bytecode,
         ),

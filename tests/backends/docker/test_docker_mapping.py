@@ -165,6 +165,42 @@ def test_plan_uses_default_parent_image(monkeypatch):
     )
 
 
+def test_the_registry_of_derived_images_is_the_docker_connections_and_the_old_option_warns(monkeypatch):
+    """An engine fact lives in its connection (issue 37); ``backend_options['registry']`` still overrides it."""
+    import json
+
+    from airflow.exceptions import AirflowProviderDeprecationWarning
+
+    extra = {
+        "conn_type": "docker",
+        "host": "registry.example.com",
+        "extra": {"image_registry": "registry.example.com/ml"},
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_TEAM_ENGINE", json.dumps(extra))
+    assert plan_for({"docker_conn_id": "team_engine"}).build.registry == "registry.example.com/ml"
+    assert plan_for({"docker_conn_id": "team_engine", "registry": "other:5000"}).build.registry == "other:5000"
+    assert plan_for().build.registry is None  # no docker_default connection: no registry
+    monkeypatch.setenv("AIRFLOW__GPU__IMAGE_REGISTRY", "old.example.com/ml")
+    with pytest.warns(AirflowProviderDeprecationWarning, match="set the Docker connection's extra image_registry"):
+        assert plan_for().build.registry == "old.example.com/ml"
+
+
+def test_the_ca_bundle_of_derived_image_builds_is_the_docker_connections_and_always_allowed(monkeypatch):
+    """The admin's CA (the connection's extra) is used where a task names none, and allowed as it is."""
+    import json
+
+    from airflow.exceptions import AirflowProviderDeprecationWarning
+
+    ca = "/etc/ssl/certs/ca-certificates.crt"
+    monkeypatch.setenv("AIRFLOW_CONN_TEAM_ENGINE", json.dumps({"conn_type": "docker", "extra": {"ca_bundle": ca}}))
+    build = plan_for({"docker_conn_id": "team_engine"}).build
+    assert (build.ca_bundle, build.policy.ca_bundle) == (ca, ca)
+    assert plan_for().build.ca_bundle is None  # no docker_default connection: none
+    monkeypatch.setenv("AIRFLOW__GPU__CA_BUNDLE", ca)
+    with pytest.warns(AirflowProviderDeprecationWarning, match="set the Docker connection's extra ca_bundle"):
+        assert plan_for().build.ca_bundle == ca
+
+
 def test_cpu_task_has_no_fallback():
     assert plan_for().fallback is None
 
