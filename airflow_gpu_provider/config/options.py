@@ -96,15 +96,6 @@ OPTIONS: tuple[Option, ...] = (
         "gpu-{accelerator}",
     ),
     Option(
-        "kueue_queue",
-        "string",
-        "",
-        "Kueue LocalQueue of the kubernetes backend's GPU pods and Indexed Jobs that do not name one in "
-        "backend_options['kueue_queue']: they carry the kueue.x-k8s.io/queue-name label, and a Job is created "
-        "suspended for Kueue to admit. Empty: no Kueue. See docs/kubernetes.md.",
-        "team-a",
-    ),
-    Option(
         "executor",
         "string",
         "",
@@ -138,21 +129,6 @@ OPTIONS: tuple[Option, ...] = (
         "Seconds a task with on_missing_gpu=wait waits for GPUs (in the worker, or deferred) before it fails, "
         "naming what it waited for. A task's wait_timeout overrides it.",
         "3600",
-    ),
-    Option(
-        "default_parent_image",
-        "string",
-        "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime",
-        "CUDA-enabled parent image for Docker and Kubernetes tasks that don't set ImageSettings.parent_image.",
-        "nvcr.io/nvidia/pytorch:24.10-py3",
-    ),
-    Option(
-        "shm_size",
-        "string",
-        "8Gi",
-        "Size of /dev/shm for Docker containers whose ResourceSettings.shm_size is unset (capped at the task's "
-        "memory limit). Docker's own default of 64 MB breaks PyTorch DataLoader workers.",
-        "16Gi",
     ),
     Option(
         "clear_cache_between_tasks",

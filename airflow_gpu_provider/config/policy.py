@@ -140,9 +140,9 @@ POLICY_OPTIONS: tuple[Option, ...] = (
         "and Slurm jobs may name, which RBAC or Slurm's associations do not bound: comma-separated KIND=NAME, KIND "
         "one of namespace, service_account, runtime_class, priority_class, kueue_queue, kueue_priority_class "
         "(pods) or partition, account, qos, reservation (Slurm jobs); NAME * allows any of that kind. A pod that "
-        "names none gets the deployment's own: the connection's (or [kubernetes_executor]) namespace, the "
-        "namespace's default service account, no runtime or priority class, [gpu] kueue_queue; a Slurm job the "
-        "cluster's defaults. Empty: only those.",
+        "names none gets the deployment's own: the connection's (or [kubernetes_executor]) namespace and Kueue "
+        "queue, the namespace's default service account, no runtime or priority class; a Slurm job the cluster's "
+        "defaults. Empty: only those.",
         "namespace=ml, service_account=gpu-trainer, kueue_queue=team-a, partition=gpu, account=ml",
     ),
     Option(

@@ -11,13 +11,12 @@ up to the start and defers to :class:`.trigger.DockerContainerTrigger`; ``resume
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.backends.base import Deferral, ResumableBackend
 from airflow_gpu_provider.backends.docker import durable, launch, lifecycle
-from airflow_gpu_provider.backends.docker.client import connect, connection_extra
+from airflow_gpu_provider.backends.docker.client import connect, read_engine
 from airflow_gpu_provider.backends.docker.engine_facts import EngineFacts, engine_facts
 from airflow_gpu_provider.backends.docker.files import checkpoint_folder
 from airflow_gpu_provider.backends.docker.lifecycle import ContainerOomError
@@ -57,15 +56,10 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
     def plan(self, request: TaskRequest, conf: GpuConfig) -> DockerPlan:
         """Translate the request into container arguments (:func:`.plan.plan_container`).
 
-        A task that names no ``registry`` gets its engine's: the Docker connection's extra ``image_registry``; its
-        ``ca_bundle`` (the admin's, always allowed) is used where the task names none.
+        What a task does not name comes from its engine's connection (:func:`.client.read_engine`): the registry,
+        the CA bundle of builds, the parent image, the size of ``/dev/shm``.
         """
-        options = self.options
-        if options.registry is None:
-            registry = connection_extra(options.docker_conn_id, "image_registry", "image_registry")
-            options = dataclasses.replace(options, registry=registry or None)
-        ca = connection_extra(options.docker_conn_id, "ca_bundle", "ca_bundle") or None
-        return plan_container(request, options, conf, engine_ca=ca)
+        return plan_container(request, self.options, conf, read_engine(self.options.docker_conn_id))
 
     def _open(self, plan: DockerPlan, context: Context) -> Any:
         """The engine's client, once per try: the checkpoint folder made, a dead worker's containers reaped first."""
