@@ -13,6 +13,7 @@ from pathlib import Path
 import airflow
 import jsonschema
 import pytest
+from conftest import REPO
 
 from airflow_gpu_provider import config
 from airflow_gpu_provider.config import OPTIONS
@@ -106,6 +107,23 @@ def test_an_option_moved_into_a_connection_is_read_for_one_release_and_warns_nam
     assert re.fullmatch(r"the (Docker|Kubernetes|Docker or Kubernetes) connection's extra [a-z_]+", replacement)
     with pytest.warns(AirflowProviderDeprecationWarning, match=rf"\[gpu\] {old} is deprecated .* set {replacement}"):
         assert config.deprecated(old) == "x"
+
+
+def test_the_configuration_page_shows_the_options_table_and_the_removed_options_as_generated():
+    """docs/configuration.md's ``[gpu]`` tables are ``config.OPTIONS`` and ``config.MOVED``: edit those, then run
+    scripts/config_docs.py. Each option has a one-line meaning, and the page names every option and old name."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("config_docs", REPO / "scripts" / "config_docs.py")
+    assert spec is not None and spec.loader is not None
+    config_docs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(config_docs)
+    page = config_docs.PAGE.read_text()
+    assert config_docs.render(page) == page, "docs/configuration.md is stale: run scripts/config_docs.py"
+    assert config_docs.main(["--check"]) == 0
+    assert all(option.short for option in config.OPTIONS)
+    for name in [*(option.name for option in config.OPTIONS), *config.MOVED]:
+        assert f"| `{name}` |" in page or f"`{name}`, " in page or f", `{name}` |" in page, name
 
 
 def test_profile_interval_has_a_floor_that_keeps_telemetry_off_the_tasks_back(monkeypatch):
