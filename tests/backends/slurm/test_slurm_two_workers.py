@@ -1,6 +1,6 @@
 """Two workers on the tests' Slurm cluster at once (``dag.test()`` each, with a copy of the metadata DB).
 
-A worker's start is the dearest step (about 20 s here), and Slurm ends a job past its time limit only at its
+A worker's start is the dearest step (20 to 30 s here), and Slurm ends a job past its time limit only at its
 controller's next look (every 30 s, fixed in 22.05): so one run of two workers, side by side, tells three stories,
 each its own test of what the run left:
 
@@ -17,7 +17,6 @@ each its own test of what the run left:
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -67,7 +66,7 @@ def _drive(slurm, tmp: Path, workers: list) -> None:
 
 
 @pytest.fixture(scope="module")
-def two_workers(slurm_session, tmp_path_factory) -> dict[str, tuple[dict, str]]:
+def two_workers(slurm_session, airflow_home, tmp_path_factory) -> dict[str, tuple[dict, str]]:
     """The run of both workers: each DAG's result and log (the module's tests check one story each)."""
     slurm, variables = slurm_session
     tmp = tmp_path_factory.mktemp("two-workers")
@@ -77,7 +76,7 @@ def two_workers(slurm_session, tmp_path_factory) -> dict[str, tuple[dict, str]]:
     for dag_id in dags:
         home = tmp / dag_id
         home.mkdir()
-        copy = database_copy(Path(os.environ["AIRFLOW_HOME"]) / "airflow.db", home / "airflow.db")
+        copy = database_copy(airflow_home / "airflow.db", home / "airflow.db")
         workers.append(start_worker(DAG_FILE, dag_id, env={**env, **copy}))
     logs = [tmp / f"{dag_id}.log" for dag_id in dags]
     readers = []
