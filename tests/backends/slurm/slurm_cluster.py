@@ -9,7 +9,7 @@ a node feature of that name), so one ``h100`` exists in the whole cluster. ``tas
 (its end is ``OUT_OF_MEMORY``), ``MinJobAge`` is short, a requeued job may start again after 5 s
 (``cred_expire``), and a random ``FirstJobId`` keeps the job ids (and so the cgroup folders) apart from another
 session's cluster. Partitions: ``low`` (the default) and ``high`` over both nodes, ``high`` preempting ``low``
-(``preempt/partition_prio``, ``PreemptMode=REQUEUE``), and ``quick`` (node 1, a one-minute ``MaxTime``).
+(``preempt/partition_prio``, ``PreemptMode=REQUEUE``), and ``quick`` (the last node, a one-minute ``MaxTime``).
 
 Node 2 is another host to ``slurmctld``: a ``slurmd`` in a network namespace of its own (``ip netns``), reached
 through a veth pair (node 1 on the host's end). Each node's processes see a ``/etc/hosts`` of their own (a bind
@@ -268,7 +268,7 @@ class SlurmCluster:
         lines += [
             f"PartitionName=low Nodes={every} Default=YES PriorityTier=1 MaxTime=INFINITE State=UP",
             f"PartitionName=high Nodes={every} PriorityTier=2 MaxTime=INFINITE State=UP",
-            f"PartitionName=quick Nodes={self.nodes[0]} PriorityTier=1 MaxTime=1 State=UP",
+            f"PartitionName=quick Nodes={self.nodes[-1]} PriorityTier=1 MaxTime=1 State=UP",
         ]
         (etc / "slurm.conf").write_text("\n".join(lines) + "\n")
         (etc / "gres.conf").write_text("\n".join(gres) + "\n")
@@ -354,6 +354,25 @@ def _end_cgroups(name: str) -> None:
                     folder.rmdir()
                     break
                 time.sleep(0.1)
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+def leftovers(slurm: SlurmCluster) -> dict[str, list[str]]:
+    """The provider's active jobs, its job folders, and what a task left running (``sleep 3600``)."""
+    active = [str(job["job_id"]) for job in slurm.jobs() if job["job_state"] in ("PENDING", "RUNNING", "COMPLETING")]
+    folders = sorted(path.name for path in slurm.shared.glob("airflow-gpu-*/job-*"))
+    escaped = [path.name for path in Path("/proc").glob("[0-9]*") if _cmdline(path) == "setsid sleep 3600"]
+    escaped += [path.name for path in Path("/proc").glob("[0-9]*") if _cmdline(path) == "sleep 3600"]
+    return {"jobs": active, "folders": folders, "processes": escaped}
+
+
+NOTHING = {"jobs": [], "folders": [], "processes": []}
 
 
 @contextlib.contextmanager
