@@ -43,12 +43,14 @@ class Setup:
     :param environment: the workers' environment, read once (cells run in threads: ``os.environ`` stays unread)
     :param database: the tests' migrated SQLite DB, which each cell gets a copy of
     :param ray_address: the Jobs API of the tests' Ray cluster, once it runs (what the Ray cells need)
+    :param slurm: the tests' Slurm cluster, once it runs (what the Slurm cells need)
     """
 
     work: Path
     environment: dict[str, str]
     database: Path
     ray_address: str = ""
+    slurm: tuple[str, str] = ("", "")  # the tests' Slurm cluster: its slurm.conf, and its connection (JSON)
 
 
 @dataclass
@@ -63,12 +65,13 @@ class Place:
     @classmethod
     def of(cls, setup: Setup, backend: str, name: str) -> Place:
         """A fresh place for the cell ``name``: a scope, a state dir and a copy of the DB of its own."""
-        ray = backend == "ray"
-        scope = Scope(ray_address=setup.ray_address if ray else "")
+        ray, slurm = backend == "ray", backend == "slurm"
+        scope = Scope(ray_address=setup.ray_address if ray else "", slurm_conf=setup.slurm[0] if slurm else "")
         database = setup.work / f"{name}.db"
         environment = {
             **setup.environment,
             **({RAY_VARIABLE: setup.ray_address} if ray else {}),
+            **({"AIRFLOW_CONN_SLURM_TEST": setup.slurm[1]} if slurm else {}),
             **database_copy(setup.database, database),
             "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(BUNDLE),
             "AIRFLOW__GPU__DEVICES": ",".join(DEVICES),
