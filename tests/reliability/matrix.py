@@ -246,23 +246,33 @@ def cells(backends: tuple[str, ...] = BACKENDS) -> list[tuple[str, str]]:
 
 # ----------------------------------------------------------------------------------------------- report
 def table(results: list[Cell]) -> str:
-    """The matrix as a Markdown table: one row per cell, the leftover counts, and a verdict."""
-    head = ["scenario", "backend", "task", *LEFTOVERS, "seconds", "verdict"]
-    rows = [head, ["---"] * len(head)]
-    for cell in results:
-        counts = cell.counts()
-        verdict = "ok" if cell.ok else ("not run: " + cell.note if not cell.ran else "FAILED")
-        rows.append(
-            [
-                cell.scenario,
-                cell.backend,
-                cell.state if cell.ran else "-",
-                *(str(counts[name]) if cell.ran else "-" for name in LEFTOVERS),
-                f"{cell.seconds:.1f}" if cell.ran else "-",
-                verdict,
-            ]
-        )
-    return "\n".join("| " + " | ".join(row) + " |" for row in rows)
+    """The matrix as a Markdown table: a row per scenario, a column per backend; a cell says ``ok`` and its wall
+    time, else what went wrong (the task's state, the evidence missing, what it left); notes below the table."""
+    backends = [b for b in BACKENDS if any(cell.backend == b for cell in results)]
+    scenarios = [s for s in SCENARIOS if any(cell.scenario == s for cell in results)]
+    found = {(cell.backend, cell.scenario): cell for cell in results}
+    notes: list[str] = []
+    rows = [["scenario", "task ends", *backends], ["---"] * (len(backends) + 2)]
+    for scenario in scenarios:
+        row = [scenario, EXPECTED[scenario][0]]
+        for backend in backends:
+            cell = found.get((backend, scenario))
+            if cell is None:
+                row.append("-")
+            elif not cell.ran:
+                if cell.note not in notes:
+                    notes.append(cell.note)
+                row.append(f"not run ({notes.index(cell.note) + 1})")
+            elif cell.ok:
+                row.append(f"ok {cell.seconds:.0f} s")
+            else:
+                wrong = [] if cell.state == cell.expected_state else [f"task {cell.state}"]
+                wrong += [] if cell.evidence else ["no evidence in its log"]
+                wrong += [f"{count} {name}" for name, count in cell.counts().items() if count]
+                row.append("FAILED: " + ", ".join(wrong))
+        rows.append(row)
+    lines = ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join([*lines, "", *(f"({number}) {note}" for number, note in enumerate(notes, 1))]).rstrip()
 
 
 def describe_failure(cell: Cell) -> str:
