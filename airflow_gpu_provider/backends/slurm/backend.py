@@ -69,7 +69,7 @@ class SlurmBackend(ResumableBackend[SlurmOptions, SlurmPlan]):
             self._store = context.get("task_state_store")
             timeout = context["task"].execution_timeout
             self._timeout_s = None if timeout is None else timeout.total_seconds()
-            orphans.reap_orphans(self._client, self.log)
+            orphans.reap_orphans(self._client, self._facts.shared_dir, self.log)
         return self._client
 
     @property
