@@ -9,7 +9,7 @@ through ``dag.test()``, the tasks of ``scripts/cluster_check_dags.py``), never a
 ==============  ===================================================================================================
 rbac            every permission of the shipped Role (deploy/kubernetes/rbac.yaml) is granted to the workers' and
                 the triggerers' service accounts (SelfSubjectAccessReview, impersonating them; --as-self: yours)
-pod-security    the namespace enforces Pod Security admission at [gpu] min_pod_security or stronger
+pod-security    the namespace enforces Pod Security admission at [gpu_policy] min_pod_security or stronger
 cpu-pod         a CPU task end to end: its pod runs, its result comes back to XCom and its log to the task log
 gpu-pod         where a node has GPUs: a one-GPU task's pod sees its GPU
 deferred-pod    the CPU task deferred (deferrable=True): the trigger waits for the pod, the task collects it
@@ -37,6 +37,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from checks import add_selection, format_table, list_checks, selected  # scripts/, this script's folder
 
 REPO = Path(__file__).resolve().parents[1]
 DAGS = Path(__file__).with_name("cluster_check_dags.py")
@@ -105,7 +107,7 @@ def decide_rbac(needed: Mapping[str, Sequence[Call]], answers: Mapping[str, Mapp
 
 
 def decide_pod_security(labels: Mapping[str, str] | None, minimum: str) -> Outcome:
-    """The namespace's enforced Pod Security level, against ``[gpu] min_pod_security``."""
+    """The namespace's enforced Pod Security level, against ``[gpu_policy] min_pod_security``."""
     from airflow_gpu_provider.policy import LEVELS
 
     level = (labels or {}).get(PSA)
@@ -113,7 +115,7 @@ def decide_pod_security(labels: Mapping[str, str] | None, minimum: str) -> Outco
     if level is None:
         return Outcome("FAIL", f"no Pod Security admission is enforced: {fix}")
     if level not in LEVELS or LEVELS.index(level) > LEVELS.index(minimum):
-        return Outcome("FAIL", f"enforces {level!r}, weaker than [gpu] min_pod_security={minimum!r}: {fix}")
+        return Outcome("FAIL", f"enforces {level!r}, weaker than [gpu_policy] min_pod_security={minimum!r}: {fix}")
     version = (labels or {}).get(f"{PSA}-version", "latest")
     return Outcome("PASS", f"enforce={level} (version {version})")
 
@@ -223,16 +225,6 @@ def decide_leftovers(found: Mapping[str, Sequence[Mapping[str, Any]]]) -> Outcom
 
 def _labels(obj: Mapping[str, Any]) -> dict[str, str]:
     return dict((obj.get("metadata") or {}).get("labels") or {})
-
-
-def format_table(rows: Sequence[tuple[str, str, str]]) -> str:
-    """``check | result | detail`` as an aligned text table."""
-    header = ("check", "result", "detail")
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(2)]
-    lines = [f"{header[0]:<{widths[0]}} | {header[1]:<{widths[1]}} | {header[2]}"]
-    lines.append(f"{'-' * widths[0]}-+-{'-' * widths[1]}-+-{'-' * 40}")
-    lines += [f"{name:<{widths[0]}} | {result:<{widths[1]}} | {detail}" for name, result, detail in rows]
-    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------------- the cluster's answers
@@ -380,7 +372,7 @@ def check_rbac(ctx: Context) -> Outcome:
 
 
 def check_pod_security(ctx: Context) -> Outcome:
-    """The namespace enforces Pod Security admission at [gpu] min_pod_security or stronger."""
+    """The namespace enforces Pod Security admission at [gpu_policy] min_pod_security or stronger."""
     from airflow_gpu_provider.config.worker import GpuConfig
 
     return decide_pod_security(ctx.cluster.facts["labels"], GpuConfig.read().min_pod_security)
@@ -471,14 +463,6 @@ CHECKS: dict[str, Callable[[Context], Outcome]] = {
 
 
 # ------------------------------------------------------------------------------------------------ running them
-def _check_names(value: str) -> list[str]:
-    names = [part.strip() for part in value.split(",") if part.strip()]
-    unknown = [name for name in names if name not in CHECKS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown check(s) {unknown or [value]}; the checks are: {', '.join(CHECKS)}")
-    return names
-
-
 def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line (``--help`` describes it)."""
     parser = argparse.ArgumentParser(
@@ -486,8 +470,7 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         description="Verify the provider's Kubernetes backend on your cluster and print a table.",
         epilog="Checks: " + ", ".join(CHECKS) + ". Exit status: 0 none failed, 1 a check failed, 2 no cluster.",
     )
-    parser.add_argument("--only", type=_check_names, action="append", help="comma-separated checks to run")
-    parser.add_argument("--list", action="store_true", help="print the checks and exit")
+    add_selection(parser, CHECKS)
     parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: $KUBECONFIG, ~/.kube")
     parser.add_argument("--context", help="the kubeconfig's context (default: its current one)")
     parser.add_argument("--namespace", default=os.environ.get("CLUSTER_CHECK_NAMESPACE"), help="default: context's")
@@ -506,8 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the checks; the exit status says whether one failed."""
     arguments = parse_arguments(argv)
     if arguments.list:
-        for name, check in CHECKS.items():
-            print(f"{name:<13} {(check.__doc__ or name).strip().rstrip('.')}")
+        list_checks(CHECKS)
         return 0
     try:
         cluster = Cluster.connect(arguments.kubeconfig, arguments.context, arguments.namespace)
@@ -534,10 +516,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         **({"CLUSTER_CHECK_IMAGE": arguments.image} if arguments.image else {}),
     }
     ctx = Context(cluster, arguments, log_dir, environment)
-    names = [name for group in arguments.only or [list(CHECKS)] for name in group]
+    names = selected(arguments, CHECKS)
     print(f"cluster-check: namespace {cluster.namespace}, {len(cluster.facts['nodes'])} node(s); logs in {log_dir}")
     rows = []
-    for name in dict.fromkeys(names):
+    for name in names:
         print(f"cluster-check: {name} ...", flush=True)
         started = time.monotonic()
         try:

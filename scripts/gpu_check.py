@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpu_check_shares import (  # scripts/, this script's folder
+from checks import add_selection, format_table, list_checks, selected  # scripts/, this script's folder
+from gpu_check_shares import (
     ShareCheckError,
     enforcement,
     one_after_the_other,
@@ -497,24 +498,6 @@ def run_check(name: str, gpus: list[dict[str, Any]], log_dir: Path, epochs: int)
             handler.close()
 
 
-def format_table(rows: Sequence[tuple[str, str, str]]) -> str:
-    """``check | result | detail`` as an aligned text table."""
-    header = ("check", "result", "detail")
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(2)]
-    lines = [f"{header[0]:<{widths[0]}} | {header[1]:<{widths[1]}} | {header[2]}"]
-    lines.append(f"{'-' * widths[0]}-+-{'-' * widths[1]}-+-{'-' * 40}")
-    lines += [f"{name:<{widths[0]}} | {result:<{widths[1]}} | {detail}" for name, result, detail in rows]
-    return "\n".join(lines)
-
-
-def _check_names(value: str) -> list[str]:
-    names = [part.strip() for part in value.split(",") if part.strip()]
-    unknown = [name for name in names if name not in CHECKS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown check(s) {unknown or [value]}; the checks are: {', '.join(CHECKS)}")
-    return names
-
-
 def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line (``--help`` describes it)."""
     parser = argparse.ArgumentParser(
@@ -522,8 +505,7 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         description="Verify the provider's GPU paths on this machine's NVIDIA GPUs and print a table.",
         epilog="Checks: " + ", ".join(CHECKS) + ". Exit status: 0 all passed, 1 a check failed, 2 no GPU.",
     )
-    parser.add_argument("--only", type=_check_names, action="append", help="comma-separated checks to run")
-    parser.add_argument("--list", action="store_true", help="print the checks and exit")
+    add_selection(parser, CHECKS)
     parser.add_argument("--epochs", type=int, default=3, help="epochs of the demo DAG (default 3)")
     parser.add_argument("--log-dir", type=Path, help="where each check's log goes (default $AIRFLOW_HOME/gpu-check)")
     return parser.parse_args(argv)
@@ -533,8 +515,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the checks; the exit status says whether they all passed."""
     arguments = parse_arguments(argv)
     if arguments.list:
-        for name, check in CHECKS.items():
-            print(f"{name:<12} {(check.__doc__ or '').strip()}")
+        list_checks(CHECKS)
         return 0
     os.environ.setdefault("AIRFLOW_HOME", str(REPO / ".airflow-home"))
     os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
@@ -550,14 +531,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_NO_GPU
     configured = os.environ.get("AIRFLOW__GPU__DEVICES")
     os.environ["AIRFLOW__GPU__DEVICES"] = "auto"  # the NVML inventory, for the example DAGs too
-    names = [name for group in arguments.only or [list(CHECKS)] for name in group]
+    names = selected(arguments, CHECKS)
     log_dir = arguments.log_dir or Path(os.environ["AIRFLOW_HOME"]) / "gpu-check"
     log_dir.mkdir(parents=True, exist_ok=True)
     print(f"gpu-check: {len(gpus)} GPU(s): " + "; ".join(f"{g['index']}: {g['name']} {g['uuid']}" for g in gpus))
     if configured not in (None, "auto"):
         print(f"gpu-check: AIRFLOW__GPU__DEVICES={configured} is replaced by 'auto' (NVML) for these checks")
     rows = []
-    for name in dict.fromkeys(names):
+    for name in names:
         print(f"gpu-check: {name} ...", flush=True)
         started = time.monotonic()
         passed, detail = run_check(name, gpus, log_dir, arguments.epochs)

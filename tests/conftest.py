@@ -94,7 +94,7 @@ else:
 # pytest-xdist (`make test`: `-n 2 --dist loadgroup`) the docker lane runs on one worker, one test at a time, as does
 # the failure matrix, and so does each cluster a session starts once: tests that count what a dead worker left on
 # the engine, or stop what it left, never see another lane's.
-SHARED = {"ray_cluster_address": "ray-cluster", "slurm": "slurm-cluster"}  # fixture -> its tests' group
+SHARED = {"ray_cluster_address": "ray-cluster", "slurm_session": "slurm-cluster"}  # fixture -> its tests' group
 CLUSTER_PATHS = ("tests/executors/", "tests/backends/ray/", "tests/backends/slurm/", "tests/test_local_airflow.py")
 
 

@@ -225,7 +225,7 @@ def test_the_rbac_check_needs_exactly_the_shipped_roles_permissions():
             {check.PSA: "baseline"},
             "restricted",
             "FAIL",
-            "enforces 'baseline', weaker than [gpu] min_pod_security='restricted'",
+            "enforces 'baseline', weaker than [gpu_policy] min_pod_security='restricted'",
         ),
         ({check.PSA: "baseline"}, "baseline", "PASS", "enforce=baseline (version latest)"),
         ({check.PSA: "privileged"}, "baseline", "FAIL", "enforces 'privileged'"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -12,7 +13,9 @@ from pathlib import Path
 import airflow
 import jsonschema
 import pytest
+from conftest import REPO
 
+from airflow_gpu_provider import config
 from airflow_gpu_provider.config import OPTIONS
 from airflow_gpu_provider.get_provider_info import get_provider_info
 
@@ -31,7 +34,7 @@ def test_provider_info_is_valid_against_airflows_schema():
 def test_config_section_documents_every_option():
     options = get_provider_info()["config"]["gpu"]["options"]
     assert set(options) == {o.name for o in OPTIONS}
-    assert {"backend", "default_parent_image", "on_missing_gpu", "pool", "state_dir", "devices"} <= set(options)
+    assert {"backend", "on_missing_gpu", "pool", "state_dir", "devices"} <= set(options)
     for option in options.values():
         assert len(option["description"]) > 30
 
@@ -90,6 +93,37 @@ def test_a_removed_gpu_option_still_works_for_one_release_and_warns_naming_its_r
         assert config.get(new) == value
     monkeypatch.setenv(f"AIRFLOW__GPU__{new.upper()}", "3.0")  # the new name, once set, wins
     assert config.get(new) == 3.0
+
+
+@pytest.mark.parametrize("old", sorted(name for name, moved in config.MOVED.items() if moved.option is None))
+def test_an_option_moved_into_a_connection_is_read_for_one_release_and_warns_naming_the_extra(monkeypatch, old):
+    """Issue 37: ``[gpu]`` keeps at most 20 options; one moved to a connection's extra is read where that extra is
+    (the backends' tests show each one), with a warning naming the connection and the extra."""
+    from airflow.exceptions import AirflowProviderDeprecationWarning
+
+    assert len(config.OPTIONS) <= 20 and old not in {option.name for option in config.OPTIONS}
+    monkeypatch.setenv(f"AIRFLOW__GPU__{old.upper()}", "x")
+    replacement = config.MOVED[old].replacement
+    assert re.fullmatch(r"the (Docker|Kubernetes|Docker or Kubernetes) connection's extra [a-z_]+", replacement)
+    with pytest.warns(AirflowProviderDeprecationWarning, match=rf"\[gpu\] {old} is deprecated .* set {replacement}"):
+        assert config.deprecated(old) == "x"
+
+
+def test_the_configuration_page_shows_the_options_table_and_the_removed_options_as_generated():
+    """docs/configuration.md's ``[gpu]`` tables are ``config.OPTIONS`` and ``config.MOVED``: edit those, then run
+    scripts/config_docs.py. Each option has a one-line meaning, and the page names every option and old name."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("config_docs", REPO / "scripts" / "config_docs.py")
+    assert spec is not None and spec.loader is not None
+    config_docs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(config_docs)
+    page = config_docs.PAGE.read_text()
+    assert config_docs.render(page) == page, "docs/configuration.md is stale: run scripts/config_docs.py"
+    assert config_docs.main(["--check"]) == 0
+    assert all(option.short for option in config.OPTIONS)
+    for name in [*(option.name for option in config.OPTIONS), *config.MOVED]:
+        assert f"| `{name}` |" in page or f"`{name}`, " in page or f", `{name}` |" in page, name
 
 
 def test_profile_interval_has_a_floor_that_keeps_telemetry_off_the_tasks_back(monkeypatch):

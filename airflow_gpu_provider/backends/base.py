@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-from airflow_gpu_provider.backends.options import BackendOptions
+from airflow_gpu_provider.backends.options import BackendOptions, BadOption
+from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.task.request import TaskRequest
 from airflow_gpu_provider.task.result import TaskResult
 
@@ -127,3 +129,36 @@ class ResumableBackend(Backend[OptionsT, PlanT]):
     def job_result(self, plan: PlanT, record: Any, context: Context) -> TaskResult:
         """The result of a job that ended well, which an earlier try started: as :meth:`follow` collects it."""
         return self.follow(plan, record, context)
+
+
+def connection_extra(
+    connection: str,
+    extras: Mapping[str, Any],
+    name: str,
+    old_option: str | None,
+    *,
+    accepted: str,
+    check: Callable[[str], object],
+) -> str | None:
+    """An engine's or cluster's fact: the extra ``name`` of ``connection`` (its extras ``extras``), checked.
+
+    Unset, the removed ``[gpu] <old_option>`` gives it for one more release (warning, naming the extra); else ``None``.
+
+    :param check: refuses a value by raising ``BadOption`` or ``ValueError`` (its reason in the error)
+    :raises InvalidSettingError: naming the connection (or the option), the field, the value and ``accepted``
+    """
+    from airflow_gpu_provider import config
+
+    owner, field, value = connection, f"extra {name}", extras.get(name)
+    if value in (None, "") and old_option is not None:
+        owner, field, value = "[gpu]", old_option, config.deprecated(old_option)
+    if value in (None, ""):
+        return None
+    try:
+        if not isinstance(value, str):
+            raise BadOption("not a string")
+        check(value.strip())
+    except (BadOption, ValueError) as err:
+        reason = err.reason if isinstance(err, BadOption) else str(err)
+        raise InvalidSettingError(owner, field, value, reason, accepted) from None
+    return value.strip()

@@ -59,6 +59,11 @@ MOVED: dict[str, Moved] = {
     "trigger_poll_interval": Moved("[gpu] poll_interval", "poll_interval"),
     "profile": Moved("[gpu] profile_interval = 0 (off)", "profile_interval", _off_when_false),
     "kubernetes_gpu_allocation": Moved("the Kubernetes connection's extra gpu_allocation"),
+    "image_registry": Moved("the Docker connection's extra image_registry"),
+    "ca_bundle": Moved("the Docker connection's extra ca_bundle"),
+    "kueue_queue": Moved("the Kubernetes connection's extra kueue_queue"),
+    "default_parent_image": Moved("the Docker or Kubernetes connection's extra parent_image"),
+    "shm_size": Moved("the Docker connection's extra shm_size"),
 }
 
 _BY_NAME = {option.name: option for option in OPTIONS}
@@ -124,7 +129,7 @@ def _typed(option: Option, text: str, section: str = SECTION) -> Any:
         value = f"{_home()}/.local/state/airflow-gpu-provider"
     if option.name == "state_dir" and (not value.startswith("/") or value.rstrip("/") == ""):
         raise ValueError(f"[{SECTION}] state_dir={text!r} must be an absolute folder other than '/'")
-    if option.name in ("cache_size", "shm_size"):
+    if option.name == "cache_size":
         from airflow_gpu_provider.settings.units import parse_bytes
 
         try:

@@ -15,6 +15,8 @@ class Option(NamedTuple):
     default: str
     description: str
     example: str | None = None
+    #: its meaning in one line, for docs/configuration.md (``scripts/config_docs.py``)
+    short: str = ""
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -26,6 +28,7 @@ OPTIONS: tuple[Option, ...] = (
         "kubernetes, or executor (Airflow's executor places the task on a GPU worker, pod or queue, where it runs "
         "like local). Moving a DAG between them needs only this option.",
         "docker",
+        short="backend for tasks that don't name one",
     ),
     Option(
         "on_missing_gpu",
@@ -35,6 +38,7 @@ OPTIONS: tuple[Option, ...] = (
         "what was requested and what exists), wait (until GPUs are free) or cpu (run on CPU, with a "
         "warning).",
         "wait",
+        short="`fail`, `wait` or `cpu`",
     ),
     Option(
         "devices",
@@ -44,6 +48,7 @@ OPTIONS: tuple[Option, ...] = (
         "or a comma-separated list of device ids such as 0,1,2,3, each optionally with its model (0=L4,1=A100-80GB: "
         "a known model gives the device's memory, which OOM escalation compares).",
         "0,1",
+        short=("local inventory: `auto` (NVML), `none`, or ids `0,1,2,3`, optionally with models `0=L4,1=A100-80GB`"),
     ),
     Option(
         "extra_accelerators",
@@ -54,6 +59,10 @@ OPTIONS: tuple[Option, ...] = (
         "nodes, pools and queues call them. Any other name is refused when the DAG is parsed, on every backend (set it "
         "on the DAG processor as on the workers).",
         "RTX-5090, L20",
+        short=(
+            "accelerator models tasks may name besides the known ones and those of `devices`; any other is "
+            "refused at parse"
+        ),
     ),
     Option(
         "state_dir",
@@ -66,6 +75,11 @@ OPTIONS: tuple[Option, ...] = (
         "where no other local user can make it first; on a home that hosts share (NFS), set a folder local to each "
         "host.",
         "/srv/airflow-gpu",
+        short=(
+            "host-wide GPU locks, venv cache, task folders and build locks (empty: "
+            "`~/.local/state/airflow-gpu-provider` of the worker's user; "
+            "[local.md](local.md#the-state-dir-gpu-state_dir))"
+        ),
     ),
     Option(
         "cache_size",
@@ -76,6 +90,10 @@ OPTIONS: tuple[Option, ...] = (
         "the least recently used ones are removed when another is built, never one a task uses, each named in the "
         "log. 0: no limit.",
         "200Gi",
+        short=(
+            "disk each host cache may take (local venvs; a local engine's derived images), least recently "
+            "used first; 0: no limit"
+        ),
     ),
     Option(
         "pool",
@@ -85,6 +103,7 @@ OPTIONS: tuple[Option, ...] = (
         "to the number of GPUs (airflow pools set gpu 4 'GPUs'), or let [gpu] inventory size it. {accelerator} "
         "and {queue} give one pool per worker class (gpu-{accelerator}: gpu-a100, gpu-h100).",
         "gpu",
+        short="Airflow pool for GPU tasks; `{accelerator}` / `{queue}`: one per worker class",
     ),
     Option(
         "queue",
@@ -94,15 +113,7 @@ OPTIONS: tuple[Option, ...] = (
         "the task's accelerator model in lower case, or any when it names none: gpu-{accelerator} gives gpu-a100). "
         "CPU-only tasks keep their queue.",
         "gpu-{accelerator}",
-    ),
-    Option(
-        "kueue_queue",
-        "string",
-        "",
-        "Kueue LocalQueue of the kubernetes backend's GPU pods and Indexed Jobs that do not name one in "
-        "backend_options['kueue_queue']: they carry the kueue.x-k8s.io/queue-name label, and a Job is created "
-        "suspended for Kueue to admit. Empty: no Kueue. See docs/kubernetes.md.",
-        "team-a",
+        short="queue of GPU tasks on the executor backend (Celery, Edge); `gpu-{accelerator}` per model",
     ),
     Option(
         "executor",
@@ -111,6 +122,7 @@ OPTIONS: tuple[Option, ...] = (
         "Executor that GPU tasks of the executor backend go to, set as the task's executor, when [core] executor "
         "names several (e.g. CeleryExecutor,KubernetesExecutor); empty: the default (first) executor.",
         "KubernetesExecutor",
+        short="executor of GPU tasks on the executor backend when `[core] executor` names several",
     ),
     Option(
         "inventory",
@@ -121,6 +133,7 @@ OPTIONS: tuple[Option, ...] = (
         "[gpu] pool = gpu-{accelerator} (or {queue}) each model gets its own pool of that size; a pool without a "
         "placeholder gets the total. Empty: pools are left to you.",
         "A100=16, H100=8",
+        short="GPUs per worker class (`A100=16, H100=8`): the scheduler creates the GPU pools when it starts",
     ),
     Option(
         "poll_interval",
@@ -130,6 +143,7 @@ OPTIONS: tuple[Option, ...] = (
         "deferred), at a deferred task's container or job. On average half of it is added to the task's time. A look "
         "costs about a millisecond of the engine's time (an inspect of the container) or a read of /proc/locks.",
         "1.0",
+        short="seconds between two looks of a waiting task (GPU locks, a deferred task's container or job)",
     ),
     Option(
         "wait_timeout",
@@ -138,37 +152,7 @@ OPTIONS: tuple[Option, ...] = (
         "Seconds a task with on_missing_gpu=wait waits for GPUs (in the worker, or deferred) before it fails, "
         "naming what it waited for. A task's wait_timeout overrides it.",
         "3600",
-    ),
-    Option(
-        "default_parent_image",
-        "string",
-        "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime",
-        "CUDA-enabled parent image for Docker and Kubernetes tasks that don't set ImageSettings.parent_image.",
-        "nvcr.io/nvidia/pytorch:24.10-py3",
-    ),
-    Option(
-        "shm_size",
-        "string",
-        "8Gi",
-        "Size of /dev/shm for Docker containers whose ResourceSettings.shm_size is unset (capped at the task's "
-        "memory limit). Docker's own default of 64 MB breaks PyTorch DataLoader workers.",
-        "16Gi",
-    ),
-    Option(
-        "ca_bundle",
-        "string",
-        "",
-        "PEM file on the worker with the CA certificates that package installs inside derived images must trust "
-        "(a TLS-intercepting proxy's CA). Copied into the image and exported as SSL_CERT_FILE; empty for none.",
-        "/etc/ssl/certs/ca-certificates.crt",
-    ),
-    Option(
-        "image_registry",
-        "string",
-        "",
-        "Registry (and namespace) that derived images are pushed to after they are built, so other hosts and "
-        "Kubernetes can pull them; empty keeps them on the local Docker engine.",
-        "registry.example.com/ml",
+        short=('seconds a task with `on_missing_gpu="wait"` waits before it fails (a task\'s `wait_timeout` first)'),
     ),
     Option(
         "clear_cache_between_tasks",
@@ -177,6 +161,7 @@ OPTIONS: tuple[Option, ...] = (
         "Whether the listener clears the CUDA cache of a worker's task process after each task "
         "(a no-op when the task never loaded torch).",
         "False",
+        short="listener clears the CUDA cache after each task",
     ),
     Option(
         "checkpoint_root",
@@ -186,6 +171,10 @@ OPTIONS: tuple[Option, ...] = (
         "every try): an absolute path, or an object-storage URI (s3://, gs://, abfs://, ...) that a retry on "
         "another host reaches. Empty: <state_dir>/checkpoints, on each worker host. A task's checkpoint= overrides it.",
         "s3://ml-bucket/airflow-checkpoints",
+        short=(
+            "root of the tasks' checkpoint folders: an absolute path or a URI such as `s3://bucket/ckpt` "
+            "(empty: `<state_dir>/checkpoints`; [resilience](resilience.md))"
+        ),
     ),
     Option(
         "checkpoint_cleanup",
@@ -194,6 +183,7 @@ OPTIONS: tuple[Option, ...] = (
         "Whether the checkpoint folders of a DAG run are deleted when it succeeds (local roots the deleting host "
         "reaches, and URI roots through fsspec).",
         "False",
+        short="delete a DAG run's checkpoint folders when it succeeds",
     ),
     Option(
         "kill_grace",
@@ -204,6 +194,9 @@ OPTIONS: tuple[Option, ...] = (
         "terminationGracePeriodSeconds. backend_options kill_grace / stop_timeout / termination_grace_period "
         "override it per task.",
         "120",
+        short=(
+            "seconds between SIGTERM and SIGKILL for a stopped task (local tree, `docker stop`, the pod's grace period)"
+        ),
     ),
     Option(
         "quarantine_seconds",
@@ -212,6 +205,9 @@ OPTIONS: tuple[Option, ...] = (
         "Seconds a GPU of a worker host is left out by the local and Docker backends after a try failed on it "
         "because of the GPU itself (an Xid error such as 79, an uncorrectable ECC error). 0: never quarantined.",
         "600",
+        short=(
+            "seconds a host's GPU is left out by local and Docker tasks after a try failed on it (Xid, ECC); 0: never"
+        ),
     ),
     Option(
         "infra_retries",
@@ -221,6 +217,10 @@ OPTIONS: tuple[Option, ...] = (
         "preempted or lost with its node, an image pull) is run again at once without using one of the task's "
         "retries (Airflow's reschedule: the same try number), avoiding the node or GPU that failed.",
         "2",
+        short=(
+            "times a try failed by the infrastructure (GPU fault, NCCL timeout, pod evicted or lost) runs "
+            "again without using `retries`"
+        ),
     ),
     Option(
         "profile_interval",
@@ -231,6 +231,10 @@ OPTIONS: tuple[Option, ...] = (
         "with advice at the end of the log, stored in XCom under gpu_profile and shown in the UI's GPU tab. 0.25 or "
         "more (each sample takes the GPU driver's lock, which the task's own CUDA calls wait for); 0: not profiled.",
         "5.0",
+        short=(
+            "seconds between samples of every GPU task's profile (log, XCom `gpu_profile`, the UI's GPU tab);"
+            " 0.25 or more, 0: off"
+        ),
     ),
     Option(
         "prices",
@@ -239,5 +243,6 @@ OPTIONS: tuple[Option, ...] = (
         "Price per device-hour of each accelerator model, for the cost in task profiles (on-prem too: your own "
         "amortised cost): comma-separated MODEL=PRICE; cpu=PRICE prices CPU profiles. Empty: no cost shown.",
         "A100-80GB=3.04, H100=4.10, L4=0.71",
+        short="`MODEL=PRICE, ...` per device-hour (`A100-80GB=3.04, cpu=0.05`) for the cost",
     ),
 )

@@ -110,8 +110,8 @@ POLICY_OPTIONS: tuple[Option, ...] = (
         "string",
         "",
         "Worker files and folders that a derived image's build may read (ImageSettings find_links folders, "
-        "backend_options ca_bundle): comma-separated paths, each file or folder beneath them. [gpu] ca_bundle "
-        "is always allowed. Empty: nothing of the worker's goes into an image but [gpu] ca_bundle.",
+        "backend_options ca_bundle): comma-separated paths, each file or folder beneath them. The Docker "
+        "connection's ca_bundle is always allowed. Empty: nothing of the worker's goes into an image but that one.",
         "/opt/wheels",
     ),
     Option(
@@ -140,9 +140,9 @@ POLICY_OPTIONS: tuple[Option, ...] = (
         "and Slurm jobs may name, which RBAC or Slurm's associations do not bound: comma-separated KIND=NAME, KIND "
         "one of namespace, service_account, runtime_class, priority_class, kueue_queue, kueue_priority_class "
         "(pods) or partition, account, qos, reservation (Slurm jobs); NAME * allows any of that kind. A pod that "
-        "names none gets the deployment's own: the connection's (or [kubernetes_executor]) namespace, the "
-        "namespace's default service account, no runtime or priority class, [gpu] kueue_queue; a Slurm job the "
-        "cluster's defaults. Empty: only those.",
+        "names none gets the deployment's own: the connection's (or [kubernetes_executor]) namespace and Kueue "
+        "queue, the namespace's default service account, no runtime or priority class; a Slurm job the cluster's "
+        "defaults. Empty: only those.",
         "namespace=ml, service_account=gpu-trainer, kueue_queue=team-a, partition=gpu, account=ml",
     ),
     Option(

@@ -27,15 +27,10 @@ class GpuConfig:
     cache_size: str
     pool: str
     queue: str
-    kueue_queue: str
     executor: str
     inventory: str
     poll_interval: float
     wait_timeout: float
-    default_parent_image: str
-    shm_size: str
-    ca_bundle: str
-    image_registry: str
     clear_cache_between_tasks: bool
     checkpoint_root: str
     checkpoint_cleanup: bool

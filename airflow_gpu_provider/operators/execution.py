@@ -118,10 +118,6 @@ class GpuExecution(DurableJob):
 
             tries = escalation.Tries.start(spec.on_oom, context)
         request = self.task_request(context, spec, conf, tries)
-        if spec.right_size:  # the smallest GPU that held the last successful run's peak (docs/telemetry.md)
-            from airflow_gpu_provider.telemetry import right_size
-
-            request = right_size.applied(request, spec.right_size, tries, context, self.log)
         waits_deferred = self.deferrable and request.missing_gpu.waits
         request = dataclasses.replace(request, durable=spec.durable, defer_wait=waits_deferred)
         backend = spec.info.backend_class()(spec.options, log=self.log)

@@ -210,17 +210,11 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
         modules = None if spec.modules is None else spec.modules.shipped(spec.owner)
         if self.shipped is None:
             command = self.command or []
-            return Envelope.run(shlex.split(command) if isinstance(command, str) else list(command)).with_modules(
-                modules
-            )
+            argv = shlex.split(command) if isinstance(command, str) else list(command)
+            return Envelope.run(argv).with_modules(modules)
         assert self.python_callable is not None
         args, kwargs = call_arguments(
-            self.shipped,
-            self.shipped.signature,
-            self.op_args,
-            self.op_kwargs,
-            context,
-            owner=self.task_spec.owner,
+            self.shipped, self.shipped.signature, self.op_args, self.op_kwargs, context, owner=self.task_spec.owner
         )
         return Envelope.call(self.shipped, args, kwargs).with_modules(modules)
 
@@ -237,7 +231,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
     def task_request(
         self, context: Context, spec: TaskSpec, conf: GpuConfig, tries: Tries | None = None
     ) -> TaskRequest:
-        """The backend-independent request of this try.
+        """The try's backend-independent request; its placement is settled here only: rung, right-size, avoided nodes.
 
         :param tries: the tries so far, with an ``on_oom`` ladder: the request is this try's rung
         """
@@ -259,7 +253,7 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
             spec.info.check(resources, spec.num_nodes, spec.options, spec.image)  # type: ignore[arg-type]
         labels = task_labels(context["ti"])
         assert spec.on_missing_gpu is not None  # rendered
-        return TaskRequest(
+        request = TaskRequest(
             resources,
             spec.image,
             self.build_envelope(context, spec).sampled(report.envelope_section(conf)),
@@ -273,6 +267,11 @@ class GpuStepOperator(GpuExecution, MasksCredentials, CheckpointMixin, LineageMi
             project_path=self.project_path(context),
             avoid_nodes=infrastructure.avoided_nodes(context) if spec.info.avoids_nodes else (),
         )
+        if not spec.right_size:
+            return request
+        from airflow_gpu_provider.telemetry import right_size  # the smallest GPU that held the last run's peak
+
+        return right_size.applied(request, spec.right_size, tries, context, self.log)
 
     def project_path(self, context: Context) -> tuple[str, ...]:
         """The worker's folders of this task's project code: its DAG file's folder, its DAG bundle's root."""

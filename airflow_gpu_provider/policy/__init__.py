@@ -65,8 +65,8 @@ def _paths(option: str, text: str) -> tuple[str, ...]:
     return tuple(roots)
 
 
-def _objects(text: str, kueue_queue: str) -> dict[str, frozenset[str]]:
-    """``allowed_objects``: ``KIND=NAME, ...`` by kind, with the deployment's own ``[gpu] kueue_queue`` added."""
+def _objects(text: str) -> dict[str, frozenset[str]]:
+    """``allowed_objects``: ``KIND=NAME, ...`` by kind."""
     listed: dict[str, set[str]] = {kind: set() for kind in OBJECT_KINDS}
     for part in filter(None, (item.strip() for item in text.split(","))):
         kind, _, name = (piece.strip() for piece in part.partition("="))
@@ -76,8 +76,6 @@ def _objects(text: str, kueue_queue: str) -> dict[str, frozenset[str]]:
                 f"{', '.join(OBJECT_KINDS)} and NAME an object's name (or *)"
             )
         listed[kind].add(name)
-    if kueue_queue:
-        listed["kueue_queue"].add(kueue_queue)
     return {kind: frozenset(names) for kind, names in listed.items()}
 
 
@@ -164,7 +162,7 @@ class Policy(NamedTuple):
             ),
             min_pod_security=conf.min_pod_security,
             state_dir=conf.state_dir,
-            objects=_objects(conf.allowed_objects, conf.kueue_queue),
+            objects=_objects(conf.allowed_objects),
             deployment=conf.deployment,
         )
 

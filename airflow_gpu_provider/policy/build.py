@@ -1,7 +1,7 @@
 """What of the worker a derived image's build may read: only what the admin allows, and nothing secret.
 
 Rule B1 (docs/security.md: a build reads of the worker only what the admin allows): a derived image keeps what its build
-copies in, on the engine and in ``[gpu] image_registry``, for whoever may pull it. So the worker files a task names for
+copies in, on the engine and in the image registry, for whoever may pull it. So the worker files a task names for
 its build (``ImageSettings.find_links`` folders, ``backend_options['ca_bundle']``) must lie beneath ``[gpu_policy]
 allowed_build_paths``, be resolved as stable paths (``policy/paths.py``: no symbolic link on the way, every folder
 root's or the worker's and writable by no one else), be a regular file (a CA bundle) or a folder (a wheel folder: its
@@ -34,22 +34,29 @@ CA_FIELD = "backend_options['ca_bundle']"
 
 
 class BuildPolicy(NamedTuple):
-    """What a build may read: ``[gpu_policy] allowed_build_paths``, and the admin's ``[gpu] ca_bundle``."""
+    """What a build may read: ``[gpu_policy] allowed_build_paths``, and the admin's CA bundle (the connection's)."""
 
     roots: tuple[str, ...]
     ca_bundle: str | None
 
     @classmethod
-    def of(cls, conf: GpuConfig | Any) -> BuildPolicy:
-        """The build policy of a configuration (``GpuConfig``, or anything with its attributes)."""
-        return cls(Policy.of(conf).build_paths, conf.ca_bundle or None)
+    def of(cls, conf: GpuConfig | Any, ca_bundle: str | None = None) -> BuildPolicy:
+        """The build policy of a configuration (``GpuConfig``, or anything with its attributes).
+
+        :param ca_bundle: the admin's CA bundle: the Docker connection's extra ``ca_bundle``
+        """
+        return cls(Policy.of(conf).build_paths, ca_bundle or None)
 
     @classmethod
     def current(cls) -> BuildPolicy:
-        """The build policy of this process's ``[gpu]`` section (at DAG parse, the DAG processor's)."""
+        """The build policy of this process's ``[gpu]`` section (at DAG parse, the DAG processor's).
+
+        No connection is read at parse: the admin's CA bundle is known here only from the removed ``[gpu] ca_bundle``.
+        """
+        from airflow_gpu_provider import config
         from airflow_gpu_provider.config.worker import GpuConfig
 
-        return cls.of(GpuConfig.read())
+        return cls.of(GpuConfig.read(), config.deprecated("ca_bundle"))
 
     @property
     def allow(self) -> str:

@@ -9,7 +9,7 @@ at DAG parse on what a task gives (templates, security contexts, ``pod_override`
 
 Rule P3: what a pod names that RBAC does not bound (its namespace, service account, runtime class, priority class,
 Kueue queue and Kueue priority class) is one ``[gpu_policy] allowed_objects`` lists, or the deployment's own
-(the connection's namespace, ``[gpu] kueue_queue``) (:func:`unlisted`). Rule P4: every container that asks for no
+(the connection's namespace and Kueue queue) (:func:`unlisted`). Rule P4: every container that asks for no
 NVIDIA device of its own (no ``nvidia.com/*`` resource, no DRA claim) gets ``NVIDIA_VISIBLE_DEVICES=void``, over
 whatever it or its image says (:func:`isolated`): under the NVIDIA runtime's defaults a sidecar or init container
 of a CUDA image would otherwise see every GPU of the node, outside the scheduler, quotas and Kueue.

@@ -19,6 +19,9 @@ from airflow_gpu_provider.dag_line import entry_point
 from airflow_gpu_provider.exceptions import InvalidSettingError
 from airflow_gpu_provider.settings.grammar import ENV_NAME, IMAGE_REFERENCE
 
+#: The parent image of Docker and Kubernetes tasks whose connection's extra ``parent_image`` is unset
+DEFAULT_PARENT_IMAGE = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+
 Installer = Literal["uv", "pip"]
 INSTALLERS: tuple[str, ...] = ("uv", "pip")
 _OWNER = "ImageSettings"
@@ -75,8 +78,8 @@ def _check_location(name: str, value: str, *, paths: bool) -> None:
 class ImageSettings:
     """Software environment of a task. Immutable; checked when built.
 
-    :param parent_image: base image for Docker/Kubernetes (a CUDA-enabled PyTorch image by default, from
-        ``[gpu] default_parent_image``). The local backend runs on the worker's own Python.
+    :param parent_image: base image for Docker/Kubernetes (default: the Docker or Kubernetes connection's extra
+        ``parent_image``, else :data:`DEFAULT_PARENT_IMAGE`). The local backend runs on the worker's own Python.
     :param requirements: extra PEP 508 requirements, e.g. ``["transformers==4.46.0", "datasets>=3"]``
     :param python_package_installer: ``"uv"`` (default, fast) or ``"pip"``
     :param environment: environment variables for the task process

@@ -110,7 +110,7 @@ with DAG("accelerate_failures", schedule=None, start_date=START, params={"pid_di
     )
     AccelerateOperator(task_id="raising_rank", python_callable=one_rank_raises, cpu=True, num_processes=2)
 
-# Docker: the image comes from [gpu] default_parent_image (the test builds base + torch + accelerate)
+# Docker: the default parent image (the test builds base + torch + accelerate and sets it)
 with DAG("accelerate_docker", schedule=None, start_date=START):
     AccelerateOperator(
         task_id="train",
@@ -144,4 +144,4 @@ with DAG("accelerate_kubernetes", schedule=None, start_date=START):
         cpu=True,
         num_processes=2,
         backend_options={"namespace": "ml"},
-    )  # image: [gpu] default_parent_image
+    )  # image: the default parent image

@@ -1,4 +1,4 @@
-"""DAGs of the reattach tests: a Docker task (tests/executors/test_reattach.py) and a Ray task
+"""DAGs of the reattach tests: a Docker task and a Slurm task (tests/executors/test_reattach.py) and a Ray task
 (tests/backends/ray/test_ray_reattach.py) whose Celery worker is SIGKILLed while its container or job runs."""
 
 from __future__ import annotations
@@ -65,4 +65,21 @@ with DAG(
         op_args=["{{ params.seconds }}"],
         checkpoint="{{ params.root }}",
         backend="ray",  # the tests' cluster: the ray_default connection (tests/backends/ray/ray_cluster.py)
+    )
+
+# tests/executors/test_reattach.py: the same task as a Slurm job on the tests' cluster, beside the Docker one
+with DAG(
+    "reattach_slurm_after_worker_kill",
+    schedule=None,
+    start_date=datetime.datetime(2024, 1, 1),
+    params={"root": "/tmp", "seconds": 45},
+    default_args={"retries": 1, "retry_delay": datetime.timedelta(seconds=0)},
+):
+    GpuStepOperator(
+        task_id="task",
+        python_callable=counts_its_runs,
+        op_args=["{{ params.seconds }}"],
+        checkpoint="{{ params.root }}",
+        backend="slurm",
+        backend_options={"slurm_conn_id": "slurm_test"},
     )

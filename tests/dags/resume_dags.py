@@ -52,6 +52,7 @@ def train_text_classifier(epochs: int, kill_at: int) -> dict:
     start, accuracy = accelerator.save_iteration, []
     for epoch in range(start, epochs):
         if epoch == kill_at and start == 0:
+            accelerator.wait_for_everyone()  # every rank's part of the last save is written (else it resumes earlier)
             print(f"killed at epoch {epoch}", flush=True)
             os._exit(9)  # no cleanup, no result: as a preempted node ends a training
         model.train()

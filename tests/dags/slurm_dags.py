@@ -25,7 +25,7 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 def where(leave_behind: bool = False) -> dict:
     """What the job sees: its GPUs, its node, when it ran; with ``leave_behind``, a process escapes in a session of
-    its own (the job's reaper must stop it)."""
+    its own (the job's reaper must stop it); with ``GATE`` set, it runs until that file exists (at most 60 s)."""
     import json
     import os
     import subprocess
@@ -34,6 +34,9 @@ def where(leave_behind: bool = False) -> dict:
     started = time.time()
     if leave_behind:
         subprocess.Popen(["setsid", "sleep", "3600"], start_new_session=True)
+    gate = os.environ.get("GATE")
+    while gate and not os.path.exists(gate) and time.time() < started + 60:  # held until the test opens it
+        time.sleep(0.05)
     found = {"gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "node": os.environ.get("SLURMD_NODENAME")}
     found.update(job=os.environ.get("SLURM_JOB_ID"), start=started, end=time.time())
     return {**found, "resources": json.loads(os.environ["AIRFLOW_GPU_RESOURCES"])}
@@ -46,13 +49,16 @@ def uses_the_requirement() -> bool:
 
 
 def counts_its_runs(marks: str, seconds: float) -> dict:
-    """Append a line to ``marks`` (each run of the function), sleep, return how many runs there were."""
+    """Append a line to ``marks`` (each run of the function: its job and Slurm's restart count); the first run then
+    sleeps ``seconds`` (the test ends its job meanwhile), a later one returns at once; the runs and the node."""
     import os
     import time
 
+    first = not os.path.exists(marks)
     with open(marks, "a") as handle:
         handle.write(f"{os.environ.get('SLURM_JOB_ID')} {os.environ.get('SLURM_RESTART_COUNT', '0')}\n")
-    time.sleep(seconds)
+    if first:
+        time.sleep(seconds)
     with open(marks) as handle:
         return {"runs": handle.read().splitlines(), "node": os.environ.get("SLURMD_NODENAME")}
 
@@ -72,6 +78,7 @@ def sleeps() -> None:
 
 
 _marks = os.environ.get("AIRFLOW_GPU_TEST_MARKS", "/nowhere")
+_gate = os.environ.get("AIRFLOW_GPU_TEST_GATE", "")
 
 with DAG("slurm_basics", schedule=None, start_date=START):  # what one worker checks in one run, task by task
     GpuStepOperator(task_id="a100", python_callable=where, op_args=[True], accelerator="A100", **SLURM, **ONCE)
@@ -103,6 +110,36 @@ with DAG("slurm_oom", schedule=None, start_date=START):
         memory="128Mi",
         on_oom=OomEscalation(memory=["1Gi"]),
         **SLURM,
+        **AGAIN,
+    )
+
+# tests/backends/slurm/test_slurm_two_workers.py: two workers at once, each first wanting the only H100 (held until
+# the test sees one job run and the other wait), then one's jobs preempted by a job of partition high, the other's
+# past its time limit (the test shortens it: scontrol update EndTime)
+_H100 = {"python_callable": where, "accelerator": "H100", "image": ImageSettings(environment={"GATE": _gate})}
+
+with DAG("slurm_h100_then_preempted", schedule=None, start_date=START):
+    _requeued = [
+        GpuStepOperator(
+            task_id=f"requeue_{str(_requeue).lower()}",
+            python_callable=counts_its_runs,
+            op_args=[f"{_marks}-requeue_{str(_requeue).lower()}", 60],
+            accelerator="H100",
+            backend="slurm",
+            backend_options={"slurm_conn_id": "slurm_test", "partition": "low", "requeue": _requeue},
+            **AGAIN,
+        )
+        for _requeue in (True, False)
+    ]
+    GpuStepOperator(task_id="h100", **_H100, **SLURM, **ONCE) >> _requeued[0] >> _requeued[1]
+
+with DAG("slurm_h100_then_timeout", schedule=None, start_date=START):
+    GpuStepOperator(task_id="h100", **_H100, **SLURM, **ONCE) >> GpuStepOperator(
+        task_id="timeout",
+        python_callable=counts_its_runs,
+        op_args=[f"{_marks}-timeout", 600],
+        backend="slurm",
+        backend_options={"slurm_conn_id": "slurm_test", "partition": "quick"},  # one node, a one-minute MaxTime
         **AGAIN,
     )
 

@@ -292,6 +292,7 @@ def reattach_cluster(tmp_path: Path, root_mode: int = 0o700) -> Iterator[Cluster
             "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
             "AIRFLOW__GPU__DEVICES": "none",
             "AIRFLOW__GPU_POLICY__ALLOWED_CHECKPOINT_ROOTS": str(root),
+            "AIRFLOW__GPU_POLICY__ALLOWED_CLUSTERS": "slurm=slurm_test",  # the Slurm DAG's (the tests' cluster)
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "10",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
         },
@@ -309,12 +310,10 @@ def reattach_cluster(tmp_path: Path, root_mode: int = 0o700) -> Iterator[Cluster
         assert leftovers == [], leftovers
 
 
-def celery_worker(cluster: Cluster, name: str) -> None:
-    """Start a Celery worker of one slot, named ``name``."""
-    cluster.start(
-        name,
-        [*AIRFLOW, "celery", "worker", "--concurrency", "1", "--skip-serve-logs", "--celery-hostname", f"{name}@%h"],
-    )
+def celery_worker(cluster: Cluster, name: str, slots: int = 1) -> None:
+    """Start a Celery worker of ``slots`` slots, named ``name``."""
+    argv = [*AIRFLOW, "celery", "worker", "--concurrency", str(slots), "--skip-serve-logs"]
+    cluster.start(name, [*argv, "--celery-hostname", f"{name}@%h"])
 
 
 def let_go(root: Path) -> None:

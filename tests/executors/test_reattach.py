@@ -1,9 +1,11 @@
-"""Reattach for real: a Docker task's Celery worker is SIGKILLed while its container runs.
+"""Reattach for real: a Celery worker running a Docker task and a Slurm task is SIGKILLed while their container
+and job (on the tests' Slurm cluster) run.
 
-The scheduler finds the task instance's heartbeat gone and retries it; the retry, on a new worker, finds the
-container the first try recorded in the task state store and takes it over instead of starting a second copy: the
-task's result is the first container's, and exactly one process ran the function (each run appends a line to a
-file in the task's checkpoint folder, and the function returns how many lines it found).
+The scheduler finds the task instances' heartbeats gone and retries them; each retry, on a new worker, finds the
+container or job the first try recorded in the task state store and takes it over instead of starting a second
+copy: the task's result is the first container's or job's, and exactly one process ran the function (each run
+appends a line to a file in the task's checkpoint folder, and the function returns how many lines it found). One
+Airflow of separate processes serves both backends: its start is the dearest step.
 """
 
 from __future__ import annotations
@@ -18,30 +20,43 @@ from cluster import Cluster, celery_worker, let_go, reattach_cluster, try_log
 pytest.importorskip("airflow.providers.celery", reason="the Celery provider is not installed (the dev extra has it)")
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.usefixtures("no_leaks")]
 DAG_ID = "reattach_after_worker_kill"
+SLURM_DAG_ID = "reattach_slurm_after_worker_kill"
 
 
 @pytest.fixture
-def cluster(tmp_path):
+def cluster(tmp_path, slurm):
     with reattach_cluster(tmp_path, root_mode=0o700) as cluster:
         yield cluster
 
 
 def _worker(cluster: Cluster, name: str) -> None:
-    celery_worker(cluster, name)
+    celery_worker(cluster, name, slots=2)  # the Docker task and the Slurm task
+
+
+def _active(slurm) -> list[tuple[str, str]]:
+    return [(str(j["job_id"]), j["job_state"]) for j in slurm.jobs() if j["job_state"] in ("PENDING", "RUNNING")]
 
 
 def _task_log(cluster: Cluster, try_number: int) -> str:
     return try_log(cluster, DAG_ID, try_number)
 
 
-def test_a_killed_workers_container_is_taken_over_by_the_next_try(cluster, docker_client):
+def test_a_killed_workers_container_and_job_are_taken_over_by_the_next_try(cluster, docker_client, slurm):
     _worker(cluster, "worker-1")
     cluster.wait_for_dag(DAG_ID)
-    cluster.run("dags", "unpause", DAG_ID)
-    cluster.run("dags", "trigger", DAG_ID, "--run-id", "r1", "--conf", f'{{"root": "{cluster.root}"}}')
+    for dag_id in (DAG_ID, SLURM_DAG_ID):  # through the REST API: an `airflow` command's start costs seconds
+        cluster.api(f"/api/v2/dags/{dag_id}", {"is_paused": False}, "PATCH")
+        run = {"dag_run_id": "r1", "logical_date": None, "conf": {"root": str(cluster.root)}}
+        cluster.api(f"/api/v2/dags/{dag_id}/dagRuns", run, "POST")
 
-    # The first try's container has started the function: its line is in the checkpoint folder
-    runs = cluster._wait(lambda: list(cluster.root.glob("**/runs.txt")), 180, "the first container to start")
+    # The first tries' container and job have started the function: their lines are in the checkpoint folders
+    runs = cluster._wait(
+        lambda: (found := sorted(cluster.root.glob("**/runs.txt"))) and len(found) == 2 and found,
+        180,
+        "the first container and job to start",
+    )
+    runs = [path for path in runs if DAG_ID in path.parts]  # the Docker task's (the Slurm task's: below)
+    [(job, _)] = _active(slurm)
     started = cluster._wait(lambda: "Started container" in _task_log(cluster, 1), 30, "the first try's log")
     assert started
     first = _task_log(cluster, 1).split("Started container ", 1)[1].split()[0]
@@ -57,6 +72,7 @@ def test_a_killed_workers_container_is_taken_over_by_the_next_try(cluster, docke
     orphans = [process for process in tree if process.is_running() and process.status() != psutil.STATUS_ZOMBIE]
     assert orphans, "the first try's task process should outlive its worker's process group"
     assert docker_client.inspect_container(first)["State"]["Running"]  # the container outlives its worker
+    assert _active(slurm) == [(job, "RUNNING")]  # so does the job
     _worker(cluster, "worker-2")
     # the second try has taken the container over (or the run ended without it): the function may end now
     cluster._wait(lambda: "Reattached to" in _task_log(cluster, 2) or cluster.xcom(DAG_ID, "r1", "task"), 240, "try 2")
@@ -74,3 +90,12 @@ def test_a_killed_workers_container_is_taken_over_by_the_next_try(cluster, docke
     assert docker_client.containers(all=True, filters={"label": "airflow-gpu-provider.run_id=r1"}) == []
     _, alive = psutil.wait_procs(orphans, timeout=60)  # the orphaned first try ends with its container
     assert alive == [], alive
+
+    # The Slurm task: the same, with its job
+    assert cluster.wait_for_run(SLURM_DAG_ID, "r1", timeout=120) == "success", cluster.logs()
+    second = try_log(cluster, SLURM_DAG_ID, 2)
+    assert f"Reattached to Slurm job {job}, left by an earlier try" in second, second[-3000:]
+    assert "done after 1 run(s)" in second and "Submitted Slurm job" not in second
+    assert cluster.xcom(SLURM_DAG_ID, "r1", "task") == {"runs": 1}  # one process ran the function
+    assert list(cluster.root.glob(f"{SLURM_DAG_ID}/**/runs.txt")) == []  # deleted with the successful run
+    assert _active(slurm) == [] and list(slurm.shared.glob("airflow-gpu-*/job-*")) == []

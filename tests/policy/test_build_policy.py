@@ -91,9 +91,13 @@ def test_beneath_an_allowed_path_only_what_everyone_may_read_and_no_link(build_i
 
 
 def test_the_admins_ca_bundle_is_always_allowed(monkeypatch):
+    """The removed ``[gpu] ca_bundle`` still works for one release (warning, naming the connection field)."""
+    from airflow.exceptions import AirflowProviderDeprecationWarning
+
     monkeypatch.setenv("AIRFLOW__GPU__CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
-    needs(ca_bundle="/etc/ssl/certs/ca-certificates.crt")
-    policy = BuildPolicy.current()
+    with pytest.warns(AirflowProviderDeprecationWarning, match="set the Docker connection's extra ca_bundle"):
+        needs(ca_bundle="/etc/ssl/certs/ca-certificates.crt")
+        policy = BuildPolicy.current()
     assert policy.ca_bundle == "/etc/ssl/certs/ca-certificates.crt"
     check_image_inputs(ImageSettings(requirements=["six"]), "/etc/ssl/certs/ca-certificates.crt", policy)
 

@@ -8,6 +8,7 @@ with kubernetes-validate (strict) and the restricted profile.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -133,12 +134,16 @@ def test_what_the_allow_list_does_not_hold_is_refused_at_parse_naming_the_option
 
 def test_listed_names_and_a_wildcard_pass_and_the_deployments_own_need_no_listing(monkeypatch):
     monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOWED_OBJECTS", "namespace=ml, service_account=*")
-    monkeypatch.setenv("AIRFLOW__GPU__KUEUE_QUEUE", "research")  # the deployment's queue: allowed as it is
-    options = {"namespace": "ml", "service_account_name": "anyone", "kueue_queue": "research"}
+    extra = {"conn_type": "kubernetes", "extra": {"kueue_queue": "research"}}  # the deployment's queue: allowed
+    monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", json.dumps(extra))
+    options = {"namespace": "ml", "service_account_name": "anyone"}
     _, [pod] = with_secret([validate(obj) for obj in _task(gpu_count=1, backend_options=options).render_manifests()])
     assert (pod["metadata"]["namespace"], pod["spec"]["serviceAccountName"]) == ("ml", "anyone")
+    assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "research"
     with pytest.raises(PolicyError, match="allowed_objects"):
         _task(gpu_count=1, backend_options={"namespace": "ml-other"})
+    with pytest.raises(PolicyError, match="allowed_objects"):  # a task that names it is judged at parse, unlisted
+        _task(gpu_count=1, backend_options={"kueue_queue": "research"})
 
 
 def test_a_pod_template_file_that_names_kube_system_is_refused_when_the_pod_is_built(tmp_path, monkeypatch):
@@ -170,7 +175,7 @@ def test_the_worker_judges_the_final_pod_with_its_own_list_and_the_connections_n
 
 def test_the_list_is_parsed_with_clear_errors_and_every_kind_has_its_place():
     assert set(REFERENCES) == set(POD_OBJECT_KINDS)
-    conf = GpuConfig.read(allowed_objects=" namespace=ml,namespace=ml-b , runtime_class=nvidia", kueue_queue="q")
+    conf = GpuConfig.read(allowed_objects=" namespace=ml,namespace=ml-b , runtime_class=nvidia, kueue_queue=q")
     allowed = Policy.of(conf).objects
     assert (
         allowed["namespace"] == {"ml", "ml-b"}

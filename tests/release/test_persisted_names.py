@@ -77,6 +77,11 @@ def test_the_task_state_store_keys():
     assert docker_durable.KEY == "airflow_gpu_provider.docker_container"
     assert set(docker_durable.RECORD.entry("c" * 64, "unix://var/run/docker.sock", "1")) == {"id", "engine", "try"}
     assert ray_durable.KEY == "airflow_gpu_provider.ray_job"
+    assert ray_durable.RECORD.entry("airflow-gpu-x-1-ab", "ray_default", "1") == {
+        "id": "airflow-gpu-x-1-ab",
+        "cluster": "ray_default",
+        "try": "1",
+    }
     assert multinode_defer.JOB_STATE_KEY == "gpu_indexed_job"
     assert store.KEY == "airflow_gpu_provider.oom_history"
     assert infrastructure.KEY == "airflow_gpu_provider.avoid_nodes"

@@ -3,7 +3,7 @@
 A backend's next task stops what its host's dead workers left (local: their processes; Docker: their containers and
 builds; Ray: their jobs). Two cells of one backend at once could so hide each other's leftovers, or take the evidence
 of the other's re-run; so each lane runs its cells one after the other, and the lanes run side by side: a local, a
-Docker and a Ray cell at a time, none of which can see or stop the others' (leftovers.py counts each cell's own).
+Docker, a Ray and a Slurm cell at a time, none of which can see or stop the others' (leftovers.py counts each cell's own).
 The Kubernetes cells (containers of their own label, which no reaper stops) share the local lane. The tests wait for
 their cells' results in their own order while the lanes work ahead.
 """
@@ -15,7 +15,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from reliability.matrix import NOT_RUN, Cell, run_cell
 from reliability.places import Setup
 
-LANES = {"local": "local", "kubernetes": "local", "docker": "docker", "docker-deferred": "docker", "ray": "ray"}
+LANES = {
+    "local": "local",
+    "kubernetes": "local",
+    "docker": "docker",
+    "docker-deferred": "docker",
+    "ray": "ray",
+    "slurm": "slurm",
+}
 
 
 class Lanes:

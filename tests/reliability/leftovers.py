@@ -8,8 +8,9 @@ label; its temp folders go in the cell's own folder; its GPU locks in its state 
 environment is named by the scenario that started it (a file in :attr:`Scope.pids`: its pid and start time); an
 image only this cell builds is known by its requirements hash (:attr:`Scope.requirements`). A Ray cell's jobs name
 their worker in their metadata; the Ray cluster is the matrix's own, and its Ray cells run one at a time (only they
-start anything on it): the actors and placement groups that appear during a Ray cell are that cell's. Other cells'
-and runs' processes, containers, images and folders are never counted.
+start anything on it): the actors and placement groups that appear during a Ray cell are that cell's. A Slurm cell's
+jobs name their worker in their comment, and the job folders that appear during it (one at a time) are its. Other
+cells' and runs' processes, containers, images and folders are never counted.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ LEFTOVERS = (
     "Ray jobs",
     "Ray actors",
     "placement groups",
+    "Slurm jobs",
 )
 DEVICES = ("0", "1")
 TMP_PREFIXES = ("airflow-gpu-netrc-", "airflow-gpu-ranks-", "pod-in-docker-", "airflow-gpu-ray-", "airflow-gpu-node-")
@@ -51,9 +53,12 @@ class Scope:
 
     :param ray_address: the Jobs API of the matrix's Ray cluster, for a Ray cell (its jobs, actors and placement
         groups are counted); empty for the other cells (they start nothing on the cluster)
+    :param slurm_conf: the tests' Slurm cluster's configuration, for a Slurm cell (its active jobs and job folders
+        are counted: a job's comment names its worker; one Slurm cell at a time, so new folders are the cell's)
     """
 
     ray_address: str = ""
+    slurm_conf: str = ""
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
     folder: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(dir=FOLDER)))
     workers: set[str] = field(default_factory=set)  # its workers' identities (host:pid:start)
@@ -172,6 +177,27 @@ def _ray(scope: Scope) -> dict[str, set[str]]:
     }
 
 
+def _slurm(scope: Scope) -> set[str]:
+    """A Slurm cell's jobs that still run (their comment names the cell's worker) and the job folders there are."""
+    if not scope.slurm_conf:
+        return set()
+    import json
+    import os
+    import subprocess
+
+    from airflow_gpu_provider.backends.slurm.states import ACTIVE
+
+    environment = {**os.environ, "SLURM_CONF": scope.slurm_conf}
+    out = subprocess.run(["squeue", "--json"], env=environment, capture_output=True, text=True, check=True).stdout
+    jobs = {
+        f"job {j['job_id']} ({j['job_state']})"
+        for j in json.loads(out)["jobs"]
+        if any(worker in j.get("comment", "") for worker in scope.workers) and j["job_state"] in ACTIVE
+    }
+    shared = Path(scope.slurm_conf).parents[1] / "shared"
+    return jobs | {f"job folder {p.name}" for p in shared.glob("airflow-gpu-*/job-*")}
+
+
 def snapshot(scope: Scope, state_dir: Path) -> dict[str, set[str]]:
     """Everything of the cell that counts as a leftover, as it is now."""
     client = _client()
@@ -182,6 +208,7 @@ def snapshot(scope: Scope, state_dir: Path) -> dict[str, set[str]]:
         "temp dirs": _temp_dirs(scope, state_dir),
         "images": _images(scope, client),
         **_ray(scope),
+        "Slurm jobs": _slurm(scope),
     }
 
 

@@ -7,7 +7,8 @@ on_kill) or as the kernel would (SIGKILL, then a re-run of the task on the same 
 runs (it says so).
 Kubernetes cells render the task's pod with the real provider code and run its containers in Docker
 (``pod_in_docker``); the cells that need a Kubernetes API server are reported as not run, with the reason. Ray
-cells run a real worker whose task is a job on the tests' two-node Ray cluster (tests/backends/ray/ray_cluster.py).
+cells run a real worker whose task is a job on the tests' two-node Ray cluster (tests/backends/ray/ray_cluster.py),
+Slurm cells one whose task is a batch job on the tests' Slurm cluster (tests/backends/slurm/slurm_cluster.py).
 
 After each cell the leftovers are counted against a snapshot taken before it: processes, containers, held GPU
 locks, task folders and temp dirs, images (a failed or killed build's steps), and the Ray cluster's jobs, actors and
@@ -35,7 +36,7 @@ from reliability.places import Place, Setup, run_worker  # noqa: E402
 from reliability_dags import INDEX_VARIABLE, PRIVATE_PACKAGE, SCENARIOS, dag_id, operator_arguments  # noqa: E402
 
 #: ``docker-deferred``: the Docker backend with ``deferrable=True`` (``dag.test()`` runs its trigger in line)
-BACKENDS = ("local", "docker", "docker-deferred", "kubernetes", "ray")
+BACKENDS = ("local", "docker", "docker-deferred", "kubernetes", "ray", "slurm")
 BUILD_KILLED = "worker SIGKILL in image build"
 
 #: scenario -> (state the task must end in, what its log must show: one pattern per backend, or one for all)
@@ -51,10 +52,19 @@ EXPECTED: dict[str, tuple[str, str | dict[str, str]]] = {
             "docker": r"out of memory",
             "kubernetes": r"status 137",
             "ray": r"out of host memory",
+            "slurm": r"ended OUT_OF_MEMORY",
         },
     ),
     "execution_timeout": ("failed", r"AirflowTaskTimeout|Timeout"),
-    "on_kill": ("failed", {"local": r"status -15", "docker": r"status 1?43|Killing|stopp", "ray": r"Stopping Ray job"}),
+    "on_kill": (
+        "failed",
+        {
+            "local": r"status -15",
+            "docker": r"status 1?43|Killing|stopp",
+            "ray": r"Stopping Ray job",
+            "slurm": r"Cancel",
+        },
+    ),
     # local: the killed worker's supervisor stopped its task and freed its GPU: the re-run gets GPU 0 again
     "worker SIGKILL": (
         "success",
@@ -62,6 +72,7 @@ EXPECTED: dict[str, tuple[str, str | dict[str, str]]] = {
             "local": r"--- re-run ---(.|\n)*Starting task process on GPUs \['0'\]",
             "docker": r"left running by a worker",
             "ray": r"Stopped Ray job \S+, left running by a worker that died",
+            "slurm": r"Cancelled Slurm job \S+, left running by a worker that died",
         },
     ),
     "background child": ("success", ""),
@@ -72,6 +83,7 @@ EXPECTED: dict[str, tuple[str, str | dict[str, str]]] = {
         {
             **dict.fromkeys(("local", "docker"), r"Requested 3x nvidia GPU but this host has 2 GPU"),
             "ray": r"Requested 3x nvidia GPU but the Ray cluster has 0 node",
+            "slurm": r"no partition of the cluster can ever run 3x nvidia GPU",
         },
     ),
     "failed install": ("failed", r"airflow-gpu-provider-no-such-package"),
@@ -95,6 +107,8 @@ NOT_RUN = {
     "on_kill (test_local_airflow.py: test_a_user_ending_a_deferred_docker_task_stops_its_container)",
     ("ray", BUILD_KILLED): "no image is built: the cluster installs the requirements (runtime_env), and an index URL "
     "with credentials is refused at parse",
+    ("slurm", BUILD_KILLED): "no image is built: the job installs the requirements, and an index URL with "
+    "credentials is refused at parse",
     ("docker-deferred", "worker SIGKILL"): "the killed dag.test() leaves its task instance deferred, so its durable "
     "container is spared by design (a triggerer would go on watching it); a killed worker's next try reattaching: "
     "tests/executors/test_reattach.py",
@@ -232,23 +246,33 @@ def cells(backends: tuple[str, ...] = BACKENDS) -> list[tuple[str, str]]:
 
 # ----------------------------------------------------------------------------------------------- report
 def table(results: list[Cell]) -> str:
-    """The matrix as a Markdown table: one row per cell, the leftover counts, and a verdict."""
-    head = ["scenario", "backend", "task", *LEFTOVERS, "seconds", "verdict"]
-    rows = [head, ["---"] * len(head)]
-    for cell in results:
-        counts = cell.counts()
-        verdict = "ok" if cell.ok else ("not run: " + cell.note if not cell.ran else "FAILED")
-        rows.append(
-            [
-                cell.scenario,
-                cell.backend,
-                cell.state if cell.ran else "-",
-                *(str(counts[name]) if cell.ran else "-" for name in LEFTOVERS),
-                f"{cell.seconds:.1f}" if cell.ran else "-",
-                verdict,
-            ]
-        )
-    return "\n".join("| " + " | ".join(row) + " |" for row in rows)
+    """The matrix as a Markdown table: a row per scenario, a column per backend; a cell says ``ok`` and its wall
+    time, else what went wrong (the task's state, the evidence missing, what it left); notes below the table."""
+    backends = [b for b in BACKENDS if any(cell.backend == b for cell in results)]
+    scenarios = [s for s in SCENARIOS if any(cell.scenario == s for cell in results)]
+    found = {(cell.backend, cell.scenario): cell for cell in results}
+    notes: list[str] = []
+    rows = [["scenario", "task ends", *backends], ["---"] * (len(backends) + 2)]
+    for scenario in scenarios:
+        row = [scenario, EXPECTED[scenario][0]]
+        for backend in backends:
+            cell = found.get((backend, scenario))
+            if cell is None:
+                row.append("-")
+            elif not cell.ran:
+                if cell.note not in notes:
+                    notes.append(cell.note)
+                row.append(f"not run ({notes.index(cell.note) + 1})")
+            elif cell.ok:
+                row.append(f"ok {cell.seconds:.0f} s")
+            else:
+                wrong = [] if cell.state == cell.expected_state else [f"task {cell.state}"]
+                wrong += [] if cell.evidence else ["no evidence in its log"]
+                wrong += [f"{count} {name}" for name, count in cell.counts().items() if count]
+                row.append("FAILED: " + ", ".join(wrong))
+        rows.append(row)
+    lines = ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join([*lines, "", *(f"({number}) {note}" for number, note in enumerate(notes, 1))]).rstrip()
 
 
 def describe_failure(cell: Cell) -> str:

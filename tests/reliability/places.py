@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -44,6 +44,8 @@ class Setup:
     :param database: the tests' migrated SQLite DB, which each cell gets a copy of
     :param ray_address: the Jobs API of the tests' Ray cluster, once it runs (what the Ray cells need)
     :param ray_connection: its ``ray_default`` connection (``AIRFLOW_CONN_RAY_DEFAULT``, with the cluster's token)
+    :param slurm_conf: the tests' Slurm cluster's ``slurm.conf``, once it runs (what the Slurm cells need)
+    :param slurm_environment: its ``slurm_default`` connection (the submit host's)
     """
 
     work: Path
@@ -51,6 +53,8 @@ class Setup:
     database: Path
     ray_address: str = ""
     ray_connection: str = ""
+    slurm_conf: str = ""
+    slurm_environment: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -65,12 +69,13 @@ class Place:
     @classmethod
     def of(cls, setup: Setup, backend: str, name: str) -> Place:
         """A fresh place for the cell ``name``: a scope, a state dir and a copy of the DB of its own."""
-        ray = backend == "ray"
-        scope = Scope(ray_address=setup.ray_address if ray else "")
+        ray, slurm = backend == "ray", backend == "slurm"
+        scope = Scope(ray_address=setup.ray_address if ray else "", slurm_conf=setup.slurm_conf if slurm else "")
         database = setup.work / f"{name}.db"
         environment = {
             **setup.environment,
             **({RAY_VARIABLE: setup.ray_address, "AIRFLOW_CONN_RAY_DEFAULT": setup.ray_connection} if ray else {}),
+            **(setup.slurm_environment if slurm else {}),
             **database_copy(setup.database, database),
             "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(BUNDLE),
             "AIRFLOW__GPU__DEVICES": ",".join(DEVICES),

@@ -16,19 +16,20 @@ from reliability.matrix import BACKENDS, SCENARIOS, Cell, table
 _RESULTS: list[Cell] = []
 REPORT_HEADER = """# Reliability: the failure matrix
 
-Every backend through every way a task can end (`tests/reliability/`), and what each one left behind: processes,
+Every backend through every way a task can end (`tests/reliability/`), and what each left behind: processes,
 containers, held GPU locks, task folders and temp dirs, images (a failed or killed build's steps), Ray jobs, actors and
-placement groups. Every count must be 0. Only each cell's own are counted (`leftovers.py`: the cell's token in its
-processes' environment, its workers' identities on the provider's containers, images and Ray jobs, its labels and
-folders; a process that clears its environment is named by its scenario), so the matrix holds while other cells and
-other provider tasks run on the same host. Local and Docker cells run a real Airflow worker (`dag.test()`) on a host
-with two configured GPUs (no NVIDIA runtime here: Docker tasks fall back to the CPU, after the allocator handed them a
-GPU); Kubernetes cells run the rendered pod's containers in Docker; Ray cells run a job on a two-node Ray cluster.
+placement groups, Slurm jobs and job folders. A cell says `ok` and its wall time when the task ended as its row says,
+its log shows the evidence (`matrix.py` `EXPECTED`) and it left nothing; else what went wrong. Only each cell's own
+are counted (`leftovers.py`: its token in its processes' environment, its workers' identities on containers, images
+and jobs, its labels and folders), so the matrix holds while other cells and tasks run on the same host. Local and
+Docker cells run a real Airflow worker (`dag.test()`) on a host with two configured GPUs (no NVIDIA runtime here:
+Docker tasks fall back to the CPU after the allocator handed them a GPU); Kubernetes cells run the rendered pod's
+containers in Docker; Ray cells a job on a two-node Ray cluster; Slurm cells a batch job on a two-node Slurm cluster.
 `escaped child`: the task's child leaves its process group, closes its descriptors, ignores SIGTERM and clears its
 environment. `worker SIGKILL in image build`: the worker is killed while its derived image's requirements install
-from a password-protected index, then the task runs again. The cells run in three lanes side by side (`lanes.py`:
-one local or Kubernetes, one Docker and one Ray cell at a time), so `seconds`, a cell's own wall time, is measured
-while two other cells run. Regenerate with `make reliability`.
+from a password-protected index, then the task runs again. The cells run in lanes side by side (`lanes.py`: one
+local or Kubernetes, one Docker, one Ray and one Slurm cell at a time), so a cell's time is measured while others
+run. Regenerate with `make reliability`.
 
 """
 

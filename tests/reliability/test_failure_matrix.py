@@ -1,7 +1,7 @@
 """The failure matrix as tests: each cell ends as it should and leaves nothing behind (see matrix.py).
 
 ``make reliability`` runs only these and writes the table to docs/reliability.md. The selected cells run in lanes
-(``lanes.py``: a local, a Docker and a Ray cell at a time) from the first test on; each test waits for its own cell.
+(``lanes.py``: a local, a Docker, a Ray and a Slurm cell at a time) from the first test on; each test waits for its own cell.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("airflow_home")]
 
 
 def _needs(backend: str) -> str | None:
-    """The fixture a backend's cells need: the tests' Ray cluster, or the engine and the base image (each skips
-    without, and fails in CI)."""
-    return {"local": None, "ray": "ray_cluster_address"}.get(backend, "docker_client")
+    """The fixture a backend's cells need: the tests' Ray or Slurm cluster, or the engine and the base image (each
+    skips without, and fails in CI)."""
+    return {"local": None, "ray": "ray_cluster_address", "slurm": "slurm_session"}.get(backend, "docker_client")
 
 
 def _database() -> Path:
@@ -44,17 +44,22 @@ def lanes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     # the environment is read before the Ray fixture sets its variables: the lanes' threads read it meanwhile
     running = Lanes(Setup(tmp_path_factory.mktemp("matrix"), dict(os.environ), _database()))
     try:
-        for group in ([b for b in backends if b != "ray"], [b for b in backends if b == "ray"]):
+        clusters = ("ray", "slurm")
+        for group in ([b for b in backends if b not in clusters], *([b for b in backends if b == c] for c in clusters)):
             for backend in group:
                 fixture = _needs(backend)
                 try:
                     if fixture is not None:
-                        request.getfixturevalue(fixture)
+                        found = request.getfixturevalue(fixture)
                 except (pytest.skip.Exception, pytest.fail.Exception, Exception) as problem:
                     running.missing[backend] = problem
             if "ray" in group:
                 running.setup.ray_address = os.environ.get("AIRFLOW_GPU_TEST_RAY_ADDRESS", "")
                 running.setup.ray_connection = os.environ.get("AIRFLOW_CONN_RAY_DEFAULT", "")
+            if "slurm" in group and "slurm" not in running.missing:
+                cluster, variables = found
+                running.setup.slurm_conf = str(cluster.conf)
+                running.setup.slurm_environment = {"AIRFLOW_CONN_SLURM_DEFAULT": variables["AIRFLOW_CONN_SLURM_TEST"]}
             running.start([(b, s) for b, s in selected if b in group and b not in running.missing])
         yield running
     finally:

@@ -49,6 +49,7 @@ starting_epoch = resumed.start
 saved_after_resume = []
 for epoch in range(starting_epoch, args.epochs):
     if epoch == args.kill_at and resumed.path is None:
+        accelerator.wait_for_everyone()  # every rank's part of the last save is written (else it resumes earlier)
         print(f"killed at epoch {epoch}", flush=True)
         os._exit(9)
     model.train()

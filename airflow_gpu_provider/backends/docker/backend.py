@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.backends.base import Deferral, ResumableBackend
 from airflow_gpu_provider.backends.docker import durable, launch, lifecycle
-from airflow_gpu_provider.backends.docker.client import connect
+from airflow_gpu_provider.backends.docker.client import connect, read_engine
 from airflow_gpu_provider.backends.docker.engine_facts import EngineFacts, engine_facts
 from airflow_gpu_provider.backends.docker.files import checkpoint_folder
 from airflow_gpu_provider.backends.docker.lifecycle import ContainerOomError
@@ -54,8 +54,12 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
         self._engine: EngineFacts | None = None  # what the engine said of itself (rootless, Podman, its limits)
 
     def plan(self, request: TaskRequest, conf: GpuConfig) -> DockerPlan:
-        """Translate the request into container arguments (:func:`.plan.plan_container`)."""
-        return plan_container(request, self.options, conf)
+        """Translate the request into container arguments (:func:`.plan.plan_container`).
+
+        What a task does not name comes from its engine's connection (:func:`.client.read_engine`): the registry,
+        the CA bundle of builds, the parent image, the size of ``/dev/shm``.
+        """
+        return plan_container(request, self.options, conf, read_engine(self.options.docker_conn_id))
 
     def _open(self, plan: DockerPlan, context: Context) -> Any:
         """The engine's client, once per try: the checkpoint folder made, a dead worker's containers reaped first."""

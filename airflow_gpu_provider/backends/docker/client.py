@@ -7,6 +7,7 @@ from typing import Any
 from airflow.providers.docker.hooks.docker import DockerHook
 
 from airflow_gpu_provider.backends.docker.options import DockerOptions
+from airflow_gpu_provider.backends.docker.plan import Engine
 from airflow_gpu_provider.exceptions import GpuTaskError
 
 
@@ -42,3 +43,47 @@ def connect(options: DockerOptions, *, login: bool = True) -> Any:
             f"Cannot reach the Docker engine at {options.engine_url}: {err}. Start the Docker daemon on the "
             "worker, or point backend_options docker_url (or DOCKER_HOST) at a running engine."
         ) from None
+
+
+def read_engine(conn_id: str | None) -> Engine:
+    """The engine's facts: the extras of its Docker connection (``conn_id``, else ``docker_default``; none: none).
+
+    Each checked (an error names the connection, the extra, the value and the accepted forms). Unset, a removed
+    ``[gpu]`` option still gives it for one release (warning), else the default. Read on the worker, never at parse.
+    """
+    from airflow.exceptions import AirflowNotFoundException
+
+    from airflow_gpu_provider.backends.base import connection_extra
+    from airflow_gpu_provider.settings.grammar import IMAGE_REFERENCE
+    from airflow_gpu_provider.settings.units import parse_bytes
+
+    name = conn_id or DockerHook.default_conn_name
+    try:
+        extras = DockerHook.get_connection(name).extra_dejson
+    except AirflowNotFoundException:
+        extras = {}
+    owner = f"the Docker connection {name!r}"
+
+    def registry(value: str) -> None:
+        if "://" in value or not IMAGE_REFERENCE.fullmatch(value):
+            raise ValueError("not a registry host and namespace")
+
+    def absolute(value: str) -> None:
+        if not value.startswith("/"):
+            raise ValueError("not an absolute path")
+
+    def image(value: str) -> None:
+        if not IMAGE_REFERENCE.fullmatch(value):
+            raise ValueError("not a Docker image reference")
+
+    default = Engine()
+    return Engine(
+        connection_extra(owner, extras, "image_registry", "image_registry", check=registry,
+                         accepted="a registry host and namespace, e.g. 'registry.example.com/ml'") or default.registry,
+        connection_extra(owner, extras, "ca_bundle", "ca_bundle", check=absolute,
+                         accepted="an absolute path of a PEM file on the worker") or default.ca_bundle,
+        connection_extra(owner, extras, "parent_image", "default_parent_image", check=image,
+                         accepted="'[registry/]name[:tag][@sha256:digest]'") or default.parent_image,
+        connection_extra(owner, extras, "shm_size", "shm_size", check=parse_bytes,
+                         accepted="an amount of bytes such as 16Gi") or default.shm_size,
+    )  # fmt: skip

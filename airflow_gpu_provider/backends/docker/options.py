@@ -152,9 +152,9 @@ class DockerOptions(BackendOptions):
     :param auto_remove: ``force`` removes every container, ``success`` keeps failed ones (stopped) for
         inspection, ``never`` keeps all
     :param pull: pull the parent image when it is ``missing``, ``always`` or ``never``
-    :param registry: push derived images there, and pull them from there first (default ``[gpu] image_registry``)
+    :param registry: push derived images there, and pull them from there first (default: the connection's extra)
     :param repository: image name of derived images
-    :param ca_bundle: PEM file that installs inside derived-image builds trust (default ``[gpu] ca_bundle``)
+    :param ca_bundle: PEM file that installs inside derived-image builds trust (default: the connection's extra)
     :param uv_source: ``worker`` copies the worker's uv binary into the build; ``pip`` pip-installs uv
     :param compile_bytecode: compile ``.pyc`` files into derived images, so tasks do not compile what they import
         in every fresh container (costs build time once)

@@ -6,7 +6,7 @@ import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_gpu_provider.backends.docker.container import ContainerResources, map_resources
 from airflow_gpu_provider.backends.docker.engine_facts import EngineFacts
@@ -16,9 +16,11 @@ from airflow_gpu_provider.backends.docker.rootless import engine_notes, on_engin
 from airflow_gpu_provider.checkpoint.location import CHECKPOINT_MOUNT, checkpoint_environment, unreachable
 from airflow_gpu_provider.host.allocator import HostGpus
 from airflow_gpu_provider.policy import Policy
+from airflow_gpu_provider.policy.build import BuildPolicy
 from airflow_gpu_provider.policy.docker import task_groups, task_user
 from airflow_gpu_provider.policy.paths import canonical
 from airflow_gpu_provider.policy.users import device_gids
+from airflow_gpu_provider.settings.image import DEFAULT_PARENT_IMAGE
 from airflow_gpu_provider.settings.units import parse_bytes
 from airflow_gpu_provider.task.environment import with_user_environment
 from airflow_gpu_provider.task.labels import PROVIDER, docker_label
@@ -32,6 +34,22 @@ RESULT_PATH = "/tmp/airflow-gpu-result.json"  # read back through the Docker API
 COMMAND = ["python3", f"{CONTAINER_DIR}/{FILE_NAME}", f"{CONTAINER_DIR}/envelope.json", RESULT_PATH]
 
 
+class Engine(NamedTuple):
+    """The engine's facts: its Docker connection's extras, read on the worker (:func:`.client.read_engine`).
+
+    :param registry: where derived images are pushed and pulled first (``''``: they stay on the engine)
+    :param ca_bundle: the admin's CA bundle of derived-image builds: used where the task names none, always allowed
+    :param parent_image: the image of tasks whose ``ImageSettings.parent_image`` is unset
+    :param shm_size: ``/dev/shm`` of containers whose ``ResourceSettings.shm_size`` is unset (capped at the task's
+        memory; Docker's own 64 MB breaks PyTorch DataLoader workers)
+    """
+
+    registry: str = ""
+    ca_bundle: str = ""
+    parent_image: str = DEFAULT_PARENT_IMAGE
+    shm_size: str = "8Gi"
+
+
 @dataclass(frozen=True)
 class DockerPlan:
     """The container of one task try.
@@ -42,7 +60,7 @@ class DockerPlan:
         allocator hands out
     :param stop_timeout: seconds between SIGTERM and SIGKILL when the container is stopped
     :param poll_interval: seconds between two looks of a deferred task's trigger (``[gpu] poll_interval``)
-    :param cuda_image: a CUDA image to suggest when a GPU task's image looks CPU-only (``[gpu] default_parent_image``)
+    :param cuda_image: a CUDA image to suggest when a GPU task's image looks CPU-only (``Engine.parent_image``)
     :param notes: what the plan could not give the task (beyond the resource mapping's notes), for its log
     :param policy: the worker's ``[gpu]`` allow-lists, which the whole create call must meet
     :param cache_size: bytes the derived images of a local engine may take (``[gpu] cache_size``; 0: no limit)
@@ -100,15 +118,19 @@ class DockerPlan:
         return dataclasses.replace(self, resources=remapped)
 
 
-def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig) -> DockerPlan:
-    """Map a request onto container arguments, with the worker's ``[gpu]`` options. No engine calls.
+def plan_container(
+    request: TaskRequest, options: DockerOptions, conf: GpuConfig, engine: Engine | None = None
+) -> DockerPlan:
+    """Map a request onto container arguments, with the worker's ``[gpu]`` options and the engine's facts.
+
+    ``engine``: its connection's extras (default: none set). No engine calls.
 
     Users and groups are resolved in this host's passwd and group databases (``policy/users.py``): the engine gets
     numbers only, never a name the task's image would resolve.
     """
-    policy = Policy.of(conf)
+    policy, engine = Policy.of(conf), engine or Engine()
     mapping: dict[str, Any] = {
-        "shm_size": parse_bytes(conf.shm_size),
+        "shm_size": parse_bytes(engine.shm_size),
         "ipc_mode": options.ipc_mode,
         "device_ids": list(options.devices),
         "driver_capabilities": options.driver_capabilities,
@@ -148,15 +170,16 @@ def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig
     return DockerPlan(
         request=request,
         options=options,
-        parent_image=request.image.parent_image or conf.default_parent_image,
+        parent_image=request.image.parent_image or engine.parent_image,
         container=container,
         host_config=host_config,
         resources=map_resources(resources, **mapping),
         fallback=fallback,
         build=BuildOptions(
             repository=options.repository,
-            registry=options.registry or conf.image_registry or None,
-            ca_bundle=options.ca_bundle or conf.ca_bundle or None,
+            registry=options.registry or engine.registry or None,
+            ca_bundle=options.ca_bundle or engine.ca_bundle or None,
+            policy=BuildPolicy.of(conf, engine.ca_bundle),
             uv_source=options.uv_source,
             compile_bytecode=options.compile_bytecode,
         ),
@@ -164,7 +187,7 @@ def plan_container(request: TaskRequest, options: DockerOptions, conf: GpuConfig
         mapping=mapping,
         stop_timeout=conf.grace(options.stop_timeout),
         poll_interval=conf.poll_interval,
-        cuda_image=conf.default_parent_image,
+        cuda_image=engine.parent_image,
         notes=notes,
         policy=policy,
         cache_size=parse_bytes(conf.cache_size) if conf.cache_size else 0,

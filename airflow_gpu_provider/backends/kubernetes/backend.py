@@ -13,14 +13,14 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, cast
 
-from airflow_gpu_provider import config
-from airflow_gpu_provider.backends.base import Backend, Deferral
+from airflow_gpu_provider.backends.base import Backend, Deferral, connection_extra
 from airflow_gpu_provider.backends.kubernetes import container
 from airflow_gpu_provider.backends.kubernetes.deferral import DeferredPod
+from airflow_gpu_provider.backends.kubernetes.kueue import ACCEPTED, kueue_name
 from airflow_gpu_provider.backends.kubernetes.multinode_defer import DeferredJob
 from airflow_gpu_provider.backends.kubernetes.multinode_run import IndexedJobRun, multinode_manifests
 from airflow_gpu_provider.backends.kubernetes.options import KubernetesOptions
-from airflow_gpu_provider.backends.kubernetes.plan import KubernetesPlan, plan_pod
+from airflow_gpu_provider.backends.kubernetes.plan import Cluster, KubernetesPlan, plan_pod
 from airflow_gpu_provider.backends.kubernetes.pod_operator import build_operator, to_dict
 from airflow_gpu_provider.backends.pods import dra
 from airflow_gpu_provider.exceptions import GpuUnavailableError
@@ -46,12 +46,13 @@ class KubernetesBackend(Backend[KubernetesOptions, KubernetesPlan]):
     def plan(self, request: TaskRequest, conf: GpuConfig) -> KubernetesPlan:
         """Map the request onto the pod's pieces (:func:`.plan.plan_pod`). No cluster access.
 
-        A task that names no ``gpu_allocation`` gets its cluster's: :func:`cluster_gpu_allocation`.
+        What a task does not name comes from its cluster's connection (:func:`read_cluster`): ``gpu_allocation``,
+        ``kueue_queue``, the parent image.
         """
-        options = self.options
+        options, cluster = self.options, read_cluster(self.options.kubernetes_conn_id)
         if options.gpu_allocation is None:
-            options = dataclasses.replace(options, gpu_allocation=cluster_gpu_allocation(options.kubernetes_conn_id))
-        return plan_pod(request, options, conf)
+            options = dataclasses.replace(options, gpu_allocation=cluster.gpu_allocation)
+        return plan_pod(request, options, conf, cluster)
 
     def run(self, plan: KubernetesPlan, context: Context) -> TaskResult:
         """Run the pod with KubernetesPodOperator inside the current task; the pod is deleted on every path."""
@@ -153,13 +154,33 @@ class KubernetesBackend(Backend[KubernetesOptions, KubernetesPlan]):
             running.on_kill()
 
 
-def cluster_gpu_allocation(conn_id: str) -> str:
-    """How the cluster gives pods GPUs: its Kubernetes connection's ``gpu_allocation`` extra (device-plugin, dra).
+def read_cluster(conn_id: str) -> Cluster:
+    """The cluster's facts: its Kubernetes connection's extras ``gpu_allocation``, ``kueue_queue``, ``parent_image``.
 
-    Else the deprecated ``[gpu] kubernetes_gpu_allocation`` (read for one more release, warning), else
-    ``device-plugin``. A connection that does not exist reads as one without extras (as KubernetesHook reads it).
+    Each checked (an error names the connection, the extra, the value and the accepted forms). Unset, a removed
+    ``[gpu]`` option still gives it for one release (warning), else the default. A connection that does not exist
+    reads as one without extras (as KubernetesHook reads it). Read on the worker, never at DAG parse.
     """
     from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
-    value = KubernetesHook(conn_id=conn_id).conn_extras.get("gpu_allocation")
-    return str(value or config.deprecated("kubernetes_gpu_allocation") or "device-plugin")
+    from airflow_gpu_provider.settings.grammar import IMAGE_REFERENCE
+
+    extras, owner = KubernetesHook(conn_id=conn_id).conn_extras, f"the Kubernetes connection {conn_id!r}"
+
+    def image(value: str) -> None:
+        if not IMAGE_REFERENCE.fullmatch(value):
+            raise ValueError("not a Docker image reference")
+
+    def allocation(value: str) -> None:
+        if value not in dra.ALLOCATIONS:
+            raise ValueError("unknown value")
+
+    default = Cluster()
+    return Cluster(
+        connection_extra(owner, extras, "gpu_allocation", "kubernetes_gpu_allocation", check=allocation,
+                         accepted=" or ".join(map(repr, dra.ALLOCATIONS))) or default.gpu_allocation,
+        connection_extra(owner, extras, "kueue_queue", "kueue_queue", check=kueue_name, accepted=ACCEPTED)
+        or default.kueue_queue,
+        connection_extra(owner, extras, "parent_image", "default_parent_image", check=image,
+                         accepted="'[registry/]name[:tag][@sha256:digest]'") or default.parent_image,
+    )  # fmt: skip

@@ -35,7 +35,7 @@ def kueue_name(value: Any) -> str:
 
 
 def kueue_queue_name(value: Any) -> str:
-    """``backend_options['kueue_queue']``: a LocalQueue name, or ``''`` for no Kueue (over ``[gpu] kueue_queue``)."""
+    """``backend_options['kueue_queue']``: a LocalQueue name, or ``''`` for no Kueue (over the connection's)."""
     if value == "":
         return value
     try:

@@ -25,7 +25,6 @@ from airflow_gpu_provider.backends.pods.options import (
     string_check,
 )
 from airflow_gpu_provider.backends.pods.security import overlay, skeleton
-from airflow_gpu_provider.exceptions import GpuTaskError
 from airflow_gpu_provider.policy.pods import refused, violations
 from airflow_gpu_provider.settings import ImageSettings, ResourceSettings
 
@@ -107,7 +106,7 @@ class KubernetesOptions(PodOptions):
     termination_grace_period: int | None = option(check=_grace_seconds)
     checkpoint_claim: str | None = option(check=dns_subdomain)
     on_finish_action: str = option("delete_pod", check=one_of(*FINISH_ACTIONS))
-    kueue_queue: str | None = option(check=kueue_queue_name)  # None: [gpu] kueue_queue; '': no Kueue
+    kueue_queue: str | None = option(check=kueue_queue_name)  # None: the connection's; '': no Kueue
     kueue_priority_class: str | None = option(check=kueue_name)
     gpu_allocation: str | None = option(check=one_of(*dra.ALLOCATIONS))  # None: the connection's
 
@@ -145,10 +144,8 @@ class KubernetesOptions(PodOptions):
         The selectors are the pod template's (``pod_template_dict``; a template file is read when the task runs) and
         ``node_selector``.
         """
-        if self.kueue_priority_class is not None and self.kueue_queue is None:
-            from airflow_gpu_provider import config
-
-            self.kueue_queue_or(config.get("kueue_queue"))  # the DAG processor's, as the worker's plan checks it
+        if self.kueue_queue == "":  # no queue at all; without one named, the worker's plan sees the connection's
+            self.kueue_queue_or("")
         template = (self.pod_template_dict or {}).get("spec") or {}
         if self.gpu_allocation == "dra":
             self.check_dra(resources, template)
@@ -161,23 +158,19 @@ class KubernetesOptions(PodOptions):
         )
 
     def kueue_queue_or(self, default: str) -> str:
-        """The task's Kueue LocalQueue: ``kueue_queue``, else ``default`` (``[gpu] kueue_queue``); empty: none.
+        """The task's Kueue LocalQueue: ``kueue_queue``, else ``default`` (the connection's, checked); empty: none.
 
-        A priority class without a queue is refused; ``default`` is checked by :func:`.kueue.kueue_name`.
+        A priority class without a queue is refused.
         """
         queue = self.kueue_queue if self.kueue_queue is not None else default
         if not queue and self.kueue_priority_class is not None:
             raise self.invalid(
                 "kueue_priority_class",
                 self.kueue_priority_class,
-                "no Kueue queue: neither backend_options['kueue_queue'] nor [gpu] kueue_queue is set",
+                "no Kueue queue: neither backend_options['kueue_queue'] nor the Kubernetes connection's extra "
+                "kueue_queue is set",
                 "a queue as well, e.g. backend_options={'kueue_queue': 'team-a', 'kueue_priority_class': 'high'}",
             )
-        if queue and self.kueue_queue is None:
-            try:
-                kueue_name(queue)
-            except BadOption as err:
-                raise GpuTaskError(f"[gpu] kueue_queue={queue!r}: {err.reason}; expected {err.accepted}") from None
         return queue
 
     def check_dra(self, resources: ResourceSettings, template: Mapping[str, Any]) -> None:

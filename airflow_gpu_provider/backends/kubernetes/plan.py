@@ -9,7 +9,7 @@ import copy
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_gpu_provider.backends.kubernetes import container
 from airflow_gpu_provider.backends.kubernetes.kueue import kueue_labels
@@ -23,6 +23,7 @@ from airflow_gpu_provider.exceptions import GpuTaskError
 from airflow_gpu_provider.policy import Policy
 from airflow_gpu_provider.policy.pods import level_refused
 from airflow_gpu_provider.settings import ResourceSettings
+from airflow_gpu_provider.settings.image import DEFAULT_PARENT_IMAGE
 from airflow_gpu_provider.task.labels import MANAGED_BY, kubernetes_label
 from airflow_gpu_provider.task.request import TaskRequest
 
@@ -30,6 +31,19 @@ if TYPE_CHECKING:
     from airflow_gpu_provider.config.worker import GpuConfig
 
 DEFAULT_RENDEZVOUS_PORT = 29500
+
+
+class Cluster(NamedTuple):
+    """The cluster's facts: its Kubernetes connection's extras, read on the worker (:func:`.backend.read_cluster`).
+
+    :param kueue_queue: the LocalQueue of pods whose task names none (``''``: no Kueue); the admin's choice, so the
+        final pod may name it without ``[gpu_policy] allowed_objects`` listing it
+    :param parent_image: the image of tasks whose ``ImageSettings.parent_image`` is unset
+    """
+
+    gpu_allocation: str = "device-plugin"
+    kueue_queue: str = ""
+    parent_image: str = DEFAULT_PARENT_IMAGE
 
 
 @dataclass(frozen=True)
@@ -106,24 +120,30 @@ def load_pod_template(options: KubernetesOptions) -> dict[str, Any] | None:
     return template
 
 
-def plan_pod(request: TaskRequest, options: KubernetesOptions, conf: GpuConfig) -> KubernetesPlan:
+def plan_pod(
+    request: TaskRequest, options: KubernetesOptions, conf: GpuConfig, cluster: Cluster | None = None
+) -> KubernetesPlan:
     """Map the request onto the pod's pieces, with a CPU-only fallback pod under ``on_missing_gpu="cpu"``.
 
     The task's pod-security level must be one this worker's ``[gpu_policy] min_pod_security`` allows (rule P2); the pod
     itself is checked against it when KubernetesPodOperator has built it (``pod_operator.py``, rule P1).
     """
-    policy = Policy.of(conf)
+    policy, cluster = Policy.of(conf), cluster or Cluster()
     problem = level_refused(options.pod_security, policy.min_pod_security)
     if problem:
         raise GpuTaskError(
             f"{request.display_name}: backend_options['pod_security']={options.pod_security!r} is refused on this "
             f"worker: {problem}. Nothing was submitted."
         )
-    primary = _pod(request, options, conf, request.resources, policy.objects)
+    allowed = dict(policy.objects)
+    if cluster.kueue_queue:  # the connection's queue is the admin's (rule P3)
+        allowed["kueue_queue"] = allowed.get("kueue_queue", frozenset()) | {cluster.kueue_queue}
+    primary = _pod(request, options, conf, request.resources, allowed, cluster=cluster)
     if request.num_nodes > 1:
         return primary  # every node must get its GPUs: no CPU fallback for a multi-node launch
     if request.missing_gpu.runs_on_cpu and request.resources.requests_gpus:
-        fallback = _pod(request, options, conf, request.resources.without_gpus(), policy.objects, cpu_fallback=True)
+        cpu_only = request.resources.without_gpus()
+        fallback = _pod(request, options, conf, cpu_only, allowed, cluster=cluster, cpu_fallback=True)
         primary = dataclasses.replace(primary, cpu_fallback=fallback)
     return primary
 
@@ -135,12 +155,13 @@ def _pod(
     wanted: ResourceSettings,
     allowed: dict[str, frozenset[str]],
     *,
+    cluster: Cluster,
     cpu_fallback: bool = False,
 ) -> KubernetesPlan:
     amounts = resources.container_resources(wanted)
     restricted = options.pod_security == "restricted"
     security = security_context(options.container_security_context, restricted=restricted, user=options.run_as_user)
-    base_image = request.image.parent_image or conf.default_parent_image
+    base_image = request.image.parent_image or cluster.parent_image
     deps = requirements_plan(
         request.image,
         mode=options.requirements_mode,
@@ -173,7 +194,7 @@ def _pod(
     shm_volumes, shm_mounts = resources.shm_volume(wanted)
     command, args = container.launch_command(result_to_log=request.num_nodes > 1)
     checkpoint_volumes, checkpoint_mounts, checkpoint_env, notes = checkpoint_volume(request, options)
-    queue = options.kueue_queue_or(conf.kueue_queue)
+    queue = options.kueue_queue_or(cluster.kueue_queue)
     return KubernetesPlan(
         task_id=request.labels.get("task_id", "gpu-task"),
         image=deps.image,

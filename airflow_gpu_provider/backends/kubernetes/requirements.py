@@ -58,7 +58,7 @@ def requirements_plan(
 ) -> RequirementsPlan:
     """The init container, volume and environment for ``image.requirements`` (nothing when there are none).
 
-    :param base_image: ``image.parent_image`` or ``[gpu] default_parent_image``
+    :param base_image: ``image.parent_image`` or the connection's ``parent_image``
     :param resources: cpu/memory requests and limits for the init container
     :param index_secret: a Secret with a ``netrc`` file of the index credentials, mounted into the init container only
     """

@@ -117,7 +117,7 @@ class RayBackend(Backend[RayOptions, RayPlan]):
             cpu_fallback=plan.on_cpu,
             fallback_reason=self._fallback_reason if plan.on_cpu else "",
         )
-        durable.record(self._store, submission_id, durable.cluster_of(self.options), plan.try_number)
+        durable.RECORD.record(self._store, submission_id, durable.cluster_of(self.options), plan.try_number)
         self._job, self._killed, handed_over = submission_id, False, False
         try:
             durable_job = defer or (plan.request.durable and self._store is not None)  # may outlive this worker
@@ -149,10 +149,10 @@ class RayBackend(Backend[RayOptions, RayPlan]):
 
     def _clean_up(self, client: Any, plan: RayPlan, submission_id: str) -> None:
         """Stop the job if it runs, delete it, forget it; unless a later try took it over."""
-        if durable.owns(self._store, submission_id, plan.try_number, self.log):
+        if durable.RECORD.owns(self._store, submission_id, plan.try_number, self.log):
             job.stop(client, submission_id)
             job.delete(client, submission_id, self.log)
-            durable.forget(self._store)
+            durable.RECORD.forget(self._store, submission_id)
 
     def _deferral(self, plan: RayPlan, submission_id: str) -> Deferral:
         """The trigger that waits for the job, reaching the cluster as this worker did."""
@@ -170,7 +170,7 @@ class RayBackend(Backend[RayOptions, RayPlan]):
         client = self._connect(context)
         submission_id, status = str(state["submission_id"]), (event or {}).get("status")
         if status == "missing":
-            durable.forget(self._store)
+            durable.RECORD.forget(self._store, submission_id)
             raise GpuTaskError(f"Ray job {submission_id} was deleted while the task was deferred: its result is lost.")
         if not self._mine(client, plan, submission_id):  # a deferral's state is data a task wrote
             raise GpuTaskError(f"Ray job {submission_id} is not this task instance's job: it is left alone.")
@@ -203,7 +203,8 @@ class RayBackend(Backend[RayOptions, RayPlan]):
 
         With ``durable=False`` it is stopped and deleted, and the task starts afresh.
         """
-        submission_id = durable.recorded(self._store, durable.cluster_of(self.options))
+        record = durable.RECORD.recorded(self._store, durable.cluster_of(self.options))
+        submission_id = None if record is None else str(record["id"])
         if submission_id is None or job.status(client, submission_id) is None:
             return None
         info = client.get_job_info(submission_id)
@@ -214,7 +215,7 @@ class RayBackend(Backend[RayOptions, RayPlan]):
         self.log.warning("Stopping Ray job %s left by an earlier try of this task (durable=False)", submission_id)
         job.stop(client, submission_id)
         job.delete(client, submission_id, self.log)
-        durable.forget(self._store)
+        durable.RECORD.forget(self._store, submission_id)
         return None
 
     def _reattach(self, client: Any, plan: RayPlan, info: Any, *, defer: bool) -> TaskResult | Deferral:
@@ -225,7 +226,7 @@ class RayBackend(Backend[RayOptions, RayPlan]):
             submission_id,
             "ended" if status in job.TERMINAL else "left running",
         )
-        durable.record(self._store, submission_id, durable.cluster_of(self.options), plan.try_number)
+        durable.RECORD.record(self._store, submission_id, durable.cluster_of(self.options), plan.try_number)
         if defer and status not in job.TERMINAL:
             return self._deferral(plan, submission_id)
         self._job, self._killed = submission_id, False

@@ -1,6 +1,7 @@
 """Jobs that outlive their worker on purpose: the submission id in the task state store, taken over by a later try.
 
-A Ray task's job is recorded in its task instance's task state store (Airflow 3.3, AIP-103) before it is submitted.
+A Ray task's job is recorded in its task instance's task state store (Airflow 3.3, AIP-103) before it is submitted
+(:data:`RECORD`, the job wing's record; a try stops its job only while it owns it).
 When the task is deferred, or its worker dies, the next try of the same task instance finds the record and takes
 the job over (``TaskRequest.durable``): it follows the job's log and collects its result instead of submitting a
 second copy; ``durable=False`` stops it and starts afresh. The job's metadata names its task instance and its
@@ -10,55 +11,20 @@ share a cluster run the same DAGs), is never followed nor stopped (:func:`mine`)
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
+from airflow_gpu_provider.backends.jobs.durable import JobRecord
 from airflow_gpu_provider.backends.ray.plan import IDENTITY
 
 KEY = "airflow_gpu_provider.ray_job"
+#: the job's record in the task state store (the job wing's, ``backends/jobs/durable.py``): ``{id, cluster, try}``
+RECORD = JobRecord(KEY, "Ray job", "cluster")
 
 
 def cluster_of(options: Any) -> str:
     """Which cluster a record is about: the connection's id or the address the task named."""
     return str(options.ray_conn_id or options.address or "(default)")
-
-
-def record(state_store: Any, submission_id: str, cluster: str, try_number: str) -> None:
-    """Keep the job of this try for the next one (nothing without a task state store)."""
-    if state_store is not None:
-        state_store.set(KEY, {"id": submission_id, "cluster": cluster, "try": try_number})
-
-
-def forget(state_store: Any) -> None:
-    """The job ended and was collected: nothing to reattach to."""
-    if state_store is not None:
-        state_store.delete(KEY)
-
-
-def recorded(state_store: Any, cluster: str) -> str | None:
-    """The submission id an earlier try of this task instance recorded for this cluster, or ``None``."""
-    if state_store is None:
-        return None
-    value = state_store.get(KEY, default=None)
-    if not isinstance(value, dict) or value.get("cluster") != cluster or not isinstance(value.get("id"), str):
-        return None
-    return str(value["id"])
-
-
-def owns(state_store: Any, submission_id: str, try_number: str, log: logging.Logger) -> bool:
-    """Whether this try may still stop and delete its job: no later try took it over (``durable.owns`` of Docker)."""
-    if state_store is None:
-        return True
-    try:
-        value = state_store.get(KEY, default=None)
-    except Exception as err:  # noqa: BLE001 - the store is out of reach: this try's supervisor is gone
-        log.warning("Cannot tell whether a later try took job %s over (%s): it is kept.", submission_id, err)
-        return False
-    if isinstance(value, dict) and value.get("id") == submission_id and value.get("try") != try_number:
-        log.warning("Job %s was taken over by try %s of this task: it is left to it.", submission_id, value["try"])
-        return False
-    return True
 
 
 def identity_of(task_instance: Any) -> dict[str, str]:

@@ -15,19 +15,19 @@ Shipped in the job's ``working_dir`` and run there with the node's Python (stand
 - It checks that the modules the task's function imports (its unconditional ``import`` statements) and its
   launcher resolve on this interpreter, and fails at once naming the interpreter and the fix when one does not.
 
-Then it makes itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``) and runs the runtime beneath it with the
-task's variables, so whatever the task starts and leaves behind (a background child, a ``setsid`` grandchild, a
-process that ignores SIGTERM) is re-parented to it, never to init. When the runtime ends, or Ray stops the job
-(SIGTERM to the entrypoint's process group), every process left beneath it gets SIGTERM, then SIGKILL after the
-grace (``AIRFLOW_GPU_KILL_GRACE``, 2 s): a job leaves no process on its node, as a container leaves none on its
-host. Its exit status is the runtime's; a refusal's is 2, with a result that says why.
+Then it runs the runtime beneath the pinned subreaper (``runtime/reaper.py``'s ``reap_main``, loaded from the job's
+runtime archive: the one a Slurm job's ``runtime.pyz reap`` runs) with the task's variables: whatever the task
+leaves behind (a background child, a ``setsid`` grandchild, a process that ignores SIGTERM) is re-parented to it,
+pinned by a pidfd and stopped when the runtime ends or Ray stops the job (SIGTERM to the entrypoint's process group):
+SIGTERM, then SIGKILL after the grace (``AIRFLOW_GPU_KILL_GRACE``, 2 s). A job leaves no process on its node, as a
+container leaves none on its host. Its exit status is the runtime's; a refusal's is 2, with a result that says why.
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
-import ctypes
+import importlib
 import importlib.util
 import json
 import os
@@ -35,13 +35,10 @@ import platform
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
-import time
 from typing import Any
 
-PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 ON_WORKER = "AIRFLOW_GPU_CHECKPOINT_ON_WORKER"  # the checkpoint folder the worker made: every node must see it
 ENVIRONMENT = "environment.json"  # the task's own variables, beside the envelope
 MARKER = "[gpu] result: "  # runtime/protocol.py RESULT_MARKER
@@ -135,46 +132,6 @@ def take(path: str, folder: str) -> str:
     return target
 
 
-def _descendants() -> list[int]:
-    """The processes beneath this one (a /proc walk: parents by ``stat``)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as handle:
-                    parent = int(handle.read().rsplit(")", 1)[1].split()[1])
-                children.setdefault(parent, []).append(int(entry))
-    found, todo = [], [os.getpid()]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _reap() -> None:
-    """Collect the zombies of the processes re-parented here."""
-    with contextlib.suppress(ChildProcessError):
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
-
-
-def stop_all(grace: float) -> None:
-    """SIGTERM to every process beneath this one, SIGKILL to those left after ``grace`` seconds."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-        left = _descendants()
-        for pid in left:
-            with contextlib.suppress(OSError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + wait
-        while left and time.monotonic() < deadline:
-            time.sleep(0.05)
-            _reap()
-            left = _descendants()
-        if not left:
-            return
-
-
 def main(argv: list[str]) -> int:
     """Run the runtime beneath this subreaper; stop what it left; exit with its status."""
     runtime, envelope_file, result = argv[:3]
@@ -192,33 +149,23 @@ def main(argv: list[str]) -> int:
                 refused = missing_imports(json.load(handle))
             if refused is not None:
                 return refuse(refused, result)
-        return _run([sys.executable, runtime, envelope_file, result, *argv[3:]], _variables(environment))
+        os.environ.update(_variables(environment))  # the runtime's, beneath the subreaper
+        return int(_pinned(runtime).reap_main(runtime, [envelope_file, result, *argv[3:]]))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def _variables(path: str) -> dict[str, str]:
-    """The node's environment with the task's own variables over it."""
+    """The task's own variables (none without the file)."""
     with contextlib.suppress(FileNotFoundError), open(path, encoding="utf-8") as handle:
-        return {**os.environ, **{str(k): str(v) for k, v in json.load(handle).items()}}
-    return dict(os.environ)
+        return {str(k): str(v) for k, v in json.load(handle).items()}
+    return {}
 
 
-def _run(argv: list[str], environment: dict[str, str]) -> int:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
-    grace = float(os.environ.get("AIRFLOW_GPU_KILL_GRACE", "2"))
-    child = subprocess.Popen(argv, env=environment)
-
-    def forward(signum: int, _frame: object) -> None:
-        with contextlib.suppress(OSError):
-            child.send_signal(signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    status = child.wait()
-    stop_all(grace)
-    return status if status >= 0 else 128 - status
+def _pinned(runtime: str) -> Any:
+    """The pinned subreaper (``runtime/reaper.py``), from the job's own runtime archive (standard library only)."""
+    sys.path.insert(0, os.path.abspath(runtime))
+    return importlib.import_module("airflow_gpu_runtime.reaper")
 
 
 if __name__ == "__main__":

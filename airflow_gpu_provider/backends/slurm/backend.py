@@ -69,7 +69,7 @@ class SlurmBackend(ResumableBackend[SlurmOptions, SlurmPlan]):
             self._store = context.get("task_state_store")
             timeout = context["task"].execution_timeout
             self._timeout_s = None if timeout is None else timeout.total_seconds()
-            orphans.reap_orphans(self._client, self.log)
+            orphans.reap_orphans(self._client, self._facts.shared_dir, self.log)
         return self._client
 
     @property
@@ -98,7 +98,7 @@ class SlurmBackend(ResumableBackend[SlurmOptions, SlurmPlan]):
             cpu_fallback=plan.on_cpu,
             fallback_reason=self._fallback_reason if plan.on_cpu else "",
         )
-        nodes = [] if facts.rest or not request.avoid_nodes else self._client.nodes()
+        nodes = self._client.nodes() if request.avoid_nodes else []  # asked only after a try failed on a node
         avoid = avoided(plan, nodes, facts, self.log)
         folder = job.make_folder(plan, facts.shared_dir, facts.python, envelope)
         found = directives(

@@ -3,7 +3,6 @@
 ``avoid_nodes`` (the nodes earlier tries of the task instance failed on: ``escalation/infrastructure.py``) become
 ``--exclude`` only where another node of the partition fits the request (its configured GRES hold it, and it is up):
 on a cluster whose only fitting node failed, the next try waits for that node's return instead of never starting.
-slurmrestd's API (v0.0.37, v0.0.38) has no property for it: there the next try may land on the same node (said).
 """
 
 from __future__ import annotations
@@ -48,13 +47,10 @@ def _up(node: dict[str, Any]) -> bool:
 def avoided(plan: SlurmPlan, nodes: list[dict[str, Any]], facts: Cluster, log: logging.Logger) -> tuple[str, ...]:
     """The nodes the job excludes: those earlier tries failed on, where another node fits.
 
-    :param nodes: the cluster's nodes (``sinfo --json``'s)
+    :param nodes: the cluster's nodes (``sinfo --json``'s, or slurmrestd's: the same fields)
     """
     avoid = plan.request.avoid_nodes
     if not avoid:
-        return ()
-    if facts.rest:
-        log.warning("slurmrestd's API cannot exclude nodes: this try may run on %s again", ", ".join(avoid))
         return ()
     wanted = gres(plan, facts).get("gres", "gpu:0")
     fits = fitting_nodes(nodes, plan.options.partition, wanted)

@@ -4,8 +4,7 @@ The versions of Slurm's REST API differ in their fields and newer Slurm drops ol
 by assumption: it asks the daemon what it serves (its OpenAPI document, ``/openapi/v3``) and speaks the newest
 version both know (:data:`SUPPORTED`, each tested against Slurm 22.05's slurmrestd), or the connection's
 ``api_version`` when it pins one; a daemon that serves none of them is refused, naming what it serves and what is
-supported. Directives map to the job's JSON properties (:data:`PROPERTIES`); ``--exclude`` has no property in these
-versions, so a try's node avoidance is the CLI path's alone (said in the log).
+supported. Directives map to the job's JSON properties (:data:`PROPERTIES`).
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ PROPERTIES: dict[str, tuple[str, Any]] = {
     "reservation": ("reservation", str),
     "gres": ("gres", str),
     "constraint": ("constraints", str),
+    "exclude": ("exclude_nodes", str),
     "mem": ("memory_per_node", lambda value: int(value.rstrip("M"))),
     "cpus-per-task": ("cpus_per_task", int),
     "time": ("time_limit", int),

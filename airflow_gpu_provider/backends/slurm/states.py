@@ -56,6 +56,7 @@ class JobInfo:
 
     :param status: the exit status of its batch script (``None`` when a signal ended it)
     :param signal: the signal that ended it, else 0
+    :param script: its batch script's path as Slurm keeps it (set at submit; the job's owner cannot change it)
     """
 
     job_id: str
@@ -67,6 +68,7 @@ class JobInfo:
     signal: int = 0
     restarts: int = 0
     comment: str = ""
+    script: str = ""
 
     @property
     def active(self) -> bool:
@@ -96,6 +98,7 @@ def job_info(raw: Mapping[str, Any]) -> JobInfo:
         signal=code & 0x7F,
         restarts=int(raw.get("restart_cnt") or 0),
         comment=str(raw.get("comment") or ""),
+        script=str(raw.get("command") or ""),
     )
 
 

@@ -87,7 +87,6 @@ def load(path: str, worker_uid: int) -> SimpleNamespace:
         raise PolicyFileError(f"{path}: [{SECTION}] deployment is required (the workers' too: the same name)")
     values["state_dir"] = (lookup("gpu", "state_dir") or "").strip() or default_state_dir(worker_uid)
     values["checkpoint_root"] = (lookup("gpu", "checkpoint_root") or "").strip()
-    values["kueue_queue"] = ""
     return SimpleNamespace(**values)
 
 

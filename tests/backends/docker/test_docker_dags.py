@@ -78,8 +78,8 @@ def test_demo_dag_trains_in_docker_with_cpu_fallback(airflow_home, torch_image, 
     """The example DAG, unchanged, with backend=docker on a host without the NVIDIA runtime.
 
     Its train step imports torch, which the Debian base image lacks: the test first builds a derived image
-    (base + the CPU torch wheel from /opt/wheels, as an air-gapped wheel dir) and makes it ``[gpu]
-    default_parent_image``, standing in for the default CUDA PyTorch image, which cannot be pulled here.
+    (base + the CPU torch wheel from /opt/wheels, as an air-gapped wheel dir) and makes it the default parent image
+    (the removed ``[gpu] default_parent_image``, still read), standing in for the CUDA PyTorch image, not pullable here.
     """
 
     monkeypatch.setenv("AIRFLOW__GPU__DEFAULT_PARENT_IMAGE", torch_image)

@@ -122,10 +122,10 @@ def test_accelerator_model_is_noted_not_silently_dropped():
 
 
 # ---------------------------------------------------------------------- plan
-def plan_for(options=None, **resources):
+def plan_for(options=None, parent_image="airflow-gpu-base:bookworm", **resources):
     request = TaskRequest(
         ResourceSettings(**resources),
-        ImageSettings(parent_image="airflow-gpu-base:bookworm", environment={"OMP_NUM_THREADS": "7"}),
+        ImageSettings(parent_image=parent_image, environment={"OMP_NUM_THREADS": "7"}),
         Envelope.run(["true"]),
         "cpu",
         {"dag_id": "d", "task_id": "t", "run_id": "r", "try_number": "1", "map_index": "-1"},
@@ -151,18 +151,86 @@ def test_plan_holds_the_create_arguments(monkeypatch):
     assert fallback["host_config"]["mem_limit"] == GiB
 
 
-def test_plan_reads_shm_default_from_config(monkeypatch):
-    monkeypatch.setenv("AIRFLOW__GPU__SHM_SIZE", "2Gi")
-    assert plan_for().create_kwargs("x")["host_config"]["shm_size"] == 2 * GiB
+def test_the_shm_size_and_parent_image_defaults_are_the_docker_connections_and_the_old_options_warn(monkeypatch):
+    """Issue 37: ``[gpu] shm_size`` and ``default_parent_image`` became the connection's extras (else built in)."""
+    import json
 
+    from airflow.exceptions import AirflowProviderDeprecationWarning
 
-def test_plan_uses_default_parent_image(monkeypatch):
-    monkeypatch.setenv("AIRFLOW__GPU__DEFAULT_PARENT_IMAGE", "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime")
+    from airflow_gpu_provider.settings.image import DEFAULT_PARENT_IMAGE
+
     request = TaskRequest(ResourceSettings(), ImageSettings(), Envelope.run(["true"]))
-    assert (
-        DockerBackend(DockerOptions()).plan(request, GpuConfig.read()).parent_image
-        == "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
-    )
+    plan = DockerBackend(DockerOptions()).plan(request, GpuConfig.read())  # no docker_default connection
+    assert (plan.parent_image, plan.create_kwargs("x")["host_config"]["shm_size"]) == (DEFAULT_PARENT_IMAGE, 8 * GiB)
+    extra = {"shm_size": "2Gi", "parent_image": "nvcr.io/nvidia/pytorch:24.10-py3"}
+    monkeypatch.setenv("AIRFLOW_CONN_TEAM_ENGINE", json.dumps({"conn_type": "docker", "extra": extra}))
+    plan = plan_for({"docker_conn_id": "team_engine"}, parent_image=None)
+    assert (plan.parent_image, plan.create_kwargs("x")["host_config"]["shm_size"]) == (extra["parent_image"], 2 * GiB)
+    assert plan_for({"docker_conn_id": "team_engine"}, memory="1Gi").resources.host_config["shm_size"] == GiB
+    monkeypatch.setenv("AIRFLOW__GPU__SHM_SIZE", "3Gi")
+    with pytest.warns(AirflowProviderDeprecationWarning, match="set the Docker connection's extra shm_size"):
+        assert plan_for().create_kwargs("x")["host_config"]["shm_size"] == 3 * GiB
+    monkeypatch.setenv("AIRFLOW__GPU__DEFAULT_PARENT_IMAGE", "old/image:1")
+    with pytest.warns(AirflowProviderDeprecationWarning, match="Docker or Kubernetes connection's extra parent_image"):
+        assert plan_for(parent_image=None).parent_image == "old/image:1"
+
+
+@pytest.mark.parametrize(
+    ("extra", "accepted"),
+    [
+        ({"shm_size": "lots"}, "an amount of bytes such as 16Gi"),
+        ({"parent_image": "Not An Image"}, "[registry/]name[:tag]"),
+        ({"image_registry": "https://registry.example.com"}, "a registry host and namespace"),
+        ({"ca_bundle": "certs/ca.pem"}, "an absolute path of a PEM file"),
+    ],
+)
+def test_a_bad_docker_connection_extra_is_refused_naming_the_connection_field_value_and_forms(
+    monkeypatch, extra, accepted
+):
+    import json
+
+    monkeypatch.setenv("AIRFLOW_CONN_TEAM_ENGINE", json.dumps({"conn_type": "docker", "extra": extra}))
+    [(name, value)] = extra.items()
+    with pytest.raises(InvalidSettingError) as raised:
+        plan_for({"docker_conn_id": "team_engine"})
+    assert f"the Docker connection 'team_engine': extra {name}={value!r} is invalid" in str(raised.value)
+    assert accepted in str(raised.value)
+
+
+def test_the_registry_of_derived_images_is_the_docker_connections_and_the_old_option_warns(monkeypatch):
+    """An engine fact lives in its connection (issue 37); ``backend_options['registry']`` still overrides it."""
+    import json
+
+    from airflow.exceptions import AirflowProviderDeprecationWarning
+
+    extra = {
+        "conn_type": "docker",
+        "host": "registry.example.com",
+        "extra": {"image_registry": "registry.example.com/ml"},
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_TEAM_ENGINE", json.dumps(extra))
+    assert plan_for({"docker_conn_id": "team_engine"}).build.registry == "registry.example.com/ml"
+    assert plan_for({"docker_conn_id": "team_engine", "registry": "other:5000"}).build.registry == "other:5000"
+    assert plan_for().build.registry is None  # no docker_default connection: no registry
+    monkeypatch.setenv("AIRFLOW__GPU__IMAGE_REGISTRY", "old.example.com/ml")
+    with pytest.warns(AirflowProviderDeprecationWarning, match="set the Docker connection's extra image_registry"):
+        assert plan_for().build.registry == "old.example.com/ml"
+
+
+def test_the_ca_bundle_of_derived_image_builds_is_the_docker_connections_and_always_allowed(monkeypatch):
+    """The admin's CA (the connection's extra) is used where a task names none, and allowed as it is."""
+    import json
+
+    from airflow.exceptions import AirflowProviderDeprecationWarning
+
+    ca = "/etc/ssl/certs/ca-certificates.crt"
+    monkeypatch.setenv("AIRFLOW_CONN_TEAM_ENGINE", json.dumps({"conn_type": "docker", "extra": {"ca_bundle": ca}}))
+    build = plan_for({"docker_conn_id": "team_engine"}).build
+    assert (build.ca_bundle, build.policy.ca_bundle) == (ca, ca)
+    assert plan_for().build.ca_bundle is None  # no docker_default connection: none
+    monkeypatch.setenv("AIRFLOW__GPU__CA_BUNDLE", ca)
+    with pytest.warns(AirflowProviderDeprecationWarning, match="set the Docker connection's extra ca_bundle"):
+        assert plan_for().build.ca_bundle == ca
 
 
 def test_cpu_task_has_no_fallback():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import re
 
@@ -30,8 +31,7 @@ from airflow_gpu_provider.backends.kubernetes import kueue
 from airflow_gpu_provider.backends.kubernetes.multinode_run import IndexedJobRun, multinode_manifests
 from airflow_gpu_provider.backends.kubernetes.pending import unschedulable
 from airflow_gpu_provider.backends.kubernetes.pod_operator import build_operator
-from airflow_gpu_provider.config.worker import GpuConfig
-from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError, InvalidSettingError
+from airflow_gpu_provider.exceptions import GpuUnavailableError, InvalidSettingError
 
 KUEUE_DATA = REPO / "tests" / "data" / "kueue" / "v0.19.2"
 DAG_FILE = REPO / "tests" / "backends" / "kubernetes" / "kueue_dag.py"
@@ -134,14 +134,54 @@ def test_without_a_queue_nothing_of_kueue_is_rendered(kubeconfig):
     assert not [key for key in pod.metadata.labels if key.startswith("kueue.x-k8s.io/")]
 
 
-def test_gpu_kueue_queue_is_the_default_and_an_empty_option_opts_out(kubeconfig, monkeypatch):
-    monkeypatch.setenv("AIRFLOW__GPU__KUEUE_QUEUE", "research")
+def gke_extra(monkeypatch, **extra):
+    monkeypatch.setenv("AIRFLOW_CONN_GKE", json.dumps({"conn_type": "kubernetes", "extra": extra}))
+
+
+def test_the_connections_kueue_queue_is_the_default_and_the_only_unlisted_one_the_pod_may_name(kubeconfig, monkeypatch):
+    """Issue 37: the cluster's queue is its connection's extra (the admin's), allowed as it is on the final pod."""
+    gke_extra(monkeypatch, kueue_queue="research")
     _, plan = planned(kubeconfig)
     assert plan.kueue_queue == "research" and plan.labels[kueue.QUEUE_LABEL] == "research"
+    assert plan.allowed["kueue_queue"] == {"research", "team-a"}  # team-a: the test session's allowed_objects
     _, plan = planned(kubeconfig, kueue_queue="team-a")
     assert plan.labels[kueue.QUEUE_LABEL] == "team-a"
     _, plan = planned(kubeconfig, kueue_queue="")
     assert plan.kueue_queue == "" and kueue.QUEUE_LABEL not in plan.labels
+    gke_extra(monkeypatch)
+    assert planned(kubeconfig)[1].allowed["kueue_queue"] == {"team-a"}
+
+
+def test_the_parent_image_is_the_connections_and_a_bad_extra_is_refused_naming_the_connection(kubeconfig, monkeypatch):
+    """Issue 37: the cluster's parent image is its connection's extra, else the built-in default; bad extras are
+    refused before anything is submitted, naming the connection, the extra, the value and the accepted forms."""
+    from airflow.exceptions import AirflowProviderDeprecationWarning
+
+    from airflow_gpu_provider.settings.image import DEFAULT_PARENT_IMAGE
+
+    assert planned(kubeconfig)[1].image == DEFAULT_PARENT_IMAGE
+    gke_extra(monkeypatch, parent_image="nvcr.io/nvidia/pytorch:24.10-py3")
+    assert planned(kubeconfig)[1].image == "nvcr.io/nvidia/pytorch:24.10-py3"
+    gke_extra(monkeypatch)
+    monkeypatch.setenv("AIRFLOW__GPU__DEFAULT_PARENT_IMAGE", "old/image:1")
+    with pytest.warns(AirflowProviderDeprecationWarning, match="Docker or Kubernetes connection's extra parent_image"):
+        assert planned(kubeconfig)[1].image == "old/image:1"
+    for name, value, accepted in [("gpu_allocation", "DRA", "'device-plugin' or 'dra'"),
+                                  ("parent_image", "Not An Image", "[registry/]name[:tag]")]:  # fmt: skip
+        gke_extra(monkeypatch, **{name: value})
+        with pytest.raises(InvalidSettingError) as raised:
+            planned(kubeconfig)
+        assert f"the Kubernetes connection 'gke': extra {name}={value!r} is invalid" in str(raised.value)
+        assert accepted in str(raised.value)
+
+
+def test_the_removed_gpu_kueue_queue_still_works_for_one_release_and_warns(kubeconfig, monkeypatch):
+    from airflow.exceptions import AirflowProviderDeprecationWarning
+
+    monkeypatch.setenv("AIRFLOW__GPU__KUEUE_QUEUE", "research")
+    with pytest.warns(AirflowProviderDeprecationWarning, match="set the Kubernetes connection's extra kueue_queue"):
+        _, plan = planned(kubeconfig)
+    assert plan.labels[kueue.QUEUE_LABEL] == "research" and "research" in plan.allowed["kueue_queue"]
 
 
 # ------------------------------------------------------------------ bad input
@@ -160,17 +200,25 @@ def test_a_bad_priority_class_name_is_an_error_at_parse():
         GpuStepOperator(task_id="t", command=["true"], backend="kubernetes", backend_options=options)
 
 
-def test_a_priority_class_without_any_queue_is_an_error_at_parse(monkeypatch):
-    options = {"kueue_priority_class": "gpu-high"}
+def test_a_priority_class_with_no_queue_is_an_error_at_parse():
+    options = {"kueue_priority_class": "gpu-high", "kueue_queue": ""}
     with pytest.raises(InvalidSettingError, match=r"backend_options\['kueue_priority_class'\].*no Kueue queue"):
         GpuStepOperator(task_id="t", command=["true"], backend="kubernetes", backend_options=options)
-    monkeypatch.setenv("AIRFLOW__GPU__KUEUE_QUEUE", "research")  # the deployment's default queue: accepted
-    GpuStepOperator(task_id="t", command=["true"], backend="kubernetes", backend_options=options)
+    # naming none, the connection's queue (read on the worker, never at parse) may give it one: accepted here
+    GpuStepOperator(
+        task_id="t", command=["true"], backend="kubernetes", backend_options={"kueue_priority_class": "gpu-high"}
+    )
 
 
-def test_a_bad_gpu_kueue_queue_and_a_priority_without_queue_are_refused_before_anything_is_submitted(kubeconfig):
-    with pytest.raises(GpuTaskError, match=r"\[gpu\] kueue_queue='Team_A': .*at most 63 characters"):
-        planned(kubeconfig, conf=GpuConfig.read(kueue_queue="Team_A"))
+def test_a_bad_connection_queue_and_a_priority_without_queue_are_refused_before_anything_is_submitted(
+    kubeconfig, monkeypatch
+):
+    gke_extra(monkeypatch, kueue_queue="Team_A")
+    with pytest.raises(InvalidSettingError) as raised:
+        planned(kubeconfig)
+    assert "the Kubernetes connection 'gke': extra kueue_queue='Team_A' is invalid" in str(raised.value)
+    assert "at most 63 characters" in str(raised.value)
+    gke_extra(monkeypatch)
     with pytest.raises(InvalidSettingError, match=r"backend_options\['kueue_priority_class'\].*no Kueue queue"):
         planned(kubeconfig, kueue_priority_class="gpu-high")
 

@@ -177,3 +177,13 @@ def test_a_node_without_the_checkpoint_folder_the_worker_made_refuses_the_task(t
     folder = _job_folder(tmp_path / "job", request.runtime_envelope(backend="ray", image="x", gpus=[]), {})
     ran = _reaper(folder, **{reaper.ON_WORKER: str(tmp_path)})
     assert ran.returncode == 0 and "the task ran" in ran.stdout
+
+
+def test_what_the_task_leaves_running_on_its_node_is_stopped_by_the_pinned_subreaper(tmp_path):
+    """After its pre-flight the reaper runs the runtime beneath runtime/reaper.py's subreaper (the job wing's)."""
+    script = "import subprocess; print('left', subprocess.Popen(['sleep', '300'], start_new_session=True).pid)"
+    request = TaskRequest(ResourceSettings(), ImageSettings(), Envelope.run([sys.executable, "-c", script]))
+    ran = _reaper(_job_folder(tmp_path, request.runtime_envelope(backend="ray", image="x", gpus=[]), {}))
+    assert ran.returncode == 0 and _result(ran.stdout)["ok"] is True, ran.stdout + ran.stderr
+    pid = int(next(line for line in ran.stdout.splitlines() if line.startswith("left "))[5:])
+    assert not Path(f"/proc/{pid}").exists()  # a setsid grandchild, re-parented to the reaper, SIGTERMed and reaped

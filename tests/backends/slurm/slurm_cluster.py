@@ -9,7 +9,7 @@ a node feature of that name), so one ``h100`` exists in the whole cluster. ``tas
 (its end is ``OUT_OF_MEMORY``), ``MinJobAge`` is short, a requeued job may start again after 5 s
 (``cred_expire``), and a random ``FirstJobId`` keeps the job ids (and so the cgroup folders) apart from another
 session's cluster. Partitions: ``low`` (the default) and ``high`` over both nodes, ``high`` preempting ``low``
-(``preempt/partition_prio``, ``PreemptMode=REQUEUE``), and ``quick`` (node 1, a one-minute ``MaxTime``).
+(``preempt/partition_prio``, ``PreemptMode=REQUEUE``), and ``quick`` (the last node, a one-minute ``MaxTime``).
 
 Node 2 is another host to ``slurmctld``: a ``slurmd`` in a network namespace of its own (``ip netns``), reached
 through a veth pair (node 1 on the host's end). Each node's processes see a ``/etc/hosts`` of their own (a bind
@@ -268,7 +268,7 @@ class SlurmCluster:
         lines += [
             f"PartitionName=low Nodes={every} Default=YES PriorityTier=1 MaxTime=INFINITE State=UP",
             f"PartitionName=high Nodes={every} PriorityTier=2 MaxTime=INFINITE State=UP",
-            f"PartitionName=quick Nodes={self.nodes[0]} PriorityTier=1 MaxTime=1 State=UP",
+            f"PartitionName=quick Nodes={self.nodes[-1]} PriorityTier=1 MaxTime=1 State=UP",
         ]
         (etc / "slurm.conf").write_text("\n".join(lines) + "\n")
         (etc / "gres.conf").write_text("\n".join(gres) + "\n")
@@ -356,6 +356,25 @@ def _end_cgroups(name: str) -> None:
                 time.sleep(0.1)
 
 
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+def leftovers(slurm: SlurmCluster) -> dict[str, list[str]]:
+    """The provider's active jobs, its job folders, and what a task left running (``sleep 3600``)."""
+    active = [str(job["job_id"]) for job in slurm.jobs() if job["job_state"] in ("PENDING", "RUNNING", "COMPLETING")]
+    folders = sorted(path.name for path in slurm.shared.glob("airflow-gpu-*/job-*"))
+    escaped = [path.name for path in Path("/proc").glob("[0-9]*") if _cmdline(path) == "setsid sleep 3600"]
+    escaped += [path.name for path in Path("/proc").glob("[0-9]*") if _cmdline(path) == "sleep 3600"]
+    return {"jobs": active, "folders": folders, "processes": escaped}
+
+
+NOTHING = {"jobs": [], "folders": [], "processes": []}
+
+
 @contextlib.contextmanager
 def slurm_cluster(nodes: int = 2) -> Iterator[SlurmCluster]:
     """A started cluster, stopped on every path."""
@@ -367,12 +386,8 @@ def slurm_cluster(nodes: int = 2) -> Iterator[SlurmCluster]:
 
 
 @pytest.fixture(scope="session")
-def slurm() -> Iterator[SlurmCluster]:
-    """The session's two-node cluster (skip, or fail in CI, where it cannot start); two connections to it.
-
-    ``slurm_test`` reaches it as a submit host (the CLI, with its ``slurm.conf``), ``slurm_rest`` through
-    ``slurmrestd`` with a JWT.
-    """
+def slurm_session() -> Iterator[tuple[SlurmCluster, dict[str, str]]]:
+    """The session's two-node cluster (skip, or fail in CI, where it cannot start) and its tests' variables."""
     reason = why_not()
     if reason is not None:
         if IN_CI:
@@ -390,9 +405,17 @@ def slurm() -> Iterator[SlurmCluster]:
             "AIRFLOW__GPU_POLICY__ALLOWED_CLUSTERS": "slurm=slurm_test, slurm=slurm_rest",  # not the default one
             "AIRFLOW_GPU_TEST_WHEELS": str(wheels),
         }
-        os.environ.update(variables)
-        try:
-            yield cluster
-        finally:
-            for name in variables:
-                os.environ.pop(name, None)
+        yield cluster, variables
+
+
+@pytest.fixture
+def slurm(slurm_session: tuple[SlurmCluster, dict[str, str]], monkeypatch: pytest.MonkeyPatch) -> SlurmCluster:
+    """The session's cluster, with two connections to it set for this test only.
+
+    ``slurm_test`` reaches it as a submit host (the CLI, with its ``slurm.conf``), ``slurm_rest`` through
+    ``slurmrestd`` with a JWT. (Set per test: a session's variables would reach the later tests of its worker.)
+    """
+    cluster, variables = slurm_session
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    return cluster

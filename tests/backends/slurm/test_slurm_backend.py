@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from backends.slurm.slurm_cluster import NOTHING, leftovers
 from helpers import start_worker, worker_result
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("airflow_home")]
@@ -37,25 +38,6 @@ def _ended(worker: subprocess.Popen, log: list[str]) -> str:
     while not log and time.monotonic() < deadline:
         time.sleep(0.1)
     return log[0]
-
-
-def _cmdline(proc: Path) -> str:
-    try:
-        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-    except OSError:
-        return ""
-
-
-def leftovers(slurm) -> dict:
-    """The provider's active jobs, its job folders, and what a task left running (``sleep 3600``)."""
-    active = [job["job_id"] for job in slurm.jobs() if job["job_state"] in ("PENDING", "RUNNING", "COMPLETING")]
-    folders = sorted(path.name for path in slurm.shared.glob("airflow-gpu-*/job-*"))
-    escaped = [path.name for path in Path("/proc").glob("[0-9]*") if _cmdline(path) == "setsid sleep 3600"]
-    escaped += [path.name for path in Path("/proc").glob("[0-9]*") if _cmdline(path) == "sleep 3600"]
-    return {"jobs": active, "folders": folders, "processes": escaped}
-
-
-NOTHING = {"jobs": [], "folders": [], "processes": []}
 
 
 def running(slurm, *task_ids: str) -> dict:

@@ -5,6 +5,7 @@ version and properties, the job's comment, and the trigger's decisions over a st
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import subprocess
 
@@ -163,7 +164,7 @@ def test_the_next_try_avoids_a_failed_node_only_where_another_fits():
     assert avoided(h100, nodes, CLUSTER, LOG) == ()  # the only H100: the job waits for n1's return
     down = [{**nodes[0]}, {**nodes[1], "state": "down"}]
     assert avoided(a100, down, CLUSTER, LOG) == ()  # the other A100's node is down
-    assert avoided(a100, nodes, Cluster("c", "/s", url="http://r:6820"), LOG) == ()  # REST: no --exclude
+    assert avoided(a100, nodes, dataclasses.replace(CLUSTER, url="http://r:6820"), LOG) == ("n1",)  # slurmrestd's too
 
 
 def test_the_rest_version_is_discovered_never_assumed():
@@ -175,8 +176,10 @@ def test_the_rest_version_is_discovered_never_assumed():
     with pytest.raises(GpuTaskError, match="pins api_version 'v0.0.36'"):
         rest.version(["v0.0.38", "v0.0.36"], pinned="v0.0.36")
     job, dropped = rest.properties({"mem": "1536M", "nodes": "2", "no-requeue": "", "exclude": "n1"}, {"A": "1"})
-    assert job == {"environment": {"A": "1"}, "memory_per_node": 1536, "nodes": [2, 2], "requeue": False}
-    assert dropped == ["exclude"]
+    assert job == {
+        "environment": {"A": "1"}, "memory_per_node": 1536, "nodes": [2, 2], "requeue": False, "exclude_nodes": "n1"
+    }  # fmt: skip
+    assert dropped == []
 
 
 def test_a_jobs_comment_names_its_task_instance_and_a_record_only_its_job():

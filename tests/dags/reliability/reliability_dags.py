@@ -27,7 +27,7 @@ INDEX_VARIABLE = "AIRFLOW_GPU_MATRIX_INDEX"
 DAG_VARIABLE = "AIRFLOW_GPU_MATRIX_DAG"
 #: Set by the matrix: the Jobs API of its Ray cluster (tests/backends/ray/ray_cluster.py)
 RAY_VARIABLE = "AIRFLOW_GPU_TEST_RAY_ADDRESS"
-#: What a Ray job gets of its worker's environment, so that the matrix finds its processes and files
+#: What a Ray or Slurm job gets of its worker's environment, so that the matrix finds its processes and files
 RAY_PASSED = ("AIRFLOW_GPU_MATRIX_RUN", PIDS_VARIABLE, "TMPDIR")
 PRIVATE_PACKAGE = "airflow-gpu-private==1.0"
 
@@ -174,14 +174,19 @@ def operator_arguments(backend: str, scenario: str) -> dict[str, Any]:
         arguments["image"] = ImageSettings(requirements=arguments["image"].requirements, environment=environment)
         arguments["backend_options"] = {"kill_grace": 2}  # the ray_default connection: the matrix's cluster
         arguments["durable"] = False  # as the Docker cells: the killed worker's job is the orphan reaper's
+    if backend == "slurm":  # a batch job on the tests' cluster, carrying the run's token into its processes
+        environment = {name: os.environ[name] for name in RAY_PASSED if name in os.environ}
+        arguments["image"] = ImageSettings(requirements=arguments["image"].requirements, environment=environment)
+        arguments["backend_options"] = {"kill_grace": 2}  # slurm_default: the matrix's cluster (allowed by default)
+        arguments["durable"] = False  # as the Docker cells: the killed worker's job is the orphan reaper's
     return arguments
 
 
 _ONLY = os.environ.get(DAG_VARIABLE)  # a matrix worker's parse: only its own DAG
-for _backend in ("local", "docker", "docker-deferred", "ray"):
+for _backend in ("local", "docker", "docker-deferred", "ray", "slurm"):
     for _scenario in SCENARIOS:
-        if (_backend, _scenario) == ("ray", "worker SIGKILL in image build"):
-            continue  # an index URL with credentials is refused at parse on Ray (docs/ray.md)
+        if _backend in ("ray", "slurm") and _scenario == "worker SIGKILL in image build":
+            continue  # an index URL with credentials is refused at parse on Ray and Slurm
         if _ONLY and dag_id(_backend, _scenario) != _ONLY:
             continue
         with DAG(dag_id(_backend, _scenario), schedule=None, start_date=START, tags=["reliability"]):

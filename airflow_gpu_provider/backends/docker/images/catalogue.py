@@ -47,7 +47,7 @@ CATALOGUE: tuple[CudaImage, ...] = (
     CudaImage("2.4.1", "12.1", "9"),
     CudaImage("2.3.1", "12.1", "8"),
 )
-"""Known official tags, newest first. The default parent image (``[gpu] default_parent_image``) is one of them."""
+"""Known official tags, newest first. The default parent image (``DEFAULT_PARENT_IMAGE``) is one of them."""
 
 
 def pytorch_image(torch: str, cuda: str | None = None, *, flavor: Flavor = "runtime") -> str:

@@ -144,7 +144,7 @@ def _file_fingerprint(path: Path, names: list[str] | None) -> dict[str, object]:
 def build_input(name: str, path: str, policy: BuildPolicy, *, value: str | None = None) -> list[str] | None:
     """Check a worker path the build copies in as ``name`` (``policy/build.py``); for a folder, the files it copies.
 
-    The admin's own ``[gpu] ca_bundle`` is taken as it is.
+    The admin's own CA bundle (the Docker connection's extra ``ca_bundle``) is taken as it is.
 
     :raises PolicyError: when the policy refuses it
     :raises InvalidSettingError: when it does not exist
@@ -152,7 +152,9 @@ def build_input(name: str, path: str, policy: BuildPolicy, *, value: str | None 
     ca = name == "ca-bundle.pem"
     if ca and path == policy.ca_bundle:
         if not os.path.isfile(path):
-            raise InvalidSettingError("[gpu]", "ca_bundle", path, "no such file on the worker", "a PEM file path")
+            raise InvalidSettingError(
+                "the Docker connection", "ca_bundle", path, "no such file on the worker", "a PEM file path"
+            )
         return None
     owner, field_name = ("backend 'docker'", CA_FIELD) if ca else ("ImageSettings", "find_links")
     try:

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_gpu_provider import config
 from airflow_gpu_provider.backends.docker.images.catalogue import CATALOGUE, cpu_only_reason, pytorch_image
 from airflow_gpu_provider.exceptions import InvalidSettingError
+from airflow_gpu_provider.settings.image import DEFAULT_PARENT_IMAGE
 
 
 def test_pytorch_image_by_torch_and_cuda():
@@ -23,8 +23,7 @@ def test_unknown_combination_lists_the_known_ones():
 
 
 def test_default_parent_image_is_in_the_catalogue():
-    option = next(o for o in config.OPTIONS if o.name == "default_parent_image")
-    assert option.default in {image.tag() for image in CATALOGUE}
+    assert DEFAULT_PARENT_IMAGE in {image.tag() for image in CATALOGUE}
 
 
 @pytest.mark.parametrize(
