@@ -74,8 +74,15 @@ def test_a_killed_workers_container_and_job_are_taken_over_by_the_next_try(clust
     assert docker_client.inspect_container(first)["State"]["Running"]  # the container outlives its worker
     assert _active(slurm) == [(job, "RUNNING")]  # so does the job
     _worker(cluster, "worker-2")
-    # the second try has taken the container over (or the run ended without it): the function may end now
-    cluster._wait(lambda: "Reattached to" in _task_log(cluster, 2) or cluster.xcom(DAG_ID, "r1", "task"), 240, "try 2")
+    # the second tries have taken the container and the job over (or a run ended without): the functions may end now
+    cluster._wait(
+        lambda: all(
+            "Reattached to" in try_log(cluster, dag_id, 2) or cluster.xcom(dag_id, "r1", "task")
+            for dag_id in (DAG_ID, SLURM_DAG_ID)
+        ),
+        240,
+        "the second tries",
+    )
     let_go(cluster.root)
 
     state = cluster.wait_for_run(DAG_ID, "r1", timeout=240)
