@@ -198,7 +198,8 @@ def test_a_final_sample_right_after_the_last_one_is_merged_into_it(monkeypatch):
     profile = profiler.stop()  # ...and stop()'s, a few microseconds later
     assert held is not None and held.rows[0][0] is not None
     assert profile["samples"] == counted + 1 == len(profile["series"]["t"])  # one sample for both
-    assert profile["series"]["cpu"]["util"][-1] == round(held.rows[0][0], 1)  # the short span adds nothing
+    # the short span weighs by its time: next to nothing (a clock tick in a loaded machine's few ms moves it a little)
+    assert profile["series"]["cpu"]["util"][-1] == pytest.approx(held.rows[0][0], abs=5)
     assert profile["series"]["t"][-1] >= held.at  # it ends when the sampling ended
     assert profile["duration_s"] >= profile["series"]["t"][-1]
 
