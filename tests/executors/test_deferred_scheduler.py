@@ -300,9 +300,10 @@ def test_a_deferred_docker_task_is_watched_by_the_triggerer_and_resumed(cluster,
     found = [[r for r in records if mark in str(r.get("event"))] for mark in marks]
     assert [len(f) for f in found] == [1, 1, 1, 1], [str(r.get("event"))[:100] for r in records]
     times = [datetime.datetime.fromisoformat(f[0]["timestamp"]).timestamp() for f in found]
-    assert times == sorted(times) and times[2] - times[1] >= 8, times  # the function sleeps 10 s between them
+    # the function sleeps 10 s between the two lines: logged as they came, not together at the end (under load the
+    # triggerer may read the first one a few seconds late)
+    assert times == sorted(times) and times[2] - times[1] >= 5, times
     assert_no_leftovers(cluster, docker_client, run_id)
-    # the orphan reaper ran in the task (a real supervisor answered it) and left another Airflow's container alone
     # the orphan reaper ran in the task and left another deployment's durable container alone
     assert foreign_container[:12] not in log
     assert docker_client.inspect_container(foreign_container)["State"]["Running"]
