@@ -27,6 +27,16 @@ INSTALLERS: tuple[str, ...] = ("uv", "pip")
 _OWNER = "ImageSettings"
 
 
+#: the accepted forms of an image reference, for errors (a task's parent image, a connection's ``parent_image``)
+IMAGE_FORMS = f"'[registry/]name[:tag][@sha256:digest]' in lower case, e.g. {DEFAULT_PARENT_IMAGE!r}"
+
+
+def check_image_reference(value: object) -> None:
+    """Refuse what is not a Docker image reference (``ValueError``, the reason)."""
+    if not isinstance(value, str) or not IMAGE_REFERENCE.fullmatch(value):
+        raise ValueError("not a Docker image reference")
+
+
 def _invalid(name: str, value: object, reason: str, accepted: str | None = None) -> InvalidSettingError:
     return InvalidSettingError(_OWNER, name, value, reason, accepted)
 
@@ -101,16 +111,11 @@ class ImageSettings:
         def put(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
 
-        if self.parent_image is not None and (
-            not isinstance(self.parent_image, str) or not IMAGE_REFERENCE.fullmatch(self.parent_image)
-        ):
-            raise _invalid(
-                "parent_image",
-                self.parent_image,
-                "not a Docker image reference",
-                "'[registry/]name[:tag][@sha256:digest]' in lower case, "
-                "e.g. 'pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime'",
-            )
+        if self.parent_image is not None:
+            try:
+                check_image_reference(self.parent_image)
+            except ValueError as err:
+                raise _invalid("parent_image", self.parent_image, str(err), IMAGE_FORMS) from None
 
         requirements = _string_tuple("requirements", self.requirements, "a list of PEP 508 strings")
         if requirements:  # packaging costs a few ms: only for tasks that inject requirements

@@ -55,6 +55,7 @@ def read_engine(conn_id: str | None) -> Engine:
 
     from airflow_gpu_provider.backends.base import connection_extra
     from airflow_gpu_provider.settings.grammar import IMAGE_REFERENCE
+    from airflow_gpu_provider.settings.image import IMAGE_FORMS, check_image_reference
     from airflow_gpu_provider.settings.units import parse_bytes
 
     name = conn_id or DockerHook.default_conn_name
@@ -72,18 +73,14 @@ def read_engine(conn_id: str | None) -> Engine:
         if not value.startswith("/"):
             raise ValueError("not an absolute path")
 
-    def image(value: str) -> None:
-        if not IMAGE_REFERENCE.fullmatch(value):
-            raise ValueError("not a Docker image reference")
-
     default = Engine()
     return Engine(
         connection_extra(owner, extras, "image_registry", "image_registry", check=registry,
                          accepted="a registry host and namespace, e.g. 'registry.example.com/ml'") or default.registry,
         connection_extra(owner, extras, "ca_bundle", "ca_bundle", check=absolute,
                          accepted="an absolute path of a PEM file on the worker") or default.ca_bundle,
-        connection_extra(owner, extras, "parent_image", "default_parent_image", check=image,
-                         accepted="'[registry/]name[:tag][@sha256:digest]'") or default.parent_image,
+        connection_extra(owner, extras, "parent_image", "default_parent_image", check=check_image_reference,
+                         accepted=IMAGE_FORMS) or default.parent_image,
         connection_extra(owner, extras, "shm_size", "shm_size", check=parse_bytes,
                          accepted="an amount of bytes such as 16Gi") or default.shm_size,
     )  # fmt: skip

@@ -163,13 +163,9 @@ def read_cluster(conn_id: str) -> Cluster:
     """
     from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
-    from airflow_gpu_provider.settings.grammar import IMAGE_REFERENCE
+    from airflow_gpu_provider.settings.image import IMAGE_FORMS, check_image_reference
 
     extras, owner = KubernetesHook(conn_id=conn_id).conn_extras, f"the Kubernetes connection {conn_id!r}"
-
-    def image(value: str) -> None:
-        if not IMAGE_REFERENCE.fullmatch(value):
-            raise ValueError("not a Docker image reference")
 
     def allocation(value: str) -> None:
         if value not in dra.ALLOCATIONS:
@@ -181,6 +177,6 @@ def read_cluster(conn_id: str) -> Cluster:
                          accepted=" or ".join(map(repr, dra.ALLOCATIONS))) or default.gpu_allocation,
         connection_extra(owner, extras, "kueue_queue", "kueue_queue", check=kueue_name, accepted=ACCEPTED)
         or default.kueue_queue,
-        connection_extra(owner, extras, "parent_image", "default_parent_image", check=image,
-                         accepted="'[registry/]name[:tag][@sha256:digest]'") or default.parent_image,
+        connection_extra(owner, extras, "parent_image", "default_parent_image", check=check_image_reference,
+                         accepted=IMAGE_FORMS) or default.parent_image,
     )  # fmt: skip
