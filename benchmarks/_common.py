@@ -177,3 +177,18 @@ def parse_cost(path: Path, environment: Mapping[str, str] | None = None, *, prof
 def parse_once(path: Path, environment: Mapping[str, str] | None = None) -> float:
     """The parse child's CPU seconds for one parse of ``path`` (:func:`parse_cost`)."""
     return parse_cost(path, environment).cpu
+
+
+def submit_report(times: dict[str, list[tuple[float, float]]], ours: str, theirs: str, poll: float) -> None:
+    """Print a submit benchmark's two parts (submit-to-function-start, end to end), each against its goal: ``ours``
+    within 1.1x of ``theirs`` plus one poll interval."""
+
+    def summary(name: str, values: list[float]) -> str:
+        return f"{name}: median {statistics.median(values):.3f}s (min {min(values):.3f}, max {max(values):.3f})"
+
+    for part, index in (("submit-to-function-start", 0), ("end to end", 1)):
+        mine, hand = ([t[index] for t in times[name]] for name in (ours, theirs))
+        ratio = statistics.median(mine) / statistics.median(hand)
+        met = statistics.median(mine) <= 1.1 * statistics.median(hand) + poll
+        print(f"{part}: {summary(ours, mine)}; {summary(theirs, hand)}; {ratio:.2f}x; "
+              f"goal <= 1.1x + {poll}s: {'met' if met else 'NOT met'}")  # fmt: skip

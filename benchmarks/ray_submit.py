@@ -19,13 +19,14 @@ import argparse
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
+
+from _common import submit_report
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "backends" / "ray"))
@@ -69,10 +70,6 @@ def by_hand(address: str) -> tuple[float, float]:
     return function_start - started, time.time() - started
 
 
-def summary(name: str, values: list[float]) -> str:
-    return f"{name}: median {statistics.median(values):.3f}s (min {min(values):.3f}, max {max(values):.3f})"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=8)
@@ -92,12 +89,7 @@ def main() -> int:
             times["operator"].append(by_operator(cluster.address))
             times["ray job submit"].append(by_hand(cluster.address))
     print(f"{runs} runs each, interleaved; poll interval {poll}s")
-    for part, index in (("submit-to-function-start", 0), ("end to end", 1)):
-        ours, hand = ([t[index] for t in times[name]] for name in ("operator", "ray job submit"))
-        ratio = statistics.median(ours) / statistics.median(hand)
-        goal = statistics.median(ours) <= 1.1 * statistics.median(hand) + poll
-        print(f"{part}: {summary('operator', ours)}; {summary('ray job submit', hand)}; {ratio:.2f}x; "
-              f"goal <= 1.1x + {poll}s: {'met' if goal else 'NOT met'}")  # fmt: skip
+    submit_report(times, "operator", "ray job submit", poll)
     return 0
 
 

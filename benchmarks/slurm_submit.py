@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
+
+from _common import submit_report
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -70,10 +71,6 @@ def by_hand(cluster: object, number: int) -> tuple[float, float]:
     return function_start - started, time.time() - started
 
 
-def summary(name: str, values: list[float]) -> str:
-    return f"{name}: median {statistics.median(values):.3f}s (min {min(values):.3f}, max {max(values):.3f})"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=6)
@@ -96,12 +93,7 @@ def main() -> int:
             times["sbatch --wait"].append(by_hand(cluster, number))
     load = os.getloadavg()[0]
     print(f"{runs} runs each, interleaved; poll interval {poll}s; load average {load:.1f}")
-    for part, index in (("submit-to-function-start", 0), ("end to end", 1)):
-        ours, hand = ([t[index] for t in times[name]] for name in ("operator", "sbatch --wait"))
-        ratio = statistics.median(ours) / statistics.median(hand)
-        goal = statistics.median(ours) <= 1.1 * statistics.median(hand) + poll
-        print(f"{part}: {summary('operator', ours)}; {summary('sbatch --wait', hand)}; {ratio:.2f}x; "
-              f"goal <= 1.1x + {poll}s: {'met' if goal else 'NOT met'}")  # fmt: skip
+    submit_report(times, "operator", "sbatch --wait", poll)
     return 0
 
 
