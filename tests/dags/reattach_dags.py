@@ -34,52 +34,25 @@ def counts_its_runs(seconds: str) -> dict:
     return {"runs": runs}
 
 
-with DAG(
-    "reattach_after_worker_kill",
-    schedule=None,
-    start_date=datetime.datetime(2024, 1, 1),
-    params={"root": "/tmp", "seconds": 45},
-    default_args={"retries": 1, "retry_delay": datetime.timedelta(seconds=0)},
-):
-    GpuStepOperator(
-        task_id="task",
-        python_callable=counts_its_runs,
-        op_args=["{{ params.seconds }}"],
-        checkpoint="{{ params.root }}",
-        backend="docker",
-        image=IMAGE,
-        backend_options={"stop_timeout": 2},
-    )
-
-# tests/backends/ray/test_ray_reattach.py: the same task as a Ray job on the tests' cluster
-with DAG(
-    "reattach_ray_after_worker_kill",
-    schedule=None,
-    start_date=datetime.datetime(2024, 1, 1),
-    params={"root": "/tmp", "seconds": 45},
-    default_args={"retries": 1, "retry_delay": datetime.timedelta(seconds=0)},
-):
-    GpuStepOperator(
-        task_id="task",
-        python_callable=counts_its_runs,
-        op_args=["{{ params.seconds }}"],
-        checkpoint="{{ params.root }}",
-        backend="ray",  # the tests' cluster: the ray_default connection (tests/backends/ray/ray_cluster.py)
-    )
-
-# tests/executors/test_reattach.py: the same task as a Slurm job on the tests' cluster, beside the Docker one
-with DAG(
-    "reattach_slurm_after_worker_kill",
-    schedule=None,
-    start_date=datetime.datetime(2024, 1, 1),
-    params={"root": "/tmp", "seconds": 45},
-    default_args={"retries": 1, "retry_delay": datetime.timedelta(seconds=0)},
-):
-    GpuStepOperator(
-        task_id="task",
-        python_callable=counts_its_runs,
-        op_args=["{{ params.seconds }}"],
-        checkpoint="{{ params.root }}",
-        backend="slurm",
-        backend_options={"slurm_conn_id": "slurm_test"},
-    )
+# tests/executors/test_reattach.py: the Docker and the Slurm task (on the tests' cluster), side by side;
+# tests/backends/ray/test_ray_reattach.py: the Ray job (the ray_default connection: tests/backends/ray/ray_cluster.py)
+BACKENDS = {
+    "reattach_after_worker_kill": {"backend": "docker", "image": IMAGE, "backend_options": {"stop_timeout": 2}},
+    "reattach_ray_after_worker_kill": {"backend": "ray"},
+    "reattach_slurm_after_worker_kill": {"backend": "slurm", "backend_options": {"slurm_conn_id": "slurm_test"}},
+}
+for _dag_id, _backend in BACKENDS.items():
+    with DAG(
+        _dag_id,
+        schedule=None,
+        start_date=datetime.datetime(2024, 1, 1),
+        params={"root": "/tmp", "seconds": 45},
+        default_args={"retries": 1, "retry_delay": datetime.timedelta(seconds=0)},
+    ):
+        GpuStepOperator(
+            task_id="task",
+            python_callable=counts_its_runs,
+            op_args=["{{ params.seconds }}"],
+            checkpoint="{{ params.root }}",
+            **_backend,
+        )
