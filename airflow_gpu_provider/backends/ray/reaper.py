@@ -149,7 +149,9 @@ def main(argv: list[str]) -> int:
                 refused = missing_imports(json.load(handle))
             if refused is not None:
                 return refuse(refused, result)
-        os.environ.update(_variables(environment))  # the runtime's, beneath the subreaper
+        variables = _variables(environment)
+        variables.pop("AIRFLOW_GPU_KILL_GRACE", None)  # the subreaper's grace is the provider's, not the task's
+        os.environ.update(variables)  # the runtime's, beneath the subreaper
         return int(_pinned(runtime).reap_main(runtime, [envelope_file, result, *argv[3:]]))
     finally:
         shutil.rmtree(folder, ignore_errors=True)

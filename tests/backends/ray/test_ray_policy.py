@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -187,3 +188,20 @@ def test_what_the_task_leaves_running_on_its_node_is_stopped_by_the_pinned_subre
     assert ran.returncode == 0 and _result(ran.stdout)["ok"] is True, ran.stdout + ran.stderr
     pid = int(next(line for line in ran.stdout.splitlines() if line.startswith("left "))[5:])
     assert not Path(f"/proc/{pid}").exists()  # a setsid grandchild, re-parented to the reaper, SIGTERMed and reaped
+
+
+def test_a_task_variable_cannot_lengthen_the_subreapers_grace(tmp_path):
+    """The task's own variables reach the runtime, not the subreaper: a child that ignores SIGTERM still gets SIGKILL
+    after the provider's grace (2 s here), not after the 600 s the task asked for."""
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(300)"
+    script = (
+        f"import subprocess, sys; child = subprocess.Popen([sys.executable, '-c', {stubborn!r}], start_new_session=True, "
+        "stdout=subprocess.PIPE); child.stdout.readline(); print('left', child.pid)"
+    )
+    request = TaskRequest(ResourceSettings(), ImageSettings(), Envelope.run([sys.executable, "-c", script]))
+    envelope = request.runtime_envelope(backend="ray", image="x", gpus=[])
+    started = time.monotonic()
+    ran = _reaper(_job_folder(tmp_path, envelope, {"AIRFLOW_GPU_KILL_GRACE": "600"}), AIRFLOW_GPU_KILL_GRACE="2")
+    assert ran.returncode == 0 and time.monotonic() - started < 60, ran.stdout + ran.stderr
+    pid = int(next(line for line in ran.stdout.splitlines() if line.startswith("left "))[5:])
+    assert not Path(f"/proc/{pid}").exists()
