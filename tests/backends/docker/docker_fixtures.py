@@ -5,6 +5,8 @@ the test's fixtures are set up, and the ``docker_client`` fixture calls it too. 
 (``DockerOptions().engine_url``: ``$DOCKER_HOST`` or the local socket) by docker-py and by the ``docker`` command, and
 that the base image (``AIRFLOW_GPU_TEST_BASE_IMAGE``, default ``airflow-gpu-base:bookworm``) exists; a missing base
 image is built once with ``docker/base/build.sh`` (it needs root and debootstrap; concurrent sessions build it once).
+A local engine that is installed but not running is started, as ``.ci/run`` does (root, no ``DOCKER_HOST``), and
+left running for the next session; its log is ``$TMPDIR/airflow-gpu-dockerd.log``.
 When any of that cannot be had, the tests skip saying why and how to fix it, unless ``AIRFLOW_GPU_REQUIRE_DOCKER=1``
 (set by ``.ci/run``): then they fail.
 Derived images they build are named ``airflow-gpu-test-derived:*`` and removed at the end of the session, with the
@@ -103,6 +105,29 @@ def _build_base_image(client: Any) -> str | None:
     return None
 
 
+def _start_local_engine() -> None:
+    """Start the installed ``dockerd`` when no engine answers on the local socket (root, no ``DOCKER_HOST``)."""
+    if os.environ.get("DOCKER_HOST") or os.geteuid() != 0 or not (shutil.which("dockerd") and shutil.which("docker")):
+        return
+    lock = os.open(
+        Path(tempfile.gettempdir(), "airflow-gpu-dockerd.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600
+    )
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other xdist worker may be starting it: one engine
+        if subprocess.run(["docker", "info"], capture_output=True, check=False).returncode == 0:
+            return
+        log = Path(tempfile.gettempdir(), "airflow-gpu-dockerd.log")
+        with open(log, "ab") as out:
+            subprocess.Popen(["dockerd"], stdout=out, stderr=out, stdin=subprocess.DEVNULL, start_new_session=True)
+        print(f"\nstarted dockerd (log: {log})", file=sys.__stderr__, flush=True)
+        for _ in range(120):
+            if subprocess.run(["docker", "info"], capture_output=True, check=False).returncode == 0:
+                return
+            time.sleep(0.5)
+    finally:
+        os.close(lock)
+
+
 @functools.cache
 def _docker_state() -> tuple[Any, str | None]:
     """``(client, None)`` when Docker tests can run (the base image built if it was missing), else ``(None, why)``.
@@ -115,7 +140,11 @@ def _docker_state() -> tuple[Any, str | None]:
         from airflow_gpu_provider.backends.docker.options import DockerOptions
 
         url = DockerOptions().engine_url
-        client = docker.APIClient(base_url=url, version="auto", timeout=60)
+        try:
+            client = docker.APIClient(base_url=url, version="auto", timeout=60)
+        except docker.errors.DockerException:
+            _start_local_engine()  # installed but not running: start it, as .ci/run does
+            client = docker.APIClient(base_url=url, version="auto", timeout=60)
         client.ping()
     except Exception as err:
         return None, (
