@@ -56,6 +56,8 @@ START_TIMEOUT = 60.0
 #: what slurmrestd serves (its ``dbv0.0.3x`` plugins need slurmdbd, which the cluster has not)
 REST_PLUGINS = "openapi/v0.0.36,openapi/v0.0.37,openapi/v0.0.38"
 IN_CI = os.environ.get("CI") == "true"
+#: ``gres/shard``s of each GPU (a share of one GPU is a number of them: the connection's accelerators map says so)
+SHARDS = 4
 #: a daemon ends when the test process that started it dies (``prctl(PR_SET_PDEATHSIG)``), then execs
 _DIE_WITH_TESTS = (
     "import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); os.execvp(sys.argv[1], sys.argv[1:])"
@@ -239,7 +241,7 @@ class SlurmCluster:
             "JobAcctGatherType=jobacct_gather/linux",
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core_Memory",
-            "GresTypes=gpu",
+            "GresTypes=gpu,shard",
             f"FirstJobId={random.randint(10, 900) * 10_000}",
             "MinJobAge=30",
             "ReturnToService=2",
@@ -260,9 +262,11 @@ class SlurmCluster:
             for number, kind in enumerate(types):
                 os.mknod(devices / f"nvidia{number}", 0o666 | 0o020000, os.makedev(195, number))
                 gres.append(f"NodeName={node} Name=gpu Type={kind} File={devices / f'nvidia{number}'}")
+                gres.append(f"NodeName={node} Name=shard Type={kind} Count={SHARDS} File={devices / f'nvidia{number}'}")
+            kinds = [f"gpu:{kind}:1" for kind in types] + [f"shard:{kind}:{SHARDS}" for kind in types]
             lines.append(
                 f"NodeName={node} NodeAddr={self.addresses[index]} CPUs=2 RealMemory=3000 "
-                f"Gres={','.join(f'gpu:{kind}:1' for kind in types)} Features={','.join(types)} State=UNKNOWN"
+                f"Gres={','.join(kinds)} Features={','.join(types)} State=UNKNOWN"
             )
         every = ",".join(self.nodes)
         lines += [
