@@ -1,6 +1,7 @@
 """The Slurm backend's plan: the batch job ``run()`` submits, decided without touching the cluster.
 
-One task try is one batch job. :func:`plan_job` maps the request once: ``gpu_count`` to GPUs per node as GRES,
+One task try is one batch job. :func:`plan_job` maps the request once: ``gpu_count`` to GPUs per node as GRES (a
+share of one GPU to ``gres/shard``, ``shards.py``),
 ``memory`` to ``--mem``, ``cpu_count`` to ``--cpus-per-task``, the task's ``execution_timeout`` to ``--time``
 (whole minutes, ``placement.py``), the options to ``--partition``, ``--account``, ``--qos``, ``--reservation`` and
 ``--requeue``/``--no-requeue``, several machines to ``--nodes`` with one task per node; the task's variables to the
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from airflow_gpu_provider.backends.slurm.connection import Cluster
 from airflow_gpu_provider.backends.slurm.options import SlurmOptions
+from airflow_gpu_provider.backends.slurm.shards import shards
 from airflow_gpu_provider.checkpoint.location import checkpoint_environment
 from airflow_gpu_provider.exceptions import GpuTaskError
 from airflow_gpu_provider.task.environment import thread_environment, with_user_environment
@@ -24,6 +26,7 @@ from airflow_gpu_provider.task.request import TaskRequest
 
 if TYPE_CHECKING:
     from airflow_gpu_provider.config.worker import GpuConfig
+    from airflow_gpu_provider.settings.shares import GpuShare
 
 #: what a job's comment carries of its task instance (``--comment``, JSON), with its worker and deployment
 IDENTITY = ("dag_id", "task_id", "run_id", "map_index", "try_number")
@@ -39,6 +42,8 @@ class SlurmPlan:
     :param environment: the job's variables (the task's and the provider's; nothing of the worker's)
     :param memory: ``--mem`` as written (for the OOM message)
     :param cpu_fallback: the same job without GPUs (``on_missing_gpu="cpu"``), or ``None``
+    :param share: a share of one GPU (``gres/shard``), or ``None``: whole GPUs
+    :param allow_unenforced: ``[gpu_policy] allow_unenforced_gpu_shares`` (``host/mps.py``)
     """
 
     request: TaskRequest
@@ -53,6 +58,8 @@ class SlurmPlan:
     grace: float = 2.0
     cpu_fallback: SlurmPlan | None = None
     on_cpu: bool = False
+    share: GpuShare | None = None
+    allow_unenforced: bool = False
 
     @property
     def try_number(self) -> str:
@@ -78,7 +85,8 @@ def plan_job(
     :param timeout_s: the task's ``execution_timeout`` in seconds: the job's ``--time``
     """
     resources = request.resources.without_gpus() if on_cpu else request.resources
-    gpus = int(resources.gpu_count) if resources.requests_gpus else 0  # type: ignore[arg-type]  # whole: checked
+    share = resources.share
+    gpus = 1 if share else int(resources.gpu_count) if resources.requests_gpus else 0  # type: ignore[arg-type]
     directives: dict[str, str] = {"job-name": f"airflow-{request.display_name}"[:120]}
     directives.update({kind: name for kind, name in options.cluster_names.items()})
     memory = None
@@ -110,6 +118,8 @@ def plan_job(
         poll_interval=conf.poll_interval,
         grace=grace,
         on_cpu=on_cpu,
+        share=share,
+        allow_unenforced=conf.allow_unenforced_gpu_shares,
     )
     if policy.runs_on_cpu and gpus and not on_cpu:
         cpu = plan_job(request, options, conf, on_cpu=True)
@@ -121,6 +131,8 @@ def gres(plan: SlurmPlan, cluster: Cluster) -> dict[str, str]:
     """``--gres`` (and ``--constraint`` for several models) of the plan's GPUs on this cluster."""
     if not plan.gpus:
         return {}
+    if plan.share is not None:
+        return shards(plan.share, plan.models, cluster).gres
     types = [kind for kind in map(cluster.gres_type, plan.models) if kind is not None]  # a list: any one of them
     if plan.models and not types:
         known = ", ".join(sorted(cluster.accelerators)) or "none"

@@ -5,7 +5,8 @@ munge is used or touched. Under one temp dir: a ``munged`` with a key and socket
 ``slurmd`` (free ports; spool, state, pid and log files of their own; ``SlurmUser=root``), and ``slurmrestd``
 with JWT (``AuthAltTypes=auth/jwt``, a key of its own). Each node has two "GPUs": GRES over character devices made
 with ``mknod`` (``c 195 N``, as ``/dev/nvidiaN``): node 1 an ``a100`` and an ``h100``, node 2 an ``a100`` (each also
-a node feature of that name), so one ``h100`` exists in the whole cluster. ``task/cgroup`` limits a job's memory
+a node feature of that name, and :data:`SHARDS` ``gres/shard`` of its type), so one ``h100`` exists in the whole
+cluster. ``task/cgroup`` limits a job's memory
 (its end is ``OUT_OF_MEMORY``), ``MinJobAge`` is short, a requeued job may start again after 5 s
 (``cred_expire``), and a random ``FirstJobId`` keeps the job ids (and so the cgroup folders) apart from another
 session's cluster. Partitions: ``low`` (the default) and ``high`` over both nodes, ``high`` preempting ``low``
@@ -128,7 +129,7 @@ class SlurmCluster:
         """An Airflow connection (JSON, for ``AIRFLOW_CONN_...``) of type ``slurm`` to this cluster."""
         facts: dict[str, object] = {
             "shared_dir": str(self.shared),
-            "accelerators": {"A100": "a100", "H100": "h100"},
+            "accelerators": {model: {"gres": model.lower(), "shards": SHARDS} for model in ("A100", "H100")},
             "python": sys.executable,  # the nodes' Python: this machine's, with the tests' packages (and uv)
             "path": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
             **extra,
