@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.backends.base import Deferral, ResumableBackend
 from airflow_gpu_provider.backends.jobs.durable import JobRecord
-from airflow_gpu_provider.backends.slurm import job, orphans, shards
+from airflow_gpu_provider.backends.slurm import job, orphans
 from airflow_gpu_provider.backends.slurm.clients import client
 from airflow_gpu_provider.backends.slurm.connection import Cluster, cluster
 from airflow_gpu_provider.backends.slurm.options import SlurmOptions
 from airflow_gpu_provider.backends.slurm.placement import avoided, time_limit
-from airflow_gpu_provider.backends.slurm.plan import SlurmPlan, directives, plan_job
+from airflow_gpu_provider.backends.slurm.plan import SlurmPlan, directives, job_share, plan_job
 from airflow_gpu_provider.backends.slurm.states import ACTIVE, JobInfo, ended_error
 from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError
 from airflow_gpu_provider.task.request import TaskRequest
@@ -97,7 +97,7 @@ class SlurmBackend(ResumableBackend[SlurmOptions, SlurmPlan]):
             gpus=None,
             cpu_fallback=plan.on_cpu,
             fallback_reason=self._fallback_reason if plan.on_cpu else "",
-            share=shards.job_share(plan, facts, self.log),
+            share=job_share(plan, facts, self.log),
         )
         nodes = self._client.nodes() if request.avoid_nodes else []  # asked only after a try failed on a node
         avoid = avoided(plan, nodes, facts, self.log)

@@ -12,13 +12,14 @@ features ``--constraint=a|b``, the nodes an earlier try failed on) is :func:`dir
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.backends.slurm.connection import Cluster
 from airflow_gpu_provider.backends.slurm.options import SlurmOptions
-from airflow_gpu_provider.backends.slurm.shards import shards
+from airflow_gpu_provider.backends.slurm.shards import enforcement, shards
 from airflow_gpu_provider.checkpoint.location import checkpoint_environment
 from airflow_gpu_provider.exceptions import GpuTaskError
 from airflow_gpu_provider.task.environment import thread_environment, with_user_environment
@@ -160,3 +161,17 @@ def directives(
     if avoid:
         found["exclude"] = ",".join(avoid)
     return found
+
+
+def job_share(plan: SlurmPlan, cluster: Cluster, log: logging.Logger) -> dict[str, Any] | None:
+    """The summary's ``share`` of the plan's job (``None``: whole GPUs), its enforcement said in the worker's log.
+
+    :raises GpuUnavailableError: a command on a share, and the admin does not allow unenforced shares
+    """
+    if plan.share is None:
+        return None
+    taken = shards(plan.share, plan.models, cluster)
+    command = plan.request.envelope.mode == "command"
+    found = enforcement(plan.share, taken, command=command, allow_unenforced=plan.allow_unenforced)
+    log.info("[gpu] %s", found.share["line"])
+    return dict(found.share)

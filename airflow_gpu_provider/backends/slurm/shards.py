@@ -10,19 +10,14 @@ cap in the runtime for a function, a command refused unless the admin allows une
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.backends.slurm.connection import Cluster
 from airflow_gpu_provider.exceptions import GpuTaskError
 from airflow_gpu_provider.host.mps import Enforcement, without_mps
 from airflow_gpu_provider.settings.accelerators import card_memory_gib
 from airflow_gpu_provider.settings.shares import GpuShare
-
-if TYPE_CHECKING:
-    from airflow_gpu_provider.backends.slurm.plan import SlurmPlan
 
 WHY = "Slurm's gres/shard enforces no memory"
 
@@ -54,9 +49,9 @@ def _count(share: GpuShare, model: str, per_gpu: int) -> int | str:
         return max(1, math.ceil(round(share.fraction * per_gpu, 6)))
     gib = card_memory_gib(model)
     if gib is None or share.memory is None:
-        return f"the memory of a {model} is not known (name the model as the provider knows it)"
+        return f"the memory of {model} is not known (name the model as the provider knows it)"
     if share.memory > gib * 2**30:
-        return f"a {model} has {gib:g} GiB"
+        return f"{model} has {gib:g} GiB"
     return max(1, math.ceil(round(share.memory / (gib * 2**30) * per_gpu, 6)))
 
 
@@ -67,7 +62,7 @@ def shards(share: GpuShare, models: tuple[str, ...], cluster: Cluster) -> Shards
     for model in models or tuple(cluster.shards):
         per_gpu, kind = cluster.shards_of(model), cluster.gres_type(model)
         if not per_gpu or kind is None:
-            why.append(f"the Slurm connection {cluster.name!r}'s accelerators map gives {model} no shards")
+            why.append(f"the accelerators map of the Slurm connection {cluster.name!r} gives {model} no shards")
             continue
         count = _count(share, model, per_gpu)
         if isinstance(count, str):
@@ -96,17 +91,3 @@ def enforcement(share: GpuShare, taken: Shards, *, command: bool, allow_unenforc
     where = f"{share.describe()} of one {' or '.join(taken.types)} GPU ({taken.count} of its {taken.per_gpu} shards)"
     facts = {"memory": share.memory, "fraction": share.fraction, "percent": percent, "gpu": "Slurm gres/shard"}
     return without_mps(where, facts, WHY, command=command, allow_unenforced=allow_unenforced)
-
-
-def job_share(plan: SlurmPlan, cluster: Cluster, log: logging.Logger) -> dict[str, Any] | None:
-    """The summary's ``share`` of the plan's job (``None``: whole GPUs), its enforcement said in the worker's log.
-
-    :raises GpuUnavailableError: a command on a share, and the admin does not allow unenforced shares
-    """
-    if plan.share is None:
-        return None
-    taken = shards(plan.share, plan.models, cluster)
-    command = plan.request.envelope.mode == "command"
-    found = enforcement(plan.share, taken, command=command, allow_unenforced=plan.allow_unenforced)
-    log.info("[gpu] %s", found.share["line"])
-    return dict(found.share)
