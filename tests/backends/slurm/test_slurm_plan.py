@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from airflow_gpu_provider import ImageSettings, ResourceSettings
+from airflow_gpu_provider import AccelerateOperator, ImageSettings, ResourceSettings
 from airflow_gpu_provider.backends import BACKENDS
 from airflow_gpu_provider.backends.jobs.durable import JobRecord
 from airflow_gpu_provider.backends.slurm import orphans, rest
@@ -127,6 +127,8 @@ def test_a_share_of_one_gpu_is_the_fewest_gres_shards_that_hold_it():
         gres(_plan(ResourceSettings(gpu_count=0.5, accelerator="L4")), facts)
     with pytest.raises(GpuTaskError, match=r"A100 has 40 GiB"):
         gres(_plan(ResourceSettings(gpu_share="48GiB", accelerator="A100")), facts)
+    with pytest.raises(InvalidSettingError, match="multi-process launch.*takes whole GPUs"):  # nor across nodes
+        AccelerateOperator(task_id="a", script="x.py", backend="slurm", gpu_count=0.5, num_machines=2)
     climbed, _ = OomEscalation().climb(quarter.request.resources, 1, 0)  # the ladder's first step: the whole GPU
     assert (
         gres(_plan(climbed), facts) == {"gres": "gpu:a100:1"} and rest.properties(anywhere, {})[0]["gres"] == "shard:1"
