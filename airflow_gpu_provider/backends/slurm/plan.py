@@ -1,12 +1,12 @@
 """The Slurm backend's plan: the batch job ``run()`` submits, decided without touching the cluster.
 
 One task try is one batch job. :func:`plan_job` maps the request once: ``gpu_count`` to GPUs per node as GRES (a
-share of one GPU to ``gres/shard``, ``shards.py``),
-``memory`` to ``--mem``, ``cpu_count`` to ``--cpus-per-task``, the task's ``execution_timeout`` to ``--time``
-(whole minutes, ``placement.py``), the options to ``--partition``, ``--account``, ``--qos``, ``--reservation`` and
-``--requeue``/``--no-requeue``, several machines to ``--nodes`` with one task per node; the task's variables to the
-job's environment. What the cluster's facts decide (the GRES type of an accelerator, several models as node
-features ``--constraint=a|b``, the nodes an earlier try failed on) is :func:`directives`, pure too.
+share of one GPU to ``gres/shard``: ``shards.py``), ``memory`` to ``--mem``, ``cpu_count`` to ``--cpus-per-task``,
+the task's ``execution_timeout`` to ``--time`` (whole minutes, ``placement.py``), the options to ``--partition``,
+``--account``, ``--qos``, ``--reservation`` and ``--requeue``/``--no-requeue``, several machines to ``--nodes`` with
+one task per node; the task's variables to the job's environment. What the cluster's facts decide (the GRES type
+of an accelerator, several models as node features ``--constraint=a|b``, the nodes an earlier try failed on) is
+:func:`directives`, pure too.
 """
 
 from __future__ import annotations
