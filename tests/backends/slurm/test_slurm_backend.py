@@ -110,11 +110,11 @@ def test_shares_of_one_gpu_are_gres_shards_side_by_side_while_a_whole_gpu_waits(
     runs beside another shard job on that GPU while a whole-GPU job waits; each sees its GPU and its shards, and the
     log says how the share is enforced; a GPU out of memory on a share climbs to a whole GPU."""
     gate, sbatch = tmp_path / "gate", ("sbatch", "--parsable", "--mem=64M", f"--chdir={slurm.shared}", "-o/dev/null")
-    other = slurm.run(*sbatch, "--gres=shard:h100:1", "--wrap=sleep 300").strip()
     unenforced = {"AIRFLOW__GPU_POLICY__ALLOW_UNENFORCED_GPU_SHARES": "True"}  # no CUDA here for PyTorch's cap
-    worker, log = _in_background("slurm_shares", env={"AIRFLOW_GPU_TEST_GATE": str(gate), **unenforced})
+    other = slurm.run(*sbatch, "--gres=shard:h100:1", "--wrap=sleep 300").strip()
     whole = ""
     try:
+        worker, log = _in_background("slurm_shares", env={"AIRFLOW_GPU_TEST_GATE": str(gate), **unenforced})
         quarter = running(slurm, "quarter")
         whole = slurm.run(*sbatch, "--gres=gpu:h100:1", "--wrap=true").strip()
         deadline = time.monotonic() + 30
