@@ -209,6 +209,7 @@ BACKENDS: dict[str, BackendInfo] = {
             max_nodes=None,
             all_gpus=False,
             defers=True,
+            gpu_shares=True,
             avoids_nodes=True,
             summary="a Slurm batch job, on one node or several",
         ),

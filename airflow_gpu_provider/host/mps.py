@@ -170,21 +170,34 @@ class ShareEnforcer:
             )
             return self._said(Enforcement(MPS, environment, {**share, "enforcement": MPS, "line": line}))
         why = "in a container (MPS needs the host's IPC namespace)" if self.in_container else "no MPS on this host"
-        if not command:
-            line = f"a share of {where}, enforced by PyTorch's cap on its CUDA allocator ({why})"
-            allowed = {"unenforced_allowed": self.allow_unenforced}
-            return self._said(Enforcement(FRAMEWORK, {}, {**share, "enforcement": FRAMEWORK, "line": line, **allowed}))
-        if not self.allow_unenforced:
-            raise GpuUnavailableError(
-                f"A share of {where} cannot be enforced: {why}, and PyTorch's cap cannot reach a command. Run MPS on "
-                "the host, give the task a whole GPU, or ask the admin for [gpu_policy] allow_unenforced_gpu_shares."
-            )
-        line = f"a share of {where}, NOT enforced ({why}; a command): [gpu_policy] allow_unenforced_gpu_shares"
-        return self._said(Enforcement(NONE, {}, {**share, "enforcement": NONE, "line": line}))
+        return self._said(without_mps(where, share, why, command=command, allow_unenforced=self.allow_unenforced))
 
     def _said(self, enforcement: Enforcement) -> Enforcement:
         self.log.info("[gpu] %s", enforcement.share["line"])
         return enforcement
+
+
+def without_mps(
+    where: str, share: Mapping[str, Any], why: str, *, command: bool, allow_unenforced: bool
+) -> Enforcement:
+    """Where no MPS serves a share (every backend's one rule): PyTorch's cap, or nothing where the admin allows it.
+
+    A function gets PyTorch's cap; a command is refused unless the admin allows unenforced shares. ``where`` and
+    ``why`` make the log line, ``share`` the summary's (``runtime/share.py``).
+
+    :raises GpuUnavailableError: a command, and the admin does not allow unenforced shares
+    """
+    if not command:
+        line = f"a share of {where}, enforced by PyTorch's cap on its CUDA allocator ({why})"
+        allowed = {"unenforced_allowed": allow_unenforced}
+        return Enforcement(FRAMEWORK, {}, {**share, "enforcement": FRAMEWORK, "line": line, **allowed})
+    if not allow_unenforced:
+        raise GpuUnavailableError(
+            f"A share of {where} cannot be enforced: {why}, and PyTorch's cap cannot reach a command. Run it where "
+            "MPS is, give the task a whole GPU, or ask the admin for [gpu_policy] allow_unenforced_gpu_shares."
+        )
+    line = f"a share of {where}, NOT enforced ({why}; a command): [gpu_policy] allow_unenforced_gpu_shares"
+    return Enforcement(NONE, {}, {**share, "enforcement": NONE, "line": line})
 
 
 def shared(enforcer: ShareEnforcer, allocation: Allocation, request: TaskRequest) -> Enforcement | None:

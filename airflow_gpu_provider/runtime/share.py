@@ -2,7 +2,8 @@
 
 The worker decides the enforcement (``host/mps.py``) and sends it as the summary's ``share``. With ``framework``, the
 task's function runs with PyTorch's CUDA caching allocator capped at the share
-(``torch.cuda.set_per_process_memory_fraction`` on device 0, the one GPU the task sees), set here before the
+(``torch.cuda.set_per_process_memory_fraction`` on device 0, the one GPU the task sees; a memory share without a
+fraction, as on Slurm, is taken of that GPU's total), set here before the
 function is loaded; PyTorch is imported only for such a task. Without PyTorch or CUDA there, nothing enforces the
 share: the try fails unless the admin allows unenforced shares. A copy of the task process that the task's code
 starts (a framework's own spawn: Lightning's ddp) is refused on a share: each copy would take the share again.
@@ -36,6 +37,8 @@ def enforce_share(share: dict[str, Any] | None) -> ShareNotEnforced | None:
 
         if not torch.cuda.is_available():
             raise RuntimeError("torch.cuda.is_available() is False")
+        if not fraction:  # a memory share whose GPU the worker did not know (Slurm places it): of this one's total
+            fraction = min(1.0, int(share.get("memory") or 0) / torch.cuda.get_device_properties(0).total_memory)
         torch.cuda.set_per_process_memory_fraction(fraction, 0)
     except Exception as exc:  # noqa: BLE001 - no PyTorch, no CUDA, a cap it refuses: the share is not enforced
         why = f"PyTorch's cap could not be set ({type(exc).__name__}: {exc})"

@@ -77,6 +77,21 @@ def sleeps() -> None:
     time.sleep(600)
 
 
+def on_a_share(oom_first: bool = False) -> dict:
+    """What a share's job sees (held until ``GATE`` exists, at most 60 s); with ``oom_first``, a try on shards fails
+    as a GPU out of memory does."""
+    import os
+    import time
+
+    started = time.time()
+    while os.environ.get("GATE") and not os.path.exists(os.environ["GATE"]) and time.time() < started + 60:
+        time.sleep(0.05)
+    if oom_first and os.environ.get("SLURM_SHARDS_ON_NODE"):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    names = {"gpus": "CUDA_VISIBLE_DEVICES", "shards": "SLURM_SHARDS_ON_NODE", "node": "SLURMD_NODENAME"}
+    return {key: os.environ.get(name) for key, name in names.items()}
+
+
 _marks = os.environ.get("AIRFLOW_GPU_TEST_MARKS", "/nowhere")
 _gate = os.environ.get("AIRFLOW_GPU_TEST_GATE", "")
 
@@ -166,3 +181,31 @@ with DAG("slurm_accelerate", schedule=None, start_date=START, params={"out": ""}
         **SLURM,
         **ONCE,
     )
+
+# tests/backends/slurm/test_slurm_backend.py: shares of one GPU as gres/shard (the only H100 shared with a job of the
+# test's own; a quarter held until the test opens the gate), one by memory through slurmrestd, one that climbs to a
+# whole GPU after a GPU out of memory
+with DAG("slurm_shares", schedule=None, start_date=START):
+    _quarter = GpuStepOperator(
+        task_id="quarter",
+        python_callable=on_a_share,
+        gpu_count=0.25,
+        accelerator="H100",
+        image=ImageSettings(environment={"GATE": _gate}),
+        **SLURM,
+        **ONCE,
+    )
+    _by_memory = GpuStepOperator(
+        task_id="by_memory", python_callable=on_a_share, gpu_share="40GiB", accelerator="H100", **REST, **ONCE
+    )
+    _climbs = GpuStepOperator(
+        task_id="climbs",
+        python_callable=on_a_share,
+        op_args=[True],
+        gpu_count=0.5,
+        accelerator="A100",
+        on_oom=OomEscalation(),
+        **SLURM,
+        **AGAIN,
+    )
+    _quarter >> _by_memory >> _climbs

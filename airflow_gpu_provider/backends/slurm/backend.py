@@ -21,7 +21,7 @@ from airflow_gpu_provider.backends.slurm.clients import client
 from airflow_gpu_provider.backends.slurm.connection import Cluster, cluster
 from airflow_gpu_provider.backends.slurm.options import SlurmOptions
 from airflow_gpu_provider.backends.slurm.placement import avoided, time_limit
-from airflow_gpu_provider.backends.slurm.plan import SlurmPlan, directives, plan_job
+from airflow_gpu_provider.backends.slurm.plan import SlurmPlan, directives, job_share, plan_job
 from airflow_gpu_provider.backends.slurm.states import ACTIVE, JobInfo, ended_error
 from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError
 from airflow_gpu_provider.task.request import TaskRequest
@@ -97,6 +97,7 @@ class SlurmBackend(ResumableBackend[SlurmOptions, SlurmPlan]):
             gpus=None,
             cpu_fallback=plan.on_cpu,
             fallback_reason=self._fallback_reason if plan.on_cpu else "",
+            share=job_share(plan, facts, self.log),
         )
         nodes = self._client.nodes() if request.avoid_nodes else []  # asked only after a try failed on a node
         avoid = avoided(plan, nodes, facts, self.log)

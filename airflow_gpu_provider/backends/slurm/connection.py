@@ -6,7 +6,9 @@ worker is a submit host and runs Slurm's commands (munge, and the extra's ``slur
 default). The extra holds the rest, JSON::
 
     {"shared_dir": "/shared/airflow",       a folder every node and the worker mount at the same path (required)
-     "accelerators": {"A100": "a100"},      accelerator model -> GRES type (several models: node features)
+     "accelerators": {"A100": "a100"},      accelerator model -> GRES type (several models: node features), or
+                                            {"gres": "a100", "shards": 4}: each GPU also has 4 gres/shard of that
+                                            type (a share of one GPU is a number of them)
      "python": "/opt/py/bin/python3",       the nodes' Python (default python3 on the job's PATH)
      "path": "/usr/local/bin:/usr/bin:/bin", the job's PATH (default: that one)
      "slurm_conf": "/etc/slurm/slurm.conf", a submit host's configuration of this cluster
@@ -35,6 +37,7 @@ class Cluster:
 
     :param name: the connection's id: where a job record says its job runs
     :param url: slurmrestd's URL (the REST path), or ``""`` (the CLI path)
+    :param shards: accelerator model -> the gres/shard of one GPU of it (a share of a GPU is some of them)
     """
 
     name: str
@@ -47,6 +50,7 @@ class Cluster:
     python: str = "python3"
     path: str = DEFAULT_PATH
     api_version: str = ""
+    shards: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def rest(self) -> bool:
@@ -55,9 +59,37 @@ class Cluster:
 
     def gres_type(self, model: str) -> str | None:
         """The GRES type (and node feature) of an accelerator model, or ``None`` when the map has none."""
-        wanted = model.strip().upper()
-        found = {key.strip().upper(): value for key, value in self.accelerators.items()}
-        return found.get(wanted) or found.get(wanted.split("-")[0])
+        return _of(self.accelerators, model)
+
+    def shards_of(self, model: str) -> int | None:
+        """How many ``gres/shard`` one GPU of ``model`` has, or ``None`` when the map gives it none."""
+        return _of(self.shards, model)
+
+
+def _of(mapping: Mapping[str, Any], model: str) -> Any:
+    wanted = model.strip().upper()
+    found = {key.strip().upper(): value for key, value in mapping.items()}
+    return found.get(wanted) or found.get(wanted.split("-")[0])
+
+
+def _accelerators(conn_id: str, value: Any) -> tuple[dict[str, str], dict[str, int]]:
+    """The map's GRES types and shards per GPU (an entry is a GRES type, or ``{"gres": type, "shards": N}``)."""
+    value = value or {}
+    entries = list(value.items()) if isinstance(value, Mapping) else [("(the map)", value)]
+    types, shards = {}, {}
+    for model, entry in entries:
+        kind, count = entry, 0
+        if isinstance(entry, Mapping) and set(entry) <= {"gres", "shards"}:
+            kind, count = entry.get("gres"), entry.get("shards", 0)
+        if not isinstance(kind, str) or type(count) is not int or not 0 <= count <= 1024:
+            raise GpuTaskError(
+                f"The Slurm connection {conn_id!r}: 'accelerators' maps model names to a GRES type ('a100') or to "
+                f'{{"gres": "a100", "shards": 4}} (4 gres/shard per GPU); {model!r} maps to {entry!r}.'
+            )
+        types[str(model)] = kind
+        if count:
+            shards[str(model)] = count
+    return types, shards
 
 
 def _extra(connection: Any) -> dict[str, Any]:
@@ -83,9 +115,7 @@ def cluster(conn_id: str) -> Cluster:
             f"The Slurm connection {conn_id!r} has no shared_dir in its extra: an absolute folder that every node "
             "and the worker mount at the same path, where a job's files and its result are (docs/slurm.md)."
         )
-    accelerators = extra.get("accelerators") or {}
-    if not isinstance(accelerators, Mapping) or not all(isinstance(v, str) for v in accelerators.values()):
-        raise GpuTaskError(f"The Slurm connection {conn_id!r}: 'accelerators' must map model names to GRES types.")
+    accelerators, shards = _accelerators(conn_id, extra.get("accelerators"))
     url = ""
     if connection.host:
         url = connection.host if "://" in connection.host else f"{connection.schema or 'http'}://{connection.host}"
@@ -97,7 +127,8 @@ def cluster(conn_id: str) -> Cluster:
         token=connection.password or "",
         user=connection.login or getpass.getuser(),
         slurm_conf=str(extra.get("slurm_conf") or ""),
-        accelerators=dict(accelerators),
+        accelerators=accelerators,
+        shards=shards,
         python=str(extra.get("python") or "python3"),
         path=str(extra.get("path") or DEFAULT_PATH),
         api_version=str(extra.get("api_version") or ""),

@@ -1,22 +1,25 @@
 """The Slurm backend's plan: the batch job ``run()`` submits, decided without touching the cluster.
 
-One task try is one batch job. :func:`plan_job` maps the request once: ``gpu_count`` to GPUs per node as GRES,
-``memory`` to ``--mem``, ``cpu_count`` to ``--cpus-per-task``, the task's ``execution_timeout`` to ``--time``
-(whole minutes, ``placement.py``), the options to ``--partition``, ``--account``, ``--qos``, ``--reservation`` and
-``--requeue``/``--no-requeue``, several machines to ``--nodes`` with one task per node; the task's variables to the
-job's environment. What the cluster's facts decide (the GRES type of an accelerator, several models as node
-features ``--constraint=a|b``, the nodes an earlier try failed on) is :func:`directives`, pure too.
+One task try is one batch job. :func:`plan_job` maps the request once: ``gpu_count`` to GPUs per node as GRES (a
+share of one GPU to ``gres/shard``: ``shards.py``), ``memory`` to ``--mem``, ``cpu_count`` to ``--cpus-per-task``,
+the task's ``execution_timeout`` to ``--time`` (whole minutes, ``placement.py``), the options to ``--partition``,
+``--account``, ``--qos``, ``--reservation`` and ``--requeue``/``--no-requeue``, several machines to ``--nodes`` with
+one task per node; the task's variables to the job's environment. What the cluster's facts decide (the GRES type
+of an accelerator, several models as node features ``--constraint=a|b``, the nodes an earlier try failed on) is
+:func:`directives`, pure too.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.backends.slurm.connection import Cluster
 from airflow_gpu_provider.backends.slurm.options import SlurmOptions
+from airflow_gpu_provider.backends.slurm.shards import enforcement, shards
 from airflow_gpu_provider.checkpoint.location import checkpoint_environment
 from airflow_gpu_provider.exceptions import GpuTaskError
 from airflow_gpu_provider.task.environment import thread_environment, with_user_environment
@@ -24,6 +27,7 @@ from airflow_gpu_provider.task.request import TaskRequest
 
 if TYPE_CHECKING:
     from airflow_gpu_provider.config.worker import GpuConfig
+    from airflow_gpu_provider.settings.shares import GpuShare
 
 #: what a job's comment carries of its task instance (``--comment``, JSON), with its worker and deployment
 IDENTITY = ("dag_id", "task_id", "run_id", "map_index", "try_number")
@@ -39,6 +43,8 @@ class SlurmPlan:
     :param environment: the job's variables (the task's and the provider's; nothing of the worker's)
     :param memory: ``--mem`` as written (for the OOM message)
     :param cpu_fallback: the same job without GPUs (``on_missing_gpu="cpu"``), or ``None``
+    :param share: a share of one GPU (``gres/shard``), or ``None``: whole GPUs
+    :param allow_unenforced: ``[gpu_policy] allow_unenforced_gpu_shares`` (``host/mps.py``)
     """
 
     request: TaskRequest
@@ -53,6 +59,8 @@ class SlurmPlan:
     grace: float = 2.0
     cpu_fallback: SlurmPlan | None = None
     on_cpu: bool = False
+    share: GpuShare | None = None
+    allow_unenforced: bool = False
 
     @property
     def try_number(self) -> str:
@@ -78,7 +86,8 @@ def plan_job(
     :param timeout_s: the task's ``execution_timeout`` in seconds: the job's ``--time``
     """
     resources = request.resources.without_gpus() if on_cpu else request.resources
-    gpus = int(resources.gpu_count) if resources.requests_gpus else 0  # type: ignore[arg-type]  # whole: checked
+    share = resources.share
+    gpus = 1 if share else int(resources.gpu_count) if resources.requests_gpus else 0  # type: ignore[arg-type]
     directives: dict[str, str] = {"job-name": f"airflow-{request.display_name}"[:120]}
     directives.update({kind: name for kind, name in options.cluster_names.items()})
     memory = None
@@ -110,6 +119,8 @@ def plan_job(
         poll_interval=conf.poll_interval,
         grace=grace,
         on_cpu=on_cpu,
+        share=share,
+        allow_unenforced=conf.allow_unenforced_gpu_shares,
     )
     if policy.runs_on_cpu and gpus and not on_cpu:
         cpu = plan_job(request, options, conf, on_cpu=True)
@@ -121,6 +132,8 @@ def gres(plan: SlurmPlan, cluster: Cluster) -> dict[str, str]:
     """``--gres`` (and ``--constraint`` for several models) of the plan's GPUs on this cluster."""
     if not plan.gpus:
         return {}
+    if plan.share is not None:
+        return shards(plan.share, plan.models, cluster).gres
     types = [kind for kind in map(cluster.gres_type, plan.models) if kind is not None]  # a list: any one of them
     if plan.models and not types:
         known = ", ".join(sorted(cluster.accelerators)) or "none"
@@ -148,3 +161,17 @@ def directives(
     if avoid:
         found["exclude"] = ",".join(avoid)
     return found
+
+
+def job_share(plan: SlurmPlan, cluster: Cluster, log: logging.Logger) -> dict[str, Any] | None:
+    """The summary's ``share`` of the plan's job (``None``: whole GPUs), its enforcement said in the worker's log.
+
+    :raises GpuUnavailableError: a command on a share, and the admin does not allow unenforced shares
+    """
+    if plan.share is None:
+        return None
+    taken = shards(plan.share, plan.models, cluster)
+    command = plan.request.envelope.mode == "command"
+    found = enforcement(plan.share, taken, command=command, allow_unenforced=plan.allow_unenforced)
+    log.info("[gpu] %s", found.share["line"])
+    return dict(found.share)

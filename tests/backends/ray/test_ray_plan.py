@@ -42,13 +42,15 @@ def test_options_are_checked_when_the_dag_is_parsed():
         RAY.parse_options({"namespace": "x"})
 
 
-def test_a_share_of_a_gpu_runs_on_ray_local_and_docker_only():
+def test_a_share_of_a_gpu_runs_on_ray_local_docker_and_slurm_only():
     half = ResourceSettings(gpu_count=0.5)
     assert half.gpu_count == 0.5 and ResourceSettings(gpu_count="0.25").gpu_count == 0.25
-    for name in ("ray", "local", "docker"):
+    for name in ("ray", "local", "docker", "slurm"):
         BACKENDS[name].check(half, 1, BACKENDS[name].parse_options({}))
-    for name in ("kubernetes", "executor", "slurm"):
-        with pytest.raises(InvalidSettingError, match=r"gpu_count=0.5.*a share of one works on the local, docker, ray"):
+    for name in ("kubernetes", "executor"):
+        with pytest.raises(
+            InvalidSettingError, match=r"gpu_count=0.5.*a share of one works on the local, docker, ray, slu"
+        ):
             BACKENDS[name].check(half, 1, BACKENDS[name].parse_options({}))
     for bad in (1.5, 0.00001, "1.5"):
         with pytest.raises(InvalidSettingError, match="gpu_count"):

@@ -5,7 +5,8 @@ munge is used or touched. Under one temp dir: a ``munged`` with a key and socket
 ``slurmd`` (free ports; spool, state, pid and log files of their own; ``SlurmUser=root``), and ``slurmrestd``
 with JWT (``AuthAltTypes=auth/jwt``, a key of its own). Each node has two "GPUs": GRES over character devices made
 with ``mknod`` (``c 195 N``, as ``/dev/nvidiaN``): node 1 an ``a100`` and an ``h100``, node 2 an ``a100`` (each also
-a node feature of that name), so one ``h100`` exists in the whole cluster. ``task/cgroup`` limits a job's memory
+a node feature of that name, and :data:`SHARDS` ``gres/shard`` of its type), so one ``h100`` exists in the whole
+cluster. ``task/cgroup`` limits a job's memory
 (its end is ``OUT_OF_MEMORY``), ``MinJobAge`` is short, a requeued job may start again after 5 s
 (``cred_expire``), and a random ``FirstJobId`` keeps the job ids (and so the cgroup folders) apart from another
 session's cluster. Partitions: ``low`` (the default) and ``high`` over both nodes, ``high`` preempting ``low``
@@ -56,6 +57,8 @@ START_TIMEOUT = 60.0
 #: what slurmrestd serves (its ``dbv0.0.3x`` plugins need slurmdbd, which the cluster has not)
 REST_PLUGINS = "openapi/v0.0.36,openapi/v0.0.37,openapi/v0.0.38"
 IN_CI = os.environ.get("CI") == "true"
+#: ``gres/shard``s of each GPU (a share of one GPU is a number of them: the connection's accelerators map says so)
+SHARDS = 4
 #: a daemon ends when the test process that started it dies (``prctl(PR_SET_PDEATHSIG)``), then execs
 _DIE_WITH_TESTS = (
     "import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); os.execvp(sys.argv[1], sys.argv[1:])"
@@ -126,7 +129,7 @@ class SlurmCluster:
         """An Airflow connection (JSON, for ``AIRFLOW_CONN_...``) of type ``slurm`` to this cluster."""
         facts: dict[str, object] = {
             "shared_dir": str(self.shared),
-            "accelerators": {"A100": "a100", "H100": "h100"},
+            "accelerators": {model: {"gres": model.lower(), "shards": SHARDS} for model in ("A100", "H100")},
             "python": sys.executable,  # the nodes' Python: this machine's, with the tests' packages (and uv)
             "path": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
             **extra,
@@ -239,7 +242,7 @@ class SlurmCluster:
             "JobAcctGatherType=jobacct_gather/linux",
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core_Memory",
-            "GresTypes=gpu",
+            "GresTypes=gpu,shard",
             f"FirstJobId={random.randint(10, 900) * 10_000}",
             "MinJobAge=30",
             "ReturnToService=2",
@@ -260,9 +263,11 @@ class SlurmCluster:
             for number, kind in enumerate(types):
                 os.mknod(devices / f"nvidia{number}", 0o666 | 0o020000, os.makedev(195, number))
                 gres.append(f"NodeName={node} Name=gpu Type={kind} File={devices / f'nvidia{number}'}")
+                gres.append(f"NodeName={node} Name=shard Type={kind} Count={SHARDS} File={devices / f'nvidia{number}'}")
+            kinds = [f"gpu:{kind}:1" for kind in types] + [f"shard:{kind}:{SHARDS}" for kind in types]
             lines.append(
                 f"NodeName={node} NodeAddr={self.addresses[index]} CPUs=2 RealMemory=3000 "
-                f"Gres={','.join(f'gpu:{kind}:1' for kind in types)} Features={','.join(types)} State=UNKNOWN"
+                f"Gres={','.join(kinds)} Features={','.join(types)} State=UNKNOWN"
             )
         every = ",".join(self.nodes)
         lines += [

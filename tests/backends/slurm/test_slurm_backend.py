@@ -103,3 +103,41 @@ def test_accelerate_on_two_nodes_one_srun_task_per_node(slurm, tmp_path):
     assert sorted(tuple(rank["node"]) for rank in ranks) == [("0", slurm.nodes[0]), ("1", slurm.nodes[1])]
     assert "--nodes=2 --ntasks-per-node=1" in log
     assert leftovers(slurm) == NOTHING
+
+
+def test_shares_of_one_gpu_are_gres_shards_side_by_side_while_a_whole_gpu_waits(slurm, tmp_path):
+    """gpu_count=0.25 and gpu_share="40GiB" of the only H100 are 1 and 2 of its 4 shards (the CLI, slurmrestd): one
+    runs beside another shard job on that GPU while a whole-GPU job waits; each sees its GPU and its shards, and the
+    log says how the share is enforced; a GPU out of memory on a share climbs to a whole GPU."""
+    gate, sbatch = tmp_path / "gate", ("sbatch", "--parsable", "--mem=64M", f"--chdir={slurm.shared}", "-o/dev/null")
+    unenforced = {"AIRFLOW__GPU_POLICY__ALLOW_UNENFORCED_GPU_SHARES": "True"}  # no CUDA here for PyTorch's cap
+    other = slurm.run(*sbatch, "--gres=shard:h100:1", "--wrap=sleep 300").strip()
+    whole = ""
+    try:
+        worker, log = _in_background("slurm_shares", env={"AIRFLOW_GPU_TEST_GATE": str(gate), **unenforced})
+        quarter = running(slurm, "quarter")
+        whole = slurm.run(*sbatch, "--gres=gpu:h100:1", "--wrap=true").strip()
+        deadline = time.monotonic() + 30
+        while (jobs := {str(job["job_id"]): job for job in slurm.jobs()})[whole]["state_reason"] == "None":
+            assert time.monotonic() < deadline, jobs[whole]
+            time.sleep(0.2)
+        assert jobs[whole]["job_state"] == "PENDING" and jobs[whole]["state_reason"] == "Resources", jobs[whole]
+        assert jobs[other]["job_state"] == "RUNNING" and jobs[other]["nodes"] == quarter["nodes"] == slurm.nodes[0]
+        slurm.run("scancel", whole)
+        gate.touch()
+        text = _ended(worker, log)
+    finally:
+        gate.touch()
+        slurm.run("scancel", other, *([whole] if whole else []), check=False)
+    result = worker_result(text)
+    assert result["states"] == {"quarter": "success", "by_memory": "success", "climbs": "success"}, text[-6000:]
+    values = result["xcom"]
+    assert values["quarter"]["shards"] == "1" and values["quarter"]["gpus"] in ("0", "1")
+    assert values["by_memory"]["shards"] == "2" and values["climbs"]["shards"] is None
+    assert "--gres=shard:h100:1" in text and "--gres=shard:a100:2" in text and "--gres=gpu:a100:1" in text
+    assert "40.0 GiB of one h100 GPU (2 of its 4 shards), enforced by PyTorch's cap" in text, text[-6000:]
+    assert "Slurm's gres/shard enforces no memory" in text and "GPU share NOT enforced" in text
+    deadline = time.monotonic() + 30
+    while leftovers(slurm) != NOTHING and time.monotonic() < deadline:  # the test's own jobs end
+        time.sleep(0.5)
+    assert leftovers(slurm) == NOTHING

@@ -6,31 +6,36 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import subprocess
 
 import pytest
 
-from airflow_gpu_provider import ImageSettings, ResourceSettings
+from airflow_gpu_provider import AccelerateOperator, ImageSettings, ResourceSettings
 from airflow_gpu_provider.backends import BACKENDS
 from airflow_gpu_provider.backends.jobs.durable import JobRecord
 from airflow_gpu_provider.backends.slurm import orphans, rest
-from airflow_gpu_provider.backends.slurm.connection import Cluster
+from airflow_gpu_provider.backends.slurm.connection import Cluster, cluster
 from airflow_gpu_provider.backends.slurm.options import SlurmOptions
 from airflow_gpu_provider.backends.slurm.placement import avoided, fitting_nodes, time_limit
-from airflow_gpu_provider.backends.slurm.plan import directives, gres, plan_job
+from airflow_gpu_provider.backends.slurm.plan import directives, gres, job_share, plan_job
 from airflow_gpu_provider.backends.slurm.script import batch_script
+from airflow_gpu_provider.backends.slurm.shards import enforcement, shards
 from airflow_gpu_provider.backends.slurm.states import JobInfo, ended_error, job_info, never_starts, pending_reason
 from airflow_gpu_provider.backends.slurm.trigger import SlurmJobTrigger
 from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import (
     GpuInfrastructureError,
     GpuTaskError,
+    GpuUnavailableError,
     HostOutOfMemoryError,
     InvalidSettingError,
     UnknownSettingError,
 )
 from airflow_gpu_provider.policy import PolicyError
+from airflow_gpu_provider.settings import OomEscalation
+from airflow_gpu_provider.settings.shares import GpuShare
 from airflow_gpu_provider.task.envelope import Envelope
 from airflow_gpu_provider.task.request import TaskRequest
 from airflow_gpu_provider.task.result import failure_class_of
@@ -105,6 +110,62 @@ def test_accelerators_map_to_gres_types_and_a_list_to_node_features():
     assert gres(either, CLUSTER) == {"gres": "gpu:1", "constraint": "h100|a100"}  # B200: not on this cluster
     with pytest.raises(GpuTaskError, match=r"'B200' has no GRES type.*maps A100, H100-80GB"):
         gres(_plan(ResourceSettings(gpu_count=1, accelerator="B200")), CLUSTER)
+
+
+def test_a_share_of_one_gpu_is_the_fewest_gres_shards_that_hold_it():
+    facts = Cluster("c", "/s", accelerators={"A100": "a100", "H100": "h100", "L4": "l4"}, shards={"A100": 4, "H100": 4})
+    quarter = _plan(ResourceSettings(gpu_count=0.3, accelerator="A100-80GB"))
+    assert quarter.gpus == 1 and quarter.share == GpuShare(fraction=0.3)
+    assert gres(quarter, facts) == {"gres": "shard:a100:2"}  # 0.3 of 4 shards: 2 (never less than asked)
+    assert gres(_plan(ResourceSettings(gpu_share="40GiB", accelerator="H100")), facts) == {"gres": "shard:h100:2"}
+    assert gres(_plan(ResourceSettings(gpu_share="100MiB", accelerator="H100")), facts) == {"gres": "shard:h100:1"}
+    anywhere = {"gres": "shard:1", "constraint": "a100|h100"}  # no model named: those with shards, as features
+    assert gres(_plan(ResourceSettings(gpu_count=0.25)), facts) == anywhere
+    with pytest.raises(GpuTaskError, match=r"a different number.*a100: 2 of 4, h100: 1 of 4.*accelerator="):
+        shards(GpuShare(memory=16 * 2**30), ("A100", "H100"), facts)  # 16 GiB: 2 of an A100's 4, 1 of an H100's
+    with pytest.raises(GpuTaskError, match=r"gives L4 no shards.*\{\"gres\": TYPE, \"shards\": N\}"):
+        gres(_plan(ResourceSettings(gpu_count=0.5, accelerator="L4")), facts)
+    with pytest.raises(GpuTaskError, match=r"A100 has 40 GiB"):
+        gres(_plan(ResourceSettings(gpu_share="48GiB", accelerator="A100")), facts)
+    with pytest.raises(InvalidSettingError, match="multi-process launch.*takes whole GPUs"):  # nor across nodes
+        AccelerateOperator(task_id="a", script="x.py", backend="slurm", gpu_count=0.5, num_machines=2)
+    climbed, _ = OomEscalation().climb(quarter.request.resources, 1, 0)  # the ladder's first step: the whole GPU
+    assert (
+        gres(_plan(climbed), facts) == {"gres": "gpu:a100:1"} and rest.properties(anywhere, {})[0]["gres"] == "shard:1"
+    )
+
+
+def test_a_share_on_slurm_is_enforced_by_the_one_rule_without_mps(monkeypatch):
+    taken = shards(
+        GpuShare(fraction=0.25), ("H100",), Cluster("c", "/s", accelerators={"H100": "h100"}, shards={"H100": 4})
+    )
+    found = enforcement(GpuShare(fraction=0.25), taken, command=False, allow_unenforced=False)
+    assert found.kind == "framework" and found.share["fraction"] == 0.25 and found.share["unenforced_allowed"] is False
+    assert found.share["line"] == (
+        "a share of 0.25 of one h100 GPU (1 of its 4 shards), enforced by PyTorch's cap on its CUDA allocator "
+        "(Slurm's gres/shard enforces no memory)"
+    )
+    with pytest.raises(GpuUnavailableError, match="cannot reach a command.*allow_unenforced_gpu_shares"):
+        enforcement(GpuShare(fraction=0.25), taken, command=True, allow_unenforced=False)
+    assert enforcement(GpuShare(memory=2**30), taken, command=True, allow_unenforced=True).kind == "none"
+    facts = Cluster("c", "/s", accelerators={"A100": "a100"}, shards={"A100": 4})
+    assert job_share(_plan(ResourceSettings(gpu_count=1)), facts, LOG) is None
+    monkeypatch.setenv("AIRFLOW__GPU_POLICY__ALLOW_UNENFORCED_GPU_SHARES", "True")
+    share = job_share(_plan(ResourceSettings(gpu_share="1GiB", accelerator="A100")), facts, LOG)
+    assert share is not None and share["enforcement"] == "none" and share["memory"] == 2**30  # a command, allowed
+
+
+def test_the_connections_accelerators_map_gives_shards_per_gpu(monkeypatch):
+    extra = {"shared_dir": "/s", "accelerators": {"A100": {"gres": "a100", "shards": 8}, "L4": "l4"}}
+    monkeypatch.setenv("AIRFLOW_CONN_SLURM_X", json.dumps({"conn_type": "slurm", "extra": extra}))
+    facts = cluster("slurm_x")
+    assert facts.accelerators == {"A100": "a100", "L4": "l4"} and facts.shards == {"A100": 8}
+    assert facts.shards_of("a100-80gb") == 8 and facts.shards_of("L4") is None
+    for bad in ({"A100": {"gres": "a100", "shards": "8"}}, {"A100": {"type": "a100"}}, ["a100"]):
+        extra["accelerators"] = bad
+        monkeypatch.setenv("AIRFLOW_CONN_SLURM_X", json.dumps({"conn_type": "slurm", "extra": extra}))
+        with pytest.raises(GpuTaskError, match=r"'accelerators' maps model names to a GRES type"):
+            cluster("slurm_x")
 
 
 def test_the_batch_script_is_valid_bash_and_checks_the_shared_folder(tmp_path):
