@@ -20,7 +20,6 @@ import ctypes
 import os
 import select
 import signal
-import subprocess
 import sys
 import time
 
@@ -183,6 +182,8 @@ def reap_main(runtime: str, argv: list[str]) -> int:
 
     :param runtime: the runtime's archive (or its ``__main__.py``)
     """
+    import subprocess  # here, not at the top: the local supervisor loads this file before each task (~10 ms of CPU)
+
     with contextlib.suppress(OSError):
         become_subreaper()
     grace = float(os.environ.get("AIRFLOW_GPU_KILL_GRACE", "2"))
