@@ -154,6 +154,16 @@ def signal_descendants(sig: int) -> list[int]:
     return running
 
 
+def has_children() -> bool:
+    """Reap this process's ended children; whether any child is left (for a subreaper: any descendant)."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        return False
+    return True
+
+
 def become_subreaper() -> None:
     """Make this process the subreaper of its descendants (Linux >= 3.4)."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -163,6 +173,8 @@ def become_subreaper() -> None:
 
 def stop_all(grace: float) -> list[int]:
     """SIGTERM to every descendant, SIGKILL after ``grace`` seconds; the zombies reaped. The pids left at the end."""
+    if not has_children():  # no child, so no descendant: nothing to look for in every process of the host
+        return []
     running = signal_descendants(signal.SIGTERM)
     for sig, wait in ((None, grace), (signal.SIGKILL, KILL_WAIT)):
         if sig is not None and running:
