@@ -41,9 +41,11 @@ import sys
 
 if __name__ == "__main__" and sys.argv[1:2] == ["{REAP}"] and len(sys.argv) == 4:
     # a job's entrypoint, the pinned subreaper: it imports nothing else of the runtime, which its child imports
+    import os
+
     from {PACKAGE}.reaper import reap_main
 
-    sys.exit(reap_main(sys.argv[0], sys.argv[2:]))
+    sys.exit(reap_main(os.path.abspath(sys.argv[0]), sys.argv[2:]))  # the archive's path, as the runtime's own
 
 from {PACKAGE}.__main__ import main
 
