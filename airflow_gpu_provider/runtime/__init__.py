@@ -10,7 +10,9 @@ A script the runtime starts finds the archive on its ``PYTHONPATH``: ``from airf
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False  # not typing's: a job's subreaper imports this package, and typing costs milliseconds
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def __getattr__(name: str) -> Any:

@@ -28,6 +28,8 @@ import stat
 import zipfile
 from pathlib import Path
 
+from airflow_gpu_provider.runtime.protocol import REAP
+
 RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"
 PACKAGE = "airflow_gpu_runtime"
 FILE_NAME = "runtime.pyz"
@@ -36,6 +38,14 @@ MODE = stat.S_IFREG | 0o644
 ROOT_MAIN = f'''"""The GPU task runtime shipped in this archive: see {PACKAGE}/protocol.py."""
 
 import sys
+
+if __name__ == "__main__" and sys.argv[1:2] == ["{REAP}"] and len(sys.argv) == 4:
+    # a job's entrypoint, the pinned subreaper: it imports nothing else of the runtime, which its child imports
+    import os
+
+    from {PACKAGE}.reaper import reap_main
+
+    sys.exit(reap_main(os.path.abspath(sys.argv[0]), sys.argv[2:]))  # the archive's path, as the runtime's own
 
 from {PACKAGE}.__main__ import main
 

@@ -93,6 +93,39 @@ def test_the_archive_as_a_script(tmp_path):
     assert done.stdout.splitlines()[0] == "[gpu] backend=test image=img requirements=none"
 
 
+def test_a_jobs_subreaper_imports_nothing_else_of_the_runtime(tmp_path):
+    """``runtime.pyz reap``: the subreaper imports its own module alone; the runtime beneath it imports the rest."""
+    envelope = str(envelope_file(tmp_path, where_am_i, "reap"))
+    os.symlink(runtime_path(), tmp_path / "runtime.pyz")  # as a Slurm job runs it: by a relative path
+    done, result = run([sys.executable, "-X", "importtime", "runtime.pyz", "reap", envelope, "result.json"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert result["return_value"]["argv0"] == str(tmp_path / "runtime.pyz")  # the runtime ran, by the archive's path
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert {name for name in imported if name.startswith("airflow_gpu_runtime")} == {
+        "airflow_gpu_runtime",
+        "airflow_gpu_runtime.reaper",
+    }
+    assert "typing" not in imported  # the package's annotations need it only under a type checker
+
+
+SUBREAPER = """
+import subprocess, sys
+from airflow_gpu_provider.runtime import reaper
+
+walk = reaper._children
+reaper._children = lambda: sys.exit("walked every process with no child left")
+assert reaper.stop_all(0.1) == []
+child = subprocess.Popen(["sleep", "60"])
+reaper._children = walk
+assert reaper.stop_all(5) == [] and reaper._stat(child.pid) is None  # stopped, and reaped
+"""
+
+
+def test_the_subreaper_looks_for_descendants_only_while_it_has_a_child():
+    done = subprocess.run([sys.executable, "-c", SUBREAPER], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
 def test_python_m_with_the_archive_on_the_path(tmp_path):
     envelope = envelope_file(tmp_path, where_am_i, "-m")
     argv = [sys.executable, "-m", "airflow_gpu_runtime", str(envelope), "result.json"]
