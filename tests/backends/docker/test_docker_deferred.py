@@ -223,4 +223,4 @@ def test_a_container_removed_before_its_result_is_read_fails_the_try(docker_clie
     docker_client.wait(created)
     docker_client.remove_container(created, force=True)
     with pytest.raises(GpuTaskError, match=f"Container {created[:12]} was removed before its result could be read"):
-        lifecycle.collect(docker_client, created, None)
+        lifecycle.collect(docker_client, created, None, None)
