@@ -16,9 +16,9 @@ as ``airflow_gpu_runtime``; any image with ``python3`` runs it::
 
 ``python3 -m airflow_gpu_runtime`` (the archive on ``PYTHONPATH``) runs the same. ``ENVELOPE`` is a JSON file
 path, or ``env:NAME`` for base64 JSON in an environment variable. ``RESULT`` is where the result envelope goes: a
-file path, or ``-`` to print it as the last log line (``[gpu] result: {...}``) where no file can travel back (a
-multi-node Kubernetes run). It is a command-line argument, not part of the envelope, so that a runtime that cannot
-read its envelope still reports why. The envelope::
+file path, or ``-`` to print it as the last log line (``[gpu] result: {...}``, after a line end of its own) where
+it travels back on the output stream (Docker, a multi-node Kubernetes run, Ray). It is a command-line argument,
+not part of the envelope, so that a runtime that cannot read its envelope still reports why. The envelope::
 
     {"version": 2, "mode": "callable", "function": "train", "source": "def train(...): ...",
      "filename": "/dags/demo.py", "first_line": 12, "annotations_future": true, "args": [...], "kwargs": {...},
@@ -210,7 +210,8 @@ def write_result(result_to: str, result: dict[str, Any]) -> None:
     import sys
 
     if result_to == RESULT_TO_LOG:
-        sys.stdout.write(f"{RESULT_MARKER}{json.dumps(result)}\n")  # one call: the line whole (output.py)
+        # one call: the line whole (output.py); after a line end, so that output left without one never hides it
+        sys.stdout.write(f"\n{RESULT_MARKER}{json.dumps(result)}\n")
         sys.stdout.flush()
         return
     directory = os.path.dirname(os.path.abspath(result_to))

@@ -15,7 +15,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 
-from airflow_gpu_provider.runtime.protocol import RANK_PREFIX, redact
+from airflow_gpu_provider.runtime.protocol import RANK_PREFIX, RESULT_MARKER, redact
 
 MAX_LINE = 8192
 PROGRESS_INTERVAL = 1.0
@@ -129,3 +129,75 @@ def log_output(read: Callable[[], bytes], log: logging.Logger) -> None:
     task_log = TaskLog(log)
     stream(read, task_log)
     task_log.flush()
+
+
+class ResultLines:
+    r"""Takes the runtime's result lines (``\n[gpu] result: {...}\n``) out of an output stream; the rest passes on.
+
+    The runtime prints its result envelope on its stdout (``runtime/protocol.py`` ``RESULT_TO_LOG``), after a line
+    end of its own, so that output left without one (``printf foo``) never hides it. A line that starts with the
+    marker is kept, not logged: the last whole one is :attr:`line` (the task's own code can print one too, which
+    gains it nothing it could not return). Memory stays bounded: a result line longer than ``limit`` bytes is
+    dropped as it comes, never held whole; while it is the last, :attr:`too_large` says so (:attr:`line`: ``None``).
+    """
+
+    def __init__(self, limit: int, marker: bytes = RESULT_MARKER.encode()) -> None:
+        self.limit, self.marker = limit, marker
+        self.line: bytes | None = None  # the last whole result line's JSON, as the runtime wrote it
+        self.too_large = False
+        self._mode = "start"  # at a line's start; "text": inside a line; "result": inside a result line; "skip"
+        self._held = bytearray()  # at a line's start: what may begin the marker (an empty line first); a result
+
+    def feed(self, data: bytes) -> bytes:
+        """The bytes of ``data`` that are not result lines."""
+        out, i = bytearray(), 0
+        while i < len(data):
+            if self._mode == "start":
+                i = self._start(data, i, out)
+            elif self._mode == "text":
+                end = data.find(b"\n", i)
+                out += data[i:] if end < 0 else data[i : end + 1]
+                i, self._mode = (len(data), "text") if end < 0 else (end + 1, "start")
+            else:
+                end = data.find(b"\n", i)
+                piece = data[i:] if end < 0 else data[i:end]
+                if self._mode == "result" and len(self._held) + len(piece) > self.limit:
+                    self._mode, self.too_large, self.line = "skip", True, None
+                    self._held = bytearray()
+                if self._mode == "result":
+                    self._held += piece
+                if end < 0:
+                    break
+                if self._mode == "result":
+                    self.line, self.too_large = bytes(self._held), False
+                self._mode, self._held, i = "start", bytearray(), end + 1
+        return bytes(out)
+
+    def _start(self, data: bytes, i: int, out: bytearray) -> int:
+        """At a line's start: hold what may be an empty line and the marker; pass on what cannot be."""
+        while i < len(data):
+            byte = data[i : i + 1]
+            blank = self._held[:1] == b"\n"
+            got = len(self._held) - blank  # the marker's bytes seen so far
+            if byte == self.marker[got : got + 1]:
+                self._held += byte
+                i += 1
+                if got + 1 == len(self.marker):
+                    self._mode, self._held = "result", bytearray()  # the empty line before it goes too
+                    return i
+            elif not self._held and byte == b"\n":
+                self._held += byte  # an empty line: the runtime's own, before its result line?
+                i += 1
+            elif blank and got == 0:
+                out += b"\n"  # an empty line after all; this byte starts the next line
+                self._held = bytearray()
+            else:
+                out += self._held
+                self._mode, self._held = "text", bytearray()
+                return i
+        return i
+
+    def flush(self) -> bytes:
+        """What was held at the end (a partial marker, an empty line): never a result (it has no line end)."""
+        rest, self._held, self._mode = bytes(self._held) if self._mode == "start" else b"", bytearray(), "start"
+        return rest

@@ -13,7 +13,7 @@ import os
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.exceptions import (
     OOM_REMEDY,
@@ -24,6 +24,9 @@ from airflow_gpu_provider.exceptions import (
     RemoteTaskError,
 )
 from airflow_gpu_provider.runtime import protocol
+
+if TYPE_CHECKING:
+    from airflow_gpu_provider.task.output import ResultLines
 
 MAX_RESULT_BYTES = 64 * 2**20  # a result envelope larger than this is not an XCom value
 
@@ -52,6 +55,33 @@ def read_result_file(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     if len(data) > MAX_RESULT_BYTES:
         raise ResultError(f"The result file {path} is larger than {MAX_RESULT_BYTES} bytes.")
     return dict(json.loads(data))
+
+
+def result_of_lines(lines: ResultLines, where: str) -> dict[str, Any] | None:
+    """The result envelope of the last result line of an output (:class:`.output.ResultLines`), or ``None``.
+
+    :raises ResultError: for a line that is not a JSON object (the runtime writes nothing else), or too large
+    """
+    if lines.too_large:
+        raise ResultError(f"The result line in the output of {where} is larger than {MAX_RESULT_BYTES} bytes.")
+    if lines.line is None:
+        return None
+    try:
+        found = json.loads(lines.line)
+    except ValueError:
+        found = None
+    if not isinstance(found, dict):
+        raise ResultError(f"The result line in the output of {where} is not the runtime's: it is ignored.")
+    return found
+
+
+def result_in_log(text: str | bytes, where: str) -> dict[str, Any] | None:
+    """The result envelope of the last result line in a log read whole (``RESULT_TO_LOG``), or ``None``."""
+    from airflow_gpu_provider.task.output import ResultLines
+
+    lines = ResultLines(MAX_RESULT_BYTES)
+    lines.feed(text.encode() if isinstance(text, str) else text)
+    return result_of_lines(lines, where)
 
 
 @dataclass(frozen=True)

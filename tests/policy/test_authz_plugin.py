@@ -15,8 +15,10 @@ from authz_requests import DATA, ID, lookup, raw, stored_container, written
 
 from airflow_gpu_provider.backends.docker.images.install import _commit
 from airflow_gpu_provider.backends.docker.images.recipe import Recipe
+from airflow_gpu_provider.backends.docker.plan import RESULT_LABEL, RESULT_PATH
 from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.policy import Policy
+from airflow_gpu_provider.policy.authz import judge
 from airflow_gpu_provider.policy.authz.calls import FORMS, Refused, match
 from airflow_gpu_provider.policy.authz.judge import decide
 from airflow_gpu_provider.policy.authz.stored import DEPLOYMENT_LABEL, as_created, check_container
@@ -88,6 +90,7 @@ def test_every_call_the_provider_makes_is_allowed(policy, ours):
         for request in written(call):
             assert decide(request, policy, lookup(things)) == (True, ""), request
     for uri in (f"/v1.41/containers/{ID}/logs?stderr=1&stdout=1&timestamps=0&follow=1&tail=all&since=1795843392.93",
+                f"/v1.41/containers/{ID}/logs?stderr=0&stdout=1&timestamps=0&follow=0&tail=4098",
                 f"/v1.41/containers/{ID}/archive?path=%2Ftmp%2Fairflow-gpu-result.json", "/version"):  # fmt: skip
         assert decide(raw("GET", uri, User_Agent="docker-sdk-python/7.2.0"), policy, lookup(things)) == (True, "")
     attach = raw("POST", f"/v1.41/containers/{ID}/attach?logs=0&stdout=1&stderr=1&stream=1", Content_Length="0",
@@ -202,6 +205,17 @@ def test_m1_m2_a_call_on_a_container_is_judged_by_what_the_engine_stored(policy,
     assert decide(inspected, policy, lookup({("container", ID): {**privileged, "Id": ID}})) == (True, "")
     allowed, why = decide(inspected, policy, lookup({("container", ID): {**theirs, "Id": ID}}))
     assert not allowed and "not this deployment's" in why
+
+
+def test_only_a_previous_releases_container_has_its_result_file_read_and_no_other_path_is(policy, ours):
+    """Issue 38: a task container prints its result on its output; a 0.1.0 one (no result label) wrote the file."""
+    printing = {**ours, "Config": {**ours["Config"], "Labels": {**ours["Config"]["Labels"], RESULT_LABEL: "output"}}}
+    assert (judge.RESULT_FILE, judge.RESULT_LABEL) == (RESULT_PATH, RESULT_LABEL)  # the plugin's and the backend's
+    result, other = (RESULT_PATH, "/etc/shadow")
+    for container, path, expected in ((ours, result, True), (printing, result, False), (ours, other, False)):
+        [request] = written(lambda c, path=path: c.get_archive(ID, path))
+        allowed, why = decide(request, policy, lookup({("container", ID): {**container, "Id": ID}}))
+        assert allowed is expected, why
 
 
 @pytest.mark.parametrize(

@@ -233,7 +233,8 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
         self._container_id, self._stop_timeout = container_id, plan.stop_timeout
         succeeded = False
         try:
-            outcome = self._collect(client, container_id, mem_limit, stream, timed_out=timed_out)
+            attached = own is not None and stream is not None and stream is own.stream
+            outcome = self._collect(client, container_id, mem_limit, stream, attached=attached, timed_out=timed_out)
             succeeded = True
             return outcome
         finally:
@@ -253,17 +254,27 @@ class DockerBackend(ResumableBackend[DockerOptions, DockerPlan]):
                 own.keeper.stop()  # (a container taken over keeps its keeper: it ends with the container)
 
     def _collect(
-        self, client: Any, container_id: str, mem_limit: int | None, stream: Any, *, timed_out: bool = False
+        self,
+        client: Any,
+        container_id: str,
+        mem_limit: int | None,
+        stream: Any,
+        *,
+        attached: bool = False,
+        timed_out: bool = False,
     ) -> TaskResult:
-        """Log the container's output (``stream``, or all of it from the engine) to its end; read its result."""
-        lifecycle.log_lines(stream if stream is not None else lifecycle.output(client, container_id), self.log)
+        """Log the container's output (``stream``, or all of it from the engine) to its end; read its result.
+
+        :param attached: ``stream`` is the output this try attached to before the start: its result line is the one
+        """
+        results = lifecycle.log_lines(lifecycle.output(client, container_id) if stream is None else stream, self.log)
         if timed_out:
             from airflow.providers.common.compat.sdk import AirflowTaskTimeout  # airflow.sdk.exceptions from 3.2
 
             raise AirflowTaskTimeout(f"Timeout: container {container_id[:12]} outlived the task's execution_timeout")
         if self._killed:
             raise GpuTaskError(f"Container {container_id[:12]} was stopped because the task was killed.")
-        return lifecycle.collect(client, container_id, mem_limit)
+        return lifecycle.collect(client, container_id, mem_limit, results if attached else None)  # else the engine's
 
     def kill(self) -> None:
         """Called from ``on_kill``: stop the container (SIGTERM, then SIGKILL after ``stop_timeout``), remove it."""

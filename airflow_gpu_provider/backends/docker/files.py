@@ -12,8 +12,9 @@ container's mounts too, and what it writes there (a setuid file) would land on t
 The task's checkpoint folder (a path root) is the one folder the container may write to on the worker: private
 to the worker like the inputs, bind-mounted read-write, with the container running as the worker's user.
 
-Output: the runtime writes its result envelope inside the container (``/tmp``), and the worker reads it through
-the Docker API after the container stopped: a regular file, of bounded size, whatever the container left there.
+Output: the runtime prints its result on the container's output (``lifecycle.py``). A container of 0.1.0 (no
+``RESULT_LABEL``) wrote it inside the container (``/tmp``), read here through the Docker API after it stopped: a
+regular file, of bounded size, whatever the container left there (:func:`read_result`, for one release).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from docker.utils import format_environment
 from airflow_gpu_provider.backends.docker.durable import DEPLOYMENT_LABEL
 from airflow_gpu_provider.backends.docker.files import TaskFiles, read_result, release, writable_mounts
 from airflow_gpu_provider.backends.docker.orphans import AUTO_REMOVE_LABEL, DURABLE_LABEL, WORKER_LABEL
+from airflow_gpu_provider.backends.docker.plan import RESULT_LABEL, RESULT_ON_OUTPUT
 from airflow_gpu_provider.backends.docker.rootless import PODMAN_FIX, cdi_requested
 from airflow_gpu_provider.exceptions import OOM_REMEDY, GpuTaskError, HostOutOfMemoryError
 from airflow_gpu_provider.host.keeper import Keeper
@@ -24,8 +25,8 @@ from airflow_gpu_provider.host.workers import deployment, worker_identity
 from airflow_gpu_provider.policy import Policy
 from airflow_gpu_provider.policy.engine import check_create, check_volume
 from airflow_gpu_provider.settings.units import format_bytes
-from airflow_gpu_provider.task.output import LineSplitter, TaskLog
-from airflow_gpu_provider.task.result import TaskResult, task_result
+from airflow_gpu_provider.task.output import LineSplitter, ResultLines, TaskLog
+from airflow_gpu_provider.task.result import MAX_RESULT_BYTES, ResultError, TaskResult, result_of_lines, task_result
 
 if TYPE_CHECKING:
     from airflow_gpu_provider.backends.docker.plan import DockerPlan
@@ -45,20 +46,25 @@ class NoGpuRuntime(Exception):
         self.fix = fix
 
 
-def log_lines(stream: Iterable[tuple[bytes | None, bytes | None]], log: logging.Logger) -> None:
-    """Log a container's output line by line as it comes (:mod:`~airflow_gpu_provider.task.output`).
+def log_lines(stream: Iterable[tuple[bytes | None, bytes | None]], log: logging.Logger) -> ResultLines:
+    """Log a container's output line by line as it comes (:mod:`~airflow_gpu_provider.task.output`); its result lines.
 
     stdout and stderr are split apart, so a line an unbuffered ``print`` writes in two pieces is never cut by the other.
+    The runtime's result line on stdout (the first of each pair) is not logged: it is returned, read only from a
+    stream this try attached to before the start (an engine's log mixes stdout and stderr: :func:`result_in_logs`).
     """
+    results = ResultLines(MAX_RESULT_BYTES)
     splitters, logs = (LineSplitter(), LineSplitter()), (TaskLog(log), TaskLog(log))
     for frames in stream:
-        for splitter, task_log, data in zip(splitters, logs, frames, strict=False):
+        for splitter, task_log, given in zip(splitters, logs, frames, strict=False):
+            data = results.feed(given or b"") if splitter is splitters[0] else given
             for line in splitter.feed(data or b""):
                 task_log(line)
-    for splitter, task_log in zip(splitters, logs, strict=True):
-        for line in splitter.flush():
+    for splitter, task_log, rest in zip(splitters, logs, (results.flush(), b""), strict=True):
+        for line in [*splitter.feed(rest), *splitter.flush()]:
             task_log(line)
         task_log.flush()
+    return results
 
 
 def create_body(
@@ -186,25 +192,57 @@ def rest_of_output(
     return output(client, container_id, since=logged.get("until"))
 
 
-def collect(client: Any, container_id: str, mem_limit: int | None) -> TaskResult:
+def collect(client: Any, container_id: str, mem_limit: int | None, streamed: ResultLines | None) -> TaskResult:
     """Wait for the container to end and read what the task gave back (its output was logged already).
 
+    :param streamed: the result lines of the output this try attached to (its own container: :func:`log_lines`);
+        ``None``: the result is read from the engine, as the container's label says its runtime wrote it
     :raises ContainerOomError: when the engine killed it for its memory limit
     """
+    where = f"container {container_id[:12]}"
     removed = GpuTaskError(f"Container {container_id[:12]} was removed before its result could be read.")
     try:
         exit_code = int(client.wait(container_id)["StatusCode"])
+        found = client.inspect_container(container_id) if exit_code != 0 or streamed is None else None
     except NotFound:
         raise removed from None
-    if exit_code != 0 and client.inspect_container(container_id)["State"].get("OOMKilled"):
+    if found is not None and found["State"].get("OOMKilled"):
         raise ContainerOomError(
             f"Container {container_id[:12]} was killed because it ran out of memory (OOM, exit status {exit_code}; "
             f"memory limit {format_bytes(mem_limit) if mem_limit else 'none'}). " + OOM_REMEDY[ContainerOomError.kind]
         )
-    result = read_result(client, container_id)
+    if streamed is not None:
+        result = result_of_lines(streamed, where)
+    elif ((found or {}).get("Config") or {}).get("Labels", {}).get(RESULT_LABEL) == RESULT_ON_OUTPUT:
+        result = result_in_logs(client, container_id)
+    else:  # a container of 0.1.0 (no label): its runtime wrote the file; never judged by what the output lacks
+        result = read_result(client, container_id)
     if result is None and not _exists(client, container_id):  # never a success with a lost return value
         raise removed
-    return task_result(result, exit_code, where=f"container {container_id[:12]}")
+    return task_result(result, exit_code, where=where)
+
+
+#: log entries of the tail that holds a whole result line: the engine stores output in entries of 16 KiB at most
+RESULT_TAIL = MAX_RESULT_BYTES // 2**14 + 2
+
+
+def result_in_logs(client: Any, container_id: str) -> dict[str, Any] | None:
+    """The result line at the end of a container's stdout, read from the engine's log (a bounded tail of it).
+
+    For a container this try did not attach to (taken over, resumed after a deferral). stdout alone: a line the task
+    writes on stderr meanwhile cannot cut the result line. Never more than the tail that holds the longest result.
+    """
+    results, read = ResultLines(MAX_RESULT_BYTES), 0
+    chunks = client.logs(container_id, stdout=True, stderr=False, stream=True, follow=False, tail=RESULT_TAIL)
+    try:
+        for chunk in chunks:
+            read += len(chunk)
+            if read > MAX_RESULT_BYTES + RESULT_TAIL * 2**14:
+                raise ResultError(f"The output of container {container_id[:12]} is larger than its log's tail.")
+            results.feed(chunk)
+    finally:
+        chunks.close()
+    return result_of_lines(results, f"container {container_id[:12]}")
 
 
 def _exists(client: Any, container_id: str) -> bool:

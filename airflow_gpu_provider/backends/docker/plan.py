@@ -20,6 +20,7 @@ from airflow_gpu_provider.policy.build import BuildPolicy
 from airflow_gpu_provider.policy.docker import task_groups, task_user
 from airflow_gpu_provider.policy.paths import canonical
 from airflow_gpu_provider.policy.users import device_gids
+from airflow_gpu_provider.runtime.protocol import RESULT_TO_LOG
 from airflow_gpu_provider.settings.image import DEFAULT_PARENT_IMAGE
 from airflow_gpu_provider.settings.units import parse_bytes
 from airflow_gpu_provider.task.environment import with_user_environment
@@ -30,8 +31,11 @@ from airflow_gpu_provider.task.runtime_zip import FILE_NAME
 if TYPE_CHECKING:
     from airflow_gpu_provider.config.worker import GpuConfig
 
-RESULT_PATH = "/tmp/airflow-gpu-result.json"  # read back through the Docker API
-COMMAND = ["python3", f"{CONTAINER_DIR}/{FILE_NAME}", f"{CONTAINER_DIR}/envelope.json", RESULT_PATH]
+RESULT_PATH = "/tmp/airflow-gpu-result.json"  # where a container of 0.1.0 writes its result (read by its label)
+#: the label of a container whose runtime prints its result on its output (``RESULT_TO_LOG``): every container since
+#: 0.2.0; one without it (0.1.0's, taken over or resumed after an upgrade) wrote it to :data:`RESULT_PATH`
+RESULT_LABEL, RESULT_ON_OUTPUT = docker_label("result"), "output"
+COMMAND = ["python3", f"{CONTAINER_DIR}/{FILE_NAME}", f"{CONTAINER_DIR}/envelope.json", RESULT_TO_LOG]
 
 
 class Engine(NamedTuple):
@@ -143,7 +147,11 @@ def plan_container(
     container: dict[str, Any] = {
         "command": list(COMMAND),
         "environment": {"PYTHONUNBUFFERED": "1"},
-        "labels": {PROVIDER: "true", **{docker_label(key): value for key, value in request.labels.items()}},
+        "labels": {
+            PROVIDER: "true",
+            RESULT_LABEL: RESULT_ON_OUTPUT,
+            **{docker_label(key): value for key, value in request.labels.items()},
+        },
     }
     # rule D2: a task runs as the worker's own user unless the admin allows another (policy/docker.py)
     container["user"] = task_user(request.display_name, options.user, policy)

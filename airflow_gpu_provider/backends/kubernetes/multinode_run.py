@@ -9,7 +9,6 @@ run (:mod:`.multinode_defer`) uses ``create``, ``rank0_result`` and ``cleanup`` 
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -37,7 +36,7 @@ from airflow_gpu_provider.backends.kubernetes.pod_operator import build_operator
 from airflow_gpu_provider.backends.pods import dra
 from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError
 from airflow_gpu_provider.policy.pods import final
-from airflow_gpu_provider.runtime.protocol import RESULT_MARKER
+from airflow_gpu_provider.task.result import result_in_log
 
 MAIN_CONTAINER = "base"
 
@@ -268,7 +267,4 @@ class IndexedJobRun:
 
 def result_from_log(text: str) -> dict[str, Any] | None:
     """The last result envelope the runtime printed in a log (its result argument ``-``)."""
-    for line in reversed(text.splitlines()):
-        if line.startswith(RESULT_MARKER):
-            return dict(json.loads(line[len(RESULT_MARKER) :]))
-    return None
+    return result_in_log(text, "rank 0")

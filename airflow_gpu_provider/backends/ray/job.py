@@ -23,9 +23,8 @@ from airflow_gpu_provider.backends.ray.plan import DRIVER, ENVELOPE, NODES, REAP
 from airflow_gpu_provider.backends.ray.reaper import ENVIRONMENT
 from airflow_gpu_provider.backends.ray.reaper import ON_WORKER as CHECKPOINT_ON_WORKER
 from airflow_gpu_provider.exceptions import GpuTaskError, RemoteTaskError
-from airflow_gpu_provider.runtime.protocol import RESULT_MARKER
-from airflow_gpu_provider.task.output import LineSplitter, TaskLog
-from airflow_gpu_provider.task.result import MAX_RESULT_BYTES, TaskResult, task_result
+from airflow_gpu_provider.task.output import LineSplitter, ResultLines, TaskLog
+from airflow_gpu_provider.task.result import MAX_RESULT_BYTES, TaskResult, result_in_log, result_of_lines, task_result
 from airflow_gpu_provider.task.runtime_zip import FILE_NAME, archive
 
 if TYPE_CHECKING:
@@ -103,25 +102,24 @@ class JobLog:
     """The job's output as task log lines, without the result line, which it keeps."""
 
     def __init__(self, log: logging.Logger) -> None:
-        self.splitter, self.task_log = LineSplitter(), TaskLog(log)
-        self.result: dict[str, Any] | None = None
+        self.results, self.splitter, self.task_log = ResultLines(MAX_RESULT_BYTES), LineSplitter(), TaskLog(log)
+
+    @property
+    def result(self) -> dict[str, Any] | None:
+        """The job's result envelope: its last result line (:class:`~...task.output.ResultLines`), if any."""
+        return result_of_lines(self.results, "the Ray job")
 
     def feed(self, text: str) -> None:
         """Log what ``text`` completes."""
-        for line in self.splitter.feed(text.encode()):
-            self._line(line)
-
-    def _line(self, line: str) -> None:
-        if line.startswith(RESULT_MARKER):
-            with contextlib.suppress(ValueError):
-                self.result = dict(json.loads(line[len(RESULT_MARKER) :]))
-            return
-        self.task_log(line)
+        for line in self.splitter.feed(self.results.feed(text.encode())):
+            self.task_log(line)
 
     def close(self) -> None:
         """Log what is left."""
+        for line in self.splitter.feed(self.results.flush()):
+            self.task_log(line)
         for line in self.splitter.flush():
-            self._line(line)
+            self.task_log(line)
         self.task_log.flush()
 
 
@@ -150,12 +148,7 @@ def log_all(client: Any, submission_id: str, log: logging.Logger) -> dict[str, A
 
 def result_in_logs(client: Any, submission_id: str) -> dict[str, Any] | None:
     """The result line of the job's log, read again (a log stream that ended early)."""
-    text = str(client.get_job_logs(submission_id))[-(MAX_RESULT_BYTES + 1024) :]
-    for line in reversed(text.splitlines()):
-        if line.startswith(RESULT_MARKER):
-            with contextlib.suppress(ValueError):
-                return dict(json.loads(line[len(RESULT_MARKER) :]))
-    return None
+    return result_in_log(str(client.get_job_logs(submission_id))[-(MAX_RESULT_BYTES + 1024) :], "the Ray job")
 
 
 def ended(client: Any, submission_id: str) -> Any:

@@ -126,10 +126,12 @@ FORMS: tuple[Form, ...] = (
     Form("remove a container", "DELETE", f"/containers/{FULL_ID}", {"v": BOOL, "link": BOOL, "force": BOOL},
          target="container+"),
     Form("read a container's log", "GET", f"/containers/{FULL_ID}/logs",
-         {"stderr": FLAG, "stdout": FLAG, "timestamps": FLAG, "follow": FLAG, "tail": "all",
+         {"stderr": FLAG, "stdout": FLAG, "timestamps": FLAG, "follow": FLAG, "tail": "all|[0-9]{1,6}",
           "since": r"[0-9]{1,12}(\.[0-9]{1,9})?"}, target="container+"),
-    Form("copy from a container", "GET", f"/containers/{FULL_ID}/archive", {"path": r"/[A-Za-z0-9._/-]*"},
-         target="container+"),
+    # what the provider reads back: a build's installed packages (images/install.py), and the result file of a task
+    # container of 0.1.0 (upgrade; ours print their result on their output: backends/docker/lifecycle.py)
+    Form("copy from a container", "GET", f"/containers/{FULL_ID}/archive",
+         {"path": r"/opt/airflow-gpu/site-packages|/tmp/airflow-gpu-result\.json"}, target="container+"),
     Form("copy into a container", "PUT", f"/containers/{FULL_ID}/archive", {"path": "/"}, body=UPLOAD,
          target="container+"),
     Form("commit a container", "POST", "/commit",

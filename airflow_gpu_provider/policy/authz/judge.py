@@ -20,9 +20,12 @@ from airflow_gpu_provider.policy.authz.calls import Call, Refused, match
 from airflow_gpu_provider.policy.authz.stored import DEPLOYMENT_LABEL, check_container, labelled, writable_mounts
 from airflow_gpu_provider.policy.engine import check_create, check_volume
 from airflow_gpu_provider.policy.paths import UnsafePathError
+from airflow_gpu_provider.task.labels import docker_label
 
 #: ``lookup(kind, name)``: the engine's inspect of a ``container``, ``image`` or ``volume`` (``None``: there is
 #: none), or of the engine itself (``info``)
+#: the result file of a task container of 0.1.0, read for one release; a later one prints its result on its output
+RESULT_FILE, RESULT_LABEL = "/tmp/airflow-gpu-result.json", docker_label("result")
 Lookup = Callable[[str, str], "Mapping[str, Any] | None"]
 
 
@@ -75,6 +78,9 @@ def _target(call: Call, policy: Policy, lookup: Lookup) -> None:
     writable = writable_mounts(found)
     if call.form.what == "copy into a container" and writable:
         raise Refused(f"an upload into a container that may write to {writable}: the engine unpacks it as root there")
+    own = (found.get("Config") or {}).get("Labels") or {}
+    if call.query.get("path") == RESULT_FILE and own.get(RESULT_LABEL) == "output":  # backends/docker/plan.py
+        raise Refused("a result file of a container that prints its result on its output: the provider reads none")
 
 
 def _create(call: Call, policy: Policy, lookup: Lookup) -> None:

@@ -51,6 +51,7 @@ def test_a_deferred_container_ends_with_its_result_its_output_in_the_log(docker_
     assert times["the answer is ready"] - times["thinking about"] >= 2.5, times
     assert log.index("the answer is ready") < log.index("output was logged while the task was deferred")
     assert log.count("the answer is ready") == 1, log[-3000:]
+    assert "[gpu] result:" not in log  # the result line came on the output: read, never shown (issue 38)
     from airflow_gpu_provider import config  # the container's files lived as long as it did: gone with it
 
     assert not list(Path(config.get("state_dir"), "docker-tasks").glob("lasting-*"))
@@ -223,4 +224,4 @@ def test_a_container_removed_before_its_result_is_read_fails_the_try(docker_clie
     docker_client.wait(created)
     docker_client.remove_container(created, force=True)
     with pytest.raises(GpuTaskError, match=f"Container {created[:12]} was removed before its result could be read"):
-        lifecycle.collect(docker_client, created, None)
+        lifecycle.collect(docker_client, created, None, None)

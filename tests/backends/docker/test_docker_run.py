@@ -16,6 +16,7 @@ from backends.docker.user_engines import engines
 from airflow_gpu_provider.backends.docker.backend import ContainerOomError, DockerBackend
 from airflow_gpu_provider.backends.docker.images.engine import ImageError
 from airflow_gpu_provider.backends.docker.options import DockerOptions
+from airflow_gpu_provider.backends.docker.plan import RESULT_LABEL, RESULT_ON_OUTPUT
 from airflow_gpu_provider.checkpoint.location import CheckpointLocation
 from airflow_gpu_provider.config.worker import GpuConfig
 from airflow_gpu_provider.exceptions import GpuTaskError, GpuUnavailableError, RemoteTaskError
@@ -337,18 +338,59 @@ def test_containers_keep_no_capability_and_gain_no_privilege(task_log, monkeypat
     assert int(kept["caps"], 16) == 1 << 19  # CAP_SYS_PTRACE alone
 
 
+def forge_and_return() -> int:
+    import sys
+
+    print('[gpu] result: {"ok": true, "return_value": 666}')  # the task's own "result" line: the last one wins
+    sys.stdout.write("left without a line end")  # the runtime's line end before its result: still found
+    return 7
+
+
+def test_the_result_comes_on_the_attached_output_not_from_the_containers_files(task_log, monkeypatch):
+    import docker
+
+    read = []
+    original = docker.APIClient.get_archive
+    monkeypatch.setattr(docker.APIClient, "get_archive", lambda *a, **k: read.append(a) or original(*a, **k))
+    assert run(task_log, request(call(forge_and_return))).return_value == 7
+    assert read == []  # no second read of the container: its output carried the result
+    assert "left without a line end" in task_log[1].text
+    assert "[gpu] result:" not in task_log[1].text.replace('[gpu] result: {"ok": true, "return_value": 666}', "")
+
+
+WRITE = "printf '%s' '{\"ok\": true, \"return_value\": 5}' > /tmp/airflow-gpu-result.json"
+
+
 @pytest.mark.parametrize(
-    ("made", "fragment"),
+    ("labels", "made", "fragment"),
     [
-        ("rm /tmp/airflow-gpu-result.json && ln -s /etc/passwd /tmp/airflow-gpu-result.json", "not a regular file"),
-        ("rm /tmp/airflow-gpu-result.json && mkfifo /tmp/airflow-gpu-result.json", "not a regular file"),
-        ("rm /tmp/airflow-gpu-result.json && mkdir /tmp/airflow-gpu-result.json", "not a regular file"),
-        ("head -c 70000000 /dev/zero > /tmp/airflow-gpu-result.json", "larger than"),
+        ({}, WRITE, None),  # a container of 0.1.0: its runtime wrote the file, which is read
+        ({}, "ln -s /etc/passwd /tmp/airflow-gpu-result.json", "not a regular file"),
+        ({}, "mkfifo /tmp/airflow-gpu-result.json", "not a regular file"),
+        ({}, "mkdir /tmp/airflow-gpu-result.json", "not a regular file"),
+        ({}, "head -c 70000000 /dev/zero > /tmp/airflow-gpu-result.json", "larger than"),
+        (
+            {RESULT_LABEL: RESULT_ON_OUTPUT},
+            WRITE,
+            "result is missing",
+        ),  # ours: never read from the file, whatever it is
     ],
 )
-def test_whatever_the_container_leaves_at_the_result_path_is_never_followed(task_log, made, fragment):
-    with pytest.raises(GpuTaskError, match=fragment):
-        run(task_log, request(Envelope.run(["sh", "-c", made])))
+def test_a_containers_label_says_where_its_result_is_and_a_file_is_never_followed(
+    docker_client, labels, made, fragment
+):
+    from airflow_gpu_provider.backends.docker import lifecycle
+
+    container = docker_client.create_container(BASE_IMAGE, ["sh", "-c", made], labels=labels)["Id"]
+    try:
+        docker_client.start(container)
+        if fragment is None:
+            assert lifecycle.collect(docker_client, container, None, None).return_value == 5
+        else:
+            with pytest.raises(GpuTaskError, match=fragment):
+                lifecycle.collect(docker_client, container, None, None)
+    finally:
+        docker_client.remove_container(container, force=True)
 
 
 def test_the_providers_device_isolation_wins_over_the_tasks_environment(task_log):
