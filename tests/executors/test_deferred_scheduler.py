@@ -128,8 +128,7 @@ def watch(
 ) -> tuple[str, list[dict[str, Any]]]:
     """Trigger the run and look at it every 0.3 s until it ends: its state and every look (task states, probe)."""
     cluster.wait_for_dag(dag_id)
-    cluster.run("dags", "unpause", dag_id)
-    cluster.run("dags", "trigger", dag_id, "--run-id", run_id)
+    cluster.trigger(dag_id, run_id)
     seen: list[dict[str, Any]] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
