@@ -101,11 +101,9 @@ class Cluster:
         wait_for_port(port, 30, self)
         return f"redis://127.0.0.1:{port}"
 
-    def start_airflow(self) -> None:
-        """Migrate the DB, then start the API server, DAG processor and scheduler; wait for the API server.
-
-        The first cluster of a test process migrates its DB; the later ones start from a copy of that fresh one
-        (``airflow db migrate`` takes seconds of CPU, and its result is the same for every cluster here)."""
+    def migrate(self) -> None:
+        """A fresh metadata DB: the first cluster of a test process migrates its own; the later ones start from a copy
+        of that one (``airflow db migrate`` takes seconds of CPU, and its result is the same for every cluster here)."""
         if _MIGRATED:
             database_copy(_MIGRATED[0], self.home / "airflow.db")
         else:
@@ -114,6 +112,11 @@ class Cluster:
             atexit.register(shutil.rmtree, template.parent, ignore_errors=True)
             database_copy(self.home / "airflow.db", template)
             _MIGRATED.append(template)
+
+    def start_airflow(self) -> None:
+        """Migrate the DB (:meth:`migrate`), then start the API server, DAG processor and scheduler; wait for the API
+        server."""
+        self.migrate()
         self.start("api-server", [*AIRFLOW, "api-server", "--port", str(self.api_port), "--host", "127.0.0.1"])
         self.start("dag-processor", [*AIRFLOW, "dag-processor"])
         self.start("scheduler", [*AIRFLOW, "scheduler"])
