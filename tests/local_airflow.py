@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT = 240.0
 STOP_GRACE = 45.0  # more than the script gives its components
 REQUEST_TIMEOUT = 90.0  # an API server on a host whose CPUs are all taken answers slowly
+POLL = 0.2  # seconds between two looks at a state the test waits for
 
 
 def free_port() -> int:
@@ -60,9 +61,15 @@ class LocalAirflow:
             "AIRFLOW__GPU__POLL_INTERVAL": "0.5",
             # the clusters the tests' DAGs name (tests/dags/slurm_dags.py), as this deployment's admin lists them
             "AIRFLOW__GPU_POLICY__ALLOWED_CLUSTERS": "slurm=slurm_test, slurm=slurm_rest",
-            # the Docker tasks' parent image (no registry can be reached: the local base image)
-            "AIRFLOW__GPU__DEFAULT_PARENT_IMAGE": os.environ.get(
-                "AIRFLOW_GPU_TEST_BASE_IMAGE", "airflow-gpu-base:bookworm"
+            # the Docker tasks' parent image (no registry can be reached: the local base image): the engine's
+            # connection's extra
+            "AIRFLOW_CONN_DOCKER_DEFAULT": json.dumps(
+                {
+                    "conn_type": "docker",
+                    "extra": {
+                        "parent_image": os.environ.get("AIRFLOW_GPU_TEST_BASE_IMAGE", "airflow-gpu-base:bookworm")
+                    },
+                }
             ),
         }
         command = [
@@ -82,7 +89,7 @@ class LocalAirflow:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"local Airflow did not start; log tail:\n{self.log_tail()}")
-            time.sleep(0.5)
+            time.sleep(POLL)
         self.ready = json.loads(ready_file.read_text())
         return self
 
@@ -165,7 +172,7 @@ class LocalAirflow:
                 return dags[dag_id]
             if time.monotonic() > deadline:
                 raise AssertionError(f"DAG {dag_id!r} not parsed after {timeout}s; DAGs: {sorted(dags)}")
-            time.sleep(1)
+            time.sleep(POLL)
 
     def unpause(self, dag_id: str) -> None:
         """``PATCH /api/v2/dags/{id}`` with ``is_paused: false``."""
@@ -185,7 +192,7 @@ class LocalAirflow:
                 return run
             if time.monotonic() > deadline:
                 raise AssertionError(f"run {run_id} still {run['state']} after {timeout}s:\n{self.log_tail()}")
-            time.sleep(1)
+            time.sleep(POLL)
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
         """Every task instance of a run (mapped ones included)."""

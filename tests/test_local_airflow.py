@@ -21,7 +21,7 @@ from pathlib import Path
 from urllib.parse import quote, unquote
 
 import pytest
-from local_airflow import REPO, LocalAirflow
+from local_airflow import POLL, REPO, LocalAirflow
 from telemetry.ui.profiles import GPU_PROFILE as SAMPLE_GPU_PROFILE
 
 from airflow_gpu_provider.telemetry.profile import Profile
@@ -128,7 +128,7 @@ def test_a_user_ending_a_deferred_docker_task_stops_its_container(airflow, docke
     deadline = time.monotonic() + 180
     while not (containers := deferred_with_its_container()):
         assert time.monotonic() < deadline, (airflow.task_instances(dag_id, run_id), airflow.log_tail())
-        time.sleep(1)
+        time.sleep(POLL)
     [container] = containers
     folder = airflow.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / "task_id=long_job_deferred"
 
@@ -139,21 +139,21 @@ def test_a_user_ending_a_deferred_docker_task_stops_its_container(airflow, docke
     deadline = time.monotonic() + 60
     while not trigger_log_says(f"Watching container {container['Id'][:12]}"):
         assert time.monotonic() < deadline, f"the trigger never started: {airflow.log_tail()}"
-        time.sleep(1)
+        time.sleep(POLL)
     path = f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/long_job_deferred"
     airflow.api("PATCH", path, {"new_state": "failed"})
 
     deadline = time.monotonic() + 60
     while docker_client.containers(all=True, filters={"label": label}):
         assert time.monotonic() < deadline, f"container {container['Id'][:12]} outlived its task:\n{airflow.log_tail()}"
-        time.sleep(1)
+        time.sleep(POLL)
     states = {ti["task_id"]: ti["state"] for ti in airflow.task_instances(dag_id, run_id)}
     assert states["long_job_deferred"] == "failed"
     deadline = time.monotonic() + 60
     while not trigger_log_says("ended by a user: stopping container"):
         logs = {log.name: log.read_text()[-2000:] for log in folder.glob("*")}
         assert time.monotonic() < deadline, f"no on_kill line in the trigger's log: {logs}"
-        time.sleep(1)
+        time.sleep(POLL)
 
 
 def _failed_at_once(airflow: LocalAirflow) -> dict[str, dict]:
@@ -233,7 +233,7 @@ def test_browser_trigger_with_changed_param_shows_gpu_summary_and_xcom(airflow, 
         deadline = time.monotonic() + 30
         while airflow.api("GET", f"/api/v2/dags/{DEMO}")["is_paused"]:
             assert time.monotonic() < deadline, "the pause switch did not unpause the DAG"
-            time.sleep(0.5)
+            time.sleep(POLL)
 
         step = "3. trigger with a changed param"
         page.get_by_role("button", name="Trigger Dag").click()

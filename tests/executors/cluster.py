@@ -101,11 +101,9 @@ class Cluster:
         wait_for_port(port, 30, self)
         return f"redis://127.0.0.1:{port}"
 
-    def start_airflow(self) -> None:
-        """Migrate the DB, then start the API server, DAG processor and scheduler; wait for the API server.
-
-        The first cluster of a test process migrates its DB; the later ones start from a copy of that fresh one
-        (``airflow db migrate`` takes seconds of CPU, and its result is the same for every cluster here)."""
+    def migrate(self) -> None:
+        """A fresh metadata DB: the first cluster of a test process migrates its own; the later ones start from a copy
+        of that one (``airflow db migrate`` takes seconds of CPU, and its result is the same for every cluster here)."""
         if _MIGRATED:
             database_copy(_MIGRATED[0], self.home / "airflow.db")
         else:
@@ -114,6 +112,11 @@ class Cluster:
             atexit.register(shutil.rmtree, template.parent, ignore_errors=True)
             database_copy(self.home / "airflow.db", template)
             _MIGRATED.append(template)
+
+    def start_airflow(self) -> None:
+        """Migrate the DB (:meth:`migrate`), then start the API server, DAG processor and scheduler; wait for the API
+        server."""
+        self.migrate()
         self.start("api-server", [*AIRFLOW, "api-server", "--port", str(self.api_port), "--host", "127.0.0.1"])
         self.start("dag-processor", [*AIRFLOW, "dag-processor"])
         self.start("scheduler", [*AIRFLOW, "scheduler"])
@@ -189,11 +192,16 @@ class Cluster:
 
         return self._wait(finished, timeout, run_id)
 
+    def trigger(self, dag_id: str, run_id: str, conf: dict[str, Any] | None = None) -> None:
+        """Unpause ``dag_id`` and trigger a run of it, through the REST API (an ``airflow`` CLI call costs seconds of
+        CPU to start)."""
+        self.api(f"/api/v2/dags/{dag_id}", {"is_paused": False}, method="PATCH")
+        self.api(f"/api/v2/dags/{dag_id}/dagRuns", {"dag_run_id": run_id, "logical_date": None, "conf": conf or {}})
+
     def trigger_and_wait(self, dag_id: str, run_id: str) -> dict[str, dict[str, Any]]:
         """Unpause and trigger ``dag_id`` once it is parsed; the task instances of the run, which must succeed."""
         self.wait_for_dag(dag_id)
-        self.run("dags", "unpause", dag_id)
-        self.run("dags", "trigger", dag_id, "--run-id", run_id)
+        self.trigger(dag_id, run_id)
         state = self.wait_for_run(dag_id, run_id)
         tis = self.task_instances(dag_id, run_id)
         assert state == "success", f"{tis}\n{self.logs()}"

@@ -128,8 +128,7 @@ def watch(
 ) -> tuple[str, list[dict[str, Any]]]:
     """Trigger the run and look at it every 0.3 s until it ends: its state and every look (task states, probe)."""
     cluster.wait_for_dag(dag_id)
-    cluster.run("dags", "unpause", dag_id)
-    cluster.run("dags", "trigger", dag_id, "--run-id", run_id)
+    cluster.trigger(dag_id, run_id)
     seen: list[dict[str, Any]] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -186,7 +185,23 @@ def assert_no_leftovers(cluster: Cluster, client: Any = None, run_id: str = "") 
 # ---------------------------------------------------------------------- the wait
 def test_the_second_task_waits_deferred_while_the_first_holds_the_only_gpu(cluster):
     run_id = "wait_run"
-    state, seen = watch(cluster, "sched_gpu_wait", run_id, lambda: {"gpu_held": gpu_held(cluster)})
+    go = cluster.home / "go"  # the DAG file's GO: the holder works until the test has seen the other one wait
+    waits_seen: list[float] = []
+
+    def probe() -> dict[str, Any]:
+        held = gpu_held(cluster)
+        tis = cluster.task_instances("sched_gpu_wait", run_id)
+        states = sorted(str(tis.get(task, {}).get("state")) for task in ("first", "second"))
+        if held and states == ["deferred", "running"]:
+            waits_seen.append(time.time())
+        if len(waits_seen) >= 3:  # a second of one running and the other deferred
+            go.touch()
+        return {"gpu_held": held}
+
+    try:
+        state, seen = watch(cluster, "sched_gpu_wait", run_id, probe)
+    finally:
+        go.unlink(missing_ok=True)
     tis = cluster.task_instances("sched_gpu_wait", run_id)
     assert state == "success" and {ti["state"] for ti in tis.values()} == {"success"}, f"{tis}\n{cluster.logs()}"
     # which task got the GPU first is a race; the other one is seen deferred, not running, while the first runs
@@ -225,12 +240,12 @@ def test_a_wait_that_reaches_its_limit_fails_naming_it(cluster):
     tis = cluster.task_instances("sched_gpu_wait_limit", "limit_run")
     assert state == "failed" and tis["gives_up"]["state"] == "failed", f"{tis}\n{cluster.logs()}"
     assert any(look["states"].get("gives_up") == "deferred" for look in seen)  # it waited deferred
-    assert took < 90, took  # the 6 s limit, plus the run's start and the resume
+    assert took < 90, took  # the 3 s limit, plus the run's start and the resume
     log = task_log(cluster, "sched_gpu_wait_limit", "limit_run", "gives_up")
     assert "held by the test's other job" in log, log[-3000:]
     kind, message = task_error(log)
     assert kind == "GpuUnavailableError" and re.match(r"Waited \d+s for 1x nvidia GPU ", message), message
-    assert "reached the wait's limit of 6s (the task's wait_timeout, else [gpu] wait_timeout)" in message
+    assert "reached the wait's limit of 3s (the task's wait_timeout, else [gpu] wait_timeout)" in message
     assert cluster.xcom("sched_gpu_wait_limit", "limit_run", "gives_up") is None  # it never ran
     assert_no_leftovers(cluster)
 
@@ -265,14 +280,26 @@ def test_a_deferred_docker_task_is_watched_by_the_triggerer_and_resumed(cluster,
 
     folder = cluster.home / "logs" / "dag_id=sched_docker_deferred" / f"run_id={run_id}" / "task_id=task"
 
+    released: list[float] = []  # when the test let the function go (/tmp/go in the container)
+    running_looks = 0
+
     def probe() -> dict[str, Any]:
+        nonlocal running_looks
         trigger_logs = "".join(p.read_text(errors="replace") for p in folder.glob("attempt=1.log.trigger.*.log"))
-        return {
+        look = {
             "containers": containers(docker_client, run_id),
             "gpu_held": gpu_held(cluster),
             "keepers": keepers(cluster),
             "output_logged": f"thinking about {run_id}" in trigger_logs,
         }
+        deferred = cluster.task_instances("sched_docker_deferred", run_id).get("task", {}).get("state") == "deferred"
+        running_looks += deferred and list(look["containers"].values()) == ["running"] and bool(look["keepers"])
+        if not released and running_looks >= 5 and look["output_logged"]:  # seen all it waits for: let it go
+            released.append(time.time())
+            exec_id = docker_client.exec_create(next(iter(look["containers"])), ["touch", "/tmp/go"])["Id"]
+            docker_client.exec_start(exec_id)
+            assert docker_client.exec_inspect(exec_id)["ExitCode"] == 0
+        return look
 
     state, seen = watch(cluster, "sched_docker_deferred", run_id, probe)
     tis = cluster.task_instances("sched_docker_deferred", run_id)
@@ -282,7 +309,7 @@ def test_a_deferred_docker_task_is_watched_by_the_triggerer_and_resumed(cluster,
     # while the task held no worker slot, its container ran, GPU 0's lock was kept for it, and the trigger was
     # the GPU host's
     running = [look for look in deferred if list(look["containers"].values()) == ["running"] and look["keepers"]]
-    assert len(running) >= 5, deferred  # the 10 s function, looked at every 0.3 s
+    assert len(running) >= 5 and released, deferred  # looked at every 0.3 s until the test let the function go
     assert all(look["gpu_held"] for look in running)  # by the keeper, for as long as the container's process runs
     assert_triggers_on_the_gpu_queue(deferred)
     assert cluster.xcom("sched_docker_deferred", run_id, "task") == {"question": run_id, "answer": 42}
@@ -300,9 +327,9 @@ def test_a_deferred_docker_task_is_watched_by_the_triggerer_and_resumed(cluster,
     found = [[r for r in records if mark in str(r.get("event"))] for mark in marks]
     assert [len(f) for f in found] == [1, 1, 1, 1], [str(r.get("event"))[:100] for r in records]
     times = [datetime.datetime.fromisoformat(f[0]["timestamp"]).timestamp() for f in found]
-    # the function sleeps 10 s between the two lines: logged as they came, not together at the end (under load the
-    # triggerer may read the first one a few seconds late)
-    assert times == sorted(times) and times[2] - times[1] >= 5, times
+    # logged as they came, not together at the end: the first before the test let the function go (it had read it
+    # in the triggerer's log), the second after
+    assert times == sorted(times) and times[1] < released[0] <= times[2], (times, released)
     assert_no_leftovers(cluster, docker_client, run_id)
     # the orphan reaper ran in the task and left another deployment's durable container alone
     assert foreign_container[:12] not in log

@@ -44,10 +44,8 @@ def _task_log(cluster: Cluster, try_number: int) -> str:
 def test_a_killed_workers_container_and_job_are_taken_over_by_the_next_try(cluster, docker_client, slurm):
     _worker(cluster, "worker-1")
     cluster.wait_for_dag(DAG_ID)
-    for dag_id in (DAG_ID, SLURM_DAG_ID):  # through the REST API: an `airflow` command's start costs seconds
-        cluster.api(f"/api/v2/dags/{dag_id}", {"is_paused": False}, "PATCH")
-        run = {"dag_run_id": "r1", "logical_date": None, "conf": {"root": str(cluster.root)}}
-        cluster.api(f"/api/v2/dags/{dag_id}/dagRuns", run, "POST")
+    for dag_id in (DAG_ID, SLURM_DAG_ID):
+        cluster.trigger(dag_id, "r1", {"root": str(cluster.root)})
 
     # The first tries' container and job have started the function: their lines are in the checkpoint folders
     runs = cluster._wait(

@@ -69,8 +69,7 @@ def test_a_task_waiting_for_a_held_gpu_takes_no_worker_until_it_is_free(cluster)
     released = None
     try:
         cluster.wait_for_dag(DAG_ID)
-        cluster.run("dags", "unpause", DAG_ID)
-        cluster.run("dags", "trigger", DAG_ID, "--run-id", "r1")
+        cluster.trigger(DAG_ID, "r1")
         looks: list[dict] = []
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and len([look for look in looks if look["state"] == "deferred"]) < 20:

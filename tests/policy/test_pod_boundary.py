@@ -126,7 +126,10 @@ def test_void_replaces_a_value_or_a_reference_in_place_and_keeps_gpu_and_claim_c
 )
 def test_what_the_allow_list_does_not_hold_is_refused_at_parse_naming_the_option(option, value, path, monkeypatch):
     monkeypatch.delenv("AIRFLOW__GPU_POLICY__ALLOWED_OBJECTS")  # the default: nothing beyond the deployment's
-    monkeypatch.setenv("AIRFLOW__GPU__KUEUE_QUEUE", "team-a")  # the deployment's queue (a priority class needs one)
+    # the deployment's queue, its cluster connection's (a priority class needs one)
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KUBERNETES_DEFAULT", json.dumps({"conn_type": "kubernetes", "extra": {"kueue_queue": "team-a"}})
+    )
     with pytest.raises(PolicyError, match=rf"backend_options\['{option}'\].*allowed_objects") as err:
         _task(gpu_count=1, backend_options={option: value})
     assert path in str(err.value) and err.value.option == "allowed_objects"

@@ -173,7 +173,7 @@ def airflow_cluster(tmp_path: Path) -> Iterator[Cluster]:
         broker = cluster.start_redis()
         cluster.env["AIRFLOW__CELERY__BROKER_URL"] = f"{broker}/0"
         cluster.env["AIRFLOW__CELERY__RESULT_BACKEND"] = f"redis://{broker.split('://')[1]}/1"
-        cluster.run("db", "migrate")
+        cluster.migrate()  # the same Airflow in both releases: a fresh DB of this process, if it has one
         yield cluster
     finally:
         leftovers = cluster.stop()
@@ -217,8 +217,7 @@ def test_the_previous_releases_deferred_and_durable_tasks_are_finished_by_this_o
         start_fleet(cluster, python, "previous")
         worker(cluster, python, "worker-previous")
         cluster.wait_for_dag("upgrade_story")
-        cluster.run("dags", "unpause", "upgrade_story")
-        cluster.run("dags", "trigger", "upgrade_story", "--run-id", "r1", "--conf", f'{{"root": "{root}"}}')
+        cluster.trigger("upgrade_story", "r1", {"root": str(root)})
         cluster._wait(lambda: states(cluster, "upgrade_story", "r1").get("deferred") == "deferred", 240, "the deferral")
         cluster._wait(lambda: "Started container" in try_log(cluster, "upgrade_story", 1, "durable"), 240, "durable")
         trigger = cluster.query("SELECT classpath FROM trigger")
@@ -272,8 +271,7 @@ def test_the_previous_releases_deferred_and_durable_tasks_are_finished_by_this_o
 
         # --- a mixed fleet: a worker of the previous release beside this release's, each on its own queue
         worker(cluster, previous / "bin" / "python", "worker-previous-2", "previous")
-        cluster.run("dags", "unpause", "upgrade_mixed_fleet")
-        cluster.run("dags", "trigger", "upgrade_mixed_fleet", "--run-id", "r2", "--conf", f'{{"root": "{root}"}}')
+        cluster.trigger("upgrade_mixed_fleet", "r2", {"root": str(root)})
         state = cluster.wait_for_run("upgrade_mixed_fleet", "r2", timeout=300)
         tis = cluster.task_instances("upgrade_mixed_fleet", "r2")
         assert state == "success", f"{tis}\n{cluster.logs()}"

@@ -46,8 +46,9 @@ def _task(task_id: str, **arguments) -> GpuStepOperator:
     )  # fmt: skip
 
 
-# started by the previous release, its worker killed and its triggerer stopped; finished by this one
-with DAG("upgrade_story", schedule=None, start_date=START, params={"root": "/tmp", "seconds": 60}, default_args=RETRY):
+# started by the previous release, its worker killed and its triggerer stopped; finished by this one. Its functions
+# work until the test lets them go; 300 s at most (a 60 s cap can end them before the takeover under load)
+with DAG("upgrade_story", schedule=None, start_date=START, params={"root": "/tmp", "seconds": 300}, default_args=RETRY):
     _task("deferred", deferrable=True)
     _task("durable", durable=True)
 

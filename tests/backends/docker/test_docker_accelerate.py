@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ REPO = Path(__file__).resolve().parents[3]
 
 def test_two_cpu_processes_in_a_container_with_cpu_fallback(airflow_home, torch_image, monkeypatch, no_gpu_runtime):
     """gpu_count=2 on a host without the NVIDIA runtime: the container runs on CPU, and accelerate starts 2 ranks."""
-    monkeypatch.setenv("AIRFLOW__GPU__DEFAULT_PARENT_IMAGE", torch_image)
+    engine = {"conn_type": "docker", "extra": {"parent_image": torch_image}}  # the engine's default parent image
+    monkeypatch.setenv("AIRFLOW_CONN_DOCKER_DEFAULT", json.dumps(engine))
 
     dag_run = run_dag(load_dag(REPO / "tests" / "dags" / "accelerate_dags.py", "accelerate_docker"))
     assert task_states(dag_run) == {"train": "success"}

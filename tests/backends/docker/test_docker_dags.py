@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -79,10 +80,10 @@ def test_demo_dag_trains_in_docker_with_cpu_fallback(airflow_home, torch_image, 
 
     Its train step imports torch, which the Debian base image lacks: the test first builds a derived image
     (base + the CPU torch wheel from /opt/wheels, as an air-gapped wheel dir) and makes it the default parent image
-    (the removed ``[gpu] default_parent_image``, still read), standing in for the CUDA PyTorch image, not pullable here.
+    (the engine's connection's extra ``parent_image``), standing in for the CUDA PyTorch image, not pullable here.
     """
-
-    monkeypatch.setenv("AIRFLOW__GPU__DEFAULT_PARENT_IMAGE", torch_image)
+    engine = {"conn_type": "docker", "extra": {"parent_image": torch_image}}
+    monkeypatch.setenv("AIRFLOW_CONN_DOCKER_DEFAULT", json.dumps(engine))
 
     dag_run = run_dag(
         load_dag(REPO / "dags" / "gpu_training_demo.py", "gpu_training_demo"),

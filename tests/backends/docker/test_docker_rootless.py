@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -140,11 +142,15 @@ class Store:
         self.values.pop(key, None)
 
 
-def answer_slowly() -> int:
+def answer_when_let_go() -> int:
+    """Work until the test lets go (a file ``/tmp/go`` in the container), a minute at most."""
+    import os
     import time
 
     print("thinking", flush=True)
-    time.sleep(4)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not os.path.exists("/tmp/go"):
+        time.sleep(0.2)
     return 42
 
 
@@ -152,12 +158,22 @@ def answer_slowly() -> int:
 def test_a_later_try_reattaches_to_the_container_an_earlier_try_left_running(docker_engine, task_log):
     context = {"task_state_store": Store()}
     first = DockerBackend(DockerOptions.parse({}), log=task_log[0])
-    record = first.submit(first.plan(task_request(answer_slowly), GpuConfig.read()), context)
+    record = first.submit(first.plan(task_request(answer_when_let_go), GpuConfig.read()), context)
     first._started.held.close()  # the first worker dies here: nothing of it follows the container
     second = DockerBackend(DockerOptions.parse({}), log=task_log[0])
-    plan = second.plan(task_request(answer_slowly, labels={**LABELS, "try_number": "2"}), GpuConfig.read())
+    plan = second.plan(task_request(answer_when_let_go, labels={**LABELS, "try_number": "2"}), GpuConfig.read())
     assert second.job_active(second.job_status(plan, record, context))
+
+    def let_go_once_reattached() -> None:  # the second try follows the container while it still runs
+        deadline = time.monotonic() + 60
+        while "Reattached to container" not in task_log[1].text and time.monotonic() < deadline:
+            time.sleep(0.1)
+        docker_engine.exec_start(docker_engine.exec_create(record["id"], ["touch", "/tmp/go"])["Id"])
+
+    releaser = threading.Thread(target=let_go_once_reattached, daemon=True)
+    releaser.start()
     assert second.follow(plan, record, context).return_value == 42
+    releaser.join(60)
     assert "Reattached to container" in task_log[1].text and "thinking" in task_log[1].text
 
 

@@ -126,7 +126,8 @@ def test_two_nodes_times_four_gpus_bf16_job_service_and_command_lines():
 @pytest.mark.slow
 def test_the_jobs_container_runs_as_two_nodes(monkeypatch, torch_image):
     """Two containers from the Job's pod template, NODE_RANK 0 and 1, pod 0 under its Service DNS name."""
-    monkeypatch.setenv("AIRFLOW__GPU__DEFAULT_PARENT_IMAGE", torch_image)
+    cluster = {"conn_type": "kubernetes", "extra": {"parent_image": torch_image}}  # the cluster's parent image
+    monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", json.dumps(cluster))
 
     _, job = render("two_cpu_nodes")
     main = job["spec"]["template"]["spec"]["containers"][0]

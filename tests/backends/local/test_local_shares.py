@@ -34,7 +34,7 @@ def test_two_shares_of_one_replayed_gpu_at_once_and_an_oom_climbs_to_a_whole_gpu
         "AIRFLOW__GPU__DEVICES": "auto",
         "AIRFLOW__GPU__STATE_DIR": str(tmp_path / "state"),
         "AIRFLOW__GPU__PROFILE_INTERVAL": "0.25",
-        "AIRFLOW__GPU__WAIT_POLL_INTERVAL": "0.2",
+        "AIRFLOW__GPU__POLL_INTERVAL": "0.2",
         "CUDA_MPS_PIPE_DIRECTORY": str(pipes),
     }
     bundle = tmp_path / "dags"  # the workers parse this DAG file alone, not every test DAG

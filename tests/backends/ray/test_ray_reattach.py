@@ -42,8 +42,7 @@ def _task_log(cluster: Cluster, try_number: int) -> str:
 def test_a_killed_workers_job_is_taken_over_by_the_next_try(cluster, ray_cluster_address):
     _worker(cluster, "worker-1")
     cluster.wait_for_dag(DAG_ID)
-    cluster.run("dags", "unpause", DAG_ID)
-    cluster.run("dags", "trigger", DAG_ID, "--run-id", "r1", "--conf", f'{{"root": "{cluster.root}"}}')
+    cluster.trigger(DAG_ID, "r1", {"root": str(cluster.root)})
 
     # The first try's job has started the function: its line is in the checkpoint folder
     runs = cluster._wait(lambda: list(cluster.root.glob("**/runs.txt")), 240, "the first job to start")
@@ -71,7 +70,7 @@ def test_a_killed_workers_job_is_taken_over_by_the_next_try(cluster, ray_cluster
 
     # A second run's worker dies with its task process (nothing of it follows the job), and a user marks the task
     # instance failed: its durable job, which no try will take over now, is stopped by the API server's listener
-    cluster.run("dags", "trigger", DAG_ID, "--run-id", "r2", "--conf", f'{{"root": "{cluster.root}", "seconds": 300}}')
+    cluster.trigger(DAG_ID, "r2", {"root": str(cluster.root), "seconds": 300})
     cluster._wait(lambda: [j for j in jobs(ray_cluster_address) if str(j.status) == "RUNNING"], 240, "the r2 job")
     worker = psutil.Process(cluster.processes["worker-2"].pid)
     for process in [worker, *worker.children(recursive=True)]:
