@@ -23,7 +23,8 @@ FILE_NAME = "airflow-gpu-docker-authz.pyz"
 #: Every module the daemon imports (``tests/policy/test_authz_plugin.py`` runs the archive with ``-I -S``).
 MODULES = (
     "__init__.py", "version.py", "exceptions.py", "config/__init__.py", "config/options.py", "config/policy.py",
-    "task/__init__.py", "task/labels.py", "task/runtime_zip.py", "policy/__init__.py", "policy/engine.py",
+    "task/__init__.py", "task/labels.py", "task/runtime_zip.py", "runtime/__init__.py", "runtime/protocol.py",
+    "policy/__init__.py", "policy/engine.py",
     "policy/docker.py", "policy/paths.py", "policy/rootless.py", "policy/users.py",
     *(f"policy/authz/{name}.py" for name in (
         "__init__", "__main__", "calls", "judge", "stored", "helper", "server", "settings", "install")),
