@@ -22,10 +22,10 @@ from airflow_gpu_provider.policy.engine import check_create, check_volume
 from airflow_gpu_provider.policy.paths import UnsafePathError
 from airflow_gpu_provider.task.labels import docker_label
 
-#: ``lookup(kind, name)``: the engine's inspect of a ``container``, ``image`` or ``volume`` (``None``: there is
-#: none), or of the engine itself (``info``)
 #: the result file of a task container of 0.1.0, read for one release; a later one prints its result on its output
 RESULT_FILE, RESULT_LABEL = "/tmp/airflow-gpu-result.json", docker_label("result")
+#: ``lookup(kind, name)``: the engine's inspect of a ``container``, ``image`` or ``volume`` (``None``: there is
+#: none), or of the engine itself (``info``)
 Lookup = Callable[[str, str], "Mapping[str, Any] | None"]
 
 
