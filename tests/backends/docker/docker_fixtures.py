@@ -197,10 +197,12 @@ def docker_client() -> Iterator[Any]:
         builder = (image.get("Labels") or {}).get(BUILDER_LABEL)
         return builder is not None and (builder == worker_identity() or is_dead(builder))
 
-    for image in client.images(name=TEST_REPOSITORY):  # another live session's images are left to it
-        if ours(image) and any(TEST_REPOSITORY in tag for tag in image.get("RepoTags") or ()):
-            with contextlib.suppress(docker.errors.NotFound):
-                client.remove_image(image["Id"], force=True)
+    # another live session's images are left to it; localhost:1/: test_unreachable_registry_push's built image
+    for name in (TEST_REPOSITORY, f"localhost:1/{TEST_REPOSITORY}"):
+        for image in client.images(name=name):
+            if ours(image) and any(TEST_REPOSITORY in tag for tag in image.get("RepoTags") or ()):
+                with contextlib.suppress(docker.errors.NotFound):
+                    client.remove_image(image["Id"], force=True)
     reap_dead_builds(client, logging.getLogger("docker_client"))  # what this session's killed workers built
     for image in client.images(all=True, filters={"label": f"{BUILDER_LABEL}={worker_identity()}", "dangling": True}):
         with contextlib.suppress(docker.errors.APIError):  # still used by another image
