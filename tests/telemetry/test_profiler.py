@@ -119,8 +119,10 @@ def test_only_the_gpus_the_task_was_given_by_uuid(tmp_path, replay_lib):
     assert result["profile"]["devices"][0]["index"] == "1"  # NVML's index, as the summary names the GPU
 
 
-def test_no_visible_gpu_means_a_cpu_profile_even_with_nvml(tmp_path, replay_lib):
-    env = {**replay_environment(TWO_GPUS, replay_lib), "CUDA_VISIBLE_DEVICES": ""}
+@pytest.mark.parametrize("given_none", [{"CUDA_VISIBLE_DEVICES": ""}, {"NVIDIA_VISIBLE_DEVICES": "void"}])
+def test_no_visible_gpu_means_a_cpu_profile_even_with_nvml(tmp_path, replay_lib, given_none):
+    """A task given no GPU (the provider's CPU container: NVIDIA_VISIBLE_DEVICES=void) does not load NVML at all."""
+    env = {**replay_environment(TWO_GPUS, replay_lib), **given_none}
     result, out = run_task(tmp_path, "return 1", env=env)
     assert result["profile"]["kind"] == "cpu"
     assert "no GPU telemetry: no GPU visible to the task" in out

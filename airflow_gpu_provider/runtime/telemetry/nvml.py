@@ -21,6 +21,20 @@ RECOVERY_ACTIONS = (
     "none", "GPU reset", "node reboot", "drain P2P", "drain and reset", "recover IMEX domain", "bus reset",
     "system reboot",
 )  # fmt: skip
+
+
+def none_visible() -> bool:
+    """The task was given no GPU: NVML is not loaded at all.
+
+    ``CUDA_VISIBLE_DEVICES`` names none, or ``NVIDIA_VISIBLE_DEVICES=void``: the provider's container or pod with no
+    NVIDIA device.
+    """
+    wanted = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return (wanted is not None and wanted.strip().lower() in NO_DEVICES) or os.environ.get(
+        "NVIDIA_VISIBLE_DEVICES"
+    ) == "void"
+
+
 UNSIGNED_INT, UNSIGNED_LONG, UNSIGNED_LONG_LONG, SIGNED_LONG_LONG, SIGNED_INT = 1, 2, 3, 4, 5  # nvmlValueType_t
 
 
@@ -103,7 +117,7 @@ class Nvml:
             count = c.c_uint()
             self._call("nvmlDeviceGetCount_v2", c.byref(count))
             ids = [str(i) for i in range(count.value)]
-        elif wanted.strip().lower() in NO_DEVICES:
+        elif none_visible():
             ids = []
         else:
             ids = [part.strip() for part in wanted.split(",")]

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 from ..failures import describe_fault
 from ..output import say
 from ..protocol import PREFIX, PROFILE_VERSION
-from .nvml import Nvml
+from .nvml import Nvml, none_visible
 from .pressure import HostPressure
 from .proctree import ProcessTree
 from .stats import METRICS, Stats, combine, merge, rounded
@@ -49,11 +49,13 @@ class Profiler:
         self.host = host or self.node
         self.cpu_fallback, self.share = cpu_fallback, share
         self.pressure = HostPressure()
+        self.source: Any = None
         reason = "no GPU visible to the task"
-        try:
-            self.source: Any = Nvml()
-        except (OSError, AttributeError) as exc:  # no driver here, or one without a symbol we call
-            self.source, reason = None, str(exc)
+        if not none_visible():
+            try:
+                self.source = Nvml()
+            except (OSError, AttributeError) as exc:  # no driver here, or one without a symbol we call
+                reason = str(exc)
         if self.source is None or not self.source.devices:
             if self.source is not None:
                 self.source.close()
