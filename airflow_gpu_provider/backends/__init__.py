@@ -47,6 +47,8 @@ class BackendInfo(NamedTuple):
     :param gpu_shares: whether a share of one GPU (``gpu_count=0.5``, ``gpu_share="8GiB"``) means something there
     :param host_gpus: whether its GPUs come from the worker host's allocator (a deferred wait for them may start in
         the triggerer: ``host/trigger.py`` ``start_args``)
+    :param right_sizes: what ``right_size=True`` sizes there from the last successful run's peak: ``"gpus"`` (the
+        smallest of a host's GPUs that holds it), ``"shares"`` (a share of one GPU of that size)
     :param avoids_nodes: whether it places its work on a cluster's nodes: the next try avoids the node where an
         earlier one failed because of the infrastructure (``TaskRequest.avoid_nodes``)
     :param summary: where it runs a task, in a few words (the provider's description, the trigger form)
@@ -63,6 +65,7 @@ class BackendInfo(NamedTuple):
     defers: bool = False
     gpu_shares: bool = False
     host_gpus: bool = False
+    right_sizes: tuple[str, ...] = ()
     avoids_nodes: bool = False
     summary: str = ""
 
@@ -70,6 +73,19 @@ class BackendInfo(NamedTuple):
     def placed_at_parse(self) -> bool:
         """Whether Airflow's executor places its tasks when the DAG is parsed: a template cannot choose it."""
         return self.placement is not None
+
+    def right_size_refused(self, share: bool) -> tuple[str, str] | None:
+        """Why ``right_size=True`` means nothing here for whole GPUs (or a ``share``), and where it does."""
+        sized = "shares" if share else "gpus"
+        if sized in self.right_sizes:
+            return None
+        where = {
+            kind: " or ".join(repr(n) for n, i in BACKENDS.items() if kind in i.right_sizes)
+            for kind in ("gpus", "shares")
+        }
+        what = "a share of one GPU" if share else "whole GPUs"
+        accepted = f"right_size=True with whole GPUs on {where['gpus']}, with a share of one GPU on {where['shares']}"
+        return f"backend {self.name!r} does not size {what} from the last successful run's peak", accepted
 
     def options_class(self) -> type[BackendOptions]:
         """The options half (cheap to import)."""
@@ -167,6 +183,7 @@ BACKENDS: dict[str, BackendInfo] = {
             options="airflow_gpu_provider.backends.local.options:LocalOptions",
             gpu_shares=True,
             host_gpus=True,
+            right_sizes=("gpus", "shares"),
             summary="a child process of the worker",
         ),
         BackendInfo(
@@ -177,6 +194,7 @@ BACKENDS: dict[str, BackendInfo] = {
             defers=True,
             gpu_shares=True,
             host_gpus=True,
+            right_sizes=("gpus", "shares"),
             summary="a container on a Docker engine",
         ),
         BackendInfo(
@@ -210,6 +228,7 @@ BACKENDS: dict[str, BackendInfo] = {
             all_gpus=False,
             defers=True,
             gpu_shares=True,
+            right_sizes=("shares",),
             avoids_nodes=True,
             summary="a Slurm batch job, on one node or several",
         ),

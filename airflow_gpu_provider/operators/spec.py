@@ -159,9 +159,9 @@ class TaskSpec(NamedTuple):
         options = info.parse_options(self.backend_options)
         info.check(None if self.templated else self.resources, self.num_nodes, options, self.image)
         options.permitted(self.owner)
-        if self.right_size and not info.host_gpus:
-            why = f"backend {name!r} does not pick the task's GPUs from a host's listed devices"
-            raise InvalidSettingError(self.owner, "right_size", True, why, "right_size=True on 'local' or 'docker'")
+        refused = info.right_size_refused(self.resources.share is not None) if self.right_size else None
+        if refused is not None:
+            raise InvalidSettingError(self.owner, "right_size", True, *refused)
         return self._replace(backend=name, options=options)
 
     def changed(self, arguments: Mapping[str, Any], *, num_nodes: int | None = None) -> TaskSpec:

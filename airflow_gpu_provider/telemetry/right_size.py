@@ -5,8 +5,8 @@ The evidence is the profile that run kept in XCom (``gpu_profile``, :mod:`.repor
 A try needs a GPU holding that peak times :data:`~.advice.HEADROOM` (1.2, the advice's own headroom); the host
 allocator (local and Docker: ``host/inventory.right_sized``) takes the smallest matching GPU or MIG slice that does.
 A share of a GPU (``gpu_count=0.25``, ``gpu_share``) becomes a share of that size instead (``right_sized_share``).
-The other backends place by a model name or a resource count, not among a host's devices: ``right_size=True`` is
-refused there at parse (``TaskSpec._on_backend``).
+On Slurm a share becomes the shards of that size (``backends/slurm/shards.py``); the other backends place by a
+model name or a resource count: ``right_size=True`` is refused there at parse (``BackendInfo.right_sizes``).
 
 Only a run's first try is right-sized, never one after an out-of-memory failure: a retry runs with the task's own
 resources (and its ``on_oom`` rung), so an OOM climbs the ladder as it would without right-sizing. The decision goes

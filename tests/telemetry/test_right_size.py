@@ -116,3 +116,7 @@ def test_right_size_is_checked_at_parse():
     with pytest.raises(InvalidSettingError, match="right_size.*'kubernetes'"):
         GpuStepOperator(task_id="t", command=["true"], backend="kubernetes", right_size=True)
     assert GpuStepOperator(task_id="t", command=["true"], backend="docker", right_size=True).task_spec.right_size
+    with pytest.raises(InvalidSettingError, match=r"'slurm' does not size whole GPUs.*share of one GPU on.*'slurm'"):
+        GpuStepOperator(task_id="t", command=["true"], backend="slurm", gpu_count=1, right_size=True)
+    shared = GpuStepOperator(task_id="t", command=["true"], backend="slurm", gpu_share="8GiB", right_size=True)
+    assert shared.task_spec.right_size  # its shards: tests/backends/slurm/test_slurm_plan.py

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpu_provider.backends.slurm.connection import Cluster
 from airflow_gpu_provider.backends.slurm.options import SlurmOptions
-from airflow_gpu_provider.backends.slurm.shards import enforcement, shards
+from airflow_gpu_provider.backends.slurm.shards import Shards, enforcement, taken
 from airflow_gpu_provider.checkpoint.location import checkpoint_environment
 from airflow_gpu_provider.exceptions import GpuTaskError
 from airflow_gpu_provider.task.environment import thread_environment, with_user_environment
@@ -133,7 +133,7 @@ def gres(plan: SlurmPlan, cluster: Cluster) -> dict[str, str]:
     if not plan.gpus:
         return {}
     if plan.share is not None:
-        return shards(plan.share, plan.models, cluster).gres
+        return _shares(plan, cluster)[1].gres
     types = [kind for kind in map(cluster.gres_type, plan.models) if kind is not None]  # a list: any one of them
     if plan.models and not types:
         known = ", ".join(sorted(cluster.accelerators)) or "none"
@@ -170,8 +170,17 @@ def job_share(plan: SlurmPlan, cluster: Cluster, log: logging.Logger) -> dict[st
     """
     if plan.share is None:
         return None
-    taken = shards(plan.share, plan.models, cluster)
+    share, shards, right_sized = _shares(plan, cluster)
+    if right_sized is not None:
+        log.info("[gpu] %s", right_sized)
     command = plan.request.envelope.mode == "command"
-    found = enforcement(plan.share, taken, command=command, allow_unenforced=plan.allow_unenforced)
+    found = enforcement(share, shards, command=command, allow_unenforced=plan.allow_unenforced)
     log.info("[gpu] %s", found.share["line"])
     return dict(found.share)
+
+
+def _shares(plan: SlurmPlan, cluster: Cluster) -> tuple[GpuShare, Shards, str | None]:
+    """The plan's share (a right-sized try's, ``right_size=True``), its shards and the right-size line."""
+    assert plan.share is not None
+    need = (plan.request.right_size or {}).get("need")
+    return taken(plan.share, plan.models, cluster, None if need is None else int(need))

@@ -5,7 +5,8 @@ a share is the fewest shards that hold it (``gpu_count=0.3`` of 4 shards: 2; ``g
 40 GiB in 4: 2). Slurm places them: shards of one GPU, on a GPU no whole-GPU job holds (and the reverse); the job
 sees that GPU (``CUDA_VISIBLE_DEVICES``) and ``SLURM_SHARDS_ON_NODE``. Shards enforce no memory, so the share is
 enforced as on a host without MPS (``host/mps.py`` :func:`~airflow_gpu_provider.host.mps.without_mps`): PyTorch's
-cap in the runtime for a function, a command refused unless the admin allows unenforced shares.
+cap in the runtime for a function, a command refused unless the admin allows unenforced shares. A right-sized try
+(``right_size=True``) asks for the shards of the last successful run's peak x 1.2 (:func:`taken`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from airflow_gpu_provider.exceptions import GpuTaskError
 from airflow_gpu_provider.host.mps import Enforcement, without_mps
 from airflow_gpu_provider.settings.accelerators import card_memory_gib
 from airflow_gpu_provider.settings.shares import GpuShare
+from airflow_gpu_provider.settings.units import format_bytes
 
 WHY = "Slurm's gres/shard enforces no memory"
 
@@ -83,6 +85,25 @@ def shards(share: GpuShare, models: tuple[str, ...], cluster: Cluster) -> Shards
         )
     (count, per_gpu), *_ = found.values()
     return Shards(count, per_gpu, tuple(found))
+
+
+def taken(
+    share: GpuShare, models: tuple[str, ...], cluster: Cluster, need: int | None
+) -> tuple[GpuShare, Shards, str | None]:
+    """The share a job asks for, its shards, and a right-sized try's log line.
+
+    :param need: a right-sized try's bytes (``telemetry/right_size.py``), or ``None``: the declared share. Where no
+        model the task may run on holds it in shards, the declared share stays (as on a host: ``host/inventory.py``).
+    """
+    if need is None:
+        return share, shards(share, models, cluster), None
+    sized = GpuShare(memory=need)
+    try:
+        found = shards(sized, models, cluster)
+    except GpuTaskError:
+        why = f"right_size: no GPU the task may run on holds {format_bytes(need)}: the share stays {share.describe()}"
+        return share, shards(share, models, cluster), why
+    return sized, found, f"right_size: a share of {format_bytes(need)} instead of {share.describe()}"
 
 
 def enforcement(share: GpuShare, taken: Shards, *, command: bool, allow_unenforced: bool) -> Enforcement:

@@ -54,6 +54,30 @@ def _plan(resources: ResourceSettings, image: ImageSettings | None = None, nodes
     return plan_job(request, SlurmOptions.parse(options), GpuConfig.read())
 
 
+def test_a_right_sized_share_is_the_shards_of_the_last_runs_peak_where_a_gpu_holds_it():
+    """``right_size=True`` on a share: the try asks for the shards of ``need`` (the peak x 1.2), else its own share."""
+    facts = Cluster("c", "/s", accelerators={"A100": "a100"}, shards={"A100": 4})  # 40 GiB: 10 GiB a shard
+    declared = _plan(ResourceSettings(gpu_share="20GiB", accelerator="A100"))
+    lines: list[str] = []
+    enforced: list[int] = []
+    log = logging.getLogger("test_right_sized_share")
+    log.addHandler(handler := logging.Handler())
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    log.setLevel(logging.INFO)
+    for need, expected, said in (
+        (9 * 2**30, "shard:a100:1", "right_size: a share of 9.0 GiB instead of 20.0 GiB"),
+        (48 * 2**30, "shard:a100:2", "no GPU the task may run on holds 48.0 GiB: the share stays 20.0 GiB"),
+    ):
+        request = dataclasses.replace(declared.request, right_size={"need": need})
+        plan = dataclasses.replace(declared, request=request, allow_unenforced=True)
+        assert gres(plan, facts) == {"gres": expected}
+        lines.clear()
+        share = job_share(plan, facts, log)
+        assert share is not None and any(said in line for line in lines), lines
+        enforced.append(share["memory"])
+    assert enforced == [9 * 2**30, 20 * 2**30]  # the share each try's runtime caps PyTorch at
+
+
 def test_options_are_checked_when_the_dag_is_parsed(monkeypatch):
     assert SLURM.parse_options({}).slurm_conn_id == "slurm_default"
     with pytest.raises(InvalidSettingError, match="partition"):
