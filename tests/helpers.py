@@ -97,31 +97,42 @@ def mapped_xcoms(dag_run: Any, task_id: str, key: str = "return_value") -> dict[
         return {row.map_index: XComModel.deserialize_value(row) for row in rows}
 
 
+DAG_MARK = "WORKER-DAG"  # begins the log of each DAG of a worker that runs several
 _WORKER = """
 import datetime, json, sys
 sys.path.insert(0, {tests!r})
 from helpers import load_dag, run_dag, task_states, xcom
 date = datetime.datetime.fromisoformat({date!r}) if {date!r} else None
-dag_run = run_dag(load_dag({dag_file!r}, {dag_id!r}), conf={conf!r}, logical_date=date)
-states = task_states(dag_run)
-print("WORKER-RESULT", json.dumps({{"states": states, "xcom": {{t: xcom(dag_run, t) for t in states}}}}), flush=True)
+for dag_id in {dag_ids!r}:
+    if len({dag_ids!r}) > 1:
+        print("WORKER-DAG", dag_id, flush=True)  # DAG_MARK
+    dag_run = run_dag(load_dag({dag_file!r}, dag_id), conf={conf!r}, logical_date=date)
+    states = task_states(dag_run)
+    print("WORKER-RESULT", json.dumps({{"states": states, "xcom": {{t: xcom(dag_run, t) for t in states}}}}), flush=True)
 """
 
 
 def start_worker(
-    dag_file: Any, dag_id: str, *, conf: dict[str, Any] | None = None, logical_date: str = "", env: Any = None
+    dag_file: Any,
+    dag_id: str | tuple[str, ...],
+    *,
+    conf: dict[str, Any] | None = None,
+    logical_date: str = "",
+    env: Any = None,
 ) -> Any:
     """A worker process that runs one DAG with ``dag.test()`` and prints its task log (read it from stdout).
 
-    Its last line is ``WORKER-RESULT {"states": ..., "xcom": ...}`` (:func:`worker_result`).
+    Its last line is ``WORKER-RESULT {"states": ..., "xcom": ...}`` (:func:`worker_result`). Several DAGs (a tuple)
+    run one after the other in the one process (it starts in seconds): :func:`worker_results` splits the log.
     """
     import os
     import subprocess
     import sys
     from pathlib import Path
 
+    dag_ids = (dag_id,) if isinstance(dag_id, str) else dag_id
     code = _WORKER.format(
-        tests=str(Path(__file__).parent), dag_file=str(dag_file), dag_id=dag_id, conf=conf, date=logical_date
+        tests=str(Path(__file__).parent), dag_file=str(dag_file), dag_ids=dag_ids, conf=conf, date=logical_date
     )
     return subprocess.Popen(
         [sys.executable, "-c", code],
@@ -138,6 +149,12 @@ def worker_result(log: str) -> dict[str, Any]:
 
     lines = [line for line in log.splitlines() if line.startswith("WORKER-RESULT ")]
     return json.loads(lines[-1].split(" ", 1)[1]) if lines else {}
+
+
+def worker_results(log: str) -> dict[str, tuple[dict[str, Any], str]]:
+    """Each DAG's result and log, by DAG id, from a worker of :func:`start_worker` that ran several DAGs."""
+    sections = f"\n{log}".split(f"\n{DAG_MARK} ")[1:]
+    return {section.split("\n", 1)[0]: (worker_result(section), section) for section in sections}
 
 
 def fuzz_cases(deep: int) -> int:

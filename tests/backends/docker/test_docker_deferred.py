@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from backends.docker.user_engines import engines
-from helpers import start_worker, worker_result
+from helpers import start_worker, worker_result, worker_results
 
 from airflow_gpu_provider.backends.docker.trigger import DockerContainerTrigger
 
@@ -57,23 +57,28 @@ def test_a_deferred_container_ends_with_its_result_its_output_in_the_log(docker_
     assert not list(Path(config.get("state_dir"), "docker-tasks").glob("lasting-*"))
 
 
-def test_a_deferred_failure_ends_as_a_failure_in_the_worker():
-    result, log = _run("deferred_docker_failure")
+def test_a_deferred_failure_an_oom_kill_and_a_timeout_fail_the_task_each_with_its_cause():
+    """Three DAGs in one worker process (each worker start costs seconds): the task's own error, an out-of-memory
+    kill, and a timeout while deferred that stops the container."""
+    dag_ids = ("deferred_docker_failure", "deferred_docker_oom", "deferred_docker_timeout")
+    started = time.monotonic()
+    worker = start_worker(DAG_FILE, dag_ids)
+    log, _ = worker.communicate(timeout=300)
+    elapsed = time.monotonic() - started
+    results = worker_results(log)
+    assert set(results) == set(dag_ids), log[-3000:]
+
+    result, log = results["deferred_docker_failure"]
     assert result["states"] == {"task": "failed"}, log[-3000:]
     assert "ValueError: the deferred task's own error" in log and "about to fail" in log
 
-
-def test_a_deferred_oom_kill_is_an_out_of_memory_failure():
-    result, log = _run("deferred_docker_oom")
+    result, log = results["deferred_docker_oom"]
     assert result["states"] == {"task": "failed"}, log[-3000:]
     assert "ran out of memory (OOM" in log and "memory limit 64.0 MiB" in log
 
-
-def test_a_deferred_timeout_stops_the_container_and_fails_the_task():
-    started = time.monotonic()
-    result, log = _run("deferred_docker_timeout")
+    result, log = results["deferred_docker_timeout"]
     assert result["states"] == {"task": "failed"}, log[-3000:]
-    assert time.monotonic() - started < 90  # not the 300 s sleep
+    assert elapsed < 150  # the three DAGs, not the 300 s sleep
     assert "timed out while deferred" in log and "AirflowTaskTimeout" in log
     assert log.count("] sleeping") == 1, log[-3000:]  # by the trigger; the resume logged only what came after
 
