@@ -96,6 +96,10 @@ else:
 # the engine, or stop what it left, never see another lane's.
 SHARED = {"ray_cluster_address": "ray-cluster", "slurm_session": "slurm-cluster"}  # fixture -> its tests' group
 CLUSTER_PATHS = ("tests/executors/", "tests/backends/ray/", "tests/backends/slurm/", "tests/test_local_airflow.py")
+# A module whose one (module-scoped) cluster serves every test of it: all on one worker, so that it starts once.
+# The local Airflow's module has a Docker test (a deferred task's container, which the docker lane's leak counts
+# would see): the docker lane's worker.
+MODULE_GROUPS = {"tests/test_local_airflow.py": "docker"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
@@ -110,6 +114,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             lane = group = "reliability"
         elif path.startswith(CLUSTER_PATHS) or group is not None:
             lane = "cluster"
+            group = MODULE_GROUPS.get(path, group)
         elif item.get_closest_marker("docker") is not None or "docker_client" in fixtures:
             lane = group = "docker"
         else:
