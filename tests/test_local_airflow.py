@@ -7,7 +7,8 @@ UI's tests keep their screenshots in ``$AIRFLOW_GPU_TEST_ARTIFACTS/ui`` (default
 
 The module's tests run in file order on one worker (tests/conftest.py): the pool test first, on an idle Airflow
 (a pool resized to 0 fails every GPU task queued meanwhile); then :func:`runs` triggers the sweep and the retried
-training, which run on while the Docker and the browser tests wait for their own runs.
+training, which run on while the Docker and the browser tests wait for their own runs (the Docker test's task waits
+for a pool slot behind theirs).
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ def test_a_user_ending_a_deferred_docker_task_stops_its_container(airflow, docke
         running = docker_client.containers(filters={"label": label})
         return running if states.get("long_job_deferred") == "deferred" and running else []
 
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 300  # its task (no downstream: the lowest priority weight) waits for a pool slot
     while not (containers := deferred_with_its_container()):
         assert time.monotonic() < deadline, (airflow.task_instances(dag_id, run_id), airflow.log_tail())
         time.sleep(POLL)
