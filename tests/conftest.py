@@ -96,6 +96,15 @@ else:
 # the engine, or stop what it left, never see another lane's.
 SHARED = {"ray_cluster_address": "ray-cluster", "slurm_session": "slurm-cluster"}  # fixture -> its tests' group
 CLUSTER_PATHS = ("tests/executors/", "tests/backends/ray/", "tests/backends/slurm/", "tests/test_local_airflow.py")
+# Modules whose tests share one costly set-up (a module-scoped cluster, a run kept per process): all on one worker, so
+# that it happens once. The two clusters' modules have a Docker test (a deferred task's container, whose worker has
+# exited, which the docker lane's leak counts would see and remove): the docker lane's worker.
+MODULE_GROUPS = {
+    "tests/test_local_airflow.py": "docker",
+    "tests/executors/test_deferred_scheduler.py": "docker",
+    "tests/telemetry/test_metrics.py": "failing-tries",  # tests/failing_tries.py: one run per test process
+    "tests/escalation/test_retry_policy.py": "failing-tries",
+}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
@@ -116,6 +125,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             lane = "unit"
             if path.startswith("tests/backends/kubernetes/"):  # test_rbac.py reads what this worker's tests recorded
                 group = "kubernetes"
+        group = MODULE_GROUPS.get(path, group)
         item.add_marker(getattr(pytest.mark, lane))
         if group is not None and xdist:
             item.add_marker(pytest.mark.xdist_group(group))

@@ -3,17 +3,18 @@
 One standalone Airflow serves the whole module: API server, scheduler, DAG processor and triggerer on SQLite with
 the LocalExecutor, two configured GPUs (``[gpu] devices=0,1``; the host has none, so torch runs on the CPU) and a
 two-slot GPU pool. The browser tests drive the real UI in Debian's Chromium through Playwright; the GPU telemetry
-UI's test keeps its screenshots in ``$AIRFLOW_GPU_TEST_ARTIFACTS/ui`` (default ``test-artifacts/ui``).
+UI's tests keep their screenshots in ``$AIRFLOW_GPU_TEST_ARTIFACTS/ui`` (default ``test-artifacts/ui``).
+
+The module's tests run in file order on one worker (tests/conftest.py): the pool test first, on an idle Airflow
+(a pool resized to 0 fails every GPU task queued meanwhile); then :func:`runs` triggers the sweep and the retried
+training, which run on while the Docker and the browser tests wait for their own runs (the Docker test's task waits
+for a pool slot behind theirs).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -33,6 +34,8 @@ pytestmark = pytest.mark.slow
 DEMO = "gpu_training_demo"
 SWEEP = "gpu_hyperparameter_sweep"
 RESILIENT = "resilient_training"
+DEFERRABLE = "deferrable_training"
+RATES = [0.01, 0.03, 0.1, 0.3]  # the sweep's trials: four, on a two-slot pool
 CHROMIUM = os.environ.get("AIRFLOW_GPU_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_FLAGS = [
     "--headless",
@@ -50,7 +53,7 @@ def airflow(tmp_path_factory: pytest.TempPathFactory):
     started = time.monotonic()
     server.start()
     try:
-        for dag_id in (DEMO, SWEEP):
+        for dag_id in (DEMO, SWEEP, RESILIENT, DEFERRABLE):
             server.wait_for_dag(dag_id)
         print(f"local Airflow ready in {time.monotonic() - started:.1f}s (script: {server.ready['seconds_to_ready']}s)")
         yield server
@@ -72,49 +75,68 @@ def test_launcher_creates_the_gpu_pool_and_prints_credentials(airflow):
 
 
 def test_example_dags_have_no_import_errors(airflow):
-    environment = {**os.environ, "AIRFLOW_HOME": str(airflow.home)}
-    done = subprocess.run(
-        [sys.executable, "-m", "airflow", "dags", "list-import-errors", "-o", "json"],
-        env=environment,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    out = done.stdout
-    assert done.returncode == 0 and out.strip().splitlines()[-1] == "[]", out[-3000:] + done.stderr[-3000:]
+    errors = airflow.api("GET", "/api/v2/importErrors?limit=100")
+    assert errors["total_entries"] == 0, [(e["filename"], e["stack_trace"][-3000:]) for e in errors["import_errors"]]
     dags = {dag["dag_id"]: dag for dag in airflow.api("GET", "/api/v2/dags?limit=100")["dags"]}
-    assert {DEMO, SWEEP} <= set(dags)
+    assert {DEMO, SWEEP, RESILIENT, DEFERRABLE} <= set(dags)
 
 
-def test_rest_api_sweep_shares_two_gpus_without_oversubscription(airflow):
-    airflow.unpause(SWEEP)
-    rates = [0.01, 0.03, 0.1, 0.3]
-    run_id = airflow.trigger(SWEEP, {"learning_rates": rates, "epochs": 2})
-    run = airflow.wait_for_run(SWEEP, run_id)
-    assert run["state"] == "success", airflow.task_instances(SWEEP, run_id)
-    assert run["conf"]["learning_rates"] == rates
-
-    trials = [ti for ti in airflow.task_instances(SWEEP, run_id) if ti["task_id"] == "trial"]
-    assert sorted(ti["map_index"] for ti in trials) == [0, 1, 2, 3]
-    assert {(ti["pool"], ti["pool_slots"], ti["state"]) for ti in trials} == {("gpu", 1, "success")}
-
-    results = [airflow.xcom(SWEEP, run_id, "trial", index) for index in range(4)]
-    assert sorted(result["learning_rate"] for result in results) == rates
-    assert {result["visible_devices"] for result in results} <= {"0", "1"}
-    for result in results:  # when any trial starts: at most one other runs, on the other GPU
-        overlapping = [o for o in results if o is not result and o["started"] <= result["started"] < o["finished"]]
-        assert len(overlapping) <= 1, results
-        assert all(other["visible_devices"] != result["visible_devices"] for other in overlapping), results
-    best = airflow.xcom(SWEEP, run_id, "pick_best")
-    assert best["accuracy"] == max(result["accuracy"] for result in results)
+def _failed_at_once(airflow: LocalAirflow) -> dict[str, dict]:
+    """Trigger the demo; return its task instances once the run failed, which must take seconds, not forever."""
+    started = time.monotonic()
+    run_id = airflow.trigger(DEMO, {"epochs": 1})
+    run = airflow.wait_for_run(DEMO, run_id, timeout=120)
+    elapsed = time.monotonic() - started
+    states = {ti["task_id"]: ti for ti in airflow.task_instances(DEMO, run_id)}
+    assert run["state"] == "failed", states
+    assert elapsed < 60, f"the run took {elapsed:.0f}s to fail"
+    assert (states["train"]["state"], states["train"]["pool"]) == ("failed", "gpu")
+    assert states["report"]["state"] == "upstream_failed"
+    return states
 
 
-def test_a_user_ending_a_deferred_docker_task_stops_its_container(airflow, docker_client):
+def test_gpu_pool_too_small_or_missing_fails_the_task_at_once_with_a_note(airflow):
+    """The provider's listener in the scheduler fails what could never leave it, instead of waiting forever."""
+    active = airflow.api("GET", "/api/v2/dags/~/dagRuns?state=queued&state=running")["dag_runs"]
+    assert active == [], f"this test resizes the pool of every run: it runs before any other: {active}"
+    airflow.unpause(DEMO)
+
+    def resize(slots: int) -> None:
+        body = {"pool": "gpu", "slots": slots, "include_deferred": False}
+        airflow.api("PATCH", "/api/v2/pools/gpu?update_mask=slots", body)
+
+    resize(0)
+    try:
+        states = _failed_at_once(airflow)
+        assert "needs 1 slot of GPU pool 'gpu', which has only 0" in states["train"]["note"]
+        airflow.api("DELETE", "/api/v2/pools/gpu")
+        states = _failed_at_once(airflow)
+        assert "GPU pool 'gpu' does not exist" in states["train"]["note"]
+    finally:
+        if not any(p["name"] == "gpu" for p in airflow.api("GET", "/api/v2/pools")["pools"]):
+            airflow.api("POST", "/api/v2/pools", {"name": "gpu", "slots": 2, "include_deferred": False})
+        resize(2)
+    assert airflow.api("GET", "/api/v2/pools/gpu")["slots"] == 2
+
+
+@pytest.fixture(scope="module")
+def runs(airflow) -> dict[str, str]:
+    """The sweep's run and the retried training's, triggered together once the pool test is done: they run on while
+    the tests before their own wait (they share the pool's two slots with those tests' runs). Their ids by DAG."""
+    conf = {
+        SWEEP: {"learning_rates": RATES, "epochs": 2},
+        RESILIENT: {"epochs": 2, "fail_at_epoch": 1, "failure": "host_oom"},  # try 1 runs out of host memory
+    }
+    for dag_id in conf:
+        airflow.unpause(dag_id)
+    return {dag_id: airflow.trigger(dag_id, dag_conf) for dag_id, dag_conf in conf.items()}
+
+
+def test_a_user_ending_a_deferred_docker_task_stops_its_container(airflow, docker_client, runs):
     """Mark failed, as a user does in the UI, while the container runs deferred: the triggerer's ``on_kill`` (Airflow
     3.3) stops and removes it at once, instead of it running on to its end.
     """
-    dag_id = "deferrable_training"
-    airflow.wait_for_dag(dag_id)
+    dag_id = DEFERRABLE
     airflow.unpause(dag_id)
     conf = {"deferrable": True, "epochs": 1, "seconds_per_epoch": 600, "backend": "docker", "gpu_count": 0}
     run_id = airflow.trigger(dag_id, conf)
@@ -125,7 +147,7 @@ def test_a_user_ending_a_deferred_docker_task_stops_its_container(airflow, docke
         running = docker_client.containers(filters={"label": label})
         return running if states.get("long_job_deferred") == "deferred" and running else []
 
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 300  # its task (no downstream: the lowest priority weight) waits for a pool slot
     while not (containers := deferred_with_its_container()):
         assert time.monotonic() < deadline, (airflow.task_instances(dag_id, run_id), airflow.log_tail())
         time.sleep(POLL)
@@ -156,43 +178,7 @@ def test_a_user_ending_a_deferred_docker_task_stops_its_container(airflow, docke
         time.sleep(POLL)
 
 
-def _failed_at_once(airflow: LocalAirflow) -> dict[str, dict]:
-    """Trigger the demo; return its task instances once the run failed, which must take seconds, not forever."""
-    started = time.monotonic()
-    run_id = airflow.trigger(DEMO, {"epochs": 1})
-    run = airflow.wait_for_run(DEMO, run_id, timeout=120)
-    elapsed = time.monotonic() - started
-    states = {ti["task_id"]: ti for ti in airflow.task_instances(DEMO, run_id)}
-    assert run["state"] == "failed", states
-    assert elapsed < 60, f"the run took {elapsed:.0f}s to fail"
-    assert (states["train"]["state"], states["train"]["pool"]) == ("failed", "gpu")
-    assert states["report"]["state"] == "upstream_failed"
-    return states
-
-
-def test_gpu_pool_too_small_or_missing_fails_the_task_at_once_with_a_note(airflow):
-    """The provider's listener in the scheduler fails what could never leave it, instead of waiting forever."""
-    airflow.unpause(DEMO)
-
-    def resize(slots: int) -> None:
-        body = {"pool": "gpu", "slots": slots, "include_deferred": False}
-        airflow.api("PATCH", "/api/v2/pools/gpu?update_mask=slots", body)
-
-    resize(0)
-    try:
-        states = _failed_at_once(airflow)
-        assert "needs 1 slot of GPU pool 'gpu', which has only 0" in states["train"]["note"]
-        airflow.api("DELETE", "/api/v2/pools/gpu")
-        states = _failed_at_once(airflow)
-        assert "GPU pool 'gpu' does not exist" in states["train"]["note"]
-    finally:
-        if not any(p["name"] == "gpu" for p in airflow.api("GET", "/api/v2/pools")["pools"]):
-            airflow.api("POST", "/api/v2/pools", {"name": "gpu", "slots": 2, "include_deferred": False})
-        resize(2)
-    assert airflow.api("GET", "/api/v2/pools/gpu")["slots"] == 2
-
-
-@pytest.fixture
+@pytest.fixture(scope="module")
 def browser():
     try:
         from playwright.sync_api import sync_playwright
@@ -208,73 +194,6 @@ def browser():
             yield instance
         finally:
             instance.close()
-
-
-def test_browser_trigger_with_changed_param_shows_gpu_summary_and_xcom(airflow, browser):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.set_default_timeout(30_000)
-    shots = Path(tempfile.mkdtemp(prefix="airflow-gpu-ui-"))
-    step = "start"
-    try:
-        step = "1. log in"
-        page.goto(airflow.url)
-        page.get_by_label("Username").fill(airflow.ready["username"])
-        page.get_by_label("Password").fill(airflow.ready["password"])
-        page.get_by_role("button", name="Sign in").click()
-        page.get_by_role("button", name="Sign in").wait_for(state="detached")
-
-        step = "2. open and unpause the DAG"
-        airflow.api("PATCH", f"/api/v2/dags/{DEMO}", {"is_paused": True})
-        page.goto(f"{airflow.url}/dags/{DEMO}")
-        page.get_by_text(DEMO).first.wait_for()
-        toggle = page.get_by_role("checkbox").first
-        assert not toggle.is_checked()
-        toggle.click(force=True)
-        deadline = time.monotonic() + 30
-        while airflow.api("GET", f"/api/v2/dags/{DEMO}")["is_paused"]:
-            assert time.monotonic() < deadline, "the pause switch did not unpause the DAG"
-            time.sleep(POLL)
-
-        step = "3. trigger with a changed param"
-        page.get_by_role("button", name="Trigger Dag").click()
-        dialog = page.get_by_role("dialog")
-        epochs = dialog.locator("input[name=element_epochs]")
-        assert epochs.input_value() == "20"
-        epochs.fill("3")
-        dialog.locator("input[name=element_batch_size]").fill("128")
-        dialog.get_by_role("button", name="Trigger", exact=True).click()
-        dialog.wait_for(state="hidden")
-        page.wait_for_url(f"**/dags/{DEMO}/runs/**")
-        run_id = unquote(page.url.split("/runs/")[1].split("/")[0])
-
-        step = "4. wait for success"
-        run = airflow.wait_for_run(DEMO, run_id)
-        assert run["state"] == "success", airflow.task_instances(DEMO, run_id)
-        assert run["conf"]["epochs"] == 3
-        assert run["triggered_by"] == "ui"
-
-        step = "5. the task log shows the resource summary"
-        task_url = f"{airflow.url}/dags/{DEMO}/runs/{quote(run_id, safe='')}/tasks/train"
-        page.goto(task_url)
-        page.get_by_text("[gpu] GPUs assigned").first.wait_for()
-        summary = [line for line in page.inner_text("body").splitlines() if "[gpu]" in line]
-        assert any("backend=local" in line for line in summary), summary
-        assert any("resources: 1x nvidia GPU" in line for line in summary), summary
-
-        step = "6. the XCom result is there"
-        page.goto(f"{task_url}/xcom")
-        page.get_by_text("final_loss").first.wait_for()
-        assert "return_value" in page.inner_text("body")
-        metrics = airflow.xcom(DEMO, run_id, "train")
-        assert metrics["epochs"] == 3
-        assert metrics["batch_size"] == 128
-        assert metrics["final_loss"] < metrics["initial_loss"]
-    except Exception as error:
-        page.screenshot(path=str(shots / "failure.png"), full_page=True)
-        (shots / "page.html").write_text(page.content())
-        raise AssertionError(f"browser step {step!r} failed: {error}; screenshot and HTML in {shots}") from error
-    else:
-        shutil.rmtree(shots, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- the GPU telemetry UI (ui/)
@@ -364,15 +283,11 @@ def _check_gpu_tab(page, airflow: LocalAirflow, run_id: str, task_id: str, value
     page.screenshot(path=str(ARTIFACTS / shot), full_page=True)
 
 
-def test_browser_gpu_tab_and_gpus_page_show_the_profile(airflow, browser):
-    airflow.unpause(DEMO)
-    run_id = airflow.trigger(DEMO, {"epochs": 1})
-    run = airflow.wait_for_run(DEMO, run_id)
-    assert run["state"] == "success", airflow.task_instances(DEMO, run_id)
-    real = airflow.xcom(DEMO, run_id, "train", key="gpu_profile")  # stored by the operator
-    assert real["kind"] == "cpu" and real["task"]["task_id"] == "train", real
-    forged = _push_sample_profile(airflow, run_id, "report")  # a plain task's: the pages never show it (rule T2)
+def test_browser_trigger_with_changed_param_then_summary_xcom_gpu_tab_and_gpus_page(airflow, browser, runs):
+    """The demo triggered in the UI with changed params, its task log and XCom, then its GPU tab and the GPUs page.
 
+    One run of the demo for what were two tests, each with a run of its own: the trigger form's, and the GPU pages'.
+    """
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page = browser.new_page(viewport={"width": 1400, "height": 1500})
     page.set_default_timeout(30_000)
@@ -381,14 +296,66 @@ def test_browser_gpu_tab_and_gpus_page_show_the_profile(airflow, browser):
         step = "1. log in"
         _log_in(page, airflow)
 
-        step = "2. the GPU tab of the train task: its real (CPU) profile"
+        step = "2. open and unpause the DAG"
+        airflow.api("PATCH", f"/api/v2/dags/{DEMO}", {"is_paused": True})
+        page.goto(f"{airflow.url}/dags/{DEMO}")
+        page.get_by_text(DEMO).first.wait_for()
+        toggle = page.get_by_role("checkbox").first
+        assert not toggle.is_checked()
+        toggle.click(force=True)
+        deadline = time.monotonic() + 30
+        while airflow.api("GET", f"/api/v2/dags/{DEMO}")["is_paused"]:
+            assert time.monotonic() < deadline, "the pause switch did not unpause the DAG"
+            time.sleep(POLL)
+
+        step = "3. trigger with a changed param"
+        page.get_by_role("button", name="Trigger Dag").click()
+        dialog = page.get_by_role("dialog")
+        epochs = dialog.locator("input[name=element_epochs]")
+        assert epochs.input_value() == "20"
+        epochs.fill("3")
+        dialog.locator("input[name=element_batch_size]").fill("128")
+        dialog.get_by_role("button", name="Trigger", exact=True).click()
+        dialog.wait_for(state="hidden")
+        page.wait_for_url(f"**/dags/{DEMO}/runs/**")
+        run_id = unquote(page.url.split("/runs/")[1].split("/")[0])
+
+        step = "4. wait for success"
+        run = airflow.wait_for_run(DEMO, run_id)
+        assert run["state"] == "success", airflow.task_instances(DEMO, run_id)
+        assert run["conf"]["epochs"] == 3
+        assert run["triggered_by"] == "ui"
+
+        step = "5. the task log shows the resource summary"
+        task_url = f"{airflow.url}/dags/{DEMO}/runs/{quote(run_id, safe='')}/tasks/train"
+        page.goto(task_url)
+        page.get_by_text("[gpu] GPUs assigned").first.wait_for()
+        summary = [line for line in page.inner_text("body").splitlines() if "[gpu]" in line]
+        assert any("backend=local" in line for line in summary), summary
+        assert any("resources: 1x nvidia GPU" in line for line in summary), summary
+
+        step = "6. the XCom result is there"
+        page.goto(f"{task_url}/xcom")
+        page.get_by_text("final_loss").first.wait_for()
+        assert "return_value" in page.inner_text("body")
+        metrics = airflow.xcom(DEMO, run_id, "train")
+        assert metrics["epochs"] == 3
+        assert metrics["batch_size"] == 128
+        assert metrics["final_loss"] < metrics["initial_loss"]
+
+        step = "7. the GPU tab of the train task: its real (CPU) profile"
+        real = airflow.xcom(DEMO, run_id, "train", key="gpu_profile")  # stored by the operator
+        assert real["kind"] == "cpu" and real["task"]["task_id"] == "train", real
+        forged = _push_sample_profile(airflow, run_id, "report")  # a plain task's: the pages never show it (rule T2)
         _check_gpu_tab(page, airflow, run_id, "train", real, "gpu-tab.png")
 
-        step = "3. the GPU tab with the two-GPU sample profile"
+        step = "8. the GPU tab with the two-GPU sample profile"
+        for dag_id, other in runs.items():  # the GPUs page lists the newest profiles first: this one, from here on
+            assert airflow.wait_for_run(dag_id, other, timeout=540)["state"] == "success", (dag_id, other)
         sample = _push_sample_profile(airflow, run_id, "train", replace=True)
         _check_gpu_tab(page, airflow, run_id, "train", sample, "gpu-tab-two-gpus.png")
 
-        step = "4. the GPUs page lists the GPU task's try, its host and its models; not the plain task's"
+        step = "9. the GPUs page lists the GPU task's try, its host and its models; not the plain task's"
         page.goto(airflow.url)
         page.get_by_role("link", name="GPUs", exact=True).click()
         page.wait_for_url("**/plugin/gpus**")
@@ -405,14 +372,14 @@ def test_browser_gpu_tab_and_gpus_page_show_the_profile(airflow, browser):
         assert overview.locator("#advice-1").inner_text() == f"{DEMO} / train"
         page.screenshot(path=str(ARTIFACTS / "gpus-page.png"), full_page=True)
 
-        step = "4b. the filters (a GET form, no script) narrow the page to one host and model"
+        step = "9b. the filters (a GET form, no script) narrow the page to one host and model"
         overview.locator('select[name="host"]').select_option(sample["host"])
         overview.locator('select[name="model"]').select_option(sample["devices"][0]["name"])
         overview.get_by_role("button", name="Show").click()
         overview.get_by_text(f"with host {sample['host']}, model {sample['devices'][0]['name']}").wait_for()
         assert overview.locator(f'a[href*="/runs/{quote(run_id, safe="")}/tasks/train?"]').count() == 2  # advice, row
 
-        step = "5. a row opens the try's page inside the same view"
+        step = "10. a row opens the try's page inside the same view"
         row_link.click()
         overview.locator("figure.chart svg").nth(1).wait_for()
         assert f"run {run_id}" in overview.locator("body").inner_text()
@@ -425,13 +392,33 @@ def test_browser_gpu_tab_and_gpus_page_show_the_profile(airflow, browser):
         page.close()
 
 
+def test_rest_api_sweep_shares_two_gpus_without_oversubscription(airflow, runs):
+    rates, run_id = RATES, runs[SWEEP]  # triggered through the REST API
+    run = airflow.wait_for_run(SWEEP, run_id)
+    assert run["state"] == "success", airflow.task_instances(SWEEP, run_id)
+    assert run["conf"]["learning_rates"] == rates
+
+    trials = [ti for ti in airflow.task_instances(SWEEP, run_id) if ti["task_id"] == "trial"]
+    assert sorted(ti["map_index"] for ti in trials) == [0, 1, 2, 3]
+    assert {(ti["pool"], ti["pool_slots"], ti["state"]) for ti in trials} == {("gpu", 1, "success")}
+
+    results = [airflow.xcom(SWEEP, run_id, "trial", index) for index in range(4)]
+    assert sorted(result["learning_rate"] for result in results) == rates
+    assert {result["visible_devices"] for result in results} <= {"0", "1"}
+    for result in results:  # when any trial starts: at most one other runs, on the other GPU
+        overlapping = [o for o in results if o is not result and o["started"] <= result["started"] < o["finished"]]
+        assert len(overlapping) <= 1, results
+        assert all(other["visible_devices"] != result["visible_devices"] for other in overlapping), results
+    best = airflow.xcom(SWEEP, run_id, "pick_best")
+    assert best["accuracy"] == max(result["accuracy"] for result in results)
+
+
 @pytest.mark.timeout(900)
-def test_browser_gpu_tab_shows_every_try_and_the_escalation_timeline(airflow, browser):
-    """The example ``resilient_training``, try 1 made to run out of host memory: Airflow retries on the next memory
-    step, and the GPU tab keeps try 1's profile (its XCom is gone) beside try 2's, with the timeline in words."""
-    airflow.wait_for_dag(RESILIENT, timeout=300)  # every DAG file of the folder is parsed first
-    airflow.unpause(RESILIENT)
-    run_id = airflow.trigger(RESILIENT, {"epochs": 2, "fail_at_epoch": 1, "failure": "host_oom"})
+def test_browser_gpu_tab_shows_every_try_and_the_escalation_timeline(airflow, browser, runs):
+    """The example ``resilient_training``, try 1 made to run out of host memory (:func:`runs`): Airflow retries on
+    the next memory step, and the GPU tab keeps try 1's profile (its XCom is gone) beside try 2's, with the timeline
+    in words."""
+    run_id = runs[RESILIENT]
     run = airflow.wait_for_run(RESILIENT, run_id, timeout=540)
     train = next(ti for ti in airflow.task_instances(RESILIENT, run_id) if ti["task_id"] == "train")
     assert run["state"] == "success" and train["try_number"] == 2, airflow.task_instances(RESILIENT, run_id)

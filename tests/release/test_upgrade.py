@@ -23,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -115,13 +116,16 @@ def airflow(python: Path, *args: str) -> list[str]:
     return [str(python), "-m", "airflow", *args]
 
 
-def start_fleet(cluster: Cluster, python: Path, suffix: str) -> None:
-    """The API server, DAG processor, scheduler and triggerer of one release (names ``<component>-<suffix>``)."""
+def start_fleet(cluster: Cluster, python: Path, suffix: str, workers: dict[str, tuple[Path, str]]) -> None:
+    """The API server, DAG processor, scheduler and triggerer of one release (names ``<component>-<suffix>``), and
+    ``workers`` (name: their python, their queues), all starting side by side; until the API server listens."""
     cluster.start(
         f"api-server-{suffix}", airflow(python, "api-server", "--port", str(cluster.api_port), "--host", "127.0.0.1")
     )
     for component in ("dag-processor", "scheduler", "triggerer"):
         cluster.start(f"{component}-{suffix}", airflow(python, component))
+    for name, (worker_python, queues) in workers.items():
+        worker(cluster, worker_python, name, queues)
     wait_for_port(cluster.api_port, 180, cluster)
 
 
@@ -130,16 +134,19 @@ def worker(cluster: Cluster, python: Path, name: str, queues: str = "default") -
     cluster.start(name, airflow(python, *command, "--celery-hostname", f"{name}@%h"))
 
 
-def stop(cluster: Cluster, name: str, sig: int = signal.SIGTERM) -> None:
-    """Stop one process of the cluster (its whole group): SIGTERM waits for it, SIGKILL is a crash."""
-    process = cluster.processes.pop(name)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, sig)
-    try:
-        process.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+def stop(cluster: Cluster, names: list[str], sig: int = signal.SIGTERM) -> None:
+    """Stop processes of the cluster (each its whole group), together: SIGTERM waits for them, SIGKILL is a crash."""
+    processes = [cluster.processes.pop(name) for name in names]
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+    deadline = time.monotonic() + 60
+    for process in processes:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 @contextlib.contextmanager
@@ -214,8 +221,7 @@ def test_the_previous_releases_deferred_and_durable_tasks_are_finished_by_this_o
     with airflow_cluster(tmp_path) as cluster:
         root = cluster.root  # type: ignore[attr-defined]
         # --- the previous release: its fleet starts both tasks
-        start_fleet(cluster, python, "previous")
-        worker(cluster, python, "worker-previous")
+        start_fleet(cluster, python, "previous", {"worker-previous": (python, "default")})
         cluster.wait_for_dag("upgrade_story")
         cluster.trigger("upgrade_story", "r1", {"root": str(root)})
         cluster._wait(lambda: states(cluster, "upgrade_story", "r1").get("deferred") == "deferred", 240, "the deferral")
@@ -233,18 +239,22 @@ def test_the_previous_releases_deferred_and_durable_tasks_are_finished_by_this_o
         import psutil
 
         tree = psutil.Process(cluster.processes["worker-previous"].pid).children(recursive=True)
-        stop(cluster, "worker-previous", signal.SIGKILL)
+        stop(cluster, ["worker-previous"], signal.SIGKILL)
         orphans = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]  # the task process
-        for name in [name for name in cluster.processes if name.endswith("-previous")]:
-            stop(cluster, name)
+        stop(cluster, [name for name in cluster.processes if name.endswith("-previous")])
         previous = tmp_path / "venv" / "previous"
         run("cp", "-al", python.parents[1], previous)  # hard links: the upgrade writes new files, not these
         run(UV, "pip", "install", "--quiet", "--offline", "--no-deps", "--python", python, new_wheel)
         assert version(python) == this
 
         # --- this release finishes both: the stored trigger, the recorded container
-        start_fleet(cluster, python, "this")
-        worker(cluster, python, "worker-this", "default,this")
+        # and the mixed fleet's worker of the previous release (below), on a queue of its own that nothing of r1 is on
+        start_fleet(
+            cluster,
+            python,
+            "this",
+            {"worker-this": (python, "default,this"), "worker-previous-2": (previous / "bin" / "python", "previous")},
+        )
         # this release has taken both containers over (or the run ended without it): their functions may end now
         cluster._wait(
             lambda: (
@@ -270,7 +280,6 @@ def test_the_previous_releases_deferred_and_durable_tasks_are_finished_by_this_o
         assert "done after 1 run(s)" in followed(cluster)
 
         # --- a mixed fleet: a worker of the previous release beside this release's, each on its own queue
-        worker(cluster, previous / "bin" / "python", "worker-previous-2", "previous")
         cluster.trigger("upgrade_mixed_fleet", "r2", {"root": str(root)})
         state = cluster.wait_for_run("upgrade_mixed_fleet", "r2", timeout=300)
         tis = cluster.task_instances("upgrade_mixed_fleet", "r2")
